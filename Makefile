@@ -1,0 +1,36 @@
+GO ?= go
+
+.PHONY: build test bench fuzz demo vet clean
+
+build:
+	$(GO) build -o bin/ptfs ./cmd/ptfs
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+
+# The whole suite: unit, corpus conformance, libipt differential, and the
+# end-to-end tests on real FUSE mounts and uprobes (needs root).
+test: vet
+	$(GO) test -count=1 -timeout 30m ./...
+
+# Benchmarks with their references measured in the same run.
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 3x ./decode
+	$(GO) test -run '^$$' -bench . -benchmem ./stream ./capture
+	$(GO) test -run '^$$' -bench Overhead -benchtime 200000x ./cmd/ptfs
+
+# Each fuzz target for a short time (FUZZTIME=30s).
+FUZZTIME ?= 20s
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+demo: build
+	./scripts/demo.sh
+
+clean:
+	rm -rf bin

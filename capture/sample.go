@@ -1,0 +1,236 @@
+package capture
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"ptfs/decode"
+
+	"golang.org/x/sys/unix"
+)
+
+// Perf record types Classic reads (include/uapi/linux/perf_event.h).
+const (
+	recordLost   = unix.PERF_RECORD_LOST
+	recordSample = unix.PERF_RECORD_SAMPLE
+)
+
+// classicSampleType is the sample layout Classic asks the kernel for; the
+// parser below reads exactly this layout.
+const classicSampleType = unix.PERF_SAMPLE_TID | unix.PERF_SAMPLE_TIME | unix.PERF_SAMPLE_CPU | unix.PERF_SAMPLE_RAW
+
+// Offsets in a PERF_RECORD_SAMPLE of classicSampleType, header included.
+const (
+	sampleTIDOff  = headerSize     // u32 pid, u32 tid
+	sampleTimeOff = headerSize + 8 // u64 time
+	sampleCPUOff  = headerSize + 16
+	sampleRawOff  = headerSize + 24 // u32 size, then the raw bytes
+	sampleMinSize = sampleRawOff + 4
+)
+
+// rawArgsOff is where arguments may start in a uprobe's raw data: after the
+// 8 bytes of common fields and the u64 __probe_ip.
+const rawArgsOff = 16
+
+// Sentinel errors of this file.
+var (
+	// ErrMalformed reports a perf record that does not match its layout.
+	ErrMalformed = errors.New("capture: malformed perf record")
+	// ErrBadEvent reports an Event whose argument layout cannot be read
+	// from a sample.
+	ErrBadEvent = errors.New("capture: bad event layout")
+	// ErrFormat reports a tracefs format file that does not describe the
+	// event's arguments.
+	ErrFormat = errors.New("capture: bad tracefs format")
+)
+
+// sample is the decoded fixed part of a classic sample; raw aliases the ring.
+type sample struct {
+	tid  uint32
+	cpu  uint32
+	time uint64
+	raw  []byte
+}
+
+// parseSample decodes rec, a whole PERF_RECORD_SAMPLE record of
+// classicSampleType, into s.
+func parseSample(rec []byte, s *sample) error {
+	if len(rec) < sampleMinSize {
+		return fmt.Errorf("%w: sample of %d bytes", ErrMalformed, len(rec))
+	}
+	s.tid = binary.LittleEndian.Uint32(rec[sampleTIDOff+4:])
+	s.time = binary.LittleEndian.Uint64(rec[sampleTimeOff:])
+	s.cpu = binary.LittleEndian.Uint32(rec[sampleCPUOff:])
+	n := uint64(binary.LittleEndian.Uint32(rec[sampleRawOff:]))
+	if n < rawArgsOff || n > uint64(len(rec)-sampleMinSize) {
+		return fmt.Errorf("%w: raw size %d in a %d-byte sample", ErrMalformed, n, len(rec))
+	}
+	s.raw = rec[sampleMinSize : sampleMinSize+n]
+	return nil
+}
+
+// rawEventID returns common_type, the tracefs event id, of raw data that
+// parseSample accepted.
+func rawEventID(raw []byte) uint16 { return binary.LittleEndian.Uint16(raw) }
+
+// fillRecord sets r from the sample s of event ev. ev must have passed
+// checkEvent; a raw area too short for its arguments is an error.
+func fillRecord(ev *decode.Event, s *sample, r *decode.Record) error {
+	r.Event = ev
+	r.TID = int32(s.tid)
+	r.CPU = int32(s.cpu)
+	r.Time = s.time
+	r.N = len(ev.Args)
+	// Slots are reused: clear what a longer record left behind.
+	clear(r.Args[r.N:])
+	for i := range ev.Args {
+		a := &ev.Args[i]
+		if a.Offset+a.Size > len(s.raw) {
+			return fmt.Errorf("%w: argument %d at %d+%d beyond %d raw bytes of event %d",
+				ErrMalformed, i, a.Offset, a.Size, len(s.raw), ev.ID)
+		}
+		b := s.raw[a.Offset:]
+		switch a.Size {
+		case 1:
+			r.Args[i] = uint64(b[0])
+		case 2:
+			r.Args[i] = uint64(binary.LittleEndian.Uint16(b))
+		case 4:
+			r.Args[i] = uint64(binary.LittleEndian.Uint32(b))
+		default:
+			r.Args[i] = binary.LittleEndian.Uint64(b)
+		}
+	}
+	return nil
+}
+
+// checkEvent verifies that ev's arguments can be read from raw sample data.
+func checkEvent(ev *decode.Event) error {
+	if len(ev.Args) > len(decode.Record{}.Args) {
+		return fmt.Errorf("%w: event %s/%s has %d arguments, at most %d", ErrBadEvent,
+			ev.Group, ev.Name, len(ev.Args), len(decode.Record{}.Args))
+	}
+	for i, a := range ev.Args {
+		switch a.Size {
+		case 1, 2, 4, 8:
+		default:
+			return fmt.Errorf("%w: event %s/%s argument %d has size %d", ErrBadEvent, ev.Group, ev.Name, i, a.Size)
+		}
+		if a.Offset < rawArgsOff || a.Offset > maxRecord {
+			return fmt.Errorf("%w: event %s/%s argument %d at offset %d", ErrBadEvent, ev.Group, ev.Name, i, a.Offset)
+		}
+	}
+	return nil
+}
+
+// ApplyFormat sets ev.ID and the Offset and Size of each of ev.Args from the
+// text of the event's tracefs format file
+// (<tracefs>/events/GRP/EVENT/format). The fields after __probe_ip are the
+// probe's arguments in spec order; their number must match ev.Args and each
+// size must fit the argument's type (8 bytes for u64, 4 for the 32-bit types).
+func ApplyFormat(ev *decode.Event, format []byte) error {
+	var (
+		id     = -1
+		fields []fmtField
+		probe  bool // __probe_ip seen: later fields are arguments
+	)
+	for line := range bytes.Lines(format) {
+		line = bytes.TrimSpace(line)
+		if v, ok := bytes.CutPrefix(line, []byte("ID:")); ok {
+			n, err := strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 16)
+			if err != nil {
+				return fmt.Errorf("%w: id %q: %w", ErrFormat, v, err)
+			}
+			id = int(n)
+			continue
+		}
+		if !bytes.HasPrefix(line, []byte("field:")) {
+			continue
+		}
+		f, err := parseField(line)
+		if err != nil {
+			return err
+		}
+		if probe {
+			fields = append(fields, f)
+		} else if f.name == "__probe_ip" {
+			if f.offset+f.size > rawArgsOff {
+				return fmt.Errorf("%w: __probe_ip at %d+%d", ErrFormat, f.offset, f.size)
+			}
+			probe = true
+		}
+	}
+	switch {
+	case id < 0:
+		return fmt.Errorf("%w: no ID line", ErrFormat)
+	case !probe:
+		return fmt.Errorf("%w: no __probe_ip field (not a uprobe event)", ErrFormat)
+	case len(fields) != len(ev.Args):
+		return fmt.Errorf("%w: %d argument fields for %d arguments of %s/%s", ErrFormat, len(fields), len(ev.Args), ev.Group, ev.Name)
+	}
+	for i, f := range fields {
+		want := 4
+		if ev.Args[i].Type == decode.U64 {
+			want = 8
+		}
+		if f.size != want {
+			return fmt.Errorf("%w: field %s has size %d, argument %d of type %v needs %d", ErrFormat, f.name, f.size, i, ev.Args[i].Type, want)
+		}
+	}
+	ev.ID = uint16(id)
+	for i, f := range fields {
+		ev.Args[i].Offset, ev.Args[i].Size = f.offset, f.size
+	}
+	return checkEvent(ev)
+}
+
+// fmtField is one "field:" line of a format file.
+type fmtField struct {
+	name         string
+	offset, size int
+}
+
+// parseField parses "field:TYPE NAME;\toffset:O;\tsize:S;\tsigned:X;".
+func parseField(line []byte) (fmtField, error) {
+	var f fmtField
+	parts := bytes.Split(line, []byte(";"))
+	if len(parts) < 3 {
+		return f, fmt.Errorf("%w: field line %q", ErrFormat, line)
+	}
+	decl := bytes.TrimSpace(bytes.TrimPrefix(parts[0], []byte("field:")))
+	if i := bytes.LastIndexAny(decl, " \t"); i >= 0 {
+		decl = decl[i+1:]
+	}
+	if len(decl) == 0 {
+		return f, fmt.Errorf("%w: field without a name in %q", ErrFormat, line)
+	}
+	f.name = string(decl)
+	f.offset, f.size = -1, -1
+	for _, p := range parts[1:] {
+		k, v, ok := bytes.Cut(bytes.TrimSpace(p), []byte(":"))
+		if !ok {
+			continue
+		}
+		var dst *int
+		switch string(k) {
+		case "offset":
+			dst = &f.offset
+		case "size":
+			dst = &f.size
+		default:
+			continue
+		}
+		n, err := strconv.ParseUint(string(v), 10, 16)
+		if err != nil {
+			return f, fmt.Errorf("%w: field %s %s %q: %w", ErrFormat, f.name, k, v, err)
+		}
+		*dst = int(n)
+	}
+	if f.offset < 0 || f.size < 0 {
+		return f, fmt.Errorf("%w: field %s lacks offset or size", ErrFormat, f.name)
+	}
+	return f, nil
+}

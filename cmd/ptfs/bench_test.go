@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"ptfs/capture"
+)
+
+// BenchmarkOverhead runs a tight loop of b.N probe hits (hot %di %si, a
+// 5-byte NOP site, the cheapest for the kernel)
+// twice in one run: with the probe installed through ptfs and read through
+// `records`, and with the same probe installed by a hand-written tracefs
+// line and read with perf_event_open directly (the reference). It reports
+// the traced program's hits per second, the reader's CPU time per record and
+// the records lost; compare the two sub-benchmarks.
+func BenchmarkOverhead(b *testing.B) {
+	needKernel(b)
+	bin := buildC(b, "nop5", "t", "-no-pie")
+	off := fileOffset(b, bin, "hot")
+	b.Run("reference", func(b *testing.B) { benchReference(b, bin, off) })
+	b.Run("ptfs", func(b *testing.B) { benchPtfs(b, bin, 0) })
+	// The goal of DESIGN: no loss at 100,000 hits per second.
+	b.Run("ptfs-100k", func(b *testing.B) { benchPtfs(b, bin, 100000) })
+}
+
+// timeProg runs bin with n iterations (at rate hits/s, 0: at full speed)
+// and returns its wall time.
+func timeProg(b *testing.B, bin string, n, rate int) time.Duration {
+	start := time.Now()
+	runProg(b, bin, strconv.Itoa(n), strconv.Itoa(rate))
+	return time.Since(start)
+}
+
+func benchPtfs(b *testing.B, bin string, rate int) {
+	// A records file big enough for the whole run: no rotation.
+	m := startMount(b, "--max-stream=2000000000", "t="+bin)
+	m.setProbe("t", "e", "hot %di %si")
+	f, err := os.Open(m.path("t", "records"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	pid := m.cmd.Process.Pid
+	cpu0 := taskCPU(b, pid)
+	b.ResetTimer()
+	wall := timeProg(b, bin, b.N, rate)
+	got, lost := countLines(b, m, f, b.N, 30*time.Second)
+	b.StopTimer()
+	cpu := taskCPU(b, pid) - cpu0
+	b.ReportMetric(float64(b.N)/wall.Seconds(), "hits/s")
+	b.ReportMetric(float64(cpu)/float64(max(got, 1)), "reader-cpu-ns/record")
+	b.ReportMetric(float64(b.N-got), "missing")
+	b.ReportMetric(float64(lost), "lost")
+	if got+lost != b.N {
+		b.Fatalf("%d records + %d counted lost != %d hits", got, lost, b.N)
+	}
+}
+
+// countLines reads the records file f as it grows until the lines read and
+// the records counted lost add up to n, or the time is up.
+func countLines(b *testing.B, m *mountProc, f *os.File, n int, limit time.Duration) (got, lost int) {
+	buf := make([]byte, 1<<20)
+	deadline := time.Now().Add(limit)
+	for got+lost < n && time.Now().Before(deadline) {
+		k, err := f.Read(buf)
+		got += bytes.Count(buf[:k], []byte{'\n'})
+		if err == io.EOF || k == 0 {
+			lost, _ = strconv.Atoi(strings.Fields(statusValue(m.read("t", "status"), "lost") + " x")[0])
+			time.Sleep(5 * time.Millisecond)
+		} else if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return got, lost
+}
+
+// taskCPU returns the CPU time in ns that all threads of pid have used.
+func taskCPU(b *testing.B, pid int) int64 {
+	dirs, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	if err != nil || len(dirs) == 0 {
+		b.Fatalf("schedstat of %d: %v", pid, err)
+	}
+	var sum int64
+	for _, d := range dirs {
+		data, err := os.ReadFile(d)
+		if err != nil {
+			continue // the thread ended
+		}
+		v, _ := strconv.ParseInt(strings.Fields(string(data))[0], 10, 64)
+		sum += v
+	}
+	return sum
+}
+
+// benchReference installs the probe with a hand-written tracefs line and
+// counts its samples from per-CPU perf rings.
+func benchReference(b *testing.B, bin string, off uint64) {
+	tfs := tracefsDir(b)
+	group := fmt.Sprintf("ptfsbenchref%d", os.Getpid())
+	line := fmt.Sprintf("p:%s/ref %s:0x%x %%di %%si", group, bin, off)
+	if out, err := shell(fmt.Sprintf("echo %s >> %s/uprobe_events", shellQuote(line), tfs)); err != nil {
+		b.Fatalf("%s: %v %s", line, err, out)
+	}
+	b.Cleanup(func() { removeLine(b, line) })
+	idText, err := os.ReadFile(filepath.Join(tfs, "events", group, "ref", "id"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	id, _ := strconv.ParseUint(strings.TrimSpace(string(idText)), 10, 64)
+	const pages = 256
+	page := os.Getpagesize()
+	type ring struct {
+		fd  int
+		mem []byte
+		r   *capture.Ring
+	}
+	var rings []ring
+	defer func() {
+		for _, r := range rings {
+			unix.Munmap(r.mem)
+			unix.Close(r.fd)
+		}
+	}()
+	for cpu := 0; cpu < numCPU(b); cpu++ {
+		attr := unix.PerfEventAttr{
+			Type:        unix.PERF_TYPE_TRACEPOINT,
+			Config:      id,
+			Sample:      1,
+			Sample_type: unix.PERF_SAMPLE_TID | unix.PERF_SAMPLE_TIME | unix.PERF_SAMPLE_CPU | unix.PERF_SAMPLE_RAW,
+			// Wake a poller at a quarter full, as ptfs does; this
+			// reader polls on a timer, so wake-ups only cost.
+			Bits:   unix.PerfBitWatermark,
+			Wakeup: pages * uint32(page) / 4,
+		}
+		attr.Size = uint32(unsafe.Sizeof(attr))
+		fd, err := unix.PerfEventOpen(&attr, -1, cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
+		if err != nil {
+			b.Fatalf("perf_event_open cpu %d: %v", cpu, err)
+		}
+		mem, err := unix.Mmap(fd, 0, (1+pages)*page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			unix.Close(fd)
+			b.Fatal(err)
+		}
+		r, err := capture.NewDataRing(mem, page)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rings = append(rings, ring{fd, mem, r})
+	}
+	var ru0, ru1 unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru0)
+	b.ResetTimer()
+	done := make(chan [2]int)
+	go func() {
+		samples, lost := 0, 0
+		deadline := time.Now().Add(30 * time.Second)
+		for samples+lost < b.N && time.Now().Before(deadline) {
+			for _, r := range rings {
+				r.r.Begin()
+				for {
+					typ, _, rec, ok := r.r.Next()
+					if !ok {
+						break
+					}
+					switch typ {
+					case unix.PERF_RECORD_SAMPLE:
+						samples++
+					case unix.PERF_RECORD_LOST:
+						lost += int(*(*uint64)(unsafe.Pointer(&rec[16])))
+					}
+				}
+				r.r.End()
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		done <- [2]int{samples, lost}
+	}()
+	wall := timeProg(b, bin, b.N, 0)
+	got := <-done
+	b.StopTimer()
+	unix.Getrusage(unix.RUSAGE_SELF, &ru1)
+	cpu := (ru1.Utime.Nano() + ru1.Stime.Nano()) - (ru0.Utime.Nano() + ru0.Stime.Nano())
+	b.ReportMetric(float64(b.N)/wall.Seconds(), "hits/s")
+	b.ReportMetric(float64(cpu)/float64(max(got[0], 1)), "reader-cpu-ns/record")
+	b.ReportMetric(float64(b.N-got[0]), "missing")
+	b.ReportMetric(float64(got[1]), "lost")
+}
+
+func numCPU(b *testing.B) int {
+	data, err := os.ReadFile("/sys/devices/system/cpu/possible")
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := strings.TrimSpace(string(data))
+	if i := strings.LastIndexAny(s, "-,"); i >= 0 {
+		s = s[i+1:]
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		b.Fatalf("cpu/possible %q", data)
+	}
+	return n + 1
+}

@@ -1,0 +1,34 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+
+	"ptfs/session"
+)
+
+// runCheck implements `ptfs check`: what the machine supports and the mode
+// a mount would run in.
+func runCheck(args []string, stdout, stderr io.Writer) int {
+	fl := flag.NewFlagSet("check", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	mode := fl.String("mode", "auto", "the mode to check for: auto, classic or ptw")
+	if err := fl.Parse(args); err != nil {
+		return 2
+	}
+	m, err := session.ParseMode(*mode)
+	if err != nil {
+		fmt.Fprintln(stderr, "ptfs:", err)
+		return 2
+	}
+	c := session.Detect()
+	stdout.Write(c.AppendText(nil))
+	got, why, err := c.Choose(m)
+	if err != nil {
+		fmt.Fprintf(stdout, "mode: none (%v)\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "mode: %s (%s)\n", got, why)
+	return 0
+}

@@ -1,0 +1,291 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"ptfs/decode"
+	"ptfs/perfdata"
+)
+
+const decodeUsage = `usage: ptfs decode [--events DIR] FILE...
+       ptfs decode --packets [PTDUMP-OPTIONS] FILE...
+
+FILE is raw Intel PT bytes or a perf.data file (file or pipe format; its
+PERF_RECORD_AUXTRACE data, per buffer). Prints probe records and manual
+ptwrites (records of several CPUs merged by time when the trace has it), then
+the summary line. DIR is a tracefs events directory (or a copy) giving the
+probe events; without it every ptwrite is a manual one.
+--packets prints libipt ptdump's packet listing instead (options as ptdump's,
+e.g. --lastip, --no-pad).
+`
+
+// errNoTrace: the input holds no Intel PT data.
+var errNoTrace = errors.New("no Intel PT data")
+
+// runDecode implements `ptfs decode`; it returns the exit status.
+func runDecode(args []string, stdout, stderr io.Writer) int {
+	var (
+		eventsDir string
+		packets   bool
+		ptArgs    []string
+		files     []string
+	)
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			files = append(files, args[i+1:]...)
+			i = len(args)
+		case a == "-h" || a == "--help":
+			fmt.Fprint(stdout, decodeUsage)
+			return 0
+		case a == "--events":
+			if i+1 >= len(args) {
+				fmt.Fprintf(stderr, "ptfs decode: --events needs a directory\n%s", decodeUsage)
+				return 2
+			}
+			i++
+			eventsDir = args[i]
+		case strings.HasPrefix(a, "--events="):
+			eventsDir = strings.TrimPrefix(a, "--events=")
+		case a == "--packets":
+			packets = true
+		case strings.HasPrefix(a, "--") && packets:
+			ptArgs = append(ptArgs, a)
+			if ptdumpTakesValue(a) && i+1 < len(args) {
+				i++
+				ptArgs = append(ptArgs, args[i])
+			}
+		case strings.HasPrefix(a, "-") && a != "-":
+			fmt.Fprintf(stderr, "ptfs decode: unknown option %q\n%s", a, decodeUsage)
+			return 2
+		default:
+			files = append(files, a)
+		}
+	}
+	if len(files) == 0 {
+		fmt.Fprintf(stderr, "ptfs decode: no FILE\n%s", decodeUsage)
+		return 2
+	}
+	out := bufio.NewWriterSize(stdout, 64<<10)
+	var err error
+	if packets {
+		if eventsDir != "" {
+			fmt.Fprintln(stderr, "ptfs decode: --events has no effect with --packets")
+		}
+		err = listPackets(out, files, ptArgs)
+	} else {
+		err = decodeRecords(out, files, eventsDir)
+	}
+	if ferr := out.Flush(); err == nil && ferr != nil {
+		err = fmt.Errorf("write output: %w", ferr)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ptfs decode: %v\n", err)
+		if errors.Is(err, decode.ErrBadOption) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+func ptdumpTakesValue(opt string) bool {
+	switch opt {
+	case "--cpu", "--mtc-freq", "--nom-freq", "--cpuid-0x15.eax", "--cpuid-0x15.ebx":
+		return true
+	}
+	return false
+}
+
+// stream is one PT byte stream of an input file: a raw file, or one AUX
+// buffer of a perf.data file.
+type stream struct {
+	name     string
+	cpu, tid int32
+	// segments delivers the stream's bytes in order, gap set where data
+	// was lost before them.
+	segments func(fn func(data []byte, gap bool))
+	time     *perfdata.TimeConv
+}
+
+// input reads a file into its streams; lost is the loss perf.data reports
+// that no stream accounts for.
+func input(name string) (streams []stream, lost uint64, err error) {
+	var data []byte
+	if name == "-" {
+		data, err = io.ReadAll(os.Stdin)
+	} else {
+		data, err = os.ReadFile(name)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("read trace: %w", err)
+	}
+	if !bytes.HasPrefix(data, []byte("PERFILE2")) && !bytes.HasPrefix(data, []byte("2ELIFREP")) {
+		// PT streams start at a PSB; a file without one is no trace.
+		if !bytes.Contains(data, []byte{2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82}) {
+			return nil, 0, fmt.Errorf("%s: neither perf.data nor raw Intel PT (no PSB packet): %w", name, errNoTrace)
+		}
+		return []stream{{
+			name: name, cpu: -1, tid: -1,
+			segments: func(fn func([]byte, bool)) { fn(data, false) },
+		}}, 0, nil
+	}
+	f, err := perfdata.Parse(data)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", name, err)
+	}
+	if len(f.Buffers) == 0 {
+		return nil, 0, fmt.Errorf("%s: perf.data without AUX area trace (record with -e intel_pt//): %w", name, errNoTrace)
+	}
+	for _, b := range f.Buffers {
+		streams = append(streams, stream{
+			name: fmt.Sprintf("%s idx %d cpu %d tid %d", name, b.Idx, b.CPU, b.TID),
+			cpu:  b.CPU, tid: b.TID,
+			segments: b.Segments,
+			time:     f.Time,
+		})
+	}
+	return streams, f.LostAux + f.LostEvents + f.AuxtraceErrors, nil
+}
+
+// listPackets prints the ptdump listing of every stream; with more than one,
+// each listing is preceded by a `# NAME` line.
+func listPackets(w io.Writer, files []string, ptArgs []string) error {
+	opts, err := decode.ParsePtdumpArgs(ptArgs)
+	if err != nil {
+		return err
+	}
+	var all []stream
+	for _, name := range files {
+		s, _, err := input(name)
+		if err != nil {
+			return err
+		}
+		all = append(all, s...)
+	}
+	for _, s := range all {
+		if len(all) > 1 {
+			fmt.Fprintf(w, "# %s\n", s.name)
+		}
+		var buf []byte
+		s.segments(func(d []byte, gap bool) { buf = append(buf, d...) })
+		if err := decode.WritePtdump(w, buf, opts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// entry is one output line waiting for the merge.
+type entry struct {
+	time   uint64
+	rec    decode.Record
+	man    decode.Manual
+	manual bool
+}
+
+// collector keeps what one stream's assembler produces.
+type collector struct{ entries []entry }
+
+func (c *collector) Record(r *decode.Record) {
+	c.entries = append(c.entries, entry{time: r.Time, rec: *r})
+}
+
+func (c *collector) Manual(m *decode.Manual) {
+	c.entries = append(c.entries, entry{time: m.Time, man: *m, manual: true})
+}
+
+func decodeRecords(w io.Writer, files []string, eventsDir string) error {
+	events := map[uint16]*decode.Event{}
+	if eventsDir != "" {
+		var err error
+		if events, err = decode.LoadEvents(eventsDir); err != nil {
+			return err
+		}
+	}
+	var (
+		total decode.Counters
+		lists [][]entry
+	)
+	for _, name := range files {
+		streams, lost, err := input(name)
+		if err != nil {
+			return err
+		}
+		// Losses perf.data reports without saying where (ring LOST,
+		// AUXTRACE_ERROR, AUX truncation of an unknown buffer).
+		total.Errors += lost
+		for _, s := range streams {
+			var c collector
+			a := decode.NewAssembler(events, &c)
+			a.SetCPU(s.cpu)
+			a.SetTID(s.tid)
+			if s.time != nil {
+				a.SetTimeConv(s.time.NS)
+			}
+			s.segments(func(d []byte, gap bool) {
+				if gap {
+					a.Gap()
+				}
+				a.Feed(d)
+			})
+			a.End()
+			cs := a.Counters()
+			total.Add(&cs)
+			lists = append(lists, c.entries)
+		}
+	}
+	var line []byte
+	var seq uint64
+	err := merge(lists, func(e *entry) error {
+		line = line[:0]
+		if e.manual {
+			line = decode.AppendManual(line, e.man.Payload, e.man.IP, e.man.HasIP)
+		} else {
+			seq++
+			line = decode.AppendRecord(line, seq, &e.rec)
+		}
+		_, err := w.Write(line)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	if _, err := w.Write(decode.AppendSummary(nil, &total)); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	return nil
+}
+
+// merge calls fn for the entries of all lists, each list in its order,
+// interleaved by time (ties and unknown times keep the earlier list first).
+// Each list is in stream order, which is time order, so a k-way merge
+// suffices.
+func merge(lists [][]entry, fn func(*entry) error) error {
+	heads := make([]int, len(lists))
+	for {
+		best := -1
+		for i, l := range lists {
+			if heads[i] >= len(l) {
+				continue
+			}
+			if best < 0 || l[heads[i]].time < lists[best][heads[best]].time {
+				best = i
+			}
+		}
+		if best < 0 {
+			return nil
+		}
+		if err := fn(&lists[best][heads[best]]); err != nil {
+			return err
+		}
+		heads[best]++
+	}
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"ptfs/decode/ptenc"
+)
+
+func decodeCorpus(t *testing.T) string {
+	dir := os.Getenv("PTFS_CORPUS")
+	if dir == "" {
+		dir = filepath.Join("..", "..", "..", "shared", "corpus")
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Skipf("corpus absent at %s (set PTFS_CORPUS): %v", dir, err)
+	}
+	return dir
+}
+
+func runDecodeT(args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = runDecode(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+// writeEvent writes a tracefs-like events tree with one 2-argument probe.
+func writeEvent(t *testing.T, group, name, id string) string {
+	dir := t.TempDir()
+	ev := filepath.Join(dir, group, name)
+	if err := os.MkdirAll(ev, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	format := "format:\n" +
+		"\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n" +
+		"\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n" +
+		"\tfield:u64 arg1;\toffset:16;\tsize:8;\tsigned:0;\n" +
+		"\tfield:u64 rsi;\toffset:24;\tsize:8;\tsigned:0;\n"
+	if err := os.WriteFile(filepath.Join(ev, "format"), []byte(format), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ev, "id"), []byte(id+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestDecodePtsim(t *testing.T) {
+	trace := filepath.Join(decodeCorpus(t), "ptsim", "run-static-ptw", "trace.pt")
+	events := writeEvent(t, "ptsim", "fib", "1730") // 0x6c2
+	code, out, errs := runDecodeT("--events", events, trace)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	ls := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(ls) != 988 {
+		t.Fatalf("%d lines, want 987 records and the summary", len(ls))
+	}
+	if ls[0] != "record 1: event=ptsim/fib id=0x6c2 args=[15, rsi=4689959]" {
+		t.Errorf("first line %q", ls[0])
+	}
+	if ls[986] != "record 987: event=ptsim/fib id=0x6c2 args=[1, rsi=4689959]" {
+		t.Errorf("last record %q", ls[986])
+	}
+	if ls[987] != "summary: records=987 dropped=0 stray=0 unknown=0 errors=0" {
+		t.Errorf("summary %q", ls[987])
+	}
+	// Without the event table, every word is a manual ptwrite.
+	code, out, _ = runDecodeT(trace)
+	if code != 0 || !strings.HasSuffix(out, "summary: records=0 dropped=0 stray=2961 unknown=0 errors=0\n") {
+		t.Errorf("no events: exit %d, output ends %q", code, out[max(0, len(out)-80):])
+	}
+}
+
+// TestDecodePerfData decodes a synthetic perf.data with two CPUs' buffers and
+// a time conversion: records come out merged by time.
+func TestDecodePerfData(t *testing.T) {
+	enc := func(tscs ...uint64) []byte {
+		e := ptenc.New()
+		e.PSB()
+		e.PSBEnd()
+		for _, tsc := range tscs {
+			e.TSC(tsc)
+			e.Probe(0x6c2, 0x7ffff0000000, true, tsc, 2)
+		}
+		return e.Bytes()
+	}
+	cpu0, cpu1 := enc(10, 30), enc(20, 40)
+	var recs []byte
+	rec := func(typ uint32, body, extra []byte) {
+		recs = binary.LittleEndian.AppendUint32(recs, typ)
+		recs = binary.LittleEndian.AppendUint16(recs, 0)
+		recs = binary.LittleEndian.AppendUint16(recs, uint16(8+len(body)))
+		recs = append(recs, body...)
+		recs = append(recs, extra...)
+	}
+	u64s := func(vs ...uint64) (b []byte) {
+		for _, v := range vs {
+			b = binary.LittleEndian.AppendUint64(b, v)
+		}
+		return b
+	}
+	aux := func(cpu uint32, data []byte) {
+		body := u64s(uint64(len(data)), 0, 0)
+		body = binary.LittleEndian.AppendUint32(body, cpu)
+		body = binary.LittleEndian.AppendUint32(body, 0xffffffff)
+		body = binary.LittleEndian.AppendUint32(body, cpu)
+		body = binary.LittleEndian.AppendUint32(body, 0)
+		rec(71, body, data)
+	}
+	rec(79, u64s(0, 1, 1_000_000_000), nil) // TIME_CONV: ns = 1e9 + tsc
+	aux(0, cpu0)
+	aux(1, cpu1)
+	pipe := append([]byte("PERFILE2"), u64s(16)...)
+	pipe = append(pipe, recs...)
+	path := filepath.Join(t.TempDir(), "perf.data")
+	if err := os.WriteFile(path, pipe, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runDecodeT("--events", writeEvent(t, "g", "e", "1730"), path)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	want := "record 1: event=g/e id=0x6c2 args=[10, rsi=2] tid=-1 cpu=0 time=1.000000010\n" +
+		"record 2: event=g/e id=0x6c2 args=[20, rsi=2] tid=-1 cpu=1 time=1.000000020\n" +
+		"record 3: event=g/e id=0x6c2 args=[30, rsi=2] tid=-1 cpu=0 time=1.000000030\n" +
+		"record 4: event=g/e id=0x6c2 args=[40, rsi=2] tid=-1 cpu=1 time=1.000000040\n" +
+		"summary: records=4 dropped=0 stray=0 unknown=0 errors=0\n"
+	want = strings.ReplaceAll(want, " tid=-1", "")
+	if out != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+func TestDecodePackets(t *testing.T) {
+	dir := filepath.Join(decodeCorpus(t), "perf")
+	code, out, errs := runDecodeT("--packets", "--lastip", filepath.Join(dir, "perf.data.intel_pt-4.14"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	parts := strings.Split(out, "# ")
+	if len(parts) != 3 {
+		t.Fatalf("%d listings, want 2", len(parts)-1)
+	}
+	for i, f := range []string{"intel_pt-4.14-idx0-cpu0.ptdump.txt", "intel_pt-4.14-idx3-cpu3.ptdump.txt"} {
+		want, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := parts[i+1][strings.IndexByte(parts[i+1], '\n')+1:]
+		if got != string(want) {
+			t.Errorf("buffer %d: listing differs from libipt's %s", i, f)
+		}
+	}
+}
+
+func TestDecodeBadInput(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tests := []struct {
+		name string
+		args []string
+		code int
+		msg  string
+	}{
+		{"no file", nil, 2, "no FILE"},
+		{"unknown option", []string{"--bogus", "x"}, 2, "unknown option"},
+		{"missing events dir", []string{"--events"}, 2, "needs a directory"},
+		{"missing file", []string{filepath.Join(dir, "nope")}, 1, "no such file"},
+		{"text file", []string{write("text", []byte("hello\n"))}, 1, "no PSB"},
+		{"truncated perf.data", []string{write("trunc", []byte("PERFILE2\x68\x00\x00"))}, 1, "truncated perf.data"},
+		{"perf.data without AUX", []string{write("noaux", append([]byte("PERFILE2"), 16, 0, 0, 0, 0, 0, 0, 0))}, 1, "without AUX"},
+		{"bad events dir", []string{"--events", filepath.Join(dir, "nope"), write("ok", bytes.Repeat([]byte{2, 0x82}, 8))}, 1, "load events"},
+		{"bad ptdump option", []string{"--packets", "--mtc-freq", "x", write("ok2", bytes.Repeat([]byte{2, 0x82}, 8))}, 2, "mtc-freq"},
+	}
+	for _, tt := range tests {
+		code, _, errs := runDecodeT(tt.args...)
+		if code != tt.code || !strings.Contains(errs, tt.msg) {
+			t.Errorf("%s: exit %d, stderr %q; want exit %d and %q", tt.name, code, errs, tt.code, tt.msg)
+		}
+	}
+}

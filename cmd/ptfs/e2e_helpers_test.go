@@ -1,0 +1,302 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The test binary doubles as ptfs: with PTFS_TEST_MAIN=1 it runs the command
+// line instead of the tests, so end-to-end tests run the real program.
+func TestMain(m *testing.M) {
+	if os.Getenv("PTFS_TEST_MAIN") == "1" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// needKernel skips unless the test can mount FUSE and install uprobes.
+func needKernel(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for FUSE mounts and uprobes")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("needs /dev/fuse")
+	}
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("needs gcc to build the traced programs")
+	}
+}
+
+// buildC compiles testdata/NAME.c with flags into the test's temp dir.
+func buildC(t testing.TB, name, out string, flags ...string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), out)
+	args := append([]string{"-O2", "-o", bin, filepath.Join("..", "..", "testdata", name+".c")}, flags...)
+	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc %v: %v\n%s", args, err, b)
+	}
+	return bin
+}
+
+// fileOffset returns the file offset of function sym in bin, computed with
+// debug/elf independently of ptfs.
+func fileOffset(t testing.TB, bin, sym string) uint64 {
+	t.Helper()
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.Symbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range syms {
+		if s.Name != sym {
+			continue
+		}
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_LOAD && s.Value >= p.Vaddr && s.Value < p.Vaddr+p.Memsz {
+				return s.Value - p.Vaddr + p.Off
+			}
+		}
+	}
+	t.Fatalf("%s: no symbol %s", bin, sym)
+	return 0
+}
+
+// tracefsDir returns the tracefs mount point (ptfs mounts it if needed).
+func tracefsDir(t testing.TB) string {
+	for _, d := range []string{"/sys/kernel/tracing", "/sys/kernel/debug/tracing"} {
+		if _, err := os.Stat(filepath.Join(d, "uprobe_events")); err == nil {
+			return d
+		}
+	}
+	if err := unix.Mount("nodev", "/sys/kernel/tracing", "tracefs", 0, ""); err != nil {
+		t.Fatalf("mount tracefs: %v", err)
+	}
+	return "/sys/kernel/tracing"
+}
+
+// uprobeLines returns the lines of uprobe_events that contain substr.
+func uprobeLines(t testing.TB, substr string) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(tracefsDir(t), "uprobe_events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if l != "" && strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// lockedBuffer collects a child's output for failure messages.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// mountProc is a running `ptfs mount`.
+type mountProc struct {
+	t    testing.TB
+	dir  string
+	cmd  *exec.Cmd
+	log  *lockedBuffer
+	done chan error
+}
+
+// group is the tracefs group prefix of this mount's probes.
+func (m *mountProc) group() string { return fmt.Sprintf("ptfs%d_", m.cmd.Process.Pid) }
+
+// startMount runs `ptfs mount [FLAGS] DIR TARGETS...` (args starting with
+// "-" are flags) and waits until it serves. The
+// cleanup stops it (SIGTERM), detaches a leftover mount and fails the test
+// if any probe of it stayed in uprobe_events.
+func startMount(t testing.TB, args ...string) *mountProc {
+	t.Helper()
+	dir := t.TempDir()
+	m := &mountProc{t: t, dir: dir, log: &lockedBuffer{}, done: make(chan error, 1)}
+	// Flags go before the mount point, targets after it.
+	cmdline := []string{"-v", "mount"}
+	var targets []string
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") {
+			cmdline = append(cmdline, a)
+		} else {
+			targets = append(targets, a)
+		}
+	}
+	m.cmd = exec.Command(os.Args[0], append(append(cmdline, dir), targets...)...)
+	m.cmd.Env = append(os.Environ(), "PTFS_TEST_MAIN=1")
+	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
+	if err := m.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { m.done <- m.cmd.Wait() }()
+	t.Cleanup(func() {
+		m.stop(syscall.SIGTERM)
+		if left := uprobeLines(t, m.group()); len(left) > 0 {
+			t.Errorf("probes left in uprobe_events after the mount ended: %q", left)
+			for _, l := range left {
+				removeLine(t, l)
+			}
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "status")); err == nil {
+			return m
+		}
+		select {
+		case err := <-m.done:
+			m.done <- err
+			t.Fatalf("ptfs mount exited: %v\n%s", err, m.log)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ptfs mount did not come up\n%s", m.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop signals the mount and waits for it; it detaches the mount point if
+// the process could not (SIGKILL).
+func (m *mountProc) stop(sig syscall.Signal) error {
+	var err error
+	if m.cmd.ProcessState == nil {
+		m.cmd.Process.Signal(sig)
+		select {
+		case err = <-m.done:
+			m.done <- err
+		case <-time.After(15 * time.Second):
+			m.cmd.Process.Kill()
+			err = <-m.done
+			m.done <- err
+			m.t.Errorf("ptfs mount did not exit on %v\n%s", sig, m.log)
+		}
+	}
+	unix.Unmount(m.dir, unix.MNT_DETACH)
+	return err
+}
+
+// removeLine removes the probe of an uprobe_events line.
+func removeLine(t testing.TB, line string) {
+	name := strings.Fields(line)[0]
+	name = name[strings.IndexByte(name, ':')+1:]
+	f, err := os.OpenFile(filepath.Join(tracefsDir(t), "uprobe_events"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer f.Close()
+	if _, err := f.WriteString("-:" + name + "\n"); err != nil {
+		t.Errorf("remove %s: %v", name, err)
+	}
+}
+
+// path joins parts below the mount point.
+func (m *mountProc) path(parts ...string) string {
+	return filepath.Join(append([]string{m.dir}, parts...)...)
+}
+
+// read returns a file of the mount.
+func (m *mountProc) read(parts ...string) string {
+	m.t.Helper()
+	b, err := os.ReadFile(m.path(parts...))
+	if err != nil {
+		m.t.Fatalf("read %s: %v\n%s", filepath.Join(parts...), err, m.log)
+	}
+	return string(b)
+}
+
+// shell runs a bash command line, as a user would.
+func shell(cmdline string) (string, error) {
+	out, err := exec.Command("bash", "-c", cmdline).CombinedOutput()
+	return string(out), err
+}
+
+// setProbe writes spec to probes/NAME of target with bash's echo.
+func (m *mountProc) setProbe(target, name, spec string) {
+	m.t.Helper()
+	if out, err := shell(fmt.Sprintf("echo %s > %s", shellQuote(spec), m.path(target, "probes", name))); err != nil {
+		m.t.Fatalf("echo %q > probes/%s: %v: %s\nprobe file: %s\n%s", spec, name, err, out, m.probeText(target, name), m.log)
+	}
+}
+
+func (m *mountProc) probeText(target, name string) string {
+	b, _ := os.ReadFile(m.path(target, "probes", name))
+	return string(b)
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// run runs a traced program to completion.
+func runProg(t testing.TB, bin string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", bin, err, out)
+	}
+}
+
+// waitLines waits until the file has at least n lines and returns them.
+func (m *mountProc) waitLines(n int, parts ...string) []string {
+	m.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		lines := lines(m.read(parts...))
+		if len(lines) >= n || time.Now().After(deadline) {
+			return lines
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func lines(s string) []string {
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		out = append(out, sc.Text())
+	}
+	return out
+}
+
+// statusValue returns the value of key in a status file.
+func statusValue(status, key string) string {
+	for _, l := range lines(status) {
+		if v, ok := strings.CutPrefix(l, key+": "); ok {
+			return v
+		}
+	}
+	return ""
+}

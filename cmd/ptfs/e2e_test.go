@@ -1,0 +1,430 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var recordRE = regexp.MustCompile(`^record (\d+): event=(\S+) id=0x[0-9a-f]+ args=\[(.*)\] tid=(\d+) cpu=(\d+) time=(\d+)\.(\d{9})$`)
+
+// checkRecords asserts that lines are records 1..n of event with args
+// [i, i+1], in time order.
+func checkRecords(t *testing.T, got []string, event string, n int) {
+	t.Helper()
+	if len(got) != n {
+		t.Fatalf("%d record lines, want %d:\n%s", len(got), n, strings.Join(got, "\n"))
+	}
+	var last string
+	for i, l := range got {
+		m := recordRE.FindStringSubmatch(l)
+		if m == nil {
+			t.Fatalf("line %d %q is not a record line", i+1, l)
+		}
+		if m[1] != fmt.Sprint(i+1) || m[2] != event || m[3] != fmt.Sprintf("%d, %d", i, i+1) {
+			t.Fatalf("line %d = %q, want record %d of %s with args [%d, %d]", i+1, l, i+1, event, i, i+1)
+		}
+		ts := fmt.Sprintf("%020s.%s", m[6], m[7])
+		if ts < last {
+			t.Fatalf("line %d: time goes back: %q", i+1, l)
+		}
+		last = ts
+	}
+}
+
+// Test 1: exactly 100 records in order, PIE and not, by symbol and by offset.
+func TestRecordsExact(t *testing.T) {
+	needKernel(t)
+	for _, build := range []struct {
+		name  string
+		flags []string
+	}{{"nopie", []string{"-no-pie"}}, {"pie", []string{"-fPIE", "-pie"}}} {
+		bin := buildC(t, "target", "t", build.flags...)
+		off := fileOffset(t, bin, "target")
+		for _, spec := range []string{"target %di %si", fmt.Sprintf("0x%x %%di %%si", off)} {
+			t.Run(build.name+"/"+strings.Fields(spec)[0], func(t *testing.T) {
+				m := startMount(t, "t="+bin)
+				m.setProbe("t", "e", spec)
+				if got := m.probeText("t", "e"); !strings.HasPrefix(got, spec+"\n# state: installed") {
+					t.Fatalf("probe file:\n%s", got)
+				}
+				if l := uprobeLines(t, m.group()+"t/e "); len(l) != 1 {
+					t.Fatalf("uprobe_events lines of the probe: %q", l)
+				}
+				runProg(t, bin, "100")
+				checkRecords(t, m.waitLines(100, "t", "records"), "ptfs_t/e", 100)
+				time.Sleep(100 * time.Millisecond) // nothing more may come
+				checkRecords(t, lines(m.read("t", "records")), "ptfs_t/e", 100)
+				st := m.read("t", "status")
+				if !strings.Contains(st, "summary: records=100 dropped=0 stray=0 unknown=0 errors=0\n") {
+					t.Fatalf("status:\n%s", st)
+				}
+			})
+		}
+	}
+}
+
+// Test 2: a real `tail -f` sees records while the program runs.
+func TestTailFollows(t *testing.T) {
+	needKernel(t)
+	bin := buildC(t, "target", "t", "-no-pie")
+	m := startMount(t, bin)
+	m.setProbe("t", "e", "target a=%di b=%si")
+	tail := exec.Command("tail", "-n", "+1", "-f", m.path("t", "records"))
+	out, err := tail.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tail.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tail.Process.Kill(); tail.Wait() })
+	// 50 iterations 40 ms apart: the program runs for 2 s.
+	prog := exec.Command(bin, "50", "40000")
+	if err := prog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	progDone := make(chan struct{})
+	go func() { prog.Wait(); close(progDone) }()
+	sc := bufio.NewScanner(out)
+	got := make(chan string)
+	go func() {
+		for sc.Scan() {
+			got <- sc.Text()
+		}
+		close(got)
+	}()
+	first := true
+	for i := 0; i < 50; i++ {
+		select {
+		case l := <-got:
+			want := fmt.Sprintf("record %d: event=ptfs_t/e id=", i+1)
+			if !strings.HasPrefix(l, want) || !strings.Contains(l, fmt.Sprintf("args=[a=%d, b=%d]", i, i+1)) {
+				t.Fatalf("tail line %d = %q", i+1, l)
+			}
+			if first {
+				first = false
+				select {
+				case <-progDone:
+					t.Fatal("tail -f showed the first record only after the program ended")
+				default:
+				}
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("tail -f showed %d records, then nothing for 5 s\n%s", i, m.log)
+		}
+	}
+	<-progDone
+}
+
+// Test 3: bad specs fail the writer's echo with the right errno, the probe
+// file says why, and uprobe_events does not change.
+func TestBadSpecs(t *testing.T) {
+	needKernel(t)
+	bin := buildC(t, "target", "t", "-no-pie")
+	off := fileOffset(t, bin, "target")
+	m := startMount(t, bin)
+	const (
+		einval = "Invalid argument"
+		enoent = "No such file or directory"
+		eexist = "File exists"
+	)
+	cases := []struct{ spec, errno, reason string }{
+		{"", einval, ""},
+		{"   ", einval, ""},
+		{"target %di %si %dx %cx %r8 %r9 %ax %bx %bp", einval, "8"},
+		{"target %xx", einval, "xx"},
+		{"target %eax", einval, "eax"},
+		{"target %di:u16", einval, "u16"},
+		{"target %di:string", einval, "string"},
+		{"target %nosuchopt", einval, "nosuchopt"},
+		{"target %return", "Operation not supported", "return"},
+		{"target +8(%si", einval, ""},
+		{"target +x(%si)", einval, ""},
+		{"target $stackx", einval, "stackx"},
+		{"target \\zz", einval, ""},
+		{"target 1a=%di", einval, "1a"},
+		{"target a=%di a=%si", einval, "a"},
+		{"target =%di", einval, ""},
+		{"target+ %di", einval, ""},
+		{"target+0x %di", einval, ""},
+		{"0xzz %di", einval, ""},
+		{"nosuchsymbol %di", enoent, "nosuchsymbol"},
+		{"target+100000 %di", einval, ""},
+		{"0x0 %di", einval, ""},
+		{"0xfffffff %di", einval, ""},
+		{fmt.Sprintf("0x%x %%di", off+1), einval, ""},
+		{"target+1 %di", einval, ""},
+		{"target %di extra=", einval, ""},
+	}
+	before := uprobeLines(t, "")
+	for i, c := range cases {
+		name := fmt.Sprintf("bad%d", i)
+		out, err := shell(fmt.Sprintf("echo %s > %s", shellQuote(c.spec), m.path("t", "probes", name)))
+		if err == nil {
+			t.Errorf("spec %q: echo succeeded; probe file:\n%s", c.spec, m.probeText("t", name))
+			continue
+		}
+		if !strings.Contains(out, c.errno) {
+			t.Errorf("spec %q: echo said %q, want %q", c.spec, out, c.errno)
+		}
+		text := m.probeText("t", name)
+		if !strings.Contains(text, "# error: ") || !strings.Contains(text, c.reason) {
+			t.Errorf("spec %q: probe file does not say why (want %q in it):\n%s", c.spec, c.reason, text)
+		}
+	}
+	if after := uprobeLines(t, ""); strings.Join(after, "\n") != strings.Join(before, "\n") {
+		t.Errorf("uprobe_events changed:\nbefore %q\nafter  %q", before, after)
+	}
+
+	// A second probe at the same site: EEXIST. Overwriting the working
+	// probe with a bad spec keeps it working.
+	m.setProbe("t", "good", "target %di %si")
+	if out, err := shell(fmt.Sprintf("echo 0x%x %%di > %s", off, m.path("t", "probes", "dup"))); err == nil || !strings.Contains(out, eexist) {
+		t.Errorf("second probe at the same site: err %v, %q", err, out)
+	}
+	if out, err := shell(fmt.Sprintf("echo 'target %%zz' > %s", m.path("t", "probes", "good"))); err == nil || !strings.Contains(out, einval) {
+		t.Errorf("overwrite with a bad spec: err %v, %q", err, out)
+	}
+	text := m.probeText("t", "good")
+	if !strings.HasPrefix(text, "target %di %si\n# state: installed") || !strings.Contains(text, "zz") {
+		t.Errorf("probe file after a bad overwrite:\n%s", text)
+	}
+	runProg(t, bin, "10")
+	checkRecords(t, m.waitLines(10, "t", "records"), "ptfs_t/good", 10)
+	// A good overwrite replaces it.
+	m.setProbe("t", "good", "other %di")
+	if l := uprobeLines(t, m.group()); len(l) != 1 {
+		t.Errorf("after replacing: %q", l)
+	}
+}
+
+// Test 4: rm, unmount, SIGTERM and SIGKILL + a new mount leave no probe of
+// a mount behind, and never touch a probe someone else installed.
+func TestProbeLifetime(t *testing.T) {
+	needKernel(t)
+	bin := buildC(t, "target", "t", "-no-pie")
+	off := fileOffset(t, bin, "other")
+	// A probe that another program owns, in a group that looks like ours.
+	foreign := fmt.Sprintf("p:notptfs%d/keep %s:0x%x", os.Getpid(), bin, off)
+	if out, err := shell(fmt.Sprintf("echo %s >> %s/uprobe_events", shellQuote(foreign), tracefsDir(t))); err != nil {
+		t.Fatalf("foreign probe: %v %s", err, out)
+	}
+	t.Cleanup(func() { removeLine(t, foreign) })
+	keepForeign := func(when string) {
+		if len(uprobeLines(t, fmt.Sprintf("notptfs%d/keep", os.Getpid()))) != 1 {
+			t.Fatalf("%s: the foreign probe is gone", when)
+		}
+	}
+
+	t.Run("rm", func(t *testing.T) {
+		m := startMount(t, bin)
+		m.setProbe("t", "a", "target %di")
+		m.setProbe("t", "b", "other %di")
+		if n := len(uprobeLines(t, m.group())); n != 2 {
+			t.Fatalf("%d probes installed, want 2", n)
+		}
+		if err := os.Remove(m.path("t", "probes", "a")); err != nil {
+			t.Fatal(err)
+		}
+		if l := uprobeLines(t, m.group()); len(l) != 1 || !strings.Contains(l[0], "/b ") {
+			t.Fatalf("after rm: %q", l)
+		}
+		if err := os.Remove(m.path("t", "records")); !errors.Is(err, syscall.EPERM) {
+			t.Errorf("rm records: %v, want EPERM", err)
+		}
+		if err := os.Remove(m.path("t")); err != nil {
+			t.Fatalf("rm target: %v", err)
+		}
+		if l := uprobeLines(t, m.group()); len(l) != 0 {
+			t.Fatalf("after rm of the target: %q", l)
+		}
+		keepForeign("rm")
+	})
+	t.Run("umount", func(t *testing.T) {
+		m := startMount(t, bin)
+		m.setProbe("t", "a", "target %di")
+		if out, err := exec.Command("umount", m.dir).CombinedOutput(); err != nil {
+			t.Fatalf("umount: %v %s", err, out)
+		}
+		select {
+		case err := <-m.done:
+			m.done <- err
+			if err != nil {
+				t.Fatalf("ptfs exited with %v\n%s", err, m.log)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("ptfs did not exit after umount")
+		}
+		if l := uprobeLines(t, m.group()); len(l) != 0 {
+			t.Fatalf("after umount: %q", l)
+		}
+		keepForeign("umount")
+	})
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			m := startMount(t, bin)
+			m.setProbe("t", "a", "target %di")
+			if err := m.stop(sig); err != nil {
+				t.Fatalf("ptfs exited with %v\n%s", err, m.log)
+			}
+			if l := uprobeLines(t, m.group()); len(l) != 0 {
+				t.Fatalf("after %v: %q", sig, l)
+			}
+			keepForeign(sig.String())
+		})
+	}
+	t.Run("SIGKILL", func(t *testing.T) {
+		live := startMount(t, bin) // another live mount: its probe must stay
+		live.setProbe("t", "live", "other %di")
+		m := startMount(t, bin)
+		m.setProbe("t", "a", "target %di")
+		group := m.group()
+		m.stop(syscall.SIGKILL)
+		if l := uprobeLines(t, group); len(l) != 1 {
+			t.Fatalf("after SIGKILL the probe should still be there (nobody removed it): %q", l)
+		}
+		startMount(t, bin)
+		if l := uprobeLines(t, group); len(l) != 0 {
+			t.Fatalf("the next mount left the dead mount's probes: %q", l)
+		}
+		if l := uprobeLines(t, live.group()); len(l) != 1 {
+			t.Fatalf("the next mount removed a live mount's probe: %q", l)
+		}
+		keepForeign("SIGKILL")
+	})
+}
+
+// Test 5: two targets, two probes each, four processes hitting them at
+// once: every count exact, or the loss counted.
+func TestConcurrentTargets(t *testing.T) {
+	needKernel(t)
+	const hits = 10000
+	bins := map[string]string{
+		"t1": buildC(t, "target", "t1", "-no-pie"),
+		"t2": buildC(t, "target", "t2", "-fPIE", "-pie"),
+	}
+	m := startMount(t, "t1="+bins["t1"], "t2="+bins["t2"])
+	for name := range bins {
+		m.setProbe(name, "tgt", "target %di %si")
+		m.setProbe(name, "oth", "other %di")
+	}
+	var wg sync.WaitGroup
+	for _, name := range []string{"t1", "t1", "t2", "t2"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runProg(t, bins[name], fmt.Sprint(hits))
+		}()
+	}
+	wg.Wait()
+	for name := range bins {
+		want := 4 * hits // two processes, two probes each
+		got := m.waitLines(want, name, "records")
+		st := m.read(name, "status")
+		lost := statusValue(st, "lost")
+		counts := map[string]int{}
+		for _, l := range got {
+			mm := recordRE.FindStringSubmatch(l)
+			if mm == nil {
+				t.Fatalf("%s: bad line %q", name, l)
+			}
+			counts[mm[2]]++
+		}
+		if len(got) != want {
+			if strings.HasPrefix(lost, "0 ") {
+				t.Fatalf("%s: %d records of %d and no loss counted: %v\n%s", name, len(got), want, counts, st)
+			}
+			t.Logf("%s: %d of %d records, loss counted: %s", name, len(got), want, lost)
+			continue
+		}
+		if counts["ptfs_"+name+"/tgt"] != 2*hits || counts["ptfs_"+name+"/oth"] != 2*hits {
+			t.Fatalf("%s: counts %v", name, counts)
+		}
+		if !strings.Contains(st, fmt.Sprintf("summary: records=%d ", want)) {
+			t.Fatalf("%s: status:\n%s", name, st)
+		}
+	}
+}
+
+// Test 6: every fetcharg form, printed as DESIGN §5 says.
+func TestFetchArgs(t *testing.T) {
+	needKernel(t)
+	bin := buildC(t, "fetch", "f")
+	m := startMount(t, bin)
+	m.setProbe("f", "all", `fetch neg=%di:s32 x=+0(%si):u32 y=+4(%si):s32 s=$stack1 k=\0x42 %di:x32 %si:u64`)
+	runProg(t, bin, "5")
+	got := m.waitLines(5, "f", "records")
+	if len(got) != 5 {
+		t.Fatalf("%d records, want 5:\n%s", len(got), strings.Join(got, "\n"))
+	}
+	for i, l := range got {
+		mm := recordRE.FindStringSubmatch(l)
+		if mm == nil {
+			t.Fatalf("bad line %q", l)
+		}
+		neg := -(i + 1)
+		want := fmt.Sprintf("neg=%d, x=%d, y=%d, s=%d, k=66, 0x%x, ", neg, 3*i, -i, 10*i, uint32(int32(neg)))
+		if !strings.HasPrefix(mm[3], want) {
+			t.Errorf("record %d args [%s], want prefix [%s]", i+1, mm[3], want)
+		}
+	}
+}
+
+// The other files: symbols, status, branches, truncating records.
+func TestFiles(t *testing.T) {
+	needKernel(t)
+	bin := buildC(t, "target", "t", "-no-pie")
+	m := startMount(t, bin)
+	off := fileOffset(t, bin, "target")
+	if !regexp.MustCompile(fmt.Sprintf(`(?m)^0x%x \d+ target$`, off)).MatchString(m.read("t", "symbols")) {
+		t.Errorf("symbols has no line for target at 0x%x:\n%s", off, m.read("t", "symbols"))
+	}
+	root := m.read("status")
+	for _, want := range []string{"mode: classic\n", "uprobes: yes\n", "fuse: yes\n", "summary: records=0 "} {
+		if !strings.Contains(root, want) {
+			t.Errorf("root status lacks %q:\n%s", want, root)
+		}
+	}
+	if link, err := os.Readlink(m.path("t", "exe")); err != nil || link != bin {
+		t.Errorf("exe -> %q, %v; want %s", link, err, bin)
+	}
+	if _, err := os.Open(m.path("t", "branches")); !errors.Is(err, syscall.EOPNOTSUPP) {
+		t.Errorf("open branches: %v, want EOPNOTSUPP", err)
+	}
+	if st := m.read("t", "status"); !strings.Contains(st, "branches: unavailable: ") {
+		t.Errorf("status does not say why branches are unavailable:\n%s", st)
+	}
+	m.setProbe("t", "e", "target %di %si")
+	runProg(t, bin, "3")
+	m.waitLines(3, "t", "records")
+	if out, err := shell(": > " + m.path("t", "records")); err != nil {
+		t.Fatalf(": > records: %v %s", err, out)
+	}
+	if s := m.read("t", "records"); s != "" {
+		t.Fatalf("records after truncation: %q", s)
+	}
+	runProg(t, bin, "2")
+	got := m.waitLines(2, "t", "records")
+	if len(got) != 2 || !strings.HasPrefix(got[0], "record 4: ") {
+		t.Fatalf("records after truncation and 2 hits: %q", got)
+	}
+	// ln -s adds a target, rm removes it.
+	if err := os.Symlink(bin, m.path("u")); err != nil {
+		t.Fatalf("ln -s: %v", err)
+	}
+	if fi, err := os.Stat(m.path("u", "records")); err != nil || fi.Size() != 0 {
+		t.Fatalf("new target: %v", err)
+	}
+	if err := os.Symlink("/nonexistent/bin", m.path("v")); err == nil {
+		t.Errorf("ln -s of a missing binary succeeded")
+	}
+}

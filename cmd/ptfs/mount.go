@@ -1,0 +1,117 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"ptfs/fs"
+	"ptfs/session"
+)
+
+// runMount implements `ptfs mount`: it serves the mount until it is
+// unmounted or the process gets SIGINT/SIGTERM, then removes every probe.
+func runMount(args []string, stdout, stderr io.Writer) int {
+	fl := flag.NewFlagSet("mount", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	mode := fl.String("mode", "auto", "engine: auto, classic or ptw")
+	maxStream := fl.Int("max-stream", session.DefaultStreamLimit, "bound of each records file in bytes; past it the file starts over")
+	ringPages := fl.Int("ring-pages", 0, "per-CPU perf ring size in pages (power of 2; 0: default)")
+	allowOther := fl.Bool("allow-other", false, "let other users see the mount")
+	verbose := fl.Bool("v", false, "debug logging")
+	fuseDebug := fl.Bool("fuse-debug", false, "log every FUSE request")
+	if err := fl.Parse(args); err != nil {
+		return 2
+	}
+	if *verbose {
+		logrus.SetLevel(logrus.DebugLevel)
+	}
+	if fl.NArg() < 1 {
+		fmt.Fprintln(stderr, "usage: ptfs mount [flags] MOUNTPOINT [NAME=]BINARY...")
+		return 2
+	}
+	m, err := session.ParseMode(*mode)
+	if err != nil {
+		fmt.Fprintln(stderr, "ptfs:", err)
+		return 2
+	}
+	if err := mount(fl.Arg(0), fl.Args()[1:], m, *maxStream, *ringPages, fs.Options{AllowOther: *allowOther, Debug: *fuseDebug}); err != nil {
+		fmt.Fprintln(stderr, "ptfs:", err)
+		return 1
+	}
+	return 0
+}
+
+// targetArg splits a [NAME=]BINARY argument; the name defaults to the
+// binary's base name.
+func targetArg(a string) (name, path string) {
+	if i := strings.IndexByte(a, '='); i > 0 && !strings.Contains(a[:i], "/") {
+		return a[:i], a[i+1:]
+	}
+	return filepath.Base(a), a
+}
+
+func mount(dir string, targets []string, mode session.Mode, maxStream, ringPages int, opts fs.Options) error {
+	clearDeadMount(dir)
+	s, err := session.New(session.Options{Mode: mode, StreamLimit: maxStream, RingPages: ringPages})
+	if err != nil {
+		return err
+	}
+	for _, a := range targets {
+		name, path := targetArg(a)
+		if _, err := s.AddTarget(name, path); err != nil {
+			return errors.Join(err, s.Close())
+		}
+	}
+	server, err := fs.Mount(dir, s, opts)
+	if err != nil {
+		return errors.Join(err, s.Close())
+	}
+	logrus.WithFields(logrus.Fields{"dir": dir, "mode": s.Mode()}).Info("ptfs: mounted")
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sig)
+	done := make(chan struct{})
+	go func() {
+		server.Wait()
+		close(done)
+	}()
+	select {
+	case <-done: // unmounted from outside (umount)
+	case got := <-sig:
+		logrus.WithField("signal", got).Debug("ptfs: unmounting")
+		if err := server.Unmount(); err != nil {
+			// Busy (a reader holds a file open): detach instead, so the
+			// mount point is free and the readers get errors, not hangs.
+			logrus.WithError(err).Debug("ptfs: unmount busy, detaching")
+			if derr := unix.Unmount(dir, unix.MNT_DETACH); derr != nil {
+				err = errors.Join(err, derr)
+				return errors.Join(fmt.Errorf("unmount %s: %w", dir, err), s.Close())
+			}
+		}
+		<-done
+	}
+	return s.Close()
+}
+
+// clearDeadMount detaches a FUSE mount at dir whose server died (SIGKILL):
+// its mount point answers ENOTCONN and would refuse a new mount.
+func clearDeadMount(dir string) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); errors.Is(err, unix.ENOTCONN) {
+		logrus.WithField("dir", dir).Info("ptfs: detaching the dead mount of a killed ptfs")
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			logrus.WithError(err).Warn("ptfs: detaching dead mount")
+		}
+	}
+}

@@ -1,0 +1,153 @@
+package decode
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"ptfs/decode/ptenc"
+)
+
+// benchSize is the size of the generated benchmark streams.
+const benchSize = 64 << 20
+
+var benchStreams [3]struct {
+	once sync.Once
+	data []byte
+}
+
+// benchStream returns the 64 MiB stream of profile p, generated once per
+// process (PSB+ every 4 KiB).
+func benchStream(p ptenc.Profile) []byte {
+	s := &benchStreams[p]
+	s.once.Do(func() { s.data = ptenc.Generate(p, benchSize, int64(p)+1) })
+	return s.data
+}
+
+var benchProfiles = []ptenc.Profile{ptenc.Mixed, ptenc.PTWHeavy, ptenc.TNTHeavy}
+
+// countPackets decodes buf with ptfs's packet decoder and returns the number
+// of packets, or -1 at the first error.
+func countPackets(d *PacketDecoder, buf []byte) int {
+	d.Reset(buf)
+	var p Packet
+	n := 0
+	for {
+		err := d.Next(&p)
+		if err == io.EOF {
+			return n
+		}
+		if err != nil {
+			return -1
+		}
+		n++
+	}
+}
+
+func BenchmarkPackets(b *testing.B) {
+	for _, p := range benchProfiles {
+		b.Run(p.String(), func(b *testing.B) {
+			buf := benchStream(p)
+			var d PacketDecoder
+			b.SetBytes(int64(len(buf)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if countPackets(&d, buf) < 0 {
+					b.Fatal("decode error in a generated stream")
+				}
+			}
+		})
+	}
+}
+
+// nullOutput counts what the assembler delivers.
+type nullOutput struct{ records, manual int }
+
+func (o *nullOutput) Record(*Record) { o.records++ }
+func (o *nullOutput) Manual(*Manual) { o.manual++ }
+
+// BenchmarkRecords measures records-only decoding: packets to assembled
+// records, nothing printed.
+func BenchmarkRecords(b *testing.B) {
+	b.Run("ptw", func(b *testing.B) {
+		buf := benchStream(ptenc.PTWHeavy)
+		var out nullOutput
+		a := NewAssembler(testEvents(), &out)
+		b.SetBytes(int64(len(buf)))
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			a.Feed(buf)
+			a.End()
+		}
+		b.StopTimer()
+		if c := a.Counters(); c.Errors != 0 || c.Dropped != 0 || c.Records == 0 {
+			b.Fatalf("counters %+v", c)
+		}
+		b.ReportMetric(float64(out.records)/float64(b.N), "records/op")
+	})
+}
+
+// BenchmarkLibipt times libipt's packet decoder (the harness's bench mode:
+// decode and count, no printing) on the same streams, for the ratio.
+func BenchmarkLibipt(b *testing.B) {
+	for _, p := range benchProfiles {
+		b.Run(p.String(), func(b *testing.B) {
+			dir := b.TempDir()
+			bin := buildLibipt(b, dir)
+			buf := benchStream(p)
+			path := filepath.Join(dir, "stream.pt")
+			if err := os.WriteFile(path, buf, 0o644); err != nil {
+				b.Fatal(err)
+			}
+			cmd := exec.Command(bin, "bench", path)
+			in, err := cmd.StdinPipe()
+			if err != nil {
+				b.Fatal(err)
+			}
+			outPipe, err := cmd.StdoutPipe()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() {
+				in.Close()
+				cmd.Wait()
+			})
+			out := bufio.NewReader(outPipe)
+			round := func() int {
+				if _, err := io.WriteString(in, "go\n"); err != nil {
+					b.Fatal(err)
+				}
+				line, err := out.ReadString('\n')
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, err := strconv.Atoi(strings.TrimSpace(line))
+				if err != nil {
+					b.Fatal(err)
+				}
+				return n
+			}
+			// Same packets as ptfs counts, and the file is in memory.
+			var d PacketDecoder
+			if got, want := round(), countPackets(&d, buf); got != want {
+				b.Fatalf("libipt counts %d packets, ptfs %d", got, want)
+			}
+			b.SetBytes(int64(len(buf)))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				round()
+			}
+		})
+	}
+}

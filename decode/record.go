@@ -1,0 +1,777 @@
+package decode
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// HeaderMagic is the low 40 bits of a ptwrite uprobe header word ("PTRW1").
+const HeaderMagic = 0x5054525731
+
+// Output receives what an Assembler produces. The pointers it is given are
+// only valid during the call: the assembler reuses them.
+type Output interface {
+	// Record is called for each complete probe record.
+	Record(r *Record)
+	// Manual is called for each PTWRITE payload outside a probe record.
+	Manual(m *Manual)
+}
+
+// Manual is one PTWRITE payload that is not part of a probe record.
+type Manual struct {
+	Payload uint64
+	// IP is the address of the PTWRITE, known (HasIP) only when the packet
+	// announced a FUP and the FUP followed.
+	IP    uint64
+	HasIP bool
+	CPU   int32
+	Time  uint64 // nanoseconds, 0 when unknown
+}
+
+// Assembler turns the PT packets of one CPU's stream into probe records and
+// manual ptwrites, per DESIGN §1 and §5:
+//
+//   - An 8-byte PTW payload whose low 40 bits are HeaderMagic is a header: it
+//     ends any open record (its missing words count as dropped) and, when the
+//     event id is known, opens a record of nargs words. An empty record
+//     (nargs 0) is complete at once.
+//   - Each following payload (4 or 8 bytes, zero-extended) fills the next
+//     argument slot; words beyond the event's declared arguments count as
+//     unknown and are not printed; fewer words than arguments print as many
+//     as arrived in the header's count.
+//   - A header with an id not in the table counts as stray and is printed as
+//     a manual ptwrite; so are the nargs words it announces (counted stray
+//     too), since without the event they cannot be interpreted.
+//   - Any other payload is a manual ptwrite and counts as stray.
+//
+// A record never spans an OVF, a decoder error (after which the decoder
+// resynchronizes at the next PSB), a Gap or a ContextSwitch, nor a PIP (CR3
+// change) outside PSB+: each ends the open record and counts its missing
+// words as dropped. A plain PSB+ does not: the hardware inserts one every few
+// KiB regardless of what the program does, so it can fall between the words
+// of one probe hit. A PSB reached by resynchronization after an OVF or error
+// therefore never finds an open record: the OVF or error already dropped it.
+//
+// Time comes from the last TSC packet, converted by the function given to
+// SetTimeConv (none: Time 0). The assembler allocates nothing per packet or
+// record.
+type Assembler struct {
+	events map[uint16]*Event
+	out    Output
+	conv   func(tsc uint64) uint64
+	cpu    int32
+	tid    int32
+
+	dec PacketDecoder
+	pkt Packet
+	c   Counters
+
+	rec       Record
+	open      bool // rec holds an incomplete record
+	want, got int  // announced and received words of the open record
+	strayLeft int  // words still owed to a header of an unknown event
+
+	man     Manual
+	manPend bool // man waits for the FUP its PTW announced
+
+	tsc     uint64
+	haveTSC bool
+	lastIP  uint64
+	inPSB   bool
+
+	// carry holds the start of a packet cut by the end of a Feed buffer,
+	// or, while unsynced, the tail in which a PSB may begin.
+	carry    [maxPacket - 1]byte
+	ncarry   int
+	scratch  [maxPacket - 1 + 2*maxPacket]byte
+	unsynced bool
+}
+
+// maxPacket is the longest packet (PSB); a longer CYC is an error.
+const maxPacket = 16
+
+// psbBytes is the PSB packet.
+var psbBytes = [maxPacket]byte{2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82}
+
+// ipPayloadSize maps an IP packet's IPBytes field to its payload size; -1 is
+// reserved.
+var ipPayloadSize = [8]int8{0, 2, 4, 6, 6, -1, 8, -1}
+
+// NewAssembler returns an assembler for one CPU's stream that looks event
+// ids up in events and writes to out. CPU and TID start unknown (-1).
+func NewAssembler(events map[uint16]*Event, out Output) *Assembler {
+	return &Assembler{events: events, out: out, cpu: -1, tid: -1}
+}
+
+// SetCPU sets the CPU that records and manual ptwrites report.
+func (a *Assembler) SetCPU(cpu int32) { a.cpu = cpu }
+
+// SetTID sets the thread id that records report (-1: unknown).
+func (a *Assembler) SetTID(tid int32) { a.tid = tid }
+
+// SetTimeConv sets the conversion from raw TSC values to nanoseconds; nil
+// leaves Time 0.
+func (a *Assembler) SetTimeConv(conv func(tsc uint64) uint64) { a.conv = conv }
+
+// Counters returns the counters so far.
+func (a *Assembler) Counters() Counters { return a.c }
+
+// Feed decodes the next chunk of the stream. A packet cut by the end of buf
+// is completed by the next Feed; bytes that cannot be decoded count as
+// errors and the assembler resumes at the next PSB, in this chunk or a later
+// one. Chunking does not change the result, with two exceptions: the packet
+// decoder's block context (BBP, PEBS via PT) is not carried from one Feed to
+// the next, so block items right after a boundary decode as TNT; and after a
+// decoder error in the first bytes of a chunk, the PSB found to resume may
+// differ from the one found in one piece (the decoder also considers a PSB
+// overlapping up to 15 bytes before the error, which may lie in the previous
+// chunk). Records never span an error either way.
+func (a *Assembler) Feed(buf []byte) {
+	if a.ncarry > 0 || a.unsynced {
+		buf = a.feedBoundary(buf)
+	}
+	if len(buf) > 0 {
+		a.run(buf)
+	}
+}
+
+// Gap marks lost data before the next Feed (AUX loss, a hole in the
+// buffer offsets): it counts one error, ends the open record, and makes the
+// assembler resynchronize at the next PSB, since the next chunk need not
+// start at a packet boundary.
+func (a *Assembler) Gap() {
+	a.c.Errors++
+	a.breakRecord()
+	a.ncarry = 0
+	a.unsynced = true
+}
+
+// ContextSwitch marks a switch to another thread known from side band: it
+// ends the open record (its missing words count as dropped) but is no loss.
+func (a *Assembler) ContextSwitch() { a.breakRecord() }
+
+// End marks the end of the stream: an open record is dropped, a manual
+// ptwrite waiting for its FUP is delivered without IP, and a packet cut by
+// the end counts as an error. The assembler may be fed again afterwards as
+// if after a Gap without the error.
+func (a *Assembler) End() {
+	if a.ncarry > 0 && !a.unsynced {
+		a.c.Errors++
+	}
+	a.breakRecord()
+	a.ncarry = 0
+	a.unsynced = true
+}
+
+// run decodes buf, which starts at a packet boundary. The hot packets are
+// decoded inline (scan); whatever scan leaves, rare packets and every
+// error, goes through the packet decoder one packet at a time, so that
+// packet validity has one definition. After a BBP the decoder decodes the
+// rest of buf itself, since only it keeps the block-item context.
+func (a *Assembler) run(buf []byte) {
+	a.dec.Reset(buf)
+	pos := 0
+	for {
+		pos = a.scan(buf, pos)
+		if pos >= len(buf) {
+			return
+		}
+		if err := a.dec.SyncSet(uint64(pos)); err != nil {
+			return // pos < len(buf): cannot happen
+		}
+		err := a.dec.Next(&a.pkt)
+		if err == nil {
+			a.packet(&a.pkt)
+			pos += int(a.pkt.Size)
+			if a.pkt.Kind != BBP {
+				continue
+			}
+			for err == nil {
+				if err = a.dec.Next(&a.pkt); err == nil {
+					a.packet(&a.pkt)
+				}
+			}
+			if err == io.EOF {
+				return
+			}
+		}
+		off := errOffset(err)
+		if isTruncated(err) && len(buf)-off < maxPacket {
+			a.ncarry = copy(a.carry[:], buf[off:])
+			return
+		}
+		a.fail()
+		if pos = resync(buf, off); pos < 0 {
+			a.keepTail(buf[max(0, off-(maxPacket-1)):])
+			return
+		}
+	}
+}
+
+// resync returns the offset of the PSB to resume at after a bad packet at
+// off, or -1. Like libipt's pt_pkt_sync_forward (and SyncForward), a PSB
+// that begins up to 15 bytes before the bad packet counts: decoding may have
+// landed inside one.
+func resync(buf []byte, off int) int {
+	start := max(0, off-(maxPacket-1))
+	if i := bytes.Index(buf[start:], psbBytes[:]); i >= 0 {
+		return start + i
+	}
+	return -1
+}
+
+// scan decodes the packets that records depend on or that are frequent,
+// from pos, and returns the offset of the first packet it leaves to the
+// packet decoder (len(buf) when none). Its checks are the packet decoder's:
+// anything they do not accept is left to it, errors included.
+func (a *Assembler) scan(buf []byte, pos int) int {
+	n := len(buf)
+	for pos < n {
+		b := buf[pos]
+		switch {
+		case b == 0: // PAD
+			pos++
+		case b == 2:
+			if pos+2 > n {
+				return pos
+			}
+			switch e := buf[pos+1]; e {
+			case 0x32, 0xb2: // PTW, 8 bytes
+				if pos+10 > n {
+					return pos
+				}
+				a.flushManual()
+				a.word(binary.LittleEndian.Uint64(buf[pos+2:]), 8, e&0x80 != 0)
+				pos += 10
+			case 0x12, 0x92: // PTW, 4 bytes
+				if pos+6 > n {
+					return pos
+				}
+				a.flushManual()
+				a.word(uint64(binary.LittleEndian.Uint32(buf[pos+2:])), 4, e&0x80 != 0)
+				pos += 6
+			case 0x82: // PSB
+				if pos+16 > n || string(buf[pos:pos+16]) != string(psbBytes[:]) {
+					return pos
+				}
+				a.flushManual()
+				a.lastIP = 0
+				a.inPSB = true
+				pos += 16
+			case 0x23: // PSBEND
+				a.flushManual()
+				a.inPSB = false
+				pos += 2
+			case 0xf3: // OVF
+				a.c.Errors++
+				a.breakRecord()
+				pos += 2
+			case 0xa3: // TNT64
+				if pos+8 > n || binary.LittleEndian.Uint64(buf[pos:])>>16 == 0 {
+					return pos
+				}
+				a.flushManual()
+				pos += 8
+			default:
+				return pos
+			}
+		case b&1 == 0: // TNT8
+			a.flushManual()
+			pos++
+		case b&7 == 3: // one-byte CYC
+			pos++
+		case b&0x1f == 0x1d, b&0x1f == 0x0d, b&0x1f == 0x11, b&0x1f == 0x01: // FUP, TIP*
+			sz := int(ipPayloadSize[b>>5])
+			if sz < 0 || pos+1+sz > n {
+				return pos
+			}
+			var v uint64
+			switch sz {
+			case 2:
+				v = uint64(binary.LittleEndian.Uint16(buf[pos+1:]))
+			case 4:
+				v = uint64(binary.LittleEndian.Uint32(buf[pos+1:]))
+			case 6:
+				v = uint64(binary.LittleEndian.Uint32(buf[pos+1:])) | uint64(binary.LittleEndian.Uint16(buf[pos+5:]))<<32
+			case 8:
+				v = binary.LittleEndian.Uint64(buf[pos+1:])
+			}
+			ip := a.ip(b>>5, v)
+			if b&0x1f == 0x1d {
+				a.fup(ip, b>>5 != IPCSuppressed)
+			} else {
+				a.flushManual()
+			}
+			pos += 1 + sz
+		case b == 0x19: // TSC
+			if pos+8 > n {
+				return pos
+			}
+			a.tsc, a.haveTSC = binary.LittleEndian.Uint64(buf[pos:])>>8, true
+			pos += 8
+		case b == 0x59: // MTC
+			if pos+2 > n {
+				return pos
+			}
+			pos += 2
+		case b == 0x99: // MODE
+			if pos+2 > n || buf[pos+1]>>5 > 1 {
+				return pos
+			}
+			a.flushManual()
+			pos += 2
+		default:
+			return pos
+		}
+	}
+	return pos
+}
+
+// feedBoundary decodes the packets that begin in the carried bytes, then
+// returns the rest of buf to decode from a packet boundary, or nil when
+// nothing remains.
+func (a *Assembler) feedBoundary(buf []byte) []byte {
+	n := a.ncarry
+	copy(a.scratch[:n], a.carry[:n])
+	m := copy(a.scratch[n:], buf)
+	scr := a.scratch[:n+m]
+	start := 0
+	if a.unsynced {
+		i := bytes.Index(scr, psbBytes[:])
+		if i < 0 || i >= n {
+			j := bytes.Index(buf, psbBytes[:])
+			if j < 0 {
+				if m == len(buf) {
+					a.keepTail(scr)
+				} else {
+					a.keepTail(buf)
+				}
+				return nil
+			}
+			a.unsynced = false
+			a.ncarry = 0
+			return buf[j:]
+		}
+		a.unsynced = false
+		start = i
+	}
+	a.dec.Reset(scr[start:])
+	for {
+		pos := start + int(a.dec.Pos())
+		if pos >= n {
+			a.ncarry = 0
+			return buf[pos-n:]
+		}
+		err := a.dec.Next(&a.pkt)
+		if err == nil {
+			a.packet(&a.pkt)
+			continue
+		}
+		if err == io.EOF {
+			a.ncarry = 0
+			return nil
+		}
+		off := start + errOffset(err)
+		if isTruncated(err) && m == len(buf) && len(scr)-off < maxPacket {
+			// All of buf was too short to complete the packet.
+			a.ncarry = copy(a.carry[:], scr[off:])
+			return nil
+		}
+		// The bad packet began in the carry: look for a PSB after it.
+		a.fail()
+		a.ncarry = copy(a.carry[:], scr[off+1:n])
+		a.unsynced = true
+		return a.feedBoundary(buf)
+	}
+}
+
+// keepTail keeps the last bytes of b, where a PSB may begin that the next
+// Feed completes, and marks the assembler unsynced.
+func (a *Assembler) keepTail(b []byte) {
+	if len(b) > len(a.carry) {
+		b = b[len(b)-len(a.carry):]
+	}
+	a.ncarry = copy(a.carry[:], b)
+	a.unsynced = true
+}
+
+func errOffset(err error) int {
+	if pe, ok := err.(*PacketError); ok {
+		return int(pe.Offset)
+	}
+	return 0
+}
+
+func isTruncated(err error) bool {
+	pe, ok := err.(*PacketError)
+	return ok && pe.Err == ErrTruncated
+}
+
+// fail handles a decoder error: it counts, and nothing spans it.
+func (a *Assembler) fail() {
+	a.c.Errors++
+	a.breakRecord()
+}
+
+// breakRecord ends whatever is open: the partial record (its missing words
+// count as dropped), an unknown event's remaining words, a manual ptwrite
+// waiting for its FUP (delivered without IP).
+func (a *Assembler) breakRecord() {
+	a.flushManual()
+	if a.open {
+		a.c.Dropped += uint64(a.want - a.got)
+		a.open = false
+	}
+	a.strayLeft = 0
+	a.inPSB = false
+}
+
+func (a *Assembler) flushManual() {
+	if a.manPend {
+		a.manPend = false
+		a.out.Manual(&a.man)
+	}
+}
+
+func (a *Assembler) now() uint64 {
+	if a.conv == nil || !a.haveTSC {
+		return 0
+	}
+	return a.conv(a.tsc)
+}
+
+// packet handles one decoded packet.
+func (a *Assembler) packet(p *Packet) {
+	switch p.Kind {
+	case PTW:
+		a.flushManual()
+		a.word(p.Payload, p.Bits, p.Has(FlagIP))
+		return
+	case FUP:
+		a.fup(a.ip(p.IPC, p.Payload), p.IPC != IPCSuppressed)
+		return
+	case TSC:
+		a.tsc, a.haveTSC = p.Payload, true
+		return
+	case Pad, MTC, CYC, TMA, CBR:
+		// Timing packets may sit between a PTW and its FUP.
+		return
+	case TIP, TIPPGE, TIPPGD:
+		a.ip(p.IPC, p.Payload)
+	case PSB:
+		a.lastIP = 0
+		a.inPSB = true
+	case PSBEnd:
+		a.inPSB = false
+	case OVF:
+		a.c.Errors++
+		a.breakRecord()
+		return
+	case PIP:
+		if !a.inPSB {
+			a.breakRecord()
+			return
+		}
+	}
+	a.flushManual()
+}
+
+// ip decompresses an IP packet's payload against the last IP, which the
+// assembler tracks itself so that it carries across Feed calls, and returns
+// the full IP (0 when suppressed).
+func (a *Assembler) ip(ipc uint8, v uint64) uint64 {
+	switch ipc {
+	case IPCSuppressed:
+		return 0
+	case IPCUpdate16:
+		v |= a.lastIP &^ 0xffff
+	case IPCUpdate32:
+		v |= a.lastIP &^ 0xffffffff
+	case IPCSext48:
+		v = uint64(int64(v<<16) >> 16)
+	case IPCUpdate48:
+		v |= a.lastIP &^ 0xffffffffffff
+	}
+	a.lastIP = v
+	return v
+}
+
+// fup gives a manual ptwrite waiting for its FUP the FUP's IP.
+func (a *Assembler) fup(ip uint64, valid bool) {
+	if a.manPend {
+		a.man.IP, a.man.HasIP = ip, valid
+		a.manPend = false
+		a.out.Manual(&a.man)
+	}
+}
+
+// word handles one PTW payload of size bytes; withIP is the PTW's IP bit.
+func (a *Assembler) word(v uint64, size uint8, withIP bool) {
+	if size == 8 && v&(1<<40-1) == HeaderMagic {
+		a.header(v, withIP)
+		return
+	}
+	if a.open {
+		if a.got < a.rec.N {
+			a.rec.Args[a.got] = v
+		} else {
+			a.c.Unknown++
+		}
+		a.got++
+		if a.got == a.want {
+			a.emit()
+		}
+		return
+	}
+	if a.strayLeft > 0 {
+		a.strayLeft--
+	}
+	a.stray(v, withIP)
+}
+
+func (a *Assembler) header(v uint64, withIP bool) {
+	// A record word's FUP needs no handling: with no manual ptwrite
+	// pending, FUPs are only tracked for the last IP.
+	a.breakRecord()
+	id := uint16(v >> 48)
+	nargs := int(v >> 40 & 0xff)
+	ev := a.events[id]
+	if ev == nil {
+		a.strayLeft = nargs
+		a.stray(v, withIP)
+		return
+	}
+	a.rec.Event = ev
+	a.rec.N = min(nargs, len(ev.Args), len(a.rec.Args))
+	a.rec.TID, a.rec.CPU, a.rec.Time = a.tid, a.cpu, a.now()
+	a.want, a.got = nargs, 0
+	a.open = true
+	if nargs == 0 {
+		a.emit()
+	}
+}
+
+func (a *Assembler) emit() {
+	a.open = false
+	a.c.Records++
+	a.out.Record(&a.rec)
+}
+
+func (a *Assembler) stray(v uint64, withIP bool) {
+	a.c.Stray++
+	a.man = Manual{Payload: v, CPU: a.cpu, Time: a.now()}
+	if withIP {
+		a.manPend = true
+		return
+	}
+	a.out.Manual(&a.man)
+}
+
+// ErrBadEvent is returned (wrapped) by LoadEvents for an event directory
+// whose id or format cannot be parsed.
+var ErrBadEvent = errors.New("bad event description")
+
+// LoadEvents reads the probe events under a tracefs events directory (or a
+// copy of one): every DIR/GROUP/EVENT with an `id` and a `format` file whose
+// format has a `__probe_ip` field, as uprobe, kprobe and ptw events do; other
+// events are skipped. The fields after `__probe_ip` are the arguments: the
+// kernel names an unnamed argument argN (N its position from 1), which
+// becomes Name "", so that it prints as a bare value. A 4-byte field is s32
+// when signed, x32 when the print format shows it in hex, else u32; an
+// 8-byte field is u64.
+func LoadEvents(dir string) (map[uint16]*Event, error) {
+	groups, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("load events: %w", err)
+	}
+	events := make(map[uint16]*Event)
+	for _, g := range groups {
+		if !g.IsDir() {
+			continue
+		}
+		evs, err := os.ReadDir(filepath.Join(dir, g.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("load events: %w", err)
+		}
+		for _, e := range evs {
+			if !e.IsDir() {
+				continue
+			}
+			ev, err := loadEvent(filepath.Join(dir, g.Name(), e.Name()), g.Name(), e.Name())
+			if err != nil {
+				return nil, err
+			}
+			if ev == nil {
+				continue
+			}
+			if old := events[ev.ID]; old != nil {
+				return nil, fmt.Errorf("load events: %s/%s and %s/%s share id %#x: %w",
+					old.Group, old.Name, ev.Group, ev.Name, ev.ID, ErrBadEvent)
+			}
+			events[ev.ID] = ev
+		}
+	}
+	return events, nil
+}
+
+// loadEvent reads one event directory; nil, nil means not a probe event.
+func loadEvent(path, group, name string) (*Event, error) {
+	idb, err := os.ReadFile(filepath.Join(path, "id"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load event %s/%s: %w", group, name, err)
+	}
+	f, err := os.Open(filepath.Join(path, "format"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load event %s/%s: %w", group, name, err)
+	}
+	defer f.Close()
+	id, err := strconv.ParseUint(strings.TrimSpace(string(idb)), 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("load event %s/%s: id %q: %w", group, name, strings.TrimSpace(string(idb)), ErrBadEvent)
+	}
+	ev, err := ParseFormat(f)
+	if err != nil {
+		return nil, fmt.Errorf("load event %s/%s: %w", group, name, err)
+	}
+	if ev == nil {
+		return nil, nil
+	}
+	ev.ID, ev.Group, ev.Name = uint16(id), group, name
+	return ev, nil
+}
+
+// maxFormatSize bounds what ParseFormat reads; real format files are a few
+// hundred bytes.
+const maxFormatSize = 64 << 10
+
+// ParseFormat parses a tracefs event format file. It returns nil, nil when
+// the event is not a probe event (no `__probe_ip` field). Only the Args of
+// the result are set; see LoadEvents for the type rules.
+func ParseFormat(r io.Reader) (*Event, error) {
+	sc := bufio.NewScanner(io.LimitReader(r, maxFormatSize))
+	var (
+		ev       *Event
+		printFmt string
+	)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if strings.HasPrefix(line, "print fmt:") {
+			printFmt = line
+			continue
+		}
+		if !strings.HasPrefix(line, "field:") {
+			continue
+		}
+		decl, off, size, signed, err := parseField(line)
+		if err != nil {
+			return nil, err
+		}
+		fname := decl[strings.LastIndexAny(decl, " \t*")+1:]
+		if fname == "__probe_ip" {
+			ev = &Event{}
+			continue
+		}
+		if ev == nil {
+			continue // common fields
+		}
+		a := Arg{Name: fname, Offset: off, Size: size}
+		if fname == "arg"+strconv.Itoa(len(ev.Args)+1) {
+			a.Name = ""
+		}
+		switch {
+		case size == 8:
+			a.Type = U64
+		case size <= 4 && signed:
+			a.Type = S32
+		case size <= 4:
+			a.Type = U32
+			if strings.HasPrefix(decl, "x32 ") {
+				a.Type = X32
+			}
+		default:
+			return nil, fmt.Errorf("field %q: size %d: %w", fname, size, ErrBadEvent)
+		}
+		ev.Args = append(ev.Args, a)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read format: %w", err)
+	}
+	if ev == nil {
+		return nil, nil
+	}
+	for i := range ev.Args {
+		a := &ev.Args[i]
+		if a.Type == U32 && hexInPrintFmt(printFmt, i, len(ev.Args)) {
+			a.Type = X32
+		}
+	}
+	return ev, nil
+}
+
+// parseField parses `field:DECL; offset:N; size:N; signed:N;`.
+func parseField(line string) (decl string, off, size int, signed bool, err error) {
+	parts := strings.Split(line, ";")
+	if len(parts) < 4 {
+		return "", 0, 0, false, fmt.Errorf("format line %q: %w", line, ErrBadEvent)
+	}
+	decl = strings.TrimSpace(strings.TrimPrefix(parts[0], "field:"))
+	num := func(s, key string) (int, error) {
+		s = strings.TrimSpace(s)
+		v, ok := strings.CutPrefix(s, key+":")
+		if !ok {
+			return 0, fmt.Errorf("format line %q: want %s: %w", line, key, ErrBadEvent)
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("format line %q: %s %q: %w", line, key, v, ErrBadEvent)
+		}
+		return n, nil
+	}
+	if off, err = num(parts[1], "offset"); err != nil {
+		return
+	}
+	if size, err = num(parts[2], "size"); err != nil {
+		return
+	}
+	s, err := num(parts[3], "signed")
+	if err != nil {
+		return
+	}
+	if decl == "" {
+		return "", 0, 0, false, fmt.Errorf("format line %q: no declaration: %w", line, ErrBadEvent)
+	}
+	return decl, off, size, s != 0, nil
+}
+
+// hexInPrintFmt reports whether the print format prints argument i (of n)
+// in hex. The format string starts with "(%lx)" for __probe_ip, then one
+// NAME=CONV per argument.
+func hexInPrintFmt(pf string, i, n int) bool {
+	q1 := strings.IndexByte(pf, '"')
+	if q1 < 0 {
+		return false
+	}
+	q2 := strings.IndexByte(pf[q1+1:], '"')
+	if q2 < 0 {
+		return false
+	}
+	convs := strings.Fields(pf[q1+1 : q1+1+q2])
+	if len(convs) != n+1 {
+		return false
+	}
+	return strings.Contains(convs[i+1], "=0x%")
+}

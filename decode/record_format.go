@@ -1,0 +1,174 @@
+package decode
+
+import "strconv"
+
+// ArgType is the type of one probe argument, as tracefs names it.
+type ArgType uint8
+
+// Argument types of ptwrite and classic uprobes. The zero value is u64, the
+// kernel's default.
+const (
+	U64 ArgType = iota
+	U32
+	S32
+	X32
+)
+
+// String returns the tracefs spelling of t.
+func (t ArgType) String() string {
+	switch t {
+	case U32:
+		return "u32"
+	case S32:
+		return "s32"
+	case X32:
+		return "x32"
+	}
+	return "u64"
+}
+
+// Arg describes one argument of a probe event.
+type Arg struct {
+	// Name is the name the spec gave, or "" when it gave none; unnamed
+	// arguments print as bare values.
+	Name string
+	Type ArgType
+	// Offset and Size locate the argument in a classic tracepoint sample's
+	// raw data, as the event's format file gives them. Unused in ptw mode.
+	Offset, Size int
+}
+
+// Event describes one probe event: its tracefs id and name and its arguments.
+type Event struct {
+	ID    uint16
+	Group string
+	Name  string
+	Args  []Arg
+}
+
+// Record is one assembled probe hit.
+type Record struct {
+	Event *Event
+	// N is the number of valid words in Args.
+	N    int
+	Args [8]uint64
+	// Context of the hit; negative TID or CPU and zero Time mean unknown.
+	TID  int32
+	CPU  int32
+	Time uint64 // nanoseconds
+}
+
+// Counters are the summary counters of DESIGN §5.
+type Counters struct {
+	Records uint64 // records printed
+	Dropped uint64 // argument words lost mid-record
+	Stray   uint64 // payloads outside a record, or headers of unknown events
+	Unknown uint64 // words that match no argument slot
+	Errors  uint64 // decoder errors and lost trace
+}
+
+// Add adds o to c.
+func (c *Counters) Add(o *Counters) {
+	c.Records += o.Records
+	c.Dropped += o.Dropped
+	c.Stray += o.Stray
+	c.Unknown += o.Unknown
+	c.Errors += o.Errors
+}
+
+// AppendRecord appends the text line of record number seq (counted from 1),
+// with its trailing newline, in the format of DESIGN §5:
+//
+//	record N: event=GRP/EVENT id=0xID args=[A, name=B] tid=T cpu=C time=SEC.NSEC
+func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
+	dst = append(dst, "record "...)
+	dst = strconv.AppendUint(dst, seq, 10)
+	dst = append(dst, ": event="...)
+	dst = append(dst, r.Event.Group...)
+	dst = append(dst, '/')
+	dst = append(dst, r.Event.Name...)
+	dst = append(dst, " id=0x"...)
+	dst = strconv.AppendUint(dst, uint64(r.Event.ID), 16)
+	dst = append(dst, " args=["...)
+	for i := 0; i < r.N; i++ {
+		if i > 0 {
+			dst = append(dst, ", "...)
+		}
+		t := U64
+		if i < len(r.Event.Args) {
+			a := &r.Event.Args[i]
+			t = a.Type
+			if a.Name != "" {
+				dst = append(dst, a.Name...)
+				dst = append(dst, '=')
+			}
+		}
+		dst = AppendValue(dst, t, r.Args[i])
+	}
+	dst = append(dst, ']')
+	if r.TID >= 0 {
+		dst = append(dst, " tid="...)
+		dst = strconv.AppendInt(dst, int64(r.TID), 10)
+	}
+	if r.CPU >= 0 {
+		dst = append(dst, " cpu="...)
+		dst = strconv.AppendInt(dst, int64(r.CPU), 10)
+	}
+	if r.Time != 0 {
+		dst = append(dst, " time="...)
+		dst = AppendTime(dst, r.Time)
+	}
+	return append(dst, '\n')
+}
+
+// AppendValue appends v printed as type t: u64 and u32 in decimal (u32
+// masked to 32 bits), s32 signed, x32 as 0x-prefixed hex.
+func AppendValue(dst []byte, t ArgType, v uint64) []byte {
+	switch t {
+	case U32:
+		return strconv.AppendUint(dst, v&0xffffffff, 10)
+	case S32:
+		return strconv.AppendInt(dst, int64(int32(uint32(v))), 10)
+	case X32:
+		dst = append(dst, "0x"...)
+		return strconv.AppendUint(dst, v&0xffffffff, 16)
+	}
+	return strconv.AppendUint(dst, v, 10)
+}
+
+// AppendTime appends a nanosecond time as SEC.NSEC with nine fraction digits.
+func AppendTime(dst []byte, ns uint64) []byte {
+	dst = strconv.AppendUint(dst, ns/1e9, 10)
+	dst = append(dst, '.')
+	frac := ns % 1e9
+	for d := uint64(1e8); d > 0; d /= 10 {
+		dst = append(dst, byte('0'+frac/d%10))
+	}
+	return dst
+}
+
+// AppendManual appends a manual ptwrite line. ip is printed only when hasIP.
+func AppendManual(dst []byte, payload, ip uint64, hasIP bool) []byte {
+	dst = append(dst, "manual ptwrite: payload=0x"...)
+	dst = strconv.AppendUint(dst, payload, 16)
+	if hasIP {
+		dst = append(dst, " ip=0x"...)
+		dst = strconv.AppendUint(dst, ip, 16)
+	}
+	return append(dst, '\n')
+}
+
+// AppendSummary appends the summary line of DESIGN §5.
+func AppendSummary(dst []byte, c *Counters) []byte {
+	dst = append(dst, "summary: records="...)
+	dst = strconv.AppendUint(dst, c.Records, 10)
+	dst = append(dst, " dropped="...)
+	dst = strconv.AppendUint(dst, c.Dropped, 10)
+	dst = append(dst, " stray="...)
+	dst = strconv.AppendUint(dst, c.Stray, 10)
+	dst = append(dst, " unknown="...)
+	dst = strconv.AppendUint(dst, c.Unknown, 10)
+	dst = append(dst, " errors="...)
+	dst = strconv.AppendUint(dst, c.Errors, 10)
+	return append(dst, '\n')
+}

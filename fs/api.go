@@ -1,0 +1,119 @@
+// Package fs presents a ptfs tracing engine as a FUSE file system (DESIGN §2).
+//
+// It only adapts to FUSE: the engine behind the Tracer and Target
+// interfaces installs probes and produces the text; this package maps file
+// operations onto those calls and their errors onto errnos.
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/sirupsen/logrus"
+
+	"ptfs/stream"
+)
+
+// Tracer is the engine behind a mount.
+type Tracer interface {
+	// Status returns the content of the root `status` file.
+	Status() []byte
+	// Targets returns the targets present at mount time.
+	Targets() []Target
+	// AddTarget starts tracing the binary at path as directory name
+	// (`ln -s PATH MNT/NAME`).
+	AddTarget(name, path string) (Target, error)
+	// RemoveTarget stops tracing name and removes its probes
+	// (`rmdir MNT/NAME`).
+	RemoveTarget(name string) error
+}
+
+// Target is one traced binary, a directory of the mount.
+type Target interface {
+	// Name returns the directory name.
+	Name() string
+	// Path returns the binary's path, the target of the `exe` symlink.
+	Path() string
+	// Status returns the content of the target's `status` file.
+	Status() []byte
+	// Symbols returns the content of the `symbols` file.
+	Symbols() ([]byte, error)
+	// Probes returns the names in probes/.
+	Probes() []string
+	// ProbeText returns the content of probes/NAME: the spec line, then
+	// '# ' lines with its state or the reason it was refused; false if
+	// there is no such probe.
+	ProbeText(name string) ([]byte, bool)
+	// CreateProbe creates an empty probe file (open with O_CREAT before
+	// any write).
+	CreateProbe(name string) error
+	// SetProbe checks spec and installs it as probe name. A working probe
+	// is replaced only once the new spec is known good. Errors unwrap to
+	// a syscall.Errno (EINVAL, ENOENT, EOPNOTSUPP, EEXIST...).
+	SetProbe(name, spec string) error
+	// RemoveProbe removes probe name (`rm probes/NAME`).
+	RemoveProbe(name string) error
+	// Records returns the stream behind the `records` file.
+	Records() *stream.Stream
+	// Branches is called for each open of `branches` and returns its
+	// stream; without PT the error unwraps to EOPNOTSUPP.
+	Branches() (*stream.Stream, error)
+}
+
+// BranchesCloser is implemented by a Target that wants to know when an
+// open of `branches` ends, because branch tracing runs only while the file
+// is open. CloseBranches is called once for every successful Branches call,
+// when that open file is released.
+type BranchesCloser interface {
+	CloseBranches()
+}
+
+// Options tune a mount.
+type Options struct {
+	// AllowOther lets users other than the one who mounted see the files.
+	AllowOther bool
+	// Debug logs every FUSE request (go-fuse's debug output).
+	Debug bool
+}
+
+// Mount mounts t on dir and serves it until the returned server is
+// unmounted (server.Unmount, then server.Wait). It mounts with the mount
+// syscall directly (no fusermount), so it needs root.
+func Mount(dir string, t Tracer, opts Options) (*fuse.Server, error) {
+	root := &rootNode{tracer: t}
+	server, err := gofs.Mount(dir, root, &gofs.Options{
+		MountOptions: fuse.MountOptions{
+			DirectMountStrict: true,
+			FsName:            "ptfs",
+			Name:              "ptfs",
+			AllowOther:        opts.AllowOther,
+			Debug:             opts.Debug,
+			DisableXAttrs:     true,
+		},
+		// Entry and attribute timeouts are left nil here: every node sets
+		// its own, zero for what changes (targets, probes, growing files)
+		// so that `tail -f` and `ls` see changes at once.
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mount ptfs on %s: %w", dir, err)
+	}
+	return server, nil
+}
+
+// toErrno maps an engine error to the errno the FUSE request returns: the
+// syscall.Errno it wraps, else EIO.
+func toErrno(op string, err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var e syscall.Errno
+	if errors.As(err, &e) && e != 0 {
+		logrus.WithError(err).WithField("op", op).Debug("ptfs: request failed")
+		return e
+	}
+	logrus.WithError(err).WithField("op", op).Debug("ptfs: request failed without errno, returning EIO")
+	return syscall.EIO
+}

@@ -1,0 +1,444 @@
+package fs
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"ptfs/stream"
+)
+
+// readSnapshot serves a read of a content snapshot.
+func readSnapshot(ctx context.Context, data, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if ctx.Err() != nil {
+		return nil, syscall.EINTR
+	}
+	if off < 0 {
+		return nil, syscall.EINVAL
+	}
+	if off >= int64(len(data)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(data[off:min(int64(len(data)), off+int64(len(dest)))]), 0
+}
+
+// wantsWrite reports whether open flags ask for write access.
+func wantsWrite(flags uint32) bool {
+	return flags&syscall.O_ACCMODE != syscall.O_RDONLY
+}
+
+// genNode is a small read-only file whose content the engine generates:
+// the `status` files and `symbols`. Each open takes a snapshot, so a read
+// in several chunks is consistent. The files are opened with DIRECT_IO:
+// reads go to the snapshot whatever size an earlier stat saw.
+type genNode struct {
+	gofs.Inode
+	born    time.Time
+	content func() ([]byte, error)
+}
+
+var (
+	_ gofs.NodeOpener    = (*genNode)(nil)
+	_ gofs.NodeGetattrer = (*genNode)(nil)
+	_ gofs.NodeSetattrer = (*genNode)(nil)
+	_ gofs.FileReader    = (*genHandle)(nil)
+)
+
+// genHandle is one open of a genNode: the snapshot taken at open.
+type genHandle struct {
+	data []byte
+}
+
+// Open snapshots the content.
+func (g *genNode) Open(_ context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if wantsWrite(flags) {
+		return nil, 0, syscall.EACCES
+	}
+	data, err := g.content()
+	if errno := toErrno("generate content", err); errno != 0 {
+		return nil, 0, errno
+	}
+	return &genHandle{data: data}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// Read serves the snapshot.
+func (h *genHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	return readSnapshot(ctx, h.data, dest, off)
+}
+
+// Getattr reports the size of the open handle's snapshot, or of freshly
+// generated content when stat is called on the name.
+func (g *genNode) Getattr(_ context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	var size int
+	if h, ok := f.(*genHandle); ok {
+		size = len(h.data)
+	} else if data, err := g.content(); err == nil {
+		size = len(data)
+	} else {
+		// The file exists even when its content cannot be made now: stat
+		// (ls -l) succeeds with size 0 and open reports the error.
+		toErrno("generate content for stat", err)
+	}
+	setAttr(&out.Attr, syscall.S_IFREG|0o444, int64(size), g.born)
+	out.SetTimeout(0)
+	return 0
+}
+
+// Setattr refuses: the file is read-only.
+func (g *genNode) Setattr(context.Context, gofs.FileHandle, *fuse.SetAttrIn, *fuse.AttrOut) syscall.Errno {
+	return syscall.EACCES
+}
+
+// streamNode is a growing text file, `records` or `branches`. It reports
+// its true size with attribute timeout 0: GNU tail -f polls st_size of a
+// FUSE file and reads what it grew by. Reads go through the page cache
+// (not DIRECT_IO) because tail needs st_size; the cache is dropped when
+// the size or mtime changes (the kernel's auto_inval_data).
+type streamNode struct {
+	gofs.Inode
+	born time.Time
+	// open returns the handle for one open; for `branches` it starts
+	// branch tracing, which may be refused.
+	open func() (*streamHandle, error)
+
+	mu sync.Mutex
+	// last is the stream of the most recent open (for records, its only
+	// stream), for stat and truncate on the name.
+	last *stream.Stream
+	// seen, seenSize, seenResets and mtime track content changes: mtime is the
+	// time a change was first observed, so that a reader sees a new mtime
+	// even when a truncation brought the size back to where it was.
+	seen       *stream.Stream
+	seenSize   int64
+	seenResets uint64
+	mtime      time.Time
+}
+
+var (
+	_ gofs.NodeOpener    = (*streamNode)(nil)
+	_ gofs.NodeGetattrer = (*streamNode)(nil)
+	_ gofs.NodeSetattrer = (*streamNode)(nil)
+	_ gofs.FileReader    = (*streamHandle)(nil)
+	_ gofs.FileWriter    = (*streamHandle)(nil)
+	_ gofs.FileReleaser  = (*streamHandle)(nil)
+)
+
+// streamHandle is one open of a streamNode.
+type streamHandle struct {
+	s       *stream.Stream
+	release func()
+}
+
+// Open starts serving the stream. Opening for write is allowed so that
+// `: > records` can truncate; writes themselves are refused.
+func (n *streamNode) Open(context.Context, uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	h, err := n.open()
+	if errno := toErrno("open stream", err); errno != 0 {
+		return nil, 0, errno
+	}
+	n.mu.Lock()
+	n.last = h.s
+	n.mu.Unlock()
+	return h, 0, 0
+}
+
+// Read copies from the stream; at the end it returns no data at once
+// rather than waiting, so a reader never blocks in the file system.
+func (h *streamHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if ctx.Err() != nil {
+		return nil, syscall.EINTR
+	}
+	if off < 0 {
+		return nil, syscall.EINVAL
+	}
+	// With off >= 0 the only error left is io.EOF, which FUSE expresses
+	// as a short (here empty) read.
+	n, _ := h.s.ReadAt(dest, off)
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+// Write refuses: the content comes from the trace.
+func (h *streamHandle) Write(context.Context, []byte, int64) (uint32, syscall.Errno) {
+	return 0, syscall.EPERM
+}
+
+// Release ends branch tracing for this open, if the engine asked to know.
+func (h *streamHandle) Release(context.Context) syscall.Errno {
+	if h.release != nil {
+		h.release()
+	}
+	return 0
+}
+
+// Getattr reports the stream's current size.
+func (n *streamNode) Getattr(_ context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	var s *stream.Stream
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if h, ok := f.(*streamHandle); ok {
+		s = h.s
+	} else {
+		s = n.last
+	}
+	n.fillAttr(s, &out.Attr)
+	out.SetTimeout(0)
+	return 0
+}
+
+// fillAttr sets size and mtime from s (nil: nothing opened yet). Called
+// with mu held.
+func (n *streamNode) fillAttr(s *stream.Stream, out *fuse.Attr) {
+	var size int64
+	var resets uint64
+	if s != nil {
+		resets = s.Resets()
+		size = s.Size()
+	}
+	if n.mtime.IsZero() {
+		n.mtime = n.born
+	}
+	if s != n.seen || size != n.seenSize || resets != n.seenResets {
+		n.seen, n.seenSize, n.seenResets = s, size, resets
+		n.mtime = time.Now()
+	}
+	setAttr(out, syscall.S_IFREG|0o644, size, n.mtime)
+}
+
+// Setattr empties the stream on truncation to size 0 (`: > records`).
+// Other sizes and ownership changes are refused; time changes (touch) are
+// accepted and ignored because the times reflect the content.
+func (n *streamNode) Setattr(_ context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID) != 0 {
+		return syscall.EPERM
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := n.last
+	if h, ok := f.(*streamHandle); ok {
+		s = h.s
+	}
+	if sz, ok := in.GetSize(); ok {
+		if sz != 0 {
+			return syscall.EINVAL
+		}
+		if s != nil {
+			s.Truncate()
+		}
+	}
+	n.fillAttr(s, &out.Attr)
+	out.SetTimeout(0)
+	return 0
+}
+
+// probesDir is a target's probes/ directory.
+type probesDir struct {
+	gofs.Inode
+	refuseChanges
+	target Target
+	born   time.Time
+}
+
+var (
+	_ gofs.NodeGetattrer = (*probesDir)(nil)
+	_ gofs.NodeLookuper  = (*probesDir)(nil)
+	_ gofs.NodeReaddirer = (*probesDir)(nil)
+	_ gofs.NodeCreater   = (*probesDir)(nil)
+	_ gofs.NodeUnlinker  = (*probesDir)(nil)
+	_ gofs.NodeRmdirer   = (*probesDir)(nil)
+	_ gofs.NodeSymlinker = (*probesDir)(nil)
+)
+
+// Getattr reports a directory.
+func (d *probesDir) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	setAttr(&out.Attr, syscall.S_IFDIR|0o755, 0, d.born)
+	out.SetTimeout(staticTimeout)
+	return 0
+}
+
+// node returns the inode for probe name, reusing the one already in the
+// tree so that open files and lookups agree.
+func (d *probesDir) node(ctx context.Context, name string) *gofs.Inode {
+	if ch := d.GetChild(name); ch != nil {
+		return ch
+	}
+	return d.NewInode(ctx, &probeNode{target: d.target, name: name, born: time.Now()}, gofs.StableAttr{Mode: syscall.S_IFREG})
+}
+
+// Lookup finds a probe the engine knows.
+func (d *probesDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if _, ok := d.target.ProbeText(name); !ok {
+		// The engine may have dropped the probe on its own.
+		d.RmChild(name)
+		return nil, syscall.ENOENT
+	}
+	ch := d.node(ctx, name)
+	return ch, entryOut(ctx, ch, out)
+}
+
+// Readdir lists the engine's probes, sorted.
+func (d *probesDir) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
+	names := d.target.Probes()
+	sort.Strings(names)
+	entries := make([]fuse.DirEntry, len(names))
+	for i, n := range names {
+		entries[i] = fuse.DirEntry{Name: n, Mode: syscall.S_IFREG}
+	}
+	return gofs.NewListDirStream(entries), 0
+}
+
+// Create makes an empty probe; the spec comes with the first write.
+func (d *probesDir) Create(ctx context.Context, name string, flags, _ uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if errno := toErrno("create probe "+name, d.target.CreateProbe(name)); errno != 0 {
+		return nil, nil, 0, errno
+	}
+	ch := d.node(ctx, name)
+	pn, ok := ch.Operations().(*probeNode)
+	if !ok {
+		return nil, nil, 0, syscall.EIO
+	}
+	h := &probeHandle{probe: pn, appendMode: flags&syscall.O_APPEND != 0}
+	if errno := entryOut(ctx, ch, out); errno != 0 {
+		return nil, nil, 0, errno
+	}
+	return ch, h, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// Unlink removes a probe: `rm probes/NAME`.
+func (d *probesDir) Unlink(_ context.Context, name string) syscall.Errno {
+	return toErrno("remove probe "+name, d.target.RemoveProbe(name))
+}
+
+// Rmdir refuses: probes are files.
+func (d *probesDir) Rmdir(_ context.Context, name string) syscall.Errno {
+	if _, ok := d.target.ProbeText(name); ok {
+		return syscall.ENOTDIR
+	}
+	return syscall.ENOENT
+}
+
+// Symlink refuses: a probe is a spec, not a link.
+func (d *probesDir) Symlink(context.Context, string, string, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+// probeNode is probes/NAME.
+type probeNode struct {
+	gofs.Inode
+	target Target
+	name   string
+	born   time.Time
+}
+
+var (
+	_ gofs.NodeOpener    = (*probeNode)(nil)
+	_ gofs.NodeGetattrer = (*probeNode)(nil)
+	_ gofs.NodeSetattrer = (*probeNode)(nil)
+	_ gofs.FileReader    = (*probeHandle)(nil)
+	_ gofs.FileWriter    = (*probeHandle)(nil)
+)
+
+// probeHandle is one open of a probe file: the text shown at open, and
+// the text written through this open so far.
+type probeHandle struct {
+	probe      *probeNode
+	appendMode bool
+
+	mu       sync.Mutex
+	snapshot []byte
+	pending  []byte
+}
+
+// Open snapshots the probe's text. Opening with O_TRUNC leaves the
+// working probe alone: it only means this open's pending text starts
+// empty, which it always does.
+func (p *probeNode) Open(_ context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	text, ok := p.target.ProbeText(p.name)
+	if !ok {
+		return nil, 0, syscall.ENOENT
+	}
+	return &probeHandle{probe: p, snapshot: text, appendMode: flags&syscall.O_APPEND != 0}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// Getattr reports the size of the probe's text.
+func (p *probeNode) Getattr(_ context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	text, ok := p.target.ProbeText(p.name)
+	if !ok {
+		h, open := f.(*probeHandle)
+		if !open {
+			return syscall.ENOENT
+		}
+		// Removed while open: describe what this open still shows.
+		h.mu.Lock()
+		text = h.snapshot
+		h.mu.Unlock()
+	}
+	setAttr(&out.Attr, syscall.S_IFREG|0o644, int64(len(text)), p.born)
+	out.SetTimeout(0)
+	return 0
+}
+
+// Setattr on truncation to 0 (`>` without atomic O_TRUNC) resets the
+// pending text of that open and keeps the working probe. Time changes are
+// accepted and ignored; other changes are refused.
+func (p *probeNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID) != 0 {
+		return syscall.EPERM
+	}
+	if sz, ok := in.GetSize(); ok {
+		if sz != 0 {
+			return syscall.EINVAL
+		}
+		if h, ok := f.(*probeHandle); ok {
+			h.mu.Lock()
+			h.pending = h.pending[:0]
+			h.mu.Unlock()
+		}
+	}
+	return p.Getattr(ctx, f, out)
+}
+
+// Read serves the text snapshotted at open.
+func (h *probeHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return readSnapshot(ctx, h.snapshot, dest, off)
+}
+
+// maxSpec bounds the text one open may write: a spec is one line.
+const maxSpec = 64 << 10
+
+// Write places data at off in this open's pending text and installs the
+// result at once. The check must happen here, not in Flush: bash's echo
+// reports a write error but ignores a close error.
+func (h *probeHandle) Write(_ context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.appendMode {
+		// The kernel passes the file size it knows, which is the size of
+		// the probe's text, not of what this open wrote.
+		off = int64(len(h.pending))
+	}
+	if off < 0 || off > int64(len(h.pending)) {
+		// A hole would put NUL bytes into the spec.
+		return 0, syscall.EINVAL
+	}
+	end := off + int64(len(data))
+	if end > maxSpec {
+		return 0, syscall.EFBIG
+	}
+	if end > int64(len(h.pending)) {
+		h.pending = append(h.pending, make([]byte, end-int64(len(h.pending)))...)
+	}
+	copy(h.pending[off:], data)
+	spec := strings.TrimRight(string(h.pending), "\r\n")
+	if errno := toErrno("set probe "+h.probe.name, h.probe.target.SetProbe(h.probe.name, spec)); errno != 0 {
+		return 0, errno
+	}
+	return uint32(len(data)), 0
+}

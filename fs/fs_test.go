@@ -1,0 +1,643 @@
+package fs
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"ptfs/stream"
+)
+
+var (
+	fuseOnce   sync.Once
+	fuseReason string
+)
+
+// requireFUSE skips when this process cannot mount FUSE; checked once.
+func requireFUSE(t testing.TB) {
+	t.Helper()
+	fuseOnce.Do(func() {
+		if os.Geteuid() != 0 {
+			fuseReason = "FUSE tests mount with the mount syscall and need root"
+			return
+		}
+		f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+		if err != nil {
+			fuseReason = fmt.Sprintf("FUSE tests need /dev/fuse: %v", err)
+			return
+		}
+		f.Close()
+	})
+	if fuseReason != "" {
+		t.Skip(fuseReason)
+	}
+}
+
+// mountFake mounts tr in a temporary directory and unmounts it when the
+// test ends, whatever its outcome.
+func mountFake(t testing.TB, tr *fakeTracer) string {
+	t.Helper()
+	requireFUSE(t)
+	dir := t.TempDir()
+	srv, err := Mount(dir, tr, Options{Debug: os.Getenv("PTFS_FUSE_DEBUG") != ""})
+	if err != nil {
+		t.Fatalf("Mount: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Unmount(); err != nil {
+			t.Errorf("unmount %s: %v; detaching", dir, err)
+			if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+				t.Errorf("detach %s: %v", dir, err)
+			}
+			return
+		}
+		srv.Wait()
+	})
+	return dir
+}
+
+// sh runs a shell command line with a deadline and returns its combined
+// output and error.
+func sh(t *testing.T, script string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "bash", "-c", script).CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("%q timed out", script)
+	}
+	return string(out), err
+}
+
+// mustSh runs a shell command line that must succeed.
+func mustSh(t *testing.T, script string) string {
+	t.Helper()
+	out, err := sh(t, script)
+	if err != nil {
+		t.Fatalf("%q: %v\n%s", script, err, out)
+	}
+	return out
+}
+
+func names(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatalf("ReadDir %s: %v", dir, err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func TestTree(t *testing.T) {
+	ft := newFakeTarget("t", "/usr/bin/true")
+	mnt := mountFake(t, newFakeTracer(ft))
+
+	if got, want := names(t, mnt), []string{"status", "t"}; !slices.Equal(got, want) {
+		t.Errorf("root lists %v, want %v", got, want)
+	}
+	want := []string{"branches", "exe", "probes", "records", "status", "symbols"}
+	if got := names(t, filepath.Join(mnt, "t")); !slices.Equal(got, want) {
+		t.Errorf("target lists %v, want %v", got, want)
+	}
+	if got := names(t, filepath.Join(mnt, "t/probes")); len(got) != 0 {
+		t.Errorf("probes/ lists %v, want nothing", got)
+	}
+	if l, err := os.Readlink(filepath.Join(mnt, "t/exe")); err != nil || l != "/usr/bin/true" {
+		t.Errorf("readlink exe = %q, %v", l, err)
+	}
+
+	types := []struct {
+		path string
+		mode os.FileMode
+	}{
+		{"t", os.ModeDir | 0o755},
+		{"t/probes", os.ModeDir | 0o755},
+		{"t/exe", os.ModeSymlink | 0o777},
+		{"t/records", 0o644},
+		{"t/branches", 0o644},
+		{"t/status", 0o444},
+		{"t/symbols", 0o444},
+		{"status", 0o444},
+	}
+	for _, tc := range types {
+		fi, err := os.Lstat(filepath.Join(mnt, tc.path))
+		if err != nil {
+			t.Errorf("lstat %s: %v", tc.path, err)
+			continue
+		}
+		if fi.Mode() != tc.mode {
+			t.Errorf("%s mode %v, want %v", tc.path, fi.Mode(), tc.mode)
+		}
+	}
+
+	// cat and grep work on the generated files, and stat reports the
+	// size cat reads.
+	if got := mustSh(t, "cat "+mnt+"/status"); got != "mode: classic\ntargets: 1\n" {
+		t.Errorf("cat status = %q", got)
+	}
+	if got := mustSh(t, "grep -c 'f(int)' "+mnt+"/t/symbols"); got != "1\n" {
+		t.Errorf("grep symbols = %q", got)
+	}
+	st := mustSh(t, "cat "+mnt+"/t/status")
+	if !strings.HasPrefix(st, "target: t\n") {
+		t.Errorf("cat t/status = %q", st)
+	}
+	fi, err := os.Stat(filepath.Join(mnt, "t/status"))
+	if err != nil || fi.Size() != int64(len(st)) {
+		t.Errorf("stat t/status size = %v, %v; want %d", fi.Size(), err, len(st))
+	}
+	if _, err := os.OpenFile(filepath.Join(mnt, "status"), os.O_WRONLY, 0); !errors.Is(err, syscall.EACCES) {
+		t.Errorf("open status for write: %v, want EACCES", err)
+	}
+
+	// An engine error reaches the reader as its errno.
+	ft.mu.Lock()
+	ft.symbolsOK = false
+	ft.mu.Unlock()
+	if _, err := os.ReadFile(filepath.Join(mnt, "t/symbols")); !errors.Is(err, syscall.ENOEXEC) {
+		t.Errorf("read symbols with a failing engine: %v, want ENOEXEC", err)
+	}
+	if fi, err := os.Stat(filepath.Join(mnt, "t/symbols")); err != nil || fi.Size() != 0 {
+		t.Errorf("stat symbols with a failing engine: %v %v, want size 0", fi, err)
+	}
+}
+
+// TestFixedEntries checks that nothing the mount defines can be removed,
+// renamed or joined by new files.
+func TestFixedEntries(t *testing.T) {
+	mnt := mountFake(t, newFakeTracer(newFakeTarget("t", "/usr/bin/true")))
+	p := func(s string) string { return filepath.Join(mnt, s) }
+	tests := []struct {
+		name string
+		op   func() error
+		want syscall.Errno
+	}{
+		{"rm status", func() error { return syscall.Unlink(p("status")) }, syscall.EPERM},
+		{"rmdir status", func() error { return syscall.Rmdir(p("status")) }, syscall.ENOTDIR},
+		{"rm target dir", func() error { return syscall.Unlink(p("t")) }, syscall.EISDIR},
+		{"rm records", func() error { return syscall.Unlink(p("t/records")) }, syscall.EPERM},
+		{"rm exe", func() error { return syscall.Unlink(p("t/exe")) }, syscall.EPERM},
+		{"rm symbols", func() error { return syscall.Unlink(p("t/symbols")) }, syscall.EPERM},
+		{"rmdir probes", func() error { return syscall.Rmdir(p("t/probes")) }, syscall.EPERM},
+		{"rm missing", func() error { return syscall.Unlink(p("t/nothing")) }, syscall.ENOENT},
+		{"rename records", func() error { return os.Rename(p("t/records"), p("t/r2")) }, syscall.EPERM},
+		{"rename target", func() error { return os.Rename(p("t"), p("u")) }, syscall.EPERM},
+		{"create in target", func() error { return mkfile(p("t/new")) }, syscall.EPERM},
+		{"create in root", func() error { return mkfile(p("new")) }, syscall.EPERM},
+		{"mkdir in root", func() error { return os.Mkdir(p("d"), 0o755) }, syscall.EPERM},
+		{"mkdir in target", func() error { return os.Mkdir(p("t/d"), 0o755) }, syscall.EPERM},
+		{"mkdir in probes", func() error { return os.Mkdir(p("t/probes/d"), 0o755) }, syscall.EPERM},
+		{"symlink in target", func() error { return os.Symlink("/x", p("t/l")) }, syscall.EPERM},
+		{"symlink in probes", func() error { return os.Symlink("/x", p("t/probes/l")) }, syscall.EPERM},
+		{"chmod records", func() error { return os.Chmod(p("t/records"), 0o600) }, syscall.EPERM},
+		{"truncate records to 5", func() error { return os.Truncate(p("t/records"), 5) }, syscall.EINVAL},
+		{"truncate status", func() error { return os.Truncate(p("t/status"), 0) }, syscall.EACCES},
+		{"write records", func() error { return appendFile(p("t/records"), "x\n") }, syscall.EPERM},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.op(); !errors.Is(err, tc.want) {
+				t.Errorf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+	want := []string{"branches", "exe", "probes", "records", "status", "symbols"}
+	if got := names(t, p("t")); !slices.Equal(got, want) {
+		t.Errorf("after the attempts target lists %v, want %v", got, want)
+	}
+}
+
+func mkfile(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+func appendFile(path, s string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(s)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// TestTargets adds a target with ln -s and removes it with rmdir.
+func TestTargets(t *testing.T) {
+	tr := newFakeTracer()
+	mnt := mountFake(t, tr)
+
+	mustSh(t, "ln -s /usr/bin/env "+mnt+"/env")
+	fi, err := os.Stat(filepath.Join(mnt, "env"))
+	if err != nil || !fi.IsDir() {
+		t.Fatalf("after ln -s, env is %v, %v; want a directory", fi, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(mnt, "env")); err != nil || !fi.IsDir() {
+		t.Fatalf("after ln -s, lstat env is %v, %v; want a directory", fi, err)
+	}
+	if got, want := mustSh(t, "ls "+mnt+"/env/"), "branches\nexe\nprobes\nrecords\nstatus\nsymbols\n"; got != want {
+		t.Errorf("ls env/ = %q, want %q", got, want)
+	}
+	if l, err := os.Readlink(filepath.Join(mnt, "env/exe")); err != nil || l != "/usr/bin/env" {
+		t.Errorf("readlink env/exe = %q, %v", l, err)
+	}
+	if got, want := names(t, mnt), []string{"env", "status"}; !slices.Equal(got, want) {
+		t.Errorf("root lists %v, want %v", got, want)
+	}
+
+	// A second ln on the same name, and an engine refusal.
+	if out, err := sh(t, "ln -sT /usr/bin/env "+mnt+"/env"); err == nil || !strings.Contains(out, "File exists") {
+		t.Errorf("second ln -s: %v %q, want File exists", err, out)
+	}
+	if out, err := sh(t, "ln -s relative/path "+mnt+"/bad"); err == nil || !strings.Contains(out, "No such file or directory") {
+		t.Errorf("ln -s to a path the engine refuses: %v %q, want ENOENT", err, out)
+	}
+	if _, err := os.Lstat(filepath.Join(mnt, "bad")); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("refused target exists: %v", err)
+	}
+
+	// Plain rm never reaches the file system for a directory (coreutils
+	// refuses it itself); rmdir removes the target.
+	mustSh(t, "rmdir "+mnt+"/env")
+	if _, err := os.Lstat(filepath.Join(mnt, "env")); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("after rmdir, lstat env: %v, want ENOENT", err)
+	}
+	if got := names(t, mnt); !slices.Equal(got, []string{"status"}) {
+		t.Errorf("after rmdir root lists %v", got)
+	}
+	added, removed := tr.calls()
+	if want := []string{"env=/usr/bin/env", "bad=relative/path"}; !slices.Equal(added, want) {
+		t.Errorf("AddTarget calls %v, want %v", added, want)
+	}
+	if want := []string{"env"}; !slices.Equal(removed, want) {
+		t.Errorf("RemoveTarget calls %v, want %v", removed, want)
+	}
+
+	// The name can be used again.
+	mustSh(t, "ln -s /usr/bin/true "+mnt+"/env && test -d "+mnt+"/env/probes")
+	if l, err := os.Readlink(filepath.Join(mnt, "env/exe")); err != nil || l != "/usr/bin/true" {
+		t.Errorf("readlink env/exe after re-adding = %q, %v", l, err)
+	}
+}
+
+// TestProbes drives probe files through bash, as users do.
+func TestProbes(t *testing.T) {
+	ft := newFakeTarget("t", "/usr/bin/true")
+	mnt := mountFake(t, newFakeTracer(ft))
+	probes := filepath.Join(mnt, "t/probes")
+
+	mustSh(t, "echo '0x1040 %di %si' > "+probes+"/e")
+	if got := ft.lastSet(); got != "e=0x1040 %di %si" {
+		t.Errorf("SetProbe got %q", got)
+	}
+	if got, want := mustSh(t, "cat "+probes+"/e"), "0x1040 %di %si\n# installed\n"; got != want {
+		t.Errorf("cat probes/e = %q, want %q", got, want)
+	}
+	if got := names(t, probes); !slices.Equal(got, []string{"e"}) {
+		t.Errorf("probes/ lists %v", got)
+	}
+
+	// Overwriting with a bad spec fails in echo and keeps the working probe.
+	out, err := sh(t, "echo bogus > "+probes+"/e")
+	if err == nil || !strings.Contains(out, "Invalid argument") {
+		t.Errorf("echo bad spec: %v %q, want a write error with Invalid argument", err, out)
+	}
+	if got := ft.lastSet(); got != "e=bogus" {
+		t.Errorf("SetProbe got %q", got)
+	}
+	if p := ft.probe("e"); p.spec != "0x1040 %di %si" {
+		t.Errorf("working spec after bad overwrite = %q", p.spec)
+	}
+	text := mustSh(t, "cat "+probes+"/e")
+	if !strings.HasPrefix(text, "0x1040 %di %si\n") || !strings.Contains(text, "# refused: \"bogus\": offset must start with 0x") {
+		t.Errorf("cat probes/e after bad overwrite = %q", text)
+	}
+
+	// `: >` truncates without writing: the probe stays.
+	mustSh(t, ": > "+probes+"/e")
+	if p := ft.probe("e"); p.spec != "0x1040 %di %si" {
+		t.Errorf("working spec after : > = %q", p.spec)
+	}
+
+	// A good overwrite replaces it; >> writes the spec too.
+	mustSh(t, "echo 0x1050 > "+probes+"/e")
+	if p := ft.probe("e"); p.spec != "0x1050" || p.refused != "" {
+		t.Errorf("after good overwrite probe = %+v", p)
+	}
+	mustSh(t, "echo 0x1060 %ax >> "+probes+"/f")
+	if p := ft.probe("f"); p.spec != "0x1060 %ax" {
+		t.Errorf("after >> probe f = %+v", p)
+	}
+
+	// Each errno of the engine reaches the writer.
+	errnos := []struct {
+		spec, msg string
+	}{
+		{"nonsense", "Invalid argument"},
+		{"0xdead %di", "Operation not supported"},
+		{"", "Invalid argument"},
+	}
+	for _, tc := range errnos {
+		out, err := sh(t, fmt.Sprintf("echo '%s' > %s/g", tc.spec, probes))
+		if err == nil || !strings.Contains(out, tc.msg) {
+			t.Errorf("echo %q: %v %q, want %s", tc.spec, err, out, tc.msg)
+		}
+	}
+	// A new probe with a bad spec exists and shows why.
+	if got := mustSh(t, "cat "+probes+"/g"); !strings.HasPrefix(got, "# refused: ") {
+		t.Errorf("cat refused probe = %q", got)
+	}
+	// Several writes in one open: the pending text accumulates.
+	mustSh(t, "{ printf '0x10'; printf '70 %%di\\n'; } > "+probes+"/h")
+	if p := ft.probe("h"); p.spec != "0x1070 %di" {
+		t.Errorf("after two writes probe h = %+v", p)
+	}
+	// The engine refuses a name.
+	if out, err := sh(t, "echo 0x1 > "+probes+"/.hidden"); err == nil || !strings.Contains(out, "Invalid argument") {
+		t.Errorf("create refused name: %v %q", err, out)
+	}
+
+	if got, want := names(t, probes), []string{"e", "f", "g", "h"}; !slices.Equal(got, want) {
+		t.Errorf("probes/ lists %v, want %v", got, want)
+	}
+	mustSh(t, "rm "+probes+"/e")
+	if _, err := os.Stat(filepath.Join(probes, "e")); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("after rm, stat probes/e: %v", err)
+	}
+	if err := syscall.Unlink(filepath.Join(probes, "e")); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("second rm: %v, want ENOENT", err)
+	}
+	if err := os.Rename(filepath.Join(probes, "f"), filepath.Join(probes, "f2")); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("rename probe: %v, want EPERM", err)
+	}
+	if got, want := names(t, probes), []string{"f", "g", "h"}; !slices.Equal(got, want) {
+		t.Errorf("probes/ lists %v, want %v", got, want)
+	}
+}
+
+// lineReader delivers the lines a process prints.
+func lineReader(r io.Reader) <-chan string {
+	ch := make(chan string, 100)
+	go func() {
+		defer close(ch)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			ch <- sc.Text()
+		}
+	}()
+	return ch
+}
+
+func expectLines(t *testing.T, ch <-chan string, want ...string) {
+	t.Helper()
+	deadline := time.After(2 * time.Second)
+	for _, w := range want {
+		select {
+		case got, ok := <-ch:
+			if !ok {
+				t.Fatalf("output ended, want %q", w)
+			}
+			if got != w {
+				t.Fatalf("got line %q, want %q", got, w)
+			}
+		case <-deadline:
+			t.Fatalf("no line %q within 2 s", w)
+		}
+	}
+}
+
+// startTail runs a real GNU tail -f on path and kills it (by its PID) when
+// the test ends.
+func startTail(t *testing.T, path string) (*exec.Cmd, <-chan string, <-chan string) {
+	t.Helper()
+	cmd := exec.Command("tail", "-n", "+1", "-f", path)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start tail: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd, lineReader(stdout), lineReader(stderr)
+}
+
+// TestRecordsTail follows records with a real tail -f while the engine
+// appends, then truncates with `: >`.
+func TestRecordsTail(t *testing.T) {
+	ft := newFakeTarget("t", "/usr/bin/true")
+	mnt := mountFake(t, newFakeTracer(ft))
+	records := filepath.Join(mnt, "t/records")
+
+	ft.records.Append([]byte("record 1: a\n"))
+	if fi, err := os.Stat(records); err != nil || fi.Size() != 12 {
+		t.Fatalf("stat records before any open: %v %v, want size 12", fi, err)
+	}
+	_, out, errs := startTail(t, records)
+	expectLines(t, out, "record 1: a")
+	ft.records.Append([]byte("record 2: b\nrecord 3: c\n"))
+	expectLines(t, out, "record 2: b", "record 3: c")
+	for i := 4; i < 100; i++ {
+		ft.records.Append(fmt.Appendf(nil, "record %d: x\n", i))
+	}
+	for i := 4; i < 100; i++ {
+		expectLines(t, out, fmt.Sprintf("record %d: x", i))
+	}
+
+	// tail without +N seeks from the end, trusting st_size.
+	if got := mustSh(t, "tail -n 2 "+records); got != "record 98: x\nrecord 99: x\n" {
+		t.Errorf("tail -n 2 records = %q", got)
+	}
+	fi, err := os.Stat(records)
+	if err != nil || fi.Size() != ft.records.Size() {
+		t.Fatalf("stat records: %v %v, want size %d", fi, err, ft.records.Size())
+	}
+	mustSh(t, ": > "+records)
+	if ft.records.Size() != 0 {
+		t.Fatalf(": > records left %d bytes", ft.records.Size())
+	}
+	if fi, err := os.Stat(records); err != nil || fi.Size() != 0 {
+		t.Fatalf("stat after : > records: %v %v", fi, err)
+	}
+	select {
+	case msg := <-errs:
+		if !strings.Contains(msg, "file truncated") {
+			t.Errorf("tail stderr %q, want file truncated", msg)
+		}
+	case <-time.After(2 * time.Second):
+		t.Errorf("tail did not notice the truncation within 2 s")
+	}
+	ft.records.Append([]byte("record 1: after\n"))
+	expectLines(t, out, "record 1: after")
+	if got := mustSh(t, "cat "+records); got != "record 1: after\n" {
+		t.Errorf("cat records = %q", got)
+	}
+	// truncate(2) on the name, without an open file, empties it too.
+	if err := os.Truncate(records, 0); err != nil || ft.records.Size() != 0 {
+		t.Errorf("truncate records: %v, size %d", err, ft.records.Size())
+	}
+}
+
+// TestRecordsRotation checks that a stream hitting its bound looks like a
+// truncated file to tail, which keeps following.
+func TestRecordsRotation(t *testing.T) {
+	ft := newFakeTarget("t", "/usr/bin/true")
+	ft.records = stream.New(64)
+	mnt := mountFake(t, newFakeTracer(ft))
+
+	ft.records.Append([]byte("0123456789 first line of forty bytes..\n"))
+	_, out, errs := startTail(t, filepath.Join(mnt, "t/records"))
+	expectLines(t, out, "0123456789 first line of forty bytes..")
+	// tail detects truncation by a smaller size, so the line after the
+	// rotation is shorter than what tail had seen.
+	ft.records.Append([]byte("second line, does not fit\n"))
+	select {
+	case msg := <-errs:
+		if !strings.Contains(msg, "file truncated") {
+			t.Errorf("tail stderr %q, want file truncated", msg)
+		}
+	case <-time.After(2 * time.Second):
+		t.Errorf("tail did not notice the rotation within 2 s")
+	}
+	expectLines(t, out, "second line, does not fit")
+	if ft.records.Rotations() != 1 {
+		t.Errorf("Rotations = %d, want 1", ft.records.Rotations())
+	}
+}
+
+func TestBranches(t *testing.T) {
+	nopt := newFakeTarget("nopt", "/usr/bin/true")
+	pt := newFakeTarget("pt", "/usr/bin/env")
+	pt.branches = stream.New(1 << 10)
+	pt.branches.Append([]byte("branch: 0x1 [unknown] => 0x2 [unknown]\n"))
+	mnt := mountFake(t, newFakeTracer(nopt, pt))
+
+	_, err := os.Open(filepath.Join(mnt, "nopt/branches"))
+	if !errors.Is(err, syscall.EOPNOTSUPP) {
+		t.Errorf("open branches without PT: %v, want EOPNOTSUPP", err)
+	}
+	if out, err := sh(t, "cat "+mnt+"/nopt/branches"); err == nil || !strings.Contains(out, "Operation not supported") {
+		t.Errorf("cat branches without PT: %v %q", err, out)
+	}
+	if got := mustSh(t, "cat "+mnt+"/pt/branches"); got != "branch: 0x1 [unknown] => 0x2 [unknown]\n" {
+		t.Errorf("cat branches = %q", got)
+	}
+	// Release reaches the engine after close; the kernel sends it
+	// asynchronously, so wait briefly.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		opened, closed := pt.branchCounts()
+		if opened == 1 && closed == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("branches opened %d closed %d times, want 1 and 1", opened, closed)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestKilledReader kills a reader in the middle of a large read and checks
+// that the mount still answers and unmounts.
+func TestKilledReader(t *testing.T) {
+	ft := newFakeTarget("t", "/usr/bin/true")
+	ft.records = stream.New(8 << 20)
+	line := []byte(strings.Repeat("x", 99) + "\n")
+	for ft.records.Size()+100 <= 8<<20 {
+		ft.records.Append(line)
+	}
+	mnt := mountFake(t, newFakeTracer(ft))
+
+	for range 3 {
+		// dd with 1-byte reads takes far longer than 50 ms for 8 MiB.
+		cmd := exec.Command("dd", "if="+filepath.Join(mnt, "t/records"), "of=/dev/null", "bs=1")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err == nil {
+			t.Fatal("dd finished before it was killed; the test proves nothing")
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := os.ReadFile(filepath.Join(mnt, "t/status"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("read status after killed readers: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("mount does not answer after a reader was killed")
+	}
+}
+
+// BenchmarkRecordsRead reads 8 MiB of records through the mount, as cat
+// does, to measure the FUSE read path.
+func BenchmarkRecordsRead(b *testing.B) {
+	ft := newFakeTarget("t", "/usr/bin/true")
+	ft.records = stream.New(8 << 20)
+	line := []byte(strings.Repeat("x", 99) + "\n")
+	for ft.records.Size()+100 <= 8<<20 {
+		ft.records.Append(line)
+	}
+	mnt := mountFake(b, newFakeTracer(ft))
+	path := filepath.Join(mnt, "t/records")
+	buf := make([]byte, 128<<10)
+	b.SetBytes(ft.records.Size())
+	for b.Loop() {
+		f, err := os.Open(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var total int64
+		for {
+			n, err := f.Read(buf)
+			total += int64(n)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		f.Close()
+		if total != ft.records.Size() {
+			b.Fatalf("read %d bytes, want %d", total, ft.records.Size())
+		}
+	}
+}

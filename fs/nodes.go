@@ -1,0 +1,338 @@
+package fs
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// staticTimeout is the attribute timeout of nodes whose attributes never
+// change (directories, exe). Everything else uses 0.
+const staticTimeout = time.Second
+
+// setAttr fills the attributes every node reports.
+func setAttr(out *fuse.Attr, mode uint32, size int64, mtime time.Time) {
+	out.Mode = mode
+	out.Size = uint64(size)
+	out.Nlink = 1
+	if mode&syscall.S_IFMT == syscall.S_IFDIR {
+		out.Nlink = 2
+	}
+	out.SetTimes(&mtime, &mtime, &mtime)
+}
+
+// entryOut fills a lookup reply from the child's own Getattr, keeping its
+// attribute timeout; the entry timeout stays 0 because names come and go.
+func entryOut(ctx context.Context, ch *gofs.Inode, out *fuse.EntryOut) syscall.Errno {
+	g, ok := ch.Operations().(gofs.NodeGetattrer)
+	if !ok {
+		return 0
+	}
+	var a fuse.AttrOut
+	if errno := g.Getattr(ctx, nil, &a); errno != 0 {
+		return errno
+	}
+	out.Attr = a.Attr
+	out.SetAttrTimeout(a.Timeout())
+	return 0
+}
+
+// forgetTree drops a persistent subtree that is no longer reachable.
+func forgetTree(n *gofs.Inode) {
+	for _, ch := range n.Children() {
+		forgetTree(ch)
+	}
+	n.ForgetPersistent()
+}
+
+// refuseChanges is embedded by directories whose entries users may not
+// create, rename or link. Removal is handled by each directory.
+type refuseChanges struct{}
+
+var (
+	_ gofs.NodeRenamer   = refuseChanges{}
+	_ gofs.NodeMkdirer   = refuseChanges{}
+	_ gofs.NodeMknoder   = refuseChanges{}
+	_ gofs.NodeLinker    = refuseChanges{}
+	_ gofs.NodeSetattrer = refuseChanges{}
+)
+
+// Rename refuses: names are fixed or chosen by their creator.
+func (refuseChanges) Rename(context.Context, string, gofs.InodeEmbedder, string, uint32) syscall.Errno {
+	return syscall.EPERM
+}
+
+// Mkdir refuses: no directory can be made here.
+func (refuseChanges) Mkdir(context.Context, string, uint32, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+// Mknod refuses: no device or fifo can be made here.
+func (refuseChanges) Mknod(context.Context, string, uint32, uint32, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+// Link refuses hard links.
+func (refuseChanges) Link(context.Context, gofs.InodeEmbedder, string, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+// Setattr refuses chmod, chown and truncate of a directory.
+func (refuseChanges) Setattr(context.Context, gofs.FileHandle, *fuse.SetAttrIn, *fuse.AttrOut) syscall.Errno {
+	return syscall.EPERM
+}
+
+// rootNode is the mount's root: `status` and one directory per target.
+type rootNode struct {
+	gofs.Inode
+	refuseChanges
+	tracer Tracer
+	born   time.Time
+
+	mu      sync.Mutex
+	status  *gofs.Inode
+	targets map[string]*gofs.Inode
+}
+
+var (
+	_ gofs.NodeOnAdder   = (*rootNode)(nil)
+	_ gofs.NodeGetattrer = (*rootNode)(nil)
+	_ gofs.NodeLookuper  = (*rootNode)(nil)
+	_ gofs.NodeReaddirer = (*rootNode)(nil)
+	_ gofs.NodeSymlinker = (*rootNode)(nil)
+	_ gofs.NodeCreater   = (*rootNode)(nil)
+	_ gofs.NodeUnlinker  = (*rootNode)(nil)
+	_ gofs.NodeRmdirer   = (*rootNode)(nil)
+	_ gofs.NodeSetattrer = (*rootNode)(nil)
+	_ gofs.NodeRenamer   = (*rootNode)(nil)
+)
+
+const rootStatus = "status"
+
+// OnAdd builds the tree present at mount time.
+func (r *rootNode) OnAdd(ctx context.Context) {
+	r.born = time.Now()
+	r.targets = make(map[string]*gofs.Inode)
+	tracer := r.tracer
+	r.status = r.NewPersistentInode(ctx, &genNode{
+		born:    r.born,
+		content: func() ([]byte, error) { return tracer.Status(), nil },
+	}, gofs.StableAttr{Mode: syscall.S_IFREG})
+	r.AddChild(rootStatus, r.status, true)
+	for _, t := range tracer.Targets() {
+		dir := newTargetDir(ctx, &r.Inode, t, r.born)
+		r.targets[t.Name()] = dir
+		r.AddChild(t.Name(), dir, true)
+	}
+}
+
+// Getattr reports a directory.
+func (r *rootNode) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	setAttr(&out.Attr, syscall.S_IFDIR|0o755, 0, r.born)
+	out.SetTimeout(staticTimeout)
+	return 0
+}
+
+// Lookup resolves `status` and target names. Targets are looked up here
+// rather than in the inode tree because `ln -s` first leaves a symlink
+// node under the name (see Symlink).
+func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	r.mu.Lock()
+	ch := r.targets[name]
+	r.mu.Unlock()
+	if name == rootStatus {
+		ch = r.status
+	}
+	if ch == nil {
+		return nil, syscall.ENOENT
+	}
+	return ch, entryOut(ctx, ch, out)
+}
+
+// Readdir lists `status` and the targets, sorted.
+func (r *rootNode) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
+	r.mu.Lock()
+	names := make([]string, 0, len(r.targets))
+	for n := range r.targets {
+		names = append(names, n)
+	}
+	r.mu.Unlock()
+	sort.Strings(names)
+	entries := make([]fuse.DirEntry, 0, len(names)+1)
+	entries = append(entries, fuse.DirEntry{Name: rootStatus, Mode: syscall.S_IFREG})
+	for _, n := range names {
+		entries = append(entries, fuse.DirEntry{Name: n, Mode: syscall.S_IFDIR})
+	}
+	return gofs.NewListDirStream(entries), 0
+}
+
+// Symlink adds a target: `ln -s PATH MNT/NAME`. The target appears as a
+// directory, but the kernel insists that the reply to a symlink request
+// describes a symlink (else ln fails with EIO). So the reply is a transient
+// symlink node with entry timeout 0: the next path walk looks the name up
+// again and gets the directory.
+func (r *rootNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if name == rootStatus || r.targets[name] != nil {
+		return nil, syscall.EEXIST
+	}
+	t, err := r.tracer.AddTarget(name, target)
+	if errno := toErrno("add target "+name, err); errno != 0 {
+		return nil, errno
+	}
+	r.targets[name] = newTargetDir(ctx, &r.Inode, t, time.Now())
+	link := r.NewInode(ctx, &linkNode{path: target, born: time.Now()}, gofs.StableAttr{Mode: syscall.S_IFLNK})
+	return link, entryOut(ctx, link, out)
+}
+
+// Create refuses: only `ln -s` adds entries to the root.
+func (r *rootNode) Create(context.Context, string, uint32, uint32, *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	return nil, nil, 0, syscall.EPERM
+}
+
+// Unlink refuses `status`; targets are directories, removed by rmdir.
+func (r *rootNode) Unlink(_ context.Context, name string) syscall.Errno {
+	if name == rootStatus {
+		return syscall.EPERM
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.targets[name] != nil {
+		return syscall.EISDIR
+	}
+	return syscall.ENOENT
+}
+
+// Rmdir removes a target: `rmdir MNT/NAME`.
+func (r *rootNode) Rmdir(_ context.Context, name string) syscall.Errno {
+	if name == rootStatus {
+		return syscall.ENOTDIR
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	dir := r.targets[name]
+	if dir == nil {
+		return syscall.ENOENT
+	}
+	if errno := toErrno("remove target "+name, r.tracer.RemoveTarget(name)); errno != 0 {
+		return errno
+	}
+	delete(r.targets, name)
+	forgetTree(dir)
+	return 0
+}
+
+// targetNode is one target's directory; its entries are fixed.
+type targetNode struct {
+	gofs.Inode
+	refuseChanges
+	born time.Time
+}
+
+var (
+	_ gofs.NodeGetattrer = (*targetNode)(nil)
+	_ gofs.NodeUnlinker  = (*targetNode)(nil)
+	_ gofs.NodeRmdirer   = (*targetNode)(nil)
+	_ gofs.NodeCreater   = (*targetNode)(nil)
+	_ gofs.NodeSymlinker = (*targetNode)(nil)
+)
+
+// newTargetDir builds the persistent subtree of target t (DESIGN §2).
+func newTargetDir(ctx context.Context, parent *gofs.Inode, t Target, born time.Time) *gofs.Inode {
+	dir := parent.NewPersistentInode(ctx, &targetNode{born: born}, gofs.StableAttr{Mode: syscall.S_IFDIR})
+	add := func(name string, node gofs.InodeEmbedder, mode uint32) {
+		dir.AddChild(name, dir.NewPersistentInode(ctx, node, gofs.StableAttr{Mode: mode}), true)
+	}
+	add("exe", &linkNode{path: t.Path(), born: born}, syscall.S_IFLNK)
+	add("probes", &probesDir{target: t, born: born}, syscall.S_IFDIR)
+	add("records", &streamNode{
+		born: born,
+		open: func() (*streamHandle, error) { return &streamHandle{s: t.Records()}, nil },
+		// records exists before anyone opens it: stat and truncate
+		// work on the name alone.
+		last: t.Records(),
+	}, syscall.S_IFREG)
+	add("branches", &streamNode{
+		born: born,
+		open: func() (*streamHandle, error) {
+			s, err := t.Branches()
+			if err != nil {
+				return nil, err
+			}
+			h := &streamHandle{s: s}
+			if c, ok := t.(BranchesCloser); ok {
+				h.release = c.CloseBranches
+			}
+			return h, nil
+		},
+	}, syscall.S_IFREG)
+	add("status", &genNode{born: born, content: func() ([]byte, error) { return t.Status(), nil }}, syscall.S_IFREG)
+	add("symbols", &genNode{born: born, content: t.Symbols}, syscall.S_IFREG)
+	return dir
+}
+
+// Getattr reports a directory.
+func (d *targetNode) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	setAttr(&out.Attr, syscall.S_IFDIR|0o755, 0, d.born)
+	out.SetTimeout(staticTimeout)
+	return 0
+}
+
+// fixedErrno is the answer to removing name from a directory of fixed
+// entries.
+func (d *targetNode) fixedErrno(name string) syscall.Errno {
+	if d.GetChild(name) == nil {
+		return syscall.ENOENT
+	}
+	return syscall.EPERM
+}
+
+// Unlink refuses: the entries of a target directory are fixed.
+func (d *targetNode) Unlink(_ context.Context, name string) syscall.Errno {
+	return d.fixedErrno(name)
+}
+
+// Rmdir refuses: the entries of a target directory are fixed.
+func (d *targetNode) Rmdir(_ context.Context, name string) syscall.Errno {
+	return d.fixedErrno(name)
+}
+
+// Create refuses: the entries of a target directory are fixed.
+func (d *targetNode) Create(context.Context, string, uint32, uint32, *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	return nil, nil, 0, syscall.EPERM
+}
+
+// Symlink refuses: the entries of a target directory are fixed.
+func (d *targetNode) Symlink(context.Context, string, string, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+// linkNode is a symlink: `exe`, or the transient reply to `ln -s`.
+type linkNode struct {
+	gofs.Inode
+	path string
+	born time.Time
+}
+
+var (
+	_ gofs.NodeReadlinker = (*linkNode)(nil)
+	_ gofs.NodeGetattrer  = (*linkNode)(nil)
+)
+
+// Readlink returns the link's target.
+func (l *linkNode) Readlink(context.Context) ([]byte, syscall.Errno) {
+	return []byte(l.path), 0
+}
+
+// Getattr reports a symlink; its attributes never change.
+func (l *linkNode) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	setAttr(&out.Attr, syscall.S_IFLNK|0o777, int64(len(l.path)), l.born)
+	out.SetTimeout(staticTimeout)
+	return 0
+}

@@ -1,0 +1,57 @@
+package probes
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// buildC compiles testdata/NAME.c with gcc into a temp dir.
+func buildC(t testing.TB, name string, flags ...string) string {
+	t.Helper()
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("gcc not found: cannot build the test program")
+	}
+	out := filepath.Join(t.TempDir(), name)
+	args := append([]string{"-O2", "-o", out, filepath.Join("testdata", name+".c")}, flags...)
+	if b, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, b)
+	}
+	return out
+}
+
+// openBinary opens path and closes it when the test ends.
+func openBinary(t testing.TB, path string) *Binary {
+	t.Helper()
+	b, err := Open(path)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", path, err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return b
+}
+
+func mustParse(t testing.TB, spec string) *Spec {
+	t.Helper()
+	s, err := Parse(spec)
+	if err != nil {
+		t.Fatalf("Parse(%q): %v", spec, err)
+	}
+	return s
+}
+
+func fileSize(t testing.TB, path string) int64 {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size()
+}

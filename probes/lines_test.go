@@ -1,0 +1,250 @@
+package probes
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestLines(t *testing.T) {
+	site := &Site{Offset: 0x1189}
+	tests := []struct {
+		spec, classic, ptw string
+	}{
+		{"0x1189", "p:G/E /bin/t:0x1189", "ptw:G/E /bin/t:0x1189"},
+		{"target+9 %di %si", "p:G/E /bin/t:0x1189 %di %si", "ptw:G/E /bin/t:0x1189 %di %si"},
+		{"0x1189 a=%di b=+8(%si):u32", "p:G/E /bin/t:0x1189 a=%di b=+8(%si):u32", "ptw:G/E /bin/t:0x1189 a=%di b=+8(%si):u32"},
+		{"0x1189%multinop %di", "p:G/E /bin/t:0x1189 %di", "ptw:G/E /bin/t:0x1189%multinop %di"},
+		{"0x1189 %di %nopace", "p:G/E /bin/t:0x1189 %di", "ptw:G/E /bin/t:0x1189 %di %nopace"},
+		{"0x1189%multinop%nopace", "p:G/E /bin/t:0x1189", "ptw:G/E /bin/t:0x1189%multinop %nopace"},
+		{`0x1189 \0x2A \-5 $stack $stack2`, `p:G/E /bin/t:0x1189 \0x2a \-5 $stack $stack2`, `ptw:G/E /bin/t:0x1189 \0x2a \-5 $stack $stack2`},
+		{"0x1189 -8(%sp):s32 x=%ax:x32 y=%bx:u64", "p:G/E /bin/t:0x1189 -8(%sp):s32 x=%ax:x32 y=%bx", "ptw:G/E /bin/t:0x1189 -8(%sp):s32 x=%ax:x32 y=%bx"},
+	}
+	for _, tt := range tests {
+		s := mustParse(t, tt.spec)
+		if got := ClassicLine("G", "E", "/bin/t", site, s); got != tt.classic {
+			t.Errorf("ClassicLine(%q) = %q, want %q", tt.spec, got, tt.classic)
+		}
+		if got := PTWLine("G", "E", "/bin/t", site, s); got != tt.ptw {
+			t.Errorf("PTWLine(%q) = %q, want %q", tt.spec, got, tt.ptw)
+		}
+		for _, l := range []string{tt.classic, tt.ptw} {
+			pl, err := ParseLine(l)
+			if err != nil || pl.Group != "G" || pl.Event != "E" || pl.Path != "/bin/t" || pl.Offset != 0x1189 {
+				t.Errorf("ParseLine(%q) = %+v, %v", l, pl, err)
+			}
+		}
+	}
+}
+
+func TestParseLine(t *testing.T) {
+	tests := []struct {
+		line string
+		want ProbeLine
+		err  bool
+	}{
+		{"p:h3exp/a /tmp/h3x/t:0x0000000000001180 arg1=%di arg2=%si", ProbeLine{"p", "h3exp", "a", "/tmp/h3x/t", 0x1180}, false},
+		{"r:h3exp/v /tmp/h3x/t:0x0000000000001180 arg1=%di", ProbeLine{"r", "h3exp", "v", "/tmp/h3x/t", 0x1180}, false},
+		{"ptw:probe_t/target ./t:0x1189 arg1=%di arg2=%si", ProbeLine{"ptw", "probe_t", "target", "./t", 0x1189}, false},
+		{"ptw:e /bin/t:0x1170%multinop %di", ProbeLine{}, true},
+		{"ptw:g/e /bin/t:0x1170%multinop %di", ProbeLine{"ptw", "g", "e", "/bin/t", 0x1170}, false},
+		{"p:g/e /a:b/c:0x10(0x20)", ProbeLine{"p", "g", "e", "/a:b/c", 0x10}, false},
+		{"p:g/e /bin/t:4480", ProbeLine{"p", "g", "e", "/bin/t", 4480}, false},
+		{"", ProbeLine{}, true},
+		{"p:g/e", ProbeLine{}, true},
+		{"x:g/e /bin/t:0x10", ProbeLine{}, true},
+		{"p:g/ /bin/t:0x10", ProbeLine{}, true},
+		{"p:/e /bin/t:0x10", ProbeLine{}, true},
+		{"p:g/e /bin/t", ProbeLine{}, true},
+		{"p:g/e :0x10", ProbeLine{}, true},
+		{"p:g/e /bin/t:0xzz", ProbeLine{}, true},
+		{"-:g/e", ProbeLine{}, true},
+	}
+	for _, tt := range tests {
+		got, err := ParseLine(tt.line)
+		if tt.err {
+			if !errors.Is(err, ErrSyntax) {
+				t.Errorf("ParseLine(%q) = %+v, %v; want ErrSyntax", tt.line, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("ParseLine(%q) = %+v, %v; want %+v", tt.line, got, err, tt.want)
+		}
+	}
+}
+
+func TestNames(t *testing.T) {
+	groups := []struct {
+		pid          int
+		target, want string
+	}{
+		{42, "t", "ptfs42_t"},
+		{1234, "my-prog.bin", "ptfs1234_my_prog_bin"},
+		{7, "", "ptfs7_"},
+		{7, "ünï", "ptfs7___n__"},
+		{99999, strings.Repeat("x", 80), "ptfs99999_" + strings.Repeat("x", 53)},
+	}
+	for _, tt := range groups {
+		got := GroupName(tt.pid, tt.target)
+		if got != tt.want || len(got) > maxEventName {
+			t.Errorf("GroupName(%d, %q) = %q, want %q", tt.pid, tt.target, got, tt.want)
+		}
+		if pid, ok := groupPID(got); !ok || pid != tt.pid {
+			t.Errorf("groupPID(%q) = %d, %v", got, pid, ok)
+		}
+	}
+	events := []struct{ in, want string }{
+		{"e", "e"},
+		{"entry_1", "entry_1"},
+		{"9lives", "_9lives"},
+		{"a.b-c", "a_b_c"},
+		{"", "_"},
+		{strings.Repeat("y", 70), strings.Repeat("y", 63)},
+	}
+	for _, tt := range events {
+		if got := EventName(tt.in); got != tt.want {
+			t.Errorf("EventName(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+	for _, g := range []string{"uprobes", "ptfs", "ptfs_x", "ptfsx_1", "ptfs012_t", "ptfs12", "ptfs-1_t", "ptfs99999999999999999999_t"} {
+		if pid, ok := groupPID(g); ok {
+			t.Errorf("groupPID(%q) = %d, want no ptfs group", g, pid)
+		}
+	}
+}
+
+func TestLastErrorLog(t *testing.T) {
+	tests := []struct{ log, want string }{
+		{"", ""},
+		{"garbage\n", ""},
+		{"[  253.335922] trace_uprobe: error: Invalid register name\n" +
+			"  Command: p:h3exp/e /tmp/h3x/t:0x1180 %ds\n" +
+			"                                       ^\n",
+			`Invalid register name (at "%ds")`},
+		{"[    1.000000] trace_uprobe: error: Old one\n  Command: p:a/b x:0x1\n             ^\n" +
+			"[  264.750676] trace_uprobe: error: Failed to find the given file\n" +
+			"  Command: p:h3exp/l /nonexist:0x10 %di\n" +
+			"                     ^\n",
+			`Failed to find the given file (at "/nonexist:0x10")`},
+		{"[ 1.0] trace_uprobe: error: No caret\n", "No caret"},
+		{"[ 1.0] something else\n  Command: x\n    ^\n", "something else"},
+	}
+	for _, tt := range tests {
+		if got := lastErrorLog(tt.log); got != tt.want {
+			t.Errorf("lastErrorLog(%q) = %q, want %q", tt.log, got, tt.want)
+		}
+	}
+}
+
+const realFormat = `name: a
+ID: 2326
+format:
+	field:unsigned short common_type;	offset:0;	size:2;	signed:0;
+	field:unsigned char common_flags;	offset:2;	size:1;	signed:0;
+	field:unsigned char common_preempt_count;	offset:3;	size:1;	signed:0;
+	field:int common_pid;	offset:4;	size:4;	signed:1;
+
+	field:unsigned long __probe_ip;	offset:8;	size:8;	signed:0;
+	field:u64 arg1;	offset:16;	size:8;	signed:0;
+	field:s32 b;	offset:24;	size:4;	signed:1;
+
+print fmt: "(%lx) arg1=0x%Lx b=%d", REC->__probe_ip, REC->arg1, REC->b
+`
+
+func TestParseFormat(t *testing.T) {
+	got, err := ParseFormat([]byte(realFormat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Field{
+		{"common_type", "unsigned short", 0, 2, false},
+		{"common_flags", "unsigned char", 2, 1, false},
+		{"common_preempt_count", "unsigned char", 3, 1, false},
+		{"common_pid", "int", 4, 4, true},
+		{"__probe_ip", "unsigned long", 8, 8, false},
+		{"arg1", "u64", 16, 8, false},
+		{"b", "s32", 24, 4, true},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ParseFormat = %+v\nwant %+v", got, want)
+	}
+	bad := []string{
+		"",
+		"name: x\nformat:\n",
+		"\tfield:u64 arg1;\toffset:x;\tsize:8;\tsigned:0;",
+		"\tfield:u64 arg1;\toffset:16;\tsize:8;",
+		"\tfield:arg1;\toffset:16;\tsize:8;\tsigned:0;",
+		"\tfield:u64 arg1;\toffset:-1;\tsize:8;\tsigned:0;",
+		"\tfield:u64 arg1;\toffset:16;\tsize 8;\tsigned:0;",
+		"\tfield:u64 ;\toffset:16;\tsize:8;\tsigned:0;",
+	}
+	for _, b := range bad {
+		if f, err := ParseFormat([]byte(b)); !errors.Is(err, ErrSyntax) {
+			t.Errorf("ParseFormat(%q) = %+v, %v; want ErrSyntax", b, f, err)
+		}
+	}
+	// Pointers and arrays keep the name apart from the type.
+	f, err := ParseFormat([]byte("\tfield:char *p;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:char comm[16];\toffset:16;\tsize:16;\tsigned:1;"))
+	if err != nil || f[0].Name != "p" || f[0].Type != "char *" || f[1].Name != "comm[16]" || f[1].Type != "char" {
+		t.Errorf("ParseFormat(pointer, array) = %+v, %v", f, err)
+	}
+}
+
+func TestEventArgs(t *testing.T) {
+	fields, err := ParseFormat([]byte(realFormat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args, err := eventArgs(fields, mustParse(t, "0x10 %di b=%si:s32"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(args) != 2 || args[0].Name != "" || args[0].Offset != 16 || args[0].Size != 8 ||
+		args[1].Name != "b" || args[1].Offset != 24 || args[1].Size != 4 || args[1].Type.String() != "s32" {
+		t.Errorf("eventArgs = %+v", args)
+	}
+	for _, spec := range []string{"0x10 %di", "0x10 %di c=%si:s32", "0x10 %di b=%si", "0x10 %di %si %ax"} {
+		if a, err := eventArgs(fields, mustParse(t, spec)); err == nil {
+			t.Errorf("eventArgs(%q) = %+v, want a mismatch error", spec, a)
+		}
+	}
+}
+
+func FuzzParseFormat(f *testing.F) {
+	f.Add([]byte(realFormat))
+	f.Add([]byte("\tfield:char comm[16];\toffset:16;\tsize:16;\tsigned:1;"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fields, err := ParseFormat(data)
+		if err != nil {
+			if !errors.Is(err, ErrSyntax) {
+				t.Fatalf("error %v is not ErrSyntax", err)
+			}
+			return
+		}
+		for _, fl := range fields {
+			if fl.Name == "" || fl.Offset < 0 || fl.Size < 0 {
+				t.Fatalf("bad field %+v", fl)
+			}
+		}
+	})
+}
+
+func FuzzParseLine(f *testing.F) {
+	f.Add("p:h3exp/a /tmp/h3x/t:0x0000000000001180 arg1=%di arg2=%si")
+	f.Add("ptw:g/e /bin/t:0x1170%multinop %di %nopace")
+	f.Add("p:g/e /a:b/c:0x10(0x20)")
+	f.Fuzz(func(t *testing.T, line string) {
+		pl, err := ParseLine(line)
+		if err != nil {
+			if !errors.Is(err, ErrSyntax) {
+				t.Fatalf("error %v is not ErrSyntax", err)
+			}
+			return
+		}
+		if pl.Group == "" || pl.Event == "" || pl.Path == "" {
+			t.Fatalf("ParseLine(%q) = %+v", line, pl)
+		}
+	})
+}

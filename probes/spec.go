@@ -1,0 +1,417 @@
+package probes
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"ptfs/decode"
+)
+
+// MaxArgs is the most fetch arguments one probe takes (the ptwrite header
+// counts them in a byte, the stub emits at most eight).
+const MaxArgs = 8
+
+// maxArgName is the longest argument name tracefs accepts (MAX_ARG_NAME_LEN
+// is 32 with the terminating NUL).
+const maxArgName = 31
+
+// maxStackSlot bounds $stackN so that the slot offset 8*N fits the signed
+// 32-bit displacement that a ptwrite stub load encodes.
+const maxStackSlot = (1<<31 - 1) / 8
+
+// registers are the x86-64 register names that the kernel's
+// regs_query_register_offset accepts (arch/x86/kernel/ptrace.c,
+// CONFIG_X86_64): no r/e prefixes, no segment registers but cs and ss.
+var registers = map[string]bool{
+	"ax": true, "bx": true, "cx": true, "dx": true,
+	"si": true, "di": true, "bp": true, "sp": true,
+	"r8": true, "r9": true, "r10": true, "r11": true,
+	"r12": true, "r13": true, "r14": true, "r15": true,
+	"ip": true, "flags": true, "cs": true, "ss": true, "orig_ax": true,
+}
+
+// Spec is a parsed probe spec: `SITE [OPTION...] [ARG...]`.
+type Spec struct {
+	// Symbol names the function the site is relative to; empty when the
+	// site is a plain file offset.
+	Symbol string
+	// Offset is the file offset of the site when Symbol is empty, else the
+	// byte offset from the start of Symbol.
+	Offset uint64
+	// NoPace drops the LFENCE between ptwrite words (%nopace).
+	NoPace bool
+	// MultiNop marks a site of five 1-byte NOPs (%multinop).
+	MultiNop bool
+	// Args are the fetch arguments, at most MaxArgs.
+	Args []Arg
+}
+
+// Arg is one fetch argument of a spec.
+type Arg struct {
+	// Name is the name the spec gave, or "" (tracefs then names it argN).
+	Name string
+	// Fetch is the fetch expression in canonical tracefs text, such as
+	// "%di", "\\0x2a", "$stack2" or "+8(%si)".
+	Fetch string
+	// Type is the argument type; U64 when the spec gave none.
+	Type decode.ArgType
+}
+
+// EffectiveName returns the name tracefs gives argument i (counted from 0)
+// of a probe: its own name, or argN counted from 1.
+func (a *Arg) EffectiveName(i int) string {
+	if a.Name != "" {
+		return a.Name
+	}
+	return "arg" + strconv.Itoa(i+1)
+}
+
+func syntaxErr(format string, v ...any) error {
+	return fmt.Errorf("%w: %s", ErrSyntax, fmt.Sprintf(format, v...))
+}
+
+// Parse parses a probe spec. Errors wrap ErrSyntax and quote the offending
+// token; a %return option wraps ErrRefused since the spec is well formed
+// but return probes are not supported.
+func Parse(text string) (*Spec, error) {
+	toks := strings.Fields(text)
+	if len(toks) == 0 {
+		return nil, syntaxErr("empty spec (want SITE [%%nopace] [%%multinop] [ARG...])")
+	}
+	s := &Spec{}
+	site, glued, _ := strings.Cut(toks[0], "%")
+	if err := s.parseSite(site, toks[0]); err != nil {
+		return nil, err
+	}
+	if strings.Contains(toks[0], "%") {
+		for _, o := range strings.Split(glued, "%") {
+			if err := s.option("%"+o, toks[0]); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, t := range toks[1:] {
+		if isOption(t) {
+			if err := s.option(t, t); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if len(s.Args) == MaxArgs {
+			return nil, syntaxErr("too many arguments at %q (at most %d)", t, MaxArgs)
+		}
+		a, err := parseArg(t)
+		if err != nil {
+			return nil, err
+		}
+		s.Args = append(s.Args, a)
+	}
+	if err := checkNames(s.Args); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// isOption tells option tokens from register fetches: both start with '%'.
+func isOption(t string) bool {
+	if !strings.HasPrefix(t, "%") || strings.ContainsAny(t, ":=") {
+		return false
+	}
+	return !registers[t[1:]]
+}
+
+func (s *Spec) option(o, tok string) error {
+	switch o {
+	case "%nopace":
+		if s.NoPace {
+			return syntaxErr("duplicate option %q", tok)
+		}
+		s.NoPace = true
+	case "%multinop":
+		if s.MultiNop {
+			return syntaxErr("duplicate option %q", tok)
+		}
+		s.MultiNop = true
+	case "%return":
+		return fmt.Errorf("%w: %q: return probes are not supported (ptwrite probes are entry-only)", ErrRefused, tok)
+	default:
+		if o != tok {
+			return syntaxErr("unknown option %q in %q (options: %%nopace, %%multinop)", o, tok)
+		}
+		return syntaxErr("unknown option or register %q (options: %%nopace, %%multinop)", o)
+	}
+	return nil
+}
+
+func (s *Spec) parseSite(site, tok string) error {
+	if site == "" {
+		return syntaxErr("missing site (a file offset, SYMBOL or SYMBOL+OFFSET) before %q", "%")
+	}
+	if c := site[0]; c >= '0' && c <= '9' {
+		off, err := parseUint(site)
+		if err != nil {
+			return syntaxErr("bad file offset %q: %v", site, err)
+		}
+		s.Offset = off
+		return nil
+	}
+	if strings.ContainsAny(site[:1], "$\\+-=:()@\"") || strings.Contains(site, "=") {
+		return syntaxErr("bad site %q (want a file offset, SYMBOL or SYMBOL+OFFSET)", tok)
+	}
+	sym, off, ok := strings.Cut(site, "+")
+	if ok {
+		n, err := parseUint(off)
+		if err != nil {
+			return syntaxErr("bad offset %q in site %q: %v", off, site, err)
+		}
+		s.Offset = n
+	}
+	s.Symbol = sym
+	return nil
+}
+
+// parseUint parses what tracefs parses for an offset, minus the octal that
+// kstrtoul's base 0 would make of a leading zero: decimal, or hex after 0x.
+func parseUint(t string) (uint64, error) {
+	if h, ok := strings.CutPrefix(t, "0x"); ok || strings.HasPrefix(t, "0X") {
+		if !ok {
+			h = t[2:]
+		}
+		if h == "" || strings.ContainsAny(h[:1], "+-_") {
+			return 0, fmt.Errorf("want hex digits after 0x")
+		}
+		v, err := strconv.ParseUint(h, 16, 64)
+		if err != nil {
+			return 0, numErr(err)
+		}
+		return v, nil
+	}
+	if t == "" || t[0] < '0' || t[0] > '9' {
+		return 0, fmt.Errorf("want a decimal or 0x-prefixed hex number")
+	}
+	if len(t) > 1 && t[0] == '0' {
+		return 0, fmt.Errorf("leading zero (octal to the kernel): write decimal or 0x hex")
+	}
+	v, err := strconv.ParseUint(t, 10, 64)
+	if err != nil {
+		return 0, numErr(err)
+	}
+	return v, nil
+}
+
+func numErr(err error) error {
+	if ne, ok := err.(*strconv.NumError); ok {
+		if ne.Err == strconv.ErrRange {
+			return fmt.Errorf("out of range")
+		}
+		return fmt.Errorf("not a number")
+	}
+	return err
+}
+
+// formatUint prints v the way it was written: hex stays hex.
+func formatUint(v uint64, hex bool) string {
+	if hex {
+		return "0x" + strconv.FormatUint(v, 16)
+	}
+	return strconv.FormatUint(v, 10)
+}
+
+func isHex(t string) bool { return strings.HasPrefix(t, "0x") || strings.HasPrefix(t, "0X") }
+
+func parseArg(t string) (Arg, error) {
+	var a Arg
+	body := t
+	if n, rest, ok := strings.Cut(t, "="); ok {
+		if err := checkName(n, t); err != nil {
+			return a, err
+		}
+		a.Name, body = n, rest
+	}
+	if i := strings.LastIndexByte(body, ':'); i >= 0 {
+		typ, ok := parseType(body[i+1:])
+		if !ok {
+			return a, syntaxErr("unsupported type %q in %q (ptwrite types: u64, u32, s32, x32)", body[i+1:], t)
+		}
+		a.Type, body = typ, body[:i]
+	}
+	f, err := parseFetch(body)
+	if err != nil {
+		return a, syntaxErr("bad argument %q: %v", t, err)
+	}
+	a.Fetch = f
+	return a, nil
+}
+
+func parseType(t string) (decode.ArgType, bool) {
+	switch t {
+	case "u64":
+		return decode.U64, true
+	case "u32":
+		return decode.U32, true
+	case "s32":
+		return decode.S32, true
+	case "x32":
+		return decode.X32, true
+	}
+	return 0, false
+}
+
+// parseFetch validates the ptwrite subset of fetch arguments and returns
+// its canonical text.
+func parseFetch(f string) (string, error) {
+	switch {
+	case f == "":
+		return "", fmt.Errorf("empty fetch argument")
+	case f[0] == '%':
+		if !registers[f[1:]] {
+			return "", fmt.Errorf("unknown register %q (x86-64 uprobes take ax bx cx dx si di bp sp r8..r15 ip flags cs ss orig_ax)", f)
+		}
+		return f, nil
+	case f[0] == '\\':
+		return parseImm(f[1:])
+	case f == "$stack":
+		return f, nil
+	case strings.HasPrefix(f, "$stack"):
+		n, err := parseUint(f[6:])
+		if err != nil || isHex(f[6:]) {
+			return "", fmt.Errorf("bad stack slot %q: want $stack or $stackN with decimal N", f)
+		}
+		if n > maxStackSlot {
+			return "", fmt.Errorf("stack slot %q out of range (at most %d)", f, maxStackSlot)
+		}
+		return "$stack" + strconv.FormatUint(n, 10), nil
+	case f[0] == '+' || f[0] == '-':
+		return parseDeref(f)
+	}
+	return "", fmt.Errorf("fetch %q not supported by ptwrite probes (want %%REG, \\IMM, $stack, $stackN or +DISP(%%REG))", f)
+}
+
+func parseImm(v string) (string, error) {
+	neg := strings.HasPrefix(v, "-")
+	num := strings.TrimPrefix(v, "-")
+	n, err := parseUint(num)
+	if err != nil {
+		return "", fmt.Errorf("bad immediate \\%s: %v", v, err)
+	}
+	if neg && n > 1<<63 {
+		return "", fmt.Errorf("bad immediate \\%s: out of range", v)
+	}
+	if n == 0 {
+		neg = false
+	}
+	out := "\\" + formatUint(n, isHex(num))
+	if neg {
+		out = "\\-" + formatUint(n, isHex(num))
+	}
+	return out, nil
+}
+
+func parseDeref(f string) (string, error) {
+	neg := f[0] == '-'
+	disp, reg, ok := strings.Cut(f[1:], "(")
+	if !ok || !strings.HasSuffix(reg, ")") {
+		return "", fmt.Errorf("bad memory reference %q: want +DISP(%%REG)", f)
+	}
+	reg = strings.TrimSuffix(reg, ")")
+	if !strings.HasPrefix(reg, "%") || !registers[reg[1:]] {
+		return "", fmt.Errorf("bad base register %q in %q", reg, f)
+	}
+	n, err := parseUint(disp)
+	if err != nil {
+		return "", fmt.Errorf("bad displacement %q in %q: %v", disp, f, err)
+	}
+	// The stub encodes the displacement as a signed 32-bit value.
+	if (neg && n > 1<<31) || (!neg && n > 1<<31-1) {
+		return "", fmt.Errorf("displacement %q in %q out of the signed 32-bit range", disp, f)
+	}
+	sign := "+"
+	if neg && n != 0 {
+		sign = "-"
+	}
+	return sign + formatUint(n, isHex(disp)) + "(" + reg + ")", nil
+}
+
+// reservedNames are the field names that every uprobe event already has.
+var reservedNames = map[string]bool{
+	"__probe_ip": true, "__probe_ret_ip": true, "__probe_func": true,
+}
+
+func checkName(n, tok string) error {
+	if n == "" {
+		return syntaxErr("empty argument name in %q", tok)
+	}
+	if len(n) > maxArgName {
+		return syntaxErr("argument name %q too long (at most %d characters)", n, maxArgName)
+	}
+	for i := 0; i < len(n); i++ {
+		c := n[i]
+		if c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9' {
+			continue
+		}
+		return syntaxErr("argument name %q is not a C identifier", n)
+	}
+	if strings.HasPrefix(n, "common_") || reservedNames[n] {
+		return syntaxErr("argument name %q is reserved by tracefs", n)
+	}
+	return nil
+}
+
+// checkNames rejects duplicate names, counting the argN names that tracefs
+// gives unnamed arguments.
+func checkNames(args []Arg) error {
+	for i := range args {
+		for j := 0; j < i; j++ {
+			if args[i].EffectiveName(i) == args[j].EffectiveName(j) {
+				return syntaxErr("argument name %q used twice (unnamed argument %d is called arg%d)",
+					args[i].EffectiveName(i), max(i, j)+1, max(i, j)+1)
+			}
+		}
+	}
+	return nil
+}
+
+// String returns the canonical text of s, which Parse reads back to an
+// equal Spec.
+func (s *Spec) String() string {
+	var b strings.Builder
+	b.WriteString(s.siteText())
+	if s.MultiNop {
+		b.WriteString(" %multinop")
+	}
+	if s.NoPace {
+		b.WriteString(" %nopace")
+	}
+	b.WriteString(argsText(s.Args))
+	return b.String()
+}
+
+func (s *Spec) siteText() string {
+	switch {
+	case s.Symbol == "":
+		return "0x" + strconv.FormatUint(s.Offset, 16)
+	case s.Offset == 0:
+		return s.Symbol
+	}
+	return s.Symbol + "+0x" + strconv.FormatUint(s.Offset, 16)
+}
+
+// argsText renders args as tracefs takes them, each with a leading space;
+// u64 is the default type and is left out.
+func argsText(args []Arg) string {
+	var b strings.Builder
+	for _, a := range args {
+		b.WriteByte(' ')
+		if a.Name != "" {
+			b.WriteString(a.Name)
+			b.WriteByte('=')
+		}
+		b.WriteString(a.Fetch)
+		if a.Type != decode.U64 {
+			b.WriteByte(':')
+			b.WriteString(a.Type.String())
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,427 @@
+package probes
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"ptfs/decode"
+)
+
+// Tracefs is a tracefs mount with uprobe_events.
+type Tracefs struct {
+	// Dir is the mount point, such as /sys/kernel/tracing.
+	Dir string
+}
+
+// tracefsDirs are the usual tracefs mount points; the first is where
+// FindTracefs mounts it when neither has uprobe_events.
+var tracefsDirs = []string{"/sys/kernel/tracing", "/sys/kernel/debug/tracing"}
+
+// FindTracefs returns the tracefs at /sys/kernel/tracing or
+// /sys/kernel/debug/tracing, mounting it on /sys/kernel/tracing when
+// neither has uprobe_events. The mount is left in place for everyone, as
+// the kernel's standard location.
+func FindTracefs() (*Tracefs, error) {
+	return findTracefs(tracefsDirs, tracefsDirs[0])
+}
+
+func findTracefs(dirs []string, mountAt string) (*Tracefs, error) {
+	for _, d := range dirs {
+		if hasUprobes(d) {
+			return &Tracefs{Dir: d}, nil
+		}
+	}
+	if err := unix.Mount("nodev", mountAt, "tracefs", 0, ""); err != nil {
+		return nil, fmt.Errorf("%w: none in %s, and mount -t tracefs nodev %s: %w",
+			ErrNoTracefs, strings.Join(dirs, ", "), mountAt, err)
+	}
+	if !hasUprobes(mountAt) {
+		return nil, fmt.Errorf("%w: tracefs at %s has no uprobe_events (kernel without CONFIG_UPROBE_EVENTS?)", ErrNoTracefs, mountAt)
+	}
+	return &Tracefs{Dir: mountAt}, nil
+}
+
+func hasUprobes(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "uprobe_events"))
+	return err == nil
+}
+
+func (t *Tracefs) path(name ...string) string {
+	return filepath.Join(append([]string{t.Dir}, name...)...)
+}
+
+// Events returns the lines of uprobe_events.
+func (t *Tracefs) Events() ([]string, error) {
+	data, err := os.ReadFile(t.path("uprobe_events"))
+	if err != nil {
+		return nil, fmt.Errorf("read uprobe_events: %w", err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines, nil
+}
+
+// write writes one command to uprobe_events, clearing error_log first so
+// that a failure can quote the kernel's reason.
+func (t *Tracefs) write(cmd string) error {
+	// error_log is cleared by opening it with O_TRUNC; a kernel without it
+	// only loses the reason, not the command.
+	if f, err := os.OpenFile(t.path("error_log"), os.O_WRONLY|os.O_TRUNC, 0); err == nil {
+		f.Close()
+	}
+	f, err := os.OpenFile(t.path("uprobe_events"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("open uprobe_events: %w", err)
+	}
+	_, err = f.Write([]byte(cmd + "\n"))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// kernelReason returns the last entry of error_log as one readable line,
+// such as `Invalid register name (at "%ds")`, or "" when it is empty.
+func (t *Tracefs) kernelReason() string {
+	data, err := os.ReadFile(t.path("error_log"))
+	if err != nil {
+		return ""
+	}
+	return lastErrorLog(string(data))
+}
+
+// lastErrorLog extracts the last entry of an error_log text: the message
+// after "error: " and the token the caret line points at.
+func lastErrorLog(log string) string {
+	lines := strings.Split(log, "\n")
+	last := -1
+	for i, l := range lines {
+		if strings.HasPrefix(l, "[") {
+			last = i
+		}
+	}
+	if last < 0 {
+		return ""
+	}
+	msg := lines[last]
+	if _, m, ok := strings.Cut(msg, "error: "); ok {
+		msg = m
+	} else if _, m, ok := strings.Cut(msg, "] "); ok {
+		msg = m
+	}
+	if last+2 < len(lines) {
+		cmd, caret := lines[last+1], lines[last+2]
+		start := strings.Index(cmd, "Command: ") + len("Command: ")
+		if col := strings.IndexByte(caret, '^'); start >= len("Command: ") && col >= start && col < len(cmd) {
+			tok, _, _ := strings.Cut(cmd[col:], " ")
+			if tok != "" {
+				msg += fmt.Sprintf(" (at %q)", tok)
+			}
+		}
+	}
+	return strings.TrimSpace(msg)
+}
+
+// sameSite tells whether two probe places name the same file and offset.
+func sameSite(a, b ProbeLine) bool {
+	if a.Offset != b.Offset {
+		return false
+	}
+	if a.Path == b.Path {
+		return true
+	}
+	sa, err1 := os.Stat(a.Path)
+	sb, err2 := os.Stat(b.Path)
+	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
+}
+
+// AddProbe installs the probe of one uprobe_events line (as ClassicLine or
+// PTWLine make it) and verifies that the kernel lists exactly that event
+// with that kind afterwards. It refuses with ErrExists an event name that
+// exists or a site that another probe uses (ptwrite kernels refuse a second
+// probe at one site; the kernel would merge a second classic line of the
+// same name into one event). A kernel that accepts a line but creates
+// something else (a stock kernel turns a ptw: line into a classic probe
+// named uprobes/p_FILE_OFF) gets the stand-in removed and the line refused.
+// An offset beyond the end of the file is refused with ErrBadSite before
+// the kernel sees it. Kernel errors carry the reason from error_log: EEXIST
+// maps to ErrExists,
+// EINVAL, E2BIG, ERANGE and EOPNOTSUPP to ErrRefused, others stay errnos.
+func (t *Tracefs) AddProbe(line string) error {
+	pl, err := ParseLine(line)
+	if err != nil {
+		return err
+	}
+	// The kernel takes any offset and fails only when the probe is
+	// registered later: refuse one beyond the file now.
+	if st, err := os.Stat(pl.Path); err == nil && st.Mode().IsRegular() && pl.Offset >= uint64(st.Size()) {
+		return fmt.Errorf("%w: file offset 0x%x is beyond the end of %s (%d bytes)", ErrBadSite, pl.Offset, pl.Path, st.Size())
+	}
+	before, err := t.Events()
+	if err != nil {
+		return err
+	}
+	for _, l := range before {
+		el, err := ParseLine(l)
+		if err != nil {
+			continue // not ours to judge; it cannot clash with a known site
+		}
+		if el.Group == pl.Group && el.Event == pl.Event {
+			return fmt.Errorf("%w: event %s/%s exists already", ErrExists, pl.Group, pl.Event)
+		}
+		if sameSite(el, pl) {
+			return fmt.Errorf("%w: probe %s/%s is at %s:0x%x already", ErrExists, el.Group, el.Event, pl.Path, pl.Offset)
+		}
+	}
+	if err := t.write(line); err != nil {
+		return t.addError(pl, err)
+	}
+	after, err := t.Events()
+	if err != nil {
+		return err
+	}
+	old := make(map[string]bool, len(before))
+	for _, l := range before {
+		old[l] = true
+	}
+	var standIns []ProbeLine
+	for _, l := range after {
+		el, err := ParseLine(l)
+		if err != nil {
+			continue
+		}
+		if el.Group == pl.Group && el.Event == pl.Event && el.Kind == pl.Kind && sameSite(el, pl) {
+			return nil
+		}
+		if !old[l] && (sameSite(el, pl) || el.Group == pl.Group && el.Event == pl.Event) {
+			standIns = append(standIns, el)
+		}
+	}
+	var made []string
+	var errs []error
+	for _, el := range standIns {
+		made = append(made, el.Kind+":"+el.Group+"/"+el.Event)
+		if err := t.RemoveProbe(el.Group, el.Event); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(made) == 0 {
+		return fmt.Errorf("%w: the kernel accepted %s:%s/%s but does not list it", ErrRefused, pl.Kind, pl.Group, pl.Event)
+	}
+	err = fmt.Errorf("%w: the kernel accepted %s:%s/%s but created %s instead (removed): it does not support %s probes",
+		ErrRefused, pl.Kind, pl.Group, pl.Event, strings.Join(made, ", "), pl.Kind)
+	return errors.Join(append([]error{err}, errs...)...)
+}
+
+// addError maps a failed uprobe_events write to the package's errors.
+func (t *Tracefs) addError(pl ProbeLine, err error) error {
+	reason := t.kernelReason()
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return fmt.Errorf("add probe %s/%s: %w", pl.Group, pl.Event, err)
+	}
+	if reason == "" {
+		reason = errno.Error()
+	}
+	switch errno {
+	case syscall.EEXIST:
+		return fmt.Errorf("%w: kernel: %s", ErrExists, reason)
+	case syscall.EINVAL, syscall.E2BIG, syscall.ERANGE, syscall.EOPNOTSUPP:
+		return fmt.Errorf("%w: kernel: %s", ErrRefused, reason)
+	}
+	return fmt.Errorf("add probe %s/%s: %w (kernel: %s)", pl.Group, pl.Event, errno, reason)
+}
+
+// RemoveProbe removes the event GRP/EVENT. A probe that a perf event holds
+// or that is enabled cannot go: the error then wraps EBUSY.
+func (t *Tracefs) RemoveProbe(group, event string) error {
+	err := t.write("-:" + group + "/" + event)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, syscall.EBUSY) {
+		return fmt.Errorf("remove probe %s/%s: %w: a perf event or an enabled trace still uses it", group, event, err)
+	}
+	if reason := t.kernelReason(); reason != "" {
+		return fmt.Errorf("remove probe %s/%s: %w (kernel: %s)", group, event, err, reason)
+	}
+	return fmt.Errorf("remove probe %s/%s: %w", group, event, err)
+}
+
+// EventID returns the tracefs id of GRP/EVENT: the perf tracepoint config
+// and the id in ptwrite headers.
+func (t *Tracefs) EventID(group, event string) (uint16, error) {
+	data, err := os.ReadFile(t.path("events", group, event, "id"))
+	if err != nil {
+		return 0, fmt.Errorf("event id of %s/%s: %w", group, event, err)
+	}
+	id, err := strconv.ParseUint(string(bytes.TrimSpace(data)), 10, 16)
+	if err != nil {
+		return 0, fmt.Errorf("event id of %s/%s: bad id %q: %w", group, event, bytes.TrimSpace(data), err)
+	}
+	return uint16(id), nil
+}
+
+// Field is one field of an event's format file.
+type Field struct {
+	Name, Type   string
+	Offset, Size int
+	Signed       bool
+}
+
+// EventFormat returns the fields of GRP/EVENT from its format file.
+func (t *Tracefs) EventFormat(group, event string) ([]Field, error) {
+	data, err := os.ReadFile(t.path("events", group, event, "format"))
+	if err != nil {
+		return nil, fmt.Errorf("format of %s/%s: %w", group, event, err)
+	}
+	fields, err := ParseFormat(data)
+	if err != nil {
+		return nil, fmt.Errorf("format of %s/%s: %w", group, event, err)
+	}
+	return fields, nil
+}
+
+// ParseFormat parses the field lines of a tracefs format file, such as
+// "\tfield:u64 arg1;\toffset:16;\tsize:8;\tsigned:0;".
+func ParseFormat(data []byte) ([]Field, error) {
+	var fields []Field
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "field:") {
+			continue
+		}
+		f, err := parseField(line)
+		if err != nil {
+			return nil, err
+		}
+		fields = append(fields, f)
+	}
+	if len(fields) == 0 {
+		return nil, fmt.Errorf("%w: format file without fields", ErrSyntax)
+	}
+	return fields, nil
+}
+
+func parseField(line string) (Field, error) {
+	var f Field
+	var seen [4]bool
+	for _, part := range strings.Split(line, ";") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		key, val, ok := strings.Cut(part, ":")
+		if !ok {
+			return f, fmt.Errorf("%w: format line %q: bad part %q", ErrSyntax, line, part)
+		}
+		var err error
+		switch key {
+		case "field":
+			i := strings.LastIndexAny(val, " \t*")
+			if i < 0 || i == len(val)-1 {
+				return f, fmt.Errorf("%w: format line %q: want TYPE NAME", ErrSyntax, line)
+			}
+			f.Type, f.Name = strings.TrimSpace(val[:i+1]), val[i+1:]
+			seen[0] = true
+		case "offset":
+			f.Offset, err = strconv.Atoi(val)
+			seen[1] = true
+		case "size":
+			f.Size, err = strconv.Atoi(val)
+			seen[2] = true
+		case "signed":
+			var n int
+			n, err = strconv.Atoi(val)
+			f.Signed = n != 0
+			seen[3] = true
+		}
+		if err != nil || f.Offset < 0 || f.Size < 0 {
+			return f, fmt.Errorf("%w: format line %q: bad %s %q", ErrSyntax, line, key, val)
+		}
+	}
+	if seen != [4]bool{true, true, true, true} {
+		return f, fmt.Errorf("%w: format line %q: want field, offset, size and signed", ErrSyntax, line)
+	}
+	return f, nil
+}
+
+// Event describes GRP/EVENT for the decoder: its id, and per argument of s
+// the name the spec gave, the type, and where a classic sample holds it.
+// The format file must list exactly the arguments of s, under their names
+// and with the sizes of their types.
+func (t *Tracefs) Event(group, event string, s *Spec) (*decode.Event, error) {
+	id, err := t.EventID(group, event)
+	if err != nil {
+		return nil, err
+	}
+	fields, err := t.EventFormat(group, event)
+	if err != nil {
+		return nil, err
+	}
+	args, err := eventArgs(fields, s)
+	if err != nil {
+		return nil, fmt.Errorf("event %s/%s: %w", group, event, err)
+	}
+	return &decode.Event{ID: id, Group: group, Name: event, Args: args}, nil
+}
+
+// eventArgs matches the argument fields of a format (those after the
+// common_* fields and __probe_ip) with the arguments of s.
+func eventArgs(fields []Field, s *Spec) ([]decode.Arg, error) {
+	var af []Field
+	for _, f := range fields {
+		if !strings.HasPrefix(f.Name, "common_") && !strings.HasPrefix(f.Name, "__probe_") {
+			af = append(af, f)
+		}
+	}
+	if len(af) != len(s.Args) {
+		return nil, fmt.Errorf("format has %d arguments, the spec %d", len(af), len(s.Args))
+	}
+	args := make([]decode.Arg, len(af))
+	for i, f := range af {
+		a := &s.Args[i]
+		if n := a.EffectiveName(i); f.Name != n {
+			return nil, fmt.Errorf("argument %d is %q in the format, %q in the spec", i+1, f.Name, n)
+		}
+		want := 8
+		if a.Type != decode.U64 {
+			want = 4
+		}
+		if f.Size != want {
+			return nil, fmt.Errorf("argument %q has size %d in the format, %d for type %v", f.Name, f.Size, want, a.Type)
+		}
+		args[i] = decode.Arg{Name: a.Name, Type: a.Type, Offset: f.Offset, Size: f.Size}
+	}
+	return args, nil
+}
+
+// ReadmeMentionsPTW tells whether the tracefs README documents ptw probes,
+// the kernel side of ptwrite uprobe support. A stock kernel may still
+// accept a ptw: line (making a classic stand-in), so AddProbe verifies every
+// write whatever this says.
+func (t *Tracefs) ReadmeMentionsPTW() (bool, error) {
+	data, err := os.ReadFile(t.path("README"))
+	if err != nil {
+		return false, fmt.Errorf("read tracefs README: %w", err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "ptw[") || strings.HasPrefix(l, "ptw:") || strings.Contains(l, " ptw[:") {
+			return true, nil
+		}
+	}
+	return false, nil
+}

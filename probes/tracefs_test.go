@@ -1,0 +1,490 @@
+package probes
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"ptfs/decode"
+)
+
+func TestMain(m *testing.M) {
+	// Claim our groups so that RemoveStale in concurrently running tests
+	// of other packages (and ours) leaves them alone.
+	c, err := ClaimProbes()
+	if err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	c.Close()
+	os.Exit(code)
+}
+
+// tracefsT returns the tracefs, skipping when the machine has none.
+func tracefsT(t *testing.T) *Tracefs {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("tracefs uprobes need root")
+	}
+	tf, err := FindTracefs()
+	if errors.Is(err, ErrNoTracefs) {
+		t.Skipf("no tracefs: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tf
+}
+
+// testGroup returns a group name unique to this process and test, and
+// removes every probe left in it when the test ends.
+func testGroup(t *testing.T, tf *Tracefs, name string) string {
+	t.Helper()
+	g := GroupName(os.Getpid(), "probes_"+name)
+	t.Cleanup(func() { cleanGroup(t, tf, g) })
+	return g
+}
+
+func cleanGroup(t *testing.T, tf *Tracefs, g string) {
+	lines, err := tf.Events()
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	for _, l := range lines {
+		if pl, err := ParseLine(l); err == nil && pl.Group == g {
+			if err := tf.RemoveProbe(pl.Group, pl.Event); err != nil && !errors.Is(err, syscall.ENOENT) {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+	}
+	if left := groupLines(t, tf, g); len(left) > 0 {
+		t.Errorf("cleanup left %q", left)
+	}
+}
+
+// cleanPath removes every probe on path (a test's own binary, whatever
+// group a kernel put it in) when the test ends.
+func cleanPath(t *testing.T, tf *Tracefs, path string) {
+	t.Cleanup(func() {
+		lines, err := tf.Events()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for _, l := range lines {
+			if pl, err := ParseLine(l); err == nil && pl.Path == path {
+				if err := tf.RemoveProbe(pl.Group, pl.Event); err != nil && !errors.Is(err, syscall.ENOENT) {
+					t.Errorf("cleanup: %v", err)
+				}
+			}
+		}
+	})
+}
+
+func groupLines(t *testing.T, tf *Tracefs, g string) []string {
+	t.Helper()
+	lines, err := tf.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range lines {
+		if pl, err := ParseLine(l); err == nil && pl.Group == g {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func siteLines(t *testing.T, tf *Tracefs, path string, off uint64) []string {
+	t.Helper()
+	lines, err := tf.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range lines {
+		if pl, err := ParseLine(l); err == nil && pl.Path == path && pl.Offset == off {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func resolve(t *testing.T, b *Binary, spec string) (*Spec, *Site) {
+	t.Helper()
+	s := mustParse(t, spec)
+	site, err := b.Resolve(s)
+	if err != nil {
+		t.Fatalf("Resolve(%q): %v", spec, err)
+	}
+	return s, site
+}
+
+func TestFindTracefs(t *testing.T) {
+	tf := tracefsT(t)
+	if !hasUprobes(tf.Dir) {
+		t.Fatalf("%s has no uprobe_events", tf.Dir)
+	}
+	// Mounting: a candidate list without tracefs makes it mount one.
+	mnt := t.TempDir()
+	got, err := findTracefs([]string{t.TempDir()}, mnt)
+	if err != nil {
+		t.Fatalf("findTracefs mounting on %s: %v", mnt, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	if got.Dir != mnt || !hasUprobes(mnt) {
+		t.Errorf("findTracefs = %+v, uprobe_events in %s: %v", got, mnt, hasUprobes(mnt))
+	}
+	_, err = findTracefs([]string{t.TempDir()}, filepath.Join(mnt, "nonexistent"))
+	if !errors.Is(err, ErrNoTracefs) {
+		t.Errorf("findTracefs on a missing mount point: %v, want ErrNoTracefs", err)
+	}
+}
+
+// hits returns the hit count of EVENT on path from uprobe_profile.
+func hits(t *testing.T, tf *Tracefs, path, event string) uint64 {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(tf.Dir, "uprobe_profile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 3 && f[0] == path && f[1] == event {
+			n, err := strconv.ParseUint(f[2], 10, 64)
+			if err != nil {
+				t.Fatalf("uprobe_profile line %q: %v", l, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("uprobe_profile has no %s %s", path, event)
+	return 0
+}
+
+// perfOpen attaches a tracepoint perf event to event id on cpu, which
+// registers the uprobe with the kernel.
+func perfOpen(t *testing.T, id uint16, cpu int) int {
+	t.Helper()
+	attr := unix.PerfEventAttr{
+		Type:        unix.PERF_TYPE_TRACEPOINT,
+		Size:        uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
+		Config:      uint64(id),
+		Sample_type: unix.PERF_SAMPLE_RAW,
+		Sample:      1,
+	}
+	fd, err := unix.PerfEventOpen(&attr, -1, cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
+	if err != nil {
+		t.Fatalf("perf_event_open tracepoint %d cpu %d: %v", id, cpu, err)
+	}
+	return fd
+}
+
+func TestAddRemoveProbe(t *testing.T) {
+	tf := tracefsT(t)
+	path := buildC(t, "sites", builds[0].flags...)
+	cleanPath(t, tf, path)
+	b := openBinary(t, path)
+	g := testGroup(t, tf, "add")
+
+	s, site := resolve(t, b, "target a=%di %si:u32 c=+0(%sp):s32")
+	line := ClassicLine(g, "tgt", path, site, s)
+	if err := tf.AddProbe(line); err != nil {
+		t.Fatalf("AddProbe(%q): %v", line, err)
+	}
+	if l := groupLines(t, tf, g); len(l) != 1 || !strings.HasPrefix(l[0], "p:"+g+"/tgt "+path+":0x") {
+		t.Fatalf("uprobe_events has %q for %s", l, g)
+	}
+
+	id, err := tf.EventID(g, "tgt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := tf.Event(g, "tgt", s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &decode.Event{ID: id, Group: g, Name: "tgt", Args: []decode.Arg{
+		{Name: "a", Type: decode.U64, Offset: 16, Size: 8},
+		{Name: "", Type: decode.U32, Offset: 24, Size: 4},
+		{Name: "c", Type: decode.S32, Offset: 28, Size: 4},
+	}}
+	if id == 0 || ev.ID != want.ID || ev.Group != g || ev.Name != "tgt" || len(ev.Args) != 3 ||
+		ev.Args[0] != want.Args[0] || ev.Args[1] != want.Args[1] || ev.Args[2] != want.Args[2] {
+		t.Errorf("Event = %+v, want %+v", ev, want)
+	}
+	fields, err := tf.EventFormat(g, "tgt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fields) != 8 || fields[4].Name != "__probe_ip" || fields[6] != (Field{"arg2", "u32", 24, 4, false}) ||
+		fields[7] != (Field{"c", "s32", 28, 4, true}) {
+		t.Errorf("EventFormat = %+v", fields)
+	}
+	// A spec that does not match the format is caught.
+	if _, err := tf.Event(g, "tgt", mustParse(t, "target a=%di")); err == nil {
+		t.Error("Event with a mismatching spec: no error")
+	}
+
+	// The probe fires at the resolved site: run the program with the
+	// uprobe registered through perf events on every CPU.
+	for cpu := 0; cpu < 2 && cpu < numCPU(t); cpu++ {
+		fd := perfOpen(t, id, cpu)
+		t.Cleanup(func() { unix.Close(fd) })
+	}
+	if out, err := exec.Command(path).CombinedOutput(); err != nil {
+		t.Fatalf("run %s: %v %s", path, err, out)
+	}
+	if n := hits(t, tf, path, "tgt"); n != 100 {
+		t.Errorf("probe on target hit %d times, want 100", n)
+	}
+
+	// The same name again, and another name at the same site.
+	if err := tf.AddProbe(line); !errors.Is(err, ErrExists) || !errors.Is(err, syscall.EEXIST) {
+		t.Errorf("AddProbe duplicate name: %v, want ErrExists", err)
+	}
+	other := ClassicLine(g, "other", path, site, &Spec{})
+	if err := tf.AddProbe(other); !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), g+"/tgt") {
+		t.Errorf("AddProbe at a used site: %v, want ErrExists naming %s/tgt", err, g)
+	}
+	if l := groupLines(t, tf, g); len(l) != 1 {
+		t.Errorf("after refused adds, uprobe_events has %q", l)
+	}
+}
+
+func numCPU(t *testing.T) int {
+	data, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "0-1" or "0": the test only needs the count of a contiguous range.
+	r := strings.TrimSpace(string(data))
+	if _, hi, ok := strings.Cut(r, "-"); ok && !strings.Contains(r, ",") {
+		n, err := strconv.Atoi(hi)
+		if err == nil {
+			return n + 1
+		}
+	}
+	return 1
+}
+
+func TestRemoveProbe(t *testing.T) {
+	tf := tracefsT(t)
+	path := buildC(t, "sites", builds[1].flags...)
+	cleanPath(t, tf, path)
+	b := openBinary(t, path)
+	g := testGroup(t, tf, "remove")
+	s, site := resolve(t, b, "sites+5 %di")
+	if err := tf.AddProbe(ClassicLine(g, "busy", path, site, s)); err != nil {
+		t.Fatal(err)
+	}
+	id, err := tf.EventID(g, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := perfOpen(t, id, 0)
+	err = tf.RemoveProbe(g, "busy")
+	unix.Close(fd)
+	if !errors.Is(err, syscall.EBUSY) || !strings.Contains(err.Error(), "perf event") {
+		t.Errorf("RemoveProbe while a perf event holds it: %v, want EBUSY", err)
+	}
+	if err := tf.RemoveProbe(g, "busy"); err != nil {
+		t.Errorf("RemoveProbe after close: %v", err)
+	}
+	if l := groupLines(t, tf, g); len(l) != 0 {
+		t.Errorf("removed probe still listed: %q", l)
+	}
+	if err := tf.RemoveProbe(g, "busy"); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("RemoveProbe of a missing probe: %v, want ENOENT", err)
+	}
+}
+
+func TestAddProbeRefused(t *testing.T) {
+	tf := tracefsT(t)
+	path := buildC(t, "sites", builds[0].flags...)
+	cleanPath(t, tf, path)
+	b := openBinary(t, path)
+	g := testGroup(t, tf, "refused")
+	_, site := resolve(t, b, "sites+5")
+
+	// A bad offset never reaches the kernel: Resolve refuses it.
+	for _, off := range []uint64{site.Offset + 1, uint64(fileSize(t, path)) + 0x1000} {
+		if _, err := b.Resolve(&Spec{Offset: off}); !errors.Is(err, ErrBadSite) {
+			t.Errorf("Resolve(0x%x): %v, want ErrBadSite", off, err)
+		}
+	}
+
+	tests := []struct {
+		line   string
+		want   error
+		reason string
+	}{
+		{"p:" + g + "/badreg " + path + ":0x" + strconv.FormatUint(site.Offset, 16) + " %ds", ErrRefused, `Invalid register name (at "%ds")`},
+		{"p:" + g + "/nofile " + path + ".missing:0x10 %di", syscall.ENOENT, "Failed to find the given file"},
+		{"p:" + g + "/9bad " + path + ":0x10", ErrRefused, "C identifiers"},
+		{"p:" + g + "/imm " + path + ":0x10 \\18446744073709551616", ErrRefused, "Invalid immediate value"},
+		{"p:" + g + "/x " + path, ErrSyntax, "PATH:OFFSET"},
+		{"p:" + g + "/far " + path + ":0x7fffffff %di", ErrBadSite, "beyond the end"},
+	}
+	for _, tt := range tests {
+		err := tf.AddProbe(tt.line)
+		if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.reason) {
+			t.Errorf("AddProbe(%q) = %v, want %v with %q", tt.line, err, tt.want, tt.reason)
+		}
+	}
+	if l := groupLines(t, tf, g); len(l) != 0 {
+		t.Errorf("refused probes left %q", l)
+	}
+}
+
+// TestAddProbePTW writes a ptw: line. A stock kernel accepts it but makes a
+// classic stand-in, which AddProbe must remove and refuse; a kernel with
+// ptwrite uprobes lists it as ptw:.
+func TestAddProbePTW(t *testing.T) {
+	tf := tracefsT(t)
+	path := buildC(t, "sites", builds[0].flags...)
+	cleanPath(t, tf, path)
+	b := openBinary(t, path)
+	g := testGroup(t, tf, "ptw")
+	s, site := resolve(t, b, "target %di %si")
+	err := tf.AddProbe(PTWLine(g, "e", path, site, s))
+	if err == nil {
+		if l := groupLines(t, tf, g); len(l) != 1 || !strings.HasPrefix(l[0], "ptw:") {
+			t.Errorf("ptw probe listed as %q", l)
+		}
+		return
+	}
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "does not support ptw probes") {
+		t.Errorf("AddProbe(ptw) on a stock kernel: %v, want ErrRefused about ptw support", err)
+	}
+	if l := siteLines(t, tf, path, site.Offset); len(l) != 0 {
+		t.Errorf("stand-in left at the site: %q", l)
+	}
+}
+
+func TestRemoveStale(t *testing.T) {
+	tf := tracefsT(t)
+	path := buildC(t, "sites", builds[0].flags...)
+	cleanPath(t, tf, path)
+	b := openBinary(t, path)
+
+	// A dead PID: a child that has exited and been reaped.
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	// A live PID that is neither ptfs nor claims its groups.
+	sleeper := exec.Command("sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
+
+	me := os.Getpid()
+	deadG := GroupName(dead.Process.Pid, "probes_stale"+strconv.Itoa(me))
+	sleepG := GroupName(sleeper.Process.Pid, "probes_stale"+strconv.Itoa(me))
+	ownG := GroupName(me, "probes_stale")
+	foreignG := "probestest" + strconv.Itoa(me)
+	groups := []string{deadG, sleepG, ownG, foreignG}
+	for _, g := range groups {
+		t.Cleanup(func() { cleanGroup(t, tf, g) })
+	}
+	// Eight instruction boundaries of "sites": a site holds one probe.
+	offs := []string{"sites", "sites+5", "sites+8", "sites+13", "sites+18", "sites+23", "sites+25", "sites+27"}
+	for i, g := range groups {
+		for j, ev := range []string{"e1", "e2"} {
+			s, site := resolve(t, b, offs[2*i+j]+" %di")
+			if err := tf.AddProbe(ClassicLine(g, ev, path, site, s)); err != nil {
+				t.Fatalf("AddProbe %s/%s: %v", g, ev, err)
+			}
+		}
+	}
+	before := map[string]int{}
+	for _, g := range groups {
+		before[g] = len(groupLines(t, tf, g))
+		if before[g] == 0 {
+			t.Fatalf("group %s has no probes", g)
+		}
+	}
+	// Only look at this test's groups: other packages' tests may run
+	// their own ptfs groups concurrently.
+	consider := func(g string) bool {
+		for _, x := range groups {
+			if g == x {
+				return true
+			}
+		}
+		return false
+	}
+	// self is not us: our own groups must survive through our claim.
+	removed, err := tf.removeStale(1, consider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, r := range removed {
+		g, _, _ := strings.Cut(r, "/")
+		if g != deadG && g != sleepG {
+			t.Errorf("RemoveStale removed %s", r)
+		}
+		n++
+	}
+	if n != before[deadG]+before[sleepG] {
+		t.Errorf("RemoveStale removed %q, want the %d events of %s and %s", removed, before[deadG]+before[sleepG], deadG, sleepG)
+	}
+	for _, g := range []string{deadG, sleepG} {
+		if l := groupLines(t, tf, g); len(l) != 0 {
+			t.Errorf("stale group %s left: %q", g, l)
+		}
+	}
+	for _, g := range []string{ownG, foreignG} {
+		if l := groupLines(t, tf, g); len(l) != before[g] {
+			t.Errorf("group %s: %d probes left of %d", g, len(l), before[g])
+		}
+	}
+	// With self our own PID, nothing of ours goes either.
+	if removed, err := tf.removeStale(me, consider); err != nil || len(removed) != 0 {
+		t.Errorf("second RemoveStale = %q, %v", removed, err)
+	}
+}
+
+func TestReadmeMentionsPTW(t *testing.T) {
+	tests := []struct {
+		readme string
+		want   bool
+	}{
+		{"\t   Format: p[:[<group>/][<event>]] <place> [<args>]\n\t           r[maxactive][:[<group>/][<event>]] <place> [<args>]\n", false},
+		{"\t   Format: p[:[<group>/][<event>]] <place> [<args>]\n\t           ptw[:[<group>/][<event>]] <place> [<args>]\n", true},
+		{"uprobe_events - ... ptwrite is not a ptw line\n", false},
+	}
+	for _, tt := range tests {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "README"), []byte(tt.readme), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := (&Tracefs{Dir: dir}).ReadmeMentionsPTW()
+		if err != nil || got != tt.want {
+			t.Errorf("ReadmeMentionsPTW(%q) = %v, %v; want %v", tt.readme, got, err, tt.want)
+		}
+	}
+	if _, err := (&Tracefs{Dir: t.TempDir()}).ReadmeMentionsPTW(); err == nil {
+		t.Error("no README: no error")
+	}
+	if _, err := tracefsT(t).ReadmeMentionsPTW(); err != nil {
+		t.Errorf("real README: %v", err)
+	}
+}

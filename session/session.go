@@ -1,0 +1,296 @@
+// Package session is the tracing engine behind a mount: its targets, their
+// probes in tracefs, the record source, and the text streams the mount
+// serves. It implements fs.Tracer and fs.Target.
+package session
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+
+	"ptfs/capture"
+	"ptfs/decode"
+	"ptfs/fs"
+	"ptfs/probes"
+)
+
+// Options configure a Session. Zero values select defaults.
+type Options struct {
+	// Mode is the wanted mode; ModeAuto picks the best the machine has.
+	Mode Mode
+	// StreamLimit bounds each records file in bytes (DefaultStreamLimit).
+	StreamLimit int
+	// RingPages is the per-CPU ring size of the record source, in pages.
+	RingPages int
+}
+
+// DefaultStreamLimit is the default bound of a records file.
+const DefaultStreamLimit = 64 << 20
+
+// Sentinel errors of the session.
+var (
+	// ErrBadName reports a target or probe name that cannot be used (EINVAL).
+	ErrBadName = fmt.Errorf("bad name: %w", syscall.EINVAL)
+	// ErrTargetExists reports a second target of the same name (EEXIST).
+	ErrTargetExists = fmt.Errorf("target exists: %w", syscall.EEXIST)
+	// ErrNoTarget reports an unknown target (ENOENT).
+	ErrNoTarget = fmt.Errorf("no such target: %w", syscall.ENOENT)
+	// ErrNoProbe reports an unknown probe (ENOENT).
+	ErrNoProbe = fmt.Errorf("no such probe: %w", syscall.ENOENT)
+	// ErrClosed reports a call after Close (ESHUTDOWN).
+	ErrClosed = fmt.Errorf("session closed: %w", syscall.ESHUTDOWN)
+)
+
+// Session is the engine of one mount.
+type Session struct {
+	opts  Options
+	pid   int
+	tfs   *probes.Tracefs
+	caps  Caps
+	mode  Mode
+	why   string
+	claim *probes.Claim
+	src   *capture.Classic
+
+	// routes maps an event id to its probe; copied on write so that the
+	// record path reads it without a lock.
+	routes atomic.Pointer[map[uint16]*probe]
+
+	mu      sync.Mutex // guards targets, groups, closed and routes writes
+	targets map[string]*Target
+	groups  map[string]bool
+	closed  bool
+}
+
+// Detect reports the machine's capabilities, mounting tracefs if needed.
+func Detect() Caps {
+	tfs, err := probes.FindTracefs()
+	dir := ""
+	if err == nil {
+		dir = tfs.Dir
+	}
+	return defaultRoots.detect(dir, err)
+}
+
+// New starts a session: it finds tracefs, picks the mode, claims this
+// process's probe groups, removes the probes that dead mounts left behind
+// and starts the record source.
+func New(opts Options) (*Session, error) {
+	if opts.Mode == "" {
+		opts.Mode = ModeAuto
+	}
+	if opts.StreamLimit <= 0 {
+		opts.StreamLimit = DefaultStreamLimit
+	}
+	tfs, terr := probes.FindTracefs()
+	dir := ""
+	if terr == nil {
+		dir = tfs.Dir
+	}
+	caps := defaultRoots.detect(dir, terr)
+	if terr != nil {
+		return nil, fmt.Errorf("tracefs: %w", terr)
+	}
+	mode, why, err := caps.Choose(opts.Mode)
+	if err != nil {
+		return nil, err
+	}
+	s := &Session{
+		opts:    opts,
+		pid:     os.Getpid(),
+		tfs:     tfs,
+		caps:    caps,
+		mode:    mode,
+		why:     why,
+		targets: map[string]*Target{},
+		groups:  map[string]bool{},
+	}
+	s.routes.Store(&map[uint16]*probe{})
+	if s.claim, err = probes.ClaimProbes(); err != nil {
+		return nil, err
+	}
+	removed, err := tfs.RemoveStale(s.pid)
+	for _, r := range removed {
+		logrus.WithField("probe", r).Info("ptfs: removed a probe left by a dead mount")
+	}
+	if err != nil {
+		logrus.WithError(err).Warn("ptfs: removing stale probes")
+	}
+	s.src, err = capture.NewClassic(capture.ClassicOptions{RingPages: opts.RingPages}, s.deliver)
+	if err != nil {
+		s.claim.Close()
+		return nil, fmt.Errorf("record source: %w", err)
+	}
+	logrus.WithFields(logrus.Fields{"mode": mode, "why": why, "tracefs": dir}).Debug("ptfs: session started")
+	return s, nil
+}
+
+// Mode returns the mode the session runs in.
+func (s *Session) Mode() Mode { return s.mode }
+
+// deliver is the record source's sink: it routes a record to its target.
+func (s *Session) deliver(r *decode.Record) {
+	p := (*s.routes.Load())[r.Event.ID]
+	if p == nil {
+		return // removed since; the source counts such samples itself
+	}
+	p.target.emit(r)
+}
+
+// setRoute adds (p != nil) or removes the route of id.
+func (s *Session) setRoute(id uint16, p *probe) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := *s.routes.Load()
+	m := make(map[uint16]*probe, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	if p != nil {
+		m[id] = p
+	} else {
+		delete(m, id)
+	}
+	s.routes.Store(&m)
+}
+
+// Status returns the root status file.
+func (s *Session) Status() []byte {
+	var b []byte
+	b = fmt.Appendf(b, "mode: %s\nreason: %s\n", s.mode, s.why)
+	b = s.caps.AppendText(b)
+	s.mu.Lock()
+	var sum decode.Counters
+	n := len(s.targets)
+	for _, t := range s.targets {
+		c := t.counters()
+		sum.Add(&c)
+	}
+	s.mu.Unlock()
+	st := s.src.Stats()
+	sum.Errors += st.Lost + st.Errors
+	b = fmt.Appendf(b, "targets: %d\n", n)
+	b = appendCaptureStats(b, st)
+	return decode.AppendSummary(b, &sum)
+}
+
+func appendCaptureStats(b []byte, st capture.ClassicStats) []byte {
+	return fmt.Appendf(b, "lost: %d (samples dropped by full kernel rings, all targets)\n"+
+		"capture errors: %d\nunknown samples: %d\nlate: %d (records out of time order)\n",
+		st.Lost, st.Errors, st.Unknown, st.Late)
+}
+
+// Targets returns the targets, sorted by name.
+func (s *Session) Targets() []fs.Target {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := make([]string, 0, len(s.targets))
+	for n := range s.targets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	out := make([]fs.Target, len(names))
+	for i, n := range names {
+		out[i] = s.targets[n]
+	}
+	return out
+}
+
+// checkName accepts a file name that can stand in the mount.
+func checkName(name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00\n") {
+		return fmt.Errorf("%q: %w", name, ErrBadName)
+	}
+	return nil
+}
+
+// AddTarget starts tracing the binary at path as target name.
+func (s *Session) AddTarget(name, path string) (fs.Target, error) {
+	t, err := s.addTarget(name, path)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (s *Session) addTarget(name, path string) (*Target, error) {
+	if err := checkName(name); err != nil {
+		return nil, fmt.Errorf("target: %w", err)
+	}
+	if name == "status" {
+		return nil, fmt.Errorf("target %q: name of a fixed file: %w", name, ErrBadName)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("target %s: %w", name, err)
+	}
+	bin, err := probes.Open(abs)
+	if err != nil {
+		return nil, fmt.Errorf("target %s: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		bin.Close()
+		return nil, ErrClosed
+	}
+	if _, ok := s.targets[name]; ok {
+		bin.Close()
+		return nil, fmt.Errorf("target %s: %w", name, ErrTargetExists)
+	}
+	// Sanitising can map two target names to one group: number the later.
+	group := probes.GroupName(s.pid, name)
+	for i := 2; s.groups[group]; i++ {
+		group = probes.GroupName(s.pid, fmt.Sprintf("%s_%d", name, i))
+	}
+	s.groups[group] = true
+	t := newTarget(s, name, abs, group, bin)
+	s.targets[name] = t
+	logrus.WithFields(logrus.Fields{"target": name, "path": abs, "group": group}).Debug("ptfs: target added")
+	return t, nil
+}
+
+// RemoveTarget removes target name and its probes.
+func (s *Session) RemoveTarget(name string) error {
+	s.mu.Lock()
+	t, ok := s.targets[name]
+	if ok {
+		delete(s.targets, name)
+	}
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("target %s: %w", name, ErrNoTarget)
+	}
+	err := t.close()
+	s.mu.Lock()
+	delete(s.groups, t.group)
+	s.mu.Unlock()
+	return err
+}
+
+// Close removes every probe of the session and stops the record source.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	ts := s.targets
+	s.targets = map[string]*Target{}
+	s.mu.Unlock()
+	var errs []error
+	for _, t := range ts {
+		errs = append(errs, t.close())
+	}
+	errs = append(errs, s.src.Close(), s.claim.Close())
+	return errors.Join(errs...)
+}

@@ -1,0 +1,345 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+
+	"ptfs/decode"
+	"ptfs/probes"
+	"ptfs/stream"
+)
+
+// Target is one traced binary of a session.
+type Target struct {
+	s     *Session
+	name  string
+	path  string
+	group string // tracefs group
+	bin   *probes.Binary
+	recs  *stream.Stream
+
+	mu     sync.Mutex // guards probes, events, closed
+	probes map[string]*probe
+	events map[string]bool // tracefs event names in use in group
+	closed bool
+
+	out  sync.Mutex // guards seq, cnt and line: the record path
+	seq  uint64
+	cnt  decode.Counters
+	line []byte
+}
+
+// probe is one file in probes/. Its working fields describe the installed
+// probe; text and err the last spec written and why it was refused.
+type probe struct {
+	target *Target
+	name   string
+
+	// The installed probe; ev == nil when none is.
+	spec   string
+	site   *probes.Site
+	ev     *decode.Event
+	tevent string // tracefs event name
+	line   string // tracefs line
+
+	// The last spec written, when it was refused.
+	badSpec string
+	err     error
+}
+
+func newTarget(s *Session, name, path, group string, bin *probes.Binary) *Target {
+	return &Target{
+		s:      s,
+		name:   name,
+		path:   path,
+		group:  group,
+		bin:    bin,
+		recs:   stream.New(s.opts.StreamLimit),
+		probes: map[string]*probe{},
+		events: map[string]bool{},
+	}
+}
+
+// Name returns the target's directory name.
+func (t *Target) Name() string { return t.name }
+
+// Path returns the binary's absolute path.
+func (t *Target) Path() string { return t.path }
+
+// Records returns the records stream.
+func (t *Target) Records() *stream.Stream { return t.recs }
+
+// Branches fails: branch tracing needs the Intel PT engine.
+func (t *Target) Branches() (*stream.Stream, error) {
+	why := t.s.caps.BranchesErr()
+	logrus.WithField("target", t.name).Warn("ptfs: " + why)
+	return nil, fmt.Errorf("%s: %w", why, syscall.EOPNOTSUPP)
+}
+
+// Symbols returns one function a line: file offset, size, demangled name.
+func (t *Target) Symbols() ([]byte, error) {
+	return probes.AppendSymbols(nil, t.bin.Functions()), nil
+}
+
+// emit formats r into the records file.
+func (t *Target) emit(r *decode.Record) {
+	t.out.Lock()
+	t.seq++
+	t.cnt.Records++
+	t.line = decode.AppendRecord(t.line[:0], t.seq, r)
+	t.recs.Append(t.line)
+	t.out.Unlock()
+}
+
+func (t *Target) counters() decode.Counters {
+	t.out.Lock()
+	defer t.out.Unlock()
+	return t.cnt
+}
+
+// Status returns the target's status file.
+func (t *Target) Status() []byte {
+	var b []byte
+	b = fmt.Appendf(b, "mode: %s\npath: %s\ntracefs group: %s\n", t.s.mode, t.path, t.group)
+	t.mu.Lock()
+	active, refused := 0, 0
+	for _, p := range t.probes {
+		if p.ev != nil {
+			active++
+		}
+		if p.err != nil {
+			refused++
+		}
+	}
+	t.mu.Unlock()
+	capture := "idle (no probe)"
+	if active > 0 {
+		capture = "running (classic uprobes, perf tracepoint rings)"
+	}
+	b = fmt.Appendf(b, "probes: %d active, %d refused\ncapture: %s\n", active, refused, capture)
+	b = fmt.Appendf(b, "branches: unavailable: %s\n", t.s.caps.BranchesErr())
+	b = fmt.Appendf(b, "records file: %d bytes, limit %d, rotations %d\n",
+		t.recs.Size(), t.recs.Limit(), t.recs.Rotations())
+	st := t.s.src.Stats()
+	b = appendCaptureStats(b, st)
+	c := t.counters()
+	// Ring losses cannot be told apart by target: every target counts them.
+	c.Errors += st.Lost + st.Errors
+	return decode.AppendSummary(b, &c)
+}
+
+// Probes returns the probe names, sorted.
+func (t *Target) Probes() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	names := make([]string, 0, len(t.probes))
+	for n := range t.probes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// ProbeText returns the probe file: the spec, then '# ' lines.
+func (t *Target) ProbeText(name string) ([]byte, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := t.probes[name]
+	if !ok {
+		return nil, false
+	}
+	var b []byte
+	if p.ev != nil {
+		b = fmt.Appendf(b, "%s\n", p.spec)
+		b = fmt.Appendf(b, "# state: installed (%s mode, event id %d)\n", t.s.mode, p.ev.ID)
+		b = fmt.Appendf(b, "# tracefs: %s\n", p.line)
+		b = appendSite(b, p.site)
+	}
+	if p.err != nil {
+		if p.ev == nil {
+			b = fmt.Appendf(b, "%s\n", p.badSpec)
+			b = fmt.Appendf(b, "# state: refused\n")
+		} else {
+			b = fmt.Appendf(b, "# refused %q, kept the probe above\n", p.badSpec)
+		}
+		b = fmt.Appendf(b, "# error: %s\n", oneLine(p.err.Error()))
+	}
+	if p.ev == nil && p.err == nil {
+		b = append(b, "# state: empty (write a spec to install a probe)\n"...)
+	}
+	return b, true
+}
+
+func appendSite(b []byte, s *probes.Site) []byte {
+	where := "no function"
+	if s.Func != "" {
+		where = s.Func + "+0x" + strconv.FormatUint(s.FuncOff, 16)
+	}
+	b = fmt.Appendf(b, "# site: %s, file offset 0x%x, address 0x%x: %s\n", where, s.Offset, s.Addr, s.Insn)
+	return fmt.Appendf(b, "# %s\n", s.Verdict)
+}
+
+func oneLine(s string) string { return strings.ReplaceAll(s, "\n", "; ") }
+
+// CreateProbe creates an empty probe file.
+func (t *Target) CreateProbe(name string) error {
+	if err := checkName(name); err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	if _, ok := t.probes[name]; !ok {
+		t.probes[name] = &probe{target: t, name: name}
+	}
+	return nil
+}
+
+// SetProbe checks spec and installs it as probe name. A working probe is
+// replaced only after the new one is installed; on any error it stays, and
+// the error is kept for the probe file.
+func (t *Target) SetProbe(name, spec string) error {
+	if err := checkName(name); err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	spec = strings.TrimRight(spec, "\n")
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	p := t.probes[name]
+	if p == nil {
+		p = &probe{target: t, name: name}
+		t.probes[name] = p
+	}
+	if p.ev != nil && spec == p.spec {
+		p.err = nil // rewriting the installed spec changes nothing
+		return nil
+	}
+	if err := t.install(p, spec); err != nil {
+		p.badSpec, p.err = spec, err
+		logrus.WithError(err).WithFields(logrus.Fields{"target": t.name, "probe": name}).Debug("ptfs: probe refused")
+		return fmt.Errorf("probe %s: %w", name, err)
+	}
+	p.err = nil
+	return nil
+}
+
+// install installs spec for p, then retires p's previous probe.
+func (t *Target) install(p *probe, spec string) error {
+	if strings.Contains(spec, "\n") {
+		return fmt.Errorf("%w: one spec per probe file, got several lines", probes.ErrSyntax)
+	}
+	sp, err := probes.Parse(spec)
+	if err != nil {
+		return err
+	}
+	site, err := t.bin.Resolve(sp)
+	if err != nil {
+		return err
+	}
+	for _, o := range t.probes {
+		if o != p && o.ev != nil && o.site.Offset == site.Offset {
+			return fmt.Errorf("%w: probe %s is at file offset 0x%x already", probes.ErrExists, o.name, site.Offset)
+		}
+	}
+	tevent := t.freeEvent(p.name)
+	line := probes.ClassicLine(t.group, tevent, t.path, site, sp)
+	if err := t.s.tfs.AddProbe(line); err != nil {
+		return err
+	}
+	ev, err := t.s.tfs.Event(t.group, tevent, sp)
+	if err == nil {
+		// Records show the mount's names; the tracefs names carry the PID.
+		ev.Group, ev.Name = "ptfs_"+t.name, p.name
+		t.s.setRoute(ev.ID, p)
+		if err = t.s.src.Add(ev); err != nil {
+			t.s.setRoute(ev.ID, nil)
+		}
+	}
+	if err != nil {
+		if rerr := t.s.tfs.RemoveProbe(t.group, tevent); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return err
+	}
+	t.events[tevent] = true
+	if p.ev != nil {
+		if rerr := t.retire(p); rerr != nil {
+			logrus.WithError(rerr).WithField("probe", p.name).Warn("ptfs: removing the replaced probe")
+		}
+	}
+	p.spec, p.site, p.ev, p.tevent, p.line = spec, site, ev, tevent, line
+	logrus.WithFields(logrus.Fields{"target": t.name, "probe": p.name, "line": line}).Debug("ptfs: probe installed")
+	return nil
+}
+
+// freeEvent returns a tracefs event name for probe that no installed probe
+// of the target uses, so that a replacement can be installed beside the
+// probe it replaces.
+func (t *Target) freeEvent(probe string) string {
+	base := probes.EventName(probe)
+	name := base
+	for i := 2; t.events[name]; i++ {
+		name = base + "_" + strconv.Itoa(i)
+	}
+	return name
+}
+
+// retire stops and removes p's installed probe.
+func (t *Target) retire(p *probe) error {
+	if p.ev == nil {
+		return nil
+	}
+	err := t.s.src.Remove(p.ev.ID)
+	t.s.setRoute(p.ev.ID, nil)
+	if rerr := t.s.tfs.RemoveProbe(t.group, p.tevent); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	delete(t.events, p.tevent)
+	p.ev, p.site = nil, nil
+	return err
+}
+
+// RemoveProbe removes probe name and its uprobe.
+func (t *Target) RemoveProbe(name string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := t.probes[name]
+	if !ok {
+		return fmt.Errorf("probe %s: %w", name, ErrNoProbe)
+	}
+	if err := t.retire(p); err != nil {
+		return fmt.Errorf("probe %s: %w", name, err)
+	}
+	delete(t.probes, name)
+	return nil
+}
+
+// close removes every probe and releases the binary.
+func (t *Target) close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	var errs []error
+	for name, p := range t.probes {
+		if err := t.retire(p); err != nil {
+			errs = append(errs, fmt.Errorf("probe %s: %w", name, err))
+		}
+	}
+	errs = append(errs, t.bin.Close())
+	return errors.Join(errs...)
+}
