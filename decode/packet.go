@@ -470,97 +470,125 @@ func (d *PacketDecoder) Next(p *Packet) error {
 // buffer (io.EOF, only when n is 0) or at bytes it cannot decode (a
 // *PacketError, as Next). Decoding a batch keeps the decoder state in
 // registers; it is the fast way through a large buffer.
-//
-// The common packets take one path without data-dependent branches (a
-// random packet mix would mispredict every one of them): a table lookup on
-// the opcode, an 8-byte load masked to the payload, IP decompression and
-// TNT bit counting done for every packet and kept by masks.
 func (d *PacketDecoder) Decode(out []Packet) (int, error) {
 	if d.failed {
 		if err := d.SyncForward(); err != nil {
 			return 0, err
 		}
 	}
+	i := 0
+	for i < len(out) {
+		if d.ctx == ctxNone {
+			i += d.fast(out[i:])
+			if i == len(out) {
+				break
+			}
+		}
+		if err := d.one(&out[i]); err != nil {
+			if i > 0 && errors.Is(err, io.EOF) {
+				return i, nil
+			}
+			return i, err
+		}
+		i++
+	}
+	return i, nil
+}
+
+// fast decodes the common packets into out until one needs more than the
+// generic step (post processing, an error, the last 16 bytes, a PEBS
+// block), and returns how many it decoded. It makes no calls, so its state
+// stays in registers.
+//
+// The generic step has no data-dependent branches (a random packet mix
+// would mispredict every one of them): a table lookup on the opcode, an
+// 8-byte load masked to the payload, and IP decompression and TNT bit
+// counting done for every packet and kept or dropped by masks.
+func (d *PacketDecoder) fast(out []Packet) int {
 	buf, pos, last := d.buf, d.pos, d.lastIP
-	for i := range out {
-		p := &out[i]
-		rem := len(buf) - pos
-		if rem <= 0 {
-			d.pos, d.lastIP = pos, last
-			if i == 0 {
-				return 0, io.EOF
-			}
-			return i, nil
-		}
-		// win is the next 16 bytes, zero-padded near the end of the
-		// buffer, so that every read below stays in bounds (no packet but
-		// CYC is longer, and CYC checks rem).
-		var win *[16]byte
-		if rem >= 16 {
-			win = (*[16]byte)(buf[pos : pos+16])
-		} else {
-			d.tail = [16]byte{}
-			copy(d.tail[:], buf[pos:])
-			win = &d.tail
-			if rem == 1 && win[0] == 2 {
-				d.pos, d.lastIP = pos, last
-				return i, d.fail(ErrTruncated)
-			}
-		}
-		b := win[0]
-		if d.ctx != ctxNone && b&7 == 4 {
-			d.pos, d.lastIP = pos, last
-			if err := d.bip(p, b, rem); err != nil {
-				return i, err
-			}
-			pos = d.pos
-			continue
-		}
+	i := 0
+	for ; i < len(out) && pos+16 <= len(buf); i++ {
+		win := (*[16]byte)(buf[pos : pos+16])
 		// Both halves are computed so that the choice compiles to a CMOV.
-		idx, ext := int(b), 256+int(win[1])
-		if b == 2 {
+		idx, ext := int(win[0]), 256+int(win[1])
+		if win[0] == 2 {
 			idx = ext
 		}
 		o := &ops[idx]
-		size := int(o.size)
-		if size > rem {
-			d.pos, d.lastIP = pos, last
-			if o.post == postMNT && rem >= 3 && win[2] != 0x88 {
-				return i, d.fail(ErrBadOpcode)
-			}
-			return i, d.fail(ErrTruncated)
-		}
 		v := binary.LittleEndian.Uint64(win[o.hdr&7:])&lowMask[o.plen&15] | uint64(o.pl8)
-
+		if o.post != postNone || v|^o.tntSel == 0 {
+			break
+		}
 		ic := &ipcInfo[o.ipc&7]
 		ip := v | last&ic.keep
 		ip = ip&^ic.sext | uint64(int64(v<<16)>>16)&ic.sext
-		newLast := last&^o.ipSel | ip&o.ipSel
-
 		n := bits.Len64(v|1) - 1
-		if v|^o.tntSel == 0 {
-			d.pos, d.lastIP = pos, last
-			return i, d.fail(ErrBadPacket) // TNT without a stop bit
-		}
-
+		p := &out[i]
 		p.Offset, p.Payload, p.IP, p.Aux = uint64(pos), v&^(o.tntSel&(1<<uint(n))), ip&o.ipSel, 0
-		p.Flags, p.Kind, p.Size, p.Bits, p.IPC, p.Type = o.flags, o.kind, uint8(size), o.bits|uint8(n)&uint8(o.tntSel), o.ipc, 0
-		if d.ctx != ctxNone && !o.keepsBlock {
-			d.ctx = ctxNone
-		}
-		if o.post != postNone {
-			d.pos, d.lastIP = pos, newLast
-			if err := d.post(p, o.post, win, v, rem); err != nil {
-				return i, err
-			}
-			pos, last = d.pos, d.lastIP
-			continue
-		}
-		pos += size
-		last = newLast
+		p.Flags, p.Kind, p.Size, p.Bits, p.IPC, p.Type = o.flags, o.kind, o.size, o.bits|uint8(n)&uint8(o.tntSel), o.ipc, 0
+		last = last&^o.ipSel | ip&o.ipSel
+		pos += int(o.size)
 	}
 	d.pos, d.lastIP = pos, last
-	return len(out), nil
+	return i
+}
+
+// one decodes a single packet of any kind, anywhere in the buffer.
+func (d *PacketDecoder) one(p *Packet) error {
+	pos, last := d.pos, d.lastIP
+	rem := len(d.buf) - pos
+	if rem <= 0 {
+		return io.EOF
+	}
+	// win is the next 16 bytes, zero-padded near the end of the buffer, so
+	// that every read below stays in bounds (no packet but CYC is longer,
+	// and CYC checks rem).
+	var win *[16]byte
+	if rem >= 16 {
+		win = (*[16]byte)(d.buf[pos : pos+16])
+	} else {
+		d.tail = [16]byte{}
+		copy(d.tail[:], d.buf[pos:])
+		win = &d.tail
+		if rem == 1 && win[0] == 2 {
+			return d.fail(ErrTruncated)
+		}
+	}
+	b := win[0]
+	if d.ctx != ctxNone && b&7 == 4 {
+		return d.bip(p, b, rem)
+	}
+	idx := int(b)
+	if b == 2 {
+		idx = 256 + int(win[1])
+	}
+	o := &ops[idx]
+	size := int(o.size)
+	if size > rem {
+		if o.post == postMNT && rem >= 3 && win[2] != 0x88 {
+			return d.fail(ErrBadOpcode)
+		}
+		return d.fail(ErrTruncated)
+	}
+	v := binary.LittleEndian.Uint64(win[o.hdr&7:])&lowMask[o.plen&15] | uint64(o.pl8)
+	if v|^o.tntSel == 0 {
+		return d.fail(ErrBadPacket) // TNT without a stop bit
+	}
+	ic := &ipcInfo[o.ipc&7]
+	ip := v | last&ic.keep
+	ip = ip&^ic.sext | uint64(int64(v<<16)>>16)&ic.sext
+	n := bits.Len64(v|1) - 1
+	p.Offset, p.Payload, p.IP, p.Aux = uint64(pos), v&^(o.tntSel&(1<<uint(n))), ip&o.ipSel, 0
+	p.Flags, p.Kind, p.Size, p.Bits, p.IPC, p.Type = o.flags, o.kind, uint8(size), o.bits|uint8(n)&uint8(o.tntSel), o.ipc, 0
+	d.lastIP = last&^o.ipSel | ip&o.ipSel
+	if d.ctx != ctxNone && !o.keepsBlock {
+		d.ctx = ctxNone
+	}
+	if o.post != postNone {
+		return d.post(p, o.post, win, v, rem)
+	}
+	d.pos = pos + size
+	return nil
 }
 
 // post finishes the less common packets and advances past them.

@@ -209,23 +209,16 @@ func (a *Assembler) run(buf []byte) {
 			return
 		}
 		a.fail()
-		if pos = resync(buf, off); pos < 0 {
+		// Resume where decoding buf in one pass would: SyncForward
+		// searches from 15 bytes before the position (decoding may have
+		// landed inside a PSB) unless the position is its sync point,
+		// which SyncSet made it; one PSB length earlier it is not.
+		if a.dec.SyncSet(uint64(max(0, off-maxPacket))) != nil || a.dec.SyncForward() != nil {
 			a.keepTail(buf[max(0, off-(maxPacket-1)):])
 			return
 		}
+		pos = int(a.dec.Pos())
 	}
-}
-
-// resync returns the offset of the PSB to resume at after a bad packet at
-// off, or -1. Like libipt's pt_pkt_sync_forward (and SyncForward), a PSB
-// that begins up to 15 bytes before the bad packet counts: decoding may have
-// landed inside one.
-func resync(buf []byte, off int) int {
-	start := max(0, off-(maxPacket-1))
-	if i := bytes.Index(buf[start:], psbBytes[:]); i >= 0 {
-		return start + i
-	}
-	return -1
 }
 
 // scan decodes the packets that records depend on or that are frequent,

@@ -140,11 +140,11 @@ func AppendValue(dst []byte, t ArgType, v uint64) []byte {
 func AppendTime(dst []byte, ns uint64) []byte {
 	dst = strconv.AppendUint(dst, ns/1e9, 10)
 	dst = append(dst, '.')
-	frac := ns % 1e9
-	for d := uint64(1e8); d > 0; d /= 10 {
-		dst = append(dst, byte('0'+frac/d%10))
-	}
-	return dst
+	// 1e9+frac has ten digits: the fraction zero-padded behind a '1'.
+	n := len(dst)
+	dst = strconv.AppendUint(dst, ns%1e9+1e9, 10)
+	copy(dst[n:], dst[n+1:])
+	return dst[:len(dst)-1]
 }
 
 // AppendManual appends a manual ptwrite line. ip is printed only when hasIP.

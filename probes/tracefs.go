@@ -150,9 +150,9 @@ func sameSite(a, b ProbeLine) bool {
 // AddProbe installs the probe of one uprobe_events line (as ClassicLine or
 // PTWLine make it) and verifies that the kernel lists exactly that event
 // with that kind afterwards. It refuses with ErrExists an event name that
-// exists or a site that another probe uses (ptwrite kernels refuse a second
-// probe at one site; the kernel would merge a second classic line of the
-// same name into one event). A kernel that accepts a line but creates
+// exists (the kernel would merge a second classic line of the same name
+// into one event) and a ptw probe at a site that another probe uses
+// (ptwrite kernels refuse a second probe at one site). A kernel that accepts a line but creates
 // something else (a stock kernel turns a ptw: line into a classic probe
 // named uprobes/p_FILE_OFF) gets the stand-in removed and the line refused.
 // An offset beyond the end of the file is refused with ErrBadSite before
@@ -181,7 +181,10 @@ func (t *Tracefs) AddProbe(line string) error {
 		if el.Group == pl.Group && el.Event == pl.Event {
 			return fmt.Errorf("%w: event %s/%s exists already", ErrExists, pl.Group, pl.Event)
 		}
-		if sameSite(el, pl) {
+		// Only ptwrite uprobes refuse a second probe at a site; classic
+		// ones share it (another tool's probe, or the probe that this
+		// one replaces).
+		if (pl.Kind == "ptw" || el.Kind == "ptw") && sameSite(el, pl) {
 			return fmt.Errorf("%w: probe %s/%s is at %s:0x%x already", ErrExists, el.Group, el.Event, pl.Path, pl.Offset)
 		}
 	}

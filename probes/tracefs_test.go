@@ -257,12 +257,24 @@ func TestAddRemoveProbe(t *testing.T) {
 	if err := tf.AddProbe(line); !errors.Is(err, ErrExists) || !errors.Is(err, syscall.EEXIST) {
 		t.Errorf("AddProbe duplicate name: %v, want ErrExists", err)
 	}
-	other := ClassicLine(g, "other", path, site, &Spec{})
-	if err := tf.AddProbe(other); !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), g+"/tgt") {
-		t.Errorf("AddProbe at a used site: %v, want ErrExists naming %s/tgt", err, g)
+	// A ptw probe at a used site is refused before the kernel sees it; a
+	// classic one shares the site, as the kernel allows.
+	ptw := PTWLine(g, "other", path, site, &Spec{})
+	if err := tf.AddProbe(ptw); !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), g+"/tgt") {
+		t.Errorf("ptw AddProbe at a used site: %v, want ErrExists naming %s/tgt", err, g)
 	}
 	if l := groupLines(t, tf, g); len(l) != 1 {
 		t.Errorf("after refused adds, uprobe_events has %q", l)
+	}
+	other := ClassicLine(g, "other", path, site, &Spec{})
+	if err := tf.AddProbe(other); err != nil {
+		t.Errorf("classic AddProbe at a used site: %v", err)
+	}
+	if l := groupLines(t, tf, g); len(l) != 2 {
+		t.Errorf("two classic probes at one site: uprobe_events has %q", l)
+	}
+	if err := tf.RemoveProbe(g, "other"); err != nil {
+		t.Error(err)
 	}
 }
 

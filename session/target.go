@@ -25,6 +25,9 @@ type Target struct {
 	bin   *probes.Binary
 	recs  *stream.Stream
 
+	symsOnce sync.Once
+	syms     []byte
+
 	mu     sync.Mutex // guards probes, events, closed
 	probes map[string]*probe
 	events map[string]bool // tracefs event names in use in group
@@ -84,8 +87,10 @@ func (t *Target) Branches() (*stream.Stream, error) {
 }
 
 // Symbols returns one function a line: file offset, size, demangled name.
+// The text is made once: every stat of the file asks for it.
 func (t *Target) Symbols() ([]byte, error) {
-	return probes.AppendSymbols(nil, t.bin.Functions()), nil
+	t.symsOnce.Do(func() { t.syms = probes.AppendSymbols(nil, t.bin.Functions()) })
+	return t.syms, nil
 }
 
 // emit formats r into the records file.

@@ -200,7 +200,15 @@ func TestBadSpecs(t *testing.T) {
 	}
 	runProg(t, bin, "10")
 	checkRecords(t, m.waitLines(10, "t", "records"), "ptfs_t/good", 10)
-	// A good overwrite replaces it.
+	// A good overwrite replaces it, at the same site or another.
+	m.setProbe("t", "good", "target b=%si")
+	if l := uprobeLines(t, m.group()); len(l) != 1 || !strings.Contains(l[0], " b=%si") {
+		t.Errorf("after replacing at the same site: %q", l)
+	}
+	runProg(t, bin, "1")
+	if got := m.waitLines(11, "t", "records"); len(got) != 11 || !strings.Contains(got[10], "record 11: event=ptfs_t/good id=") || !strings.Contains(got[10], "args=[b=1]") {
+		t.Errorf("record of the replaced probe: %q", got[10:])
+	}
 	m.setProbe("t", "good", "other %di")
 	if l := uprobeLines(t, m.group()); len(l) != 1 {
 		t.Errorf("after replacing: %q", l)
