@@ -351,11 +351,22 @@ type opInfo struct {
 	// ipSel is all ones for IP packets that carry an IP (they update the
 	// last IP); tntSel is all ones for TNT packets.
 	ipSel, tntSel uint64
+	// img is Packet's bytes from Aux on as this opcode sets them (Aux,
+	// Flags, Kind, Size; Bits, IPC, Type), stored by fast in two words.
+	img           [2]uint64
 	flags         uint16 // flags implied by the opcode
 	// keepsBlock: the packet may sit inside a PEBS block (SDM); all others
 	// end the block context.
 	keepsBlock bool
 }
+
+// Packet's layout from Aux on, which opInfo.img mirrors; the array sizes
+// are 0 (a compile error) unless the offsets are the expected ones.
+var (
+	_ [unsafe.Offsetof(Packet{}.Aux) - 24]struct{}
+	_ [24 - unsafe.Offsetof(Packet{}.Aux)]struct{}
+	_ [unsafe.Offsetof(Packet{}.Flags) - 28 + 28 - unsafe.Offsetof(Packet{}.Flags)]struct{}
+)
 
 // ops holds the first-byte opcodes at [0, 256) and the opcodes that follow
 // the 0x02 escape at [256, 512).

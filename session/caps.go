@@ -73,7 +73,7 @@ func (r roots) detect(tracefs string, tracefsErr error) Caps {
 		case bytes.Contains(readme, []byte("ptw")):
 			c.PTWUprobes = true
 		default:
-			c.PTWErr = "kernel without ptwrite uprobes (tracefs README does not mention ptw)"
+			c.PTWErr = "kernel without ptwrite uprobes: its tracefs README does not mention ptw"
 		}
 	}
 	if fi, err := os.Stat(filepath.Join(r.dev, "fuse")); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
@@ -97,7 +97,7 @@ func (r roots) detect(tracefs string, tracefsErr error) Caps {
 			c.PTWrite = true
 		}
 	} else {
-		c.IntelPTErr = "no Intel PT (" + pt + " missing)"
+		c.IntelPTErr = "no Intel PT: " + pt + " is missing"
 		c.PTWriteErr = "no Intel PT"
 	}
 	return c

@@ -436,3 +436,25 @@ func TestFiles(t *testing.T) {
 		t.Errorf("ln -s of a missing binary succeeded")
 	}
 }
+
+// `ptfs check` on this machine, and --mode=ptw where ptw cannot run.
+func TestCheckAndModes(t *testing.T) {
+	needKernel(t)
+	var out, errOut strings.Builder
+	if code := run([]string{"check"}, &out, &errOut); code != 0 {
+		t.Fatalf("check: exit %d: %s %s", code, out.String(), errOut.String())
+	}
+	for _, want := range []string{"tracefs: yes", "uprobes: yes", "fuse: yes", "intel_pt: ", "ptwrite: ", "ptw uprobes: ", "mode: classic ("} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("check output lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"mount", "--mode=ptw", t.TempDir()}, &out, &errOut); code == 0 || !strings.Contains(errOut.String(), "ptw mode") {
+		t.Errorf("mount --mode=ptw: exit %d, %q", code, errOut.String())
+	}
+	if code := run([]string{"mount", "--mode=fast", t.TempDir()}, &out, &errOut); code != 2 {
+		t.Errorf("mount --mode=fast: exit %d", code)
+	}
+}
