@@ -64,7 +64,7 @@ type Manual struct {
 // SetTimeConv (none: Time 0). The assembler allocates nothing per packet or
 // record.
 type Assembler struct {
-	events map[uint16]*Event
+	events eventTable
 	out    Output
 	conv   func(tsc uint64) uint64
 	cpu    int32
@@ -107,8 +107,60 @@ var ipPayloadSize = [8]int8{0, 2, 4, 6, 6, -1, 8, -1}
 
 // NewAssembler returns an assembler for one CPU's stream that looks event
 // ids up in events and writes to out. CPU and TID start unknown (-1).
+// The assembler keeps its own copy of the table; see SetEvents.
 func NewAssembler(events map[uint16]*Event, out Output) *Assembler {
-	return &Assembler{events: events, out: out, cpu: -1, tid: -1}
+	a := &Assembler{out: out, cpu: -1, tid: -1}
+	a.SetEvents(events)
+	return a
+}
+
+// SetEvents replaces the event table, e.g. after a probe was added. Records
+// already open keep their event.
+func (a *Assembler) SetEvents(events map[uint16]*Event) { a.events.build(events) }
+
+// eventTable is an open-addressing hash table from event id to event: a
+// lookup per record header must cost less than a Go map access, which was a
+// quarter of records-only decoding.
+type eventTable struct {
+	slots []eventSlot
+	mask  uint32
+}
+
+type eventSlot struct {
+	ev *Event
+	id uint16
+}
+
+func (t *eventTable) build(events map[uint16]*Event) {
+	size := 8
+	for size < 2*len(events) {
+		size *= 2
+	}
+	t.slots = make([]eventSlot, size)
+	t.mask = uint32(size - 1)
+	for id, ev := range events {
+		if ev == nil {
+			continue
+		}
+		i := t.hash(id)
+		for t.slots[i].ev != nil {
+			i = (i + 1) & t.mask
+		}
+		t.slots[i] = eventSlot{ev: ev, id: id}
+	}
+}
+
+func (t *eventTable) hash(id uint16) uint32 { return uint32(id) * 0x9e3779b1 >> 16 & t.mask }
+
+// get returns the event with the id, or nil. The table is never full (at
+// most half its slots are used), so the probe ends at an empty slot.
+func (t *eventTable) get(id uint16) *Event {
+	for i := t.hash(id); ; i = (i + 1) & t.mask {
+		s := &t.slots[i]
+		if s.ev == nil || s.id == id {
+			return s.ev
+		}
+	}
 }
 
 // SetCPU sets the CPU that records and manual ptwrites report.
@@ -536,7 +588,7 @@ func (a *Assembler) header(v uint64, withIP bool) {
 	a.breakRecord()
 	id := uint16(v >> 48)
 	nargs := int(v >> 40 & 0xff)
-	ev := a.events[id]
+	ev := a.events.get(id)
 	if ev == nil {
 		a.strayLeft = nargs
 		a.stray(v, withIP)
