@@ -353,14 +353,14 @@ type opInfo struct {
 	ipSel, tntSel uint64
 	// img is Packet's bytes from Aux on as this opcode sets them (Aux,
 	// Flags, Kind, Size; Bits, IPC, Type), stored by fast in two words.
-	img           [2]uint64
-	flags         uint16 // flags implied by the opcode
+	img   [2]uint64
+	flags uint16 // flags implied by the opcode
 	// keepsBlock: the packet may sit inside a PEBS block (SDM); all others
 	// end the block context.
 	keepsBlock bool
 }
 
-// Packet's layout from Aux on, which opInfo.img mirrors: each sum fails to
+// Packet's layout from Aux on, which fastOp.img mirrors: each sum fails to
 // compile (a negative uintptr constant) unless the offset is the expected one.
 const (
 	_ = (unsafe.Offsetof(Packet{}.Aux) - 24) + (24 - unsafe.Offsetof(Packet{}.Aux))
@@ -464,10 +464,57 @@ func buildOps() (t [512]opInfo) {
 	ext[0xb3] = opInfo{kind: BEP, size: 2, flags: FlagIP}
 	ext[0x13] = opInfo{kind: CFE, size: 4, hdr: 2, plen: 2, post: postCFE}
 	ext[0x53] = opInfo{kind: EVD, size: 11, hdr: 3, plen: 8, post: postEVD}
+	return t
+}
+
+// fastOp is an opcode as fast uses it: one cache line of precomputed words.
+type fastOp struct {
+	mask   uint64 // payload bytes
+	ipMask uint64 // all ones for IP packets with an IP: v is (part of) an IP
+	keep   uint64 // last-IP bits kept: all ones for packets without an IP
+	sextHi uint64 // bits 63:48 for sign-extended IPs
+	tntSel uint64 // all ones for TNT packets
+	// img is Packet's bytes from Aux on as this opcode sets them (Aux,
+	// Flags, Kind, Size; Bits, IPC, Type), stored in two words.
+	img [2]uint64
+	// meta: byte 0 the size, byte 1 the payload offset, byte 2 non-zero
+	// when fast must leave the packet to one, byte 3 constant payload bits
+	// (TNT8's byte without bit 0).
+	meta uint64
+}
+
+var fastOps = buildFastOps()
+
+// fastSize holds the packet sizes again, first bytes at [0, 256) (0 for the
+// 0x02 escape) and escaped second bytes at [256, 512): fast takes the size
+// from here, off the longer path through fastOps, because the next
+// packet's position waits for it.
+var fastSize = func() (t [512]uint8) {
 	for i := range t {
-		o := &t[i]
-		o.img[0] = uint64(o.flags)<<32 | uint64(o.kind)<<48 | uint64(o.size)<<56
-		o.img[1] = uint64(o.bits) | uint64(o.ipc)<<8
+		if i != 2 {
+			t[i] = ops[i].size
+		}
+	}
+	return t
+}()
+
+func buildFastOps() (t [512]fastOp) {
+	for i := range t {
+		o, f := &ops[i], &t[i]
+		f.mask = lowMask[o.plen&15]
+		f.keep = ^uint64(0)
+		if o.ipSel != 0 {
+			f.ipMask = ^uint64(0)
+			f.keep = ipcInfo[o.ipc&7].keep
+			f.sextHi = ipcInfo[o.ipc&7].sext &^ 0xffffffffffff
+		}
+		f.tntSel = o.tntSel
+		f.img[0] = uint64(o.flags)<<32 | uint64(o.kind)<<48 | uint64(o.size)<<56
+		f.img[1] = uint64(o.bits) | uint64(o.ipc)<<8
+		f.meta = uint64(o.size) | uint64(o.hdr&7)<<8 | uint64(o.pl8)<<24
+		if o.post != postNone {
+			f.meta |= 1 << 16
+		}
 	}
 	return t
 }
@@ -530,27 +577,23 @@ func (d *PacketDecoder) fast(out []Packet) int {
 	i := 0
 	for ; i < len(out) && pos+16 <= len(buf); i++ {
 		win := (*[16]byte)(buf[pos : pos+16])
-		// Both halves are computed so that the choice compiles to a CMOV.
-		idx, ext := int(win[0]), 256+int(win[1])
-		if win[0] == 2 {
-			idx = ext
-		}
-		o := &ops[idx]
-		v := binary.LittleEndian.Uint64(win[o.hdr&7:])&lowMask[o.plen&15] | uint64(o.pl8)
-		if o.post != postNone || v|^o.tntSel == 0 {
+		// Branch-free choice of the table half: m is all ones for 0x02.
+		m := (int(win[0]^2) - 1) >> 63
+		o := &fastOps[(int(win[0])+m&(254+int(win[1])))&511]
+		meta := o.meta
+		v := binary.LittleEndian.Uint64(win[meta>>8&7:])&o.mask | meta>>24&0xff
+		if meta&(1<<16) != 0 || v|^o.tntSel == 0 {
 			break
 		}
-		ic := &ipcInfo[o.ipc&7]
-		ip := v | last&ic.keep
-		ip = ip&^ic.sext | uint64(int64(v<<16)>>16)&ic.sext
-		n := bits.Len64(v|1) - 1
+		ip := v&o.ipMask | last&o.keep | uint64(int64(v<<16)>>16)&o.sextHi
+		n := uint64(bits.Len64(v|1) - 1)
 		p := &out[i]
-		p.Offset, p.Payload, p.IP = uint64(pos), v&^(o.tntSel&(1<<uint(n))), ip&o.ipSel
+		p.Offset, p.Payload, p.IP = uint64(pos), v&^(o.tntSel&(1<<n)), ip&o.ipMask
 		// The small fields in two stores instead of seven.
 		img := (*[2]uint64)(unsafe.Pointer(&p.Aux))
-		img[0], img[1] = o.img[0], o.img[1]|uint64(n)&o.tntSel
-		last = last&^o.ipSel | ip&o.ipSel
-		pos += int(o.size)
+		img[0], img[1] = o.img[0], o.img[1]|n&o.tntSel
+		last = ip
+		pos += int(fastSize[win[0]]) | int(fastSize[256+int(win[1])])&m
 	}
 	d.pos, d.lastIP = pos, last
 	return i

@@ -414,28 +414,47 @@ func FuzzPacketDecoder(f *testing.F) {
 	f.Add(ptenc.Generate(ptenc.Mixed, 2048, 1))
 	f.Add([]byte{0x02, 0x63, 0x80, 0x0c, 1, 2, 3, 4, 0x02, 0x33})
 	f.Fuzz(func(t *testing.T, buf []byte) {
-		d := NewPacketDecoder(buf)
-		var p Packet
-		last := -1
+		// The batch path (fast loop plus one) and the general one-packet
+		// path must agree packet for packet and error for error.
+		batch, slow := NewPacketDecoder(buf), NewPacketDecoder(buf)
+		// slowNext is Next through the general path only.
+		slowNext := func(q *Packet) error {
+			if slow.failed {
+				if err := slow.SyncForward(); err != nil {
+					return err
+				}
+			}
+			return slow.one(q)
+		}
+		var out [7]Packet
+		var q Packet
 		for steps := 0; ; steps++ {
 			if steps > 2*len(buf)+2 {
 				t.Fatalf("no progress after %d steps", steps)
 			}
-			err := d.Next(&p)
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				var pe *PacketError
-				if !errors.As(err, &pe) || pe.Offset > uint64(len(buf)) {
-					t.Fatalf("bad error %v", err)
+			n, berr := batch.Decode(out[:])
+			for _, p := range out[:n] {
+				if err := slowNext(&q); err != nil || q != p {
+					t.Fatalf("batch %+v, one %+v %v", p, q, err)
 				}
+				if p.Size == 0 || p.Offset+uint64(p.Size) > uint64(len(buf)) {
+					t.Fatalf("bad packet %+v in %d bytes", p, len(buf))
+				}
+			}
+			if berr == nil {
 				continue
 			}
-			if p.Size == 0 || p.Offset+uint64(p.Size) > uint64(len(buf)) || int(p.Offset) <= last && p.Kind != PSB {
-				t.Fatalf("bad packet %+v after offset %d in %d bytes", p, last, len(buf))
+			serr := slowNext(&q)
+			if serr == nil || serr.Error() != berr.Error() {
+				t.Fatalf("batch error %v, one %v %+v", berr, serr, q)
 			}
-			last = int(p.Offset)
+			if errors.Is(berr, io.EOF) {
+				break
+			}
+			var pe *PacketError
+			if !errors.As(berr, &pe) || pe.Offset > uint64(len(buf)) {
+				t.Fatalf("bad error %v", berr)
+			}
 		}
 		if err := WritePtdump(io.Discard, buf, PtdumpOptions{LastIP: true, Time: true, MTCFreq: 3, CPUID15EAX: 1, CPUID15EBX: 2}); err != nil {
 			t.Fatal(err)
@@ -445,23 +464,39 @@ func FuzzPacketDecoder(f *testing.F) {
 
 // BenchmarkPacketDecoder decodes a 64 MiB generated stream per profile
 // (mixed: TNT, TIP/FUP with compressed IPs, TSC/MTC/CYC, PTW, power
-// packets, PSB+ every 4 KiB).
+// packets, PSB+ every 4 KiB), in batches of 256 packets (Decode) and one
+// packet a call (Next).
 func BenchmarkPacketDecoder(b *testing.B) {
 	for _, prof := range []ptenc.Profile{ptenc.Mixed, ptenc.PTWHeavy, ptenc.TNTHeavy} {
 		buf := ptenc.Generate(prof, 64<<20, 1)
-		b.Run(prof.String(), func(b *testing.B) {
+		b.Run(prof.String()+"/batch", func(b *testing.B) {
+			b.SetBytes(int64(len(buf)))
+			b.ReportAllocs()
+			d := NewPacketDecoder(nil)
+			var out [256]Packet
+			n := 0
+			for i := 0; i < b.N; i++ {
+				d.Reset(buf)
+				for {
+					k, err := d.Decode(out[:])
+					n += k
+					if err != nil {
+						break
+					}
+				}
+			}
+			b.ReportMetric(float64(n)/float64(b.N), "packets/op")
+		})
+		b.Run(prof.String()+"/next", func(b *testing.B) {
 			b.SetBytes(int64(len(buf)))
 			b.ReportAllocs()
 			d := NewPacketDecoder(nil)
 			var p Packet
-			n := 0
 			for i := 0; i < b.N; i++ {
 				d.Reset(buf)
 				for d.Next(&p) == nil {
-					n++
 				}
 			}
-			b.ReportMetric(float64(n)/float64(b.N), "packets/op")
 		})
 	}
 }

@@ -7,8 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -625,15 +625,24 @@ func (a *Assembler) stray(v uint64, withIP bool) {
 var ErrBadEvent = errors.New("bad event description")
 
 // LoadEvents reads the probe events under a tracefs events directory (or a
-// copy of one): every DIR/GROUP/EVENT with an `id` and a `format` file whose
-// format has a `__probe_ip` field, as uprobe, kprobe and ptw events do; other
-// events are skipped. The fields after `__probe_ip` are the arguments: the
-// kernel names an unnamed argument argN (N its position from 1), which
-// becomes Name "", so that it prints as a bare value. A 4-byte field is s32
-// when signed, x32 when the print format shows it in hex, else u32; an
-// 8-byte field is u64.
+// copy of one); see LoadEventsFS.
 func LoadEvents(dir string) (map[uint16]*Event, error) {
-	groups, err := os.ReadDir(dir)
+	evs, err := LoadEventsFS(os.DirFS(dir))
+	if err != nil {
+		return nil, fmt.Errorf("load events from %s: %w", dir, err)
+	}
+	return evs, nil
+}
+
+// LoadEventsFS reads the probe events of a tracefs events tree: every
+// GROUP/EVENT with an `id` and a `format` file whose format has a
+// `__probe_ip` field, as uprobe, kprobe and ptw events do; other events are
+// skipped. The fields after `__probe_ip` are the arguments: the kernel names
+// an unnamed argument argN (N its position from 1), which becomes Name "",
+// so that it prints as a bare value. A 4-byte field is s32 when signed, x32
+// when the print format shows it in hex, else u32; an 8-byte field is u64.
+func LoadEventsFS(fsys fs.FS) (map[uint16]*Event, error) {
+	groups, err := fs.ReadDir(fsys, ".")
 	if err != nil {
 		return nil, fmt.Errorf("load events: %w", err)
 	}
@@ -642,7 +651,7 @@ func LoadEvents(dir string) (map[uint16]*Event, error) {
 		if !g.IsDir() {
 			continue
 		}
-		evs, err := os.ReadDir(filepath.Join(dir, g.Name()))
+		evs, err := fs.ReadDir(fsys, g.Name())
 		if err != nil {
 			return nil, fmt.Errorf("load events: %w", err)
 		}
@@ -650,7 +659,7 @@ func LoadEvents(dir string) (map[uint16]*Event, error) {
 			if !e.IsDir() {
 				continue
 			}
-			ev, err := loadEvent(filepath.Join(dir, g.Name(), e.Name()), g.Name(), e.Name())
+			ev, err := loadEvent(fsys, g.Name(), e.Name())
 			if err != nil {
 				return nil, err
 			}
@@ -668,29 +677,30 @@ func LoadEvents(dir string) (map[uint16]*Event, error) {
 }
 
 // loadEvent reads one event directory; nil, nil means not a probe event.
-func loadEvent(path, group, name string) (*Event, error) {
-	idb, err := os.ReadFile(filepath.Join(path, "id"))
-	if errors.Is(err, os.ErrNotExist) {
+func loadEvent(fsys fs.FS, group, name string) (*Event, error) {
+	dir := group + "/" + name
+	idb, err := fs.ReadFile(fsys, dir+"/id")
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load event %s/%s: %w", group, name, err)
+		return nil, fmt.Errorf("load event %s: %w", dir, err)
 	}
-	f, err := os.Open(filepath.Join(path, "format"))
-	if errors.Is(err, os.ErrNotExist) {
+	f, err := fsys.Open(dir + "/format")
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load event %s/%s: %w", group, name, err)
+		return nil, fmt.Errorf("load event %s: %w", dir, err)
 	}
 	defer f.Close()
 	id, err := strconv.ParseUint(strings.TrimSpace(string(idb)), 10, 16)
 	if err != nil {
-		return nil, fmt.Errorf("load event %s/%s: id %q: %w", group, name, strings.TrimSpace(string(idb)), ErrBadEvent)
+		return nil, fmt.Errorf("load event %s: id %q: %w", dir, strings.TrimSpace(string(idb)), ErrBadEvent)
 	}
 	ev, err := ParseFormat(f)
 	if err != nil {
-		return nil, fmt.Errorf("load event %s/%s: %w", group, name, err)
+		return nil, fmt.Errorf("load event %s: %w", dir, err)
 	}
 	if ev == nil {
 		return nil, nil

@@ -174,7 +174,7 @@ func TestAssembler(t *testing.T) {
 			build: func(e *ptenc.Encoder) {
 				e.PTW(ptenc.Header(0x10, 2), 8, false)
 				e.PTW(5, 8, false)
-				e.Raw(0x02, 0xff) // no such opcode
+				e.Raw(0x02, 0xff)  // no such opcode
 				e.PTW(9, 8, false) // skipped until the PSB
 				e.PSB()
 				e.PSBEnd()
@@ -771,4 +771,42 @@ func TestLoadEventsTracefs(t *testing.T) {
 	if fmt.Sprint(ev.Args) != fmt.Sprint(want) {
 		t.Errorf("args %+v, want %+v", ev.Args, want)
 	}
+}
+
+// TestEventTable checks the id lookup against a map, with colliding ids.
+func TestEventTable(t *testing.T) {
+	r := rand.New(rand.NewSource(1))
+	for _, n := range []int{0, 1, 7, 100, 5000} {
+		m := map[uint16]*Event{}
+		for len(m) < n {
+			id := uint16(r.Intn(1 << 16))
+			m[id] = &Event{ID: id}
+		}
+		var tab eventTable
+		tab.build(m)
+		for id := 0; id < 1<<16; id++ {
+			if got := tab.get(uint16(id)); got != m[uint16(id)] {
+				t.Fatalf("%d events: id %d: got %p, want %p", n, id, got, m[uint16(id)])
+			}
+		}
+	}
+}
+
+// FuzzParseFormat checks that no format text panics and that what parses
+// has sane arguments.
+func FuzzParseFormat(f *testing.F) {
+	f.Add("\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:u32 b;\toffset:24;\tsize:4;\tsigned:0;\n" +
+		"print fmt: \"(%lx) b=0x%x\", REC->__probe_ip, REC->b\n")
+	f.Add("field:int x;\toffset:1;\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		ev, err := ParseFormat(strings.NewReader(s))
+		if err != nil || ev == nil {
+			return
+		}
+		for _, a := range ev.Args {
+			if a.Type > X32 || a.Size > 8 || a.Offset < 0 {
+				t.Fatalf("arg %+v", a)
+			}
+		}
+	})
 }

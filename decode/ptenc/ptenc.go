@@ -70,7 +70,8 @@ func (e *Encoder) OVF() { e.buf = append(e.buf, 0x02, 0xf3) }
 func (e *Encoder) Stop() { e.buf = append(e.buf, 0x02, 0x83) }
 
 // TNT appends n (1 to 47) conditional branch outcomes, the oldest in bit
-// n-1 of bits, as a short TNT when n <= 6 and a long TNT otherwise.
+// n-1 of bits, as a short TNT when n <= 6 and a long TNT otherwise. Other n
+// panic: that is a bug in the calling test, not input.
 func (e *Encoder) TNT(bits uint64, n int) {
 	if n < 1 || n > 47 {
 		panic("ptenc: TNT needs 1 to 47 bits")
@@ -102,7 +103,8 @@ func (e *Encoder) IP(kind IPKind, ip uint64) {
 
 // IPC appends an IP packet with an explicit IP compression: 0 suppressed, 1
 // (2 bytes), 2 (4 bytes), 3 (6 bytes, sign-extended), 4 (6 bytes), 6 (8
-// bytes).
+// bytes). The reserved values panic (a bug in the calling test); write
+// reserved encodings with Raw.
 func (e *Encoder) IPC(kind IPKind, ipc int, ip uint64) {
 	e.buf = append(e.buf, byte(kind)|byte(ipc)<<5)
 	switch ipc {
@@ -129,7 +131,8 @@ func (e *Encoder) IPC(kind IPKind, ipc int, ip uint64) {
 }
 
 // PTW appends a PTWRITE packet with a 4- or 8-byte payload; withIP sets the
-// IP bit, which announces a FUP with the PTWRITE's address.
+// IP bit, which announces a FUP with the PTWRITE's address. Other sizes
+// panic (a bug in the calling test).
 func (e *Encoder) PTW(payload uint64, size int, withIP bool) {
 	b := byte(0x12)
 	switch size {
