@@ -219,8 +219,9 @@ func perfAttr(typ uint32, config uint64) *unix.PerfEventAttr {
 }
 
 // Add starts reading event ev: ev.ID is its tracefs id and ev.Args locate
-// its arguments in the raw sample data (see ApplyFormat). Its records point
-// to ev, so ev must not change afterwards.
+// its arguments in the raw sample data, as its tracefs format file says
+// (decode.ParseFormat). Its records point to ev, so ev must not change
+// afterwards.
 func (c *Classic) Add(ev *decode.Event) error {
 	if err := checkEvent(ev); err != nil {
 		return err

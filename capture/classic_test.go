@@ -1,6 +1,7 @@
 package capture
 
 import (
+	"bytes"
 	"debug/elf"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,16 +131,26 @@ func probe(t *testing.T, tracefs, bin string, off uint64, name, fetchargs string
 			t.Errorf("remove probe %s/%s: %v", group, name, err)
 		}
 	})
-	ev := &decode.Event{Group: group, Name: name, Args: make([]decode.Arg, len(types))}
-	for i, typ := range types {
-		ev.Args[i].Type = typ
-	}
-	format, err := os.ReadFile(filepath.Join(tracefs, "events", group, name, "format"))
+	dir := filepath.Join(tracefs, "events", group, name)
+	format, err := os.ReadFile(filepath.Join(dir, "format"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ApplyFormat(ev, format); err != nil {
-		t.Fatalf("%v\n%s", err, format)
+	ev, err := decode.ParseFormat(bytes.NewReader(format))
+	if err != nil || ev == nil || len(ev.Args) != len(types) {
+		t.Fatalf("format of %s/%s: %v, %v\n%s", group, name, ev, err, format)
+	}
+	id, err := os.ReadFile(filepath.Join(dir, "id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(id)), 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.ID, ev.Group, ev.Name = uint16(n), group, name
+	for i, typ := range types {
+		ev.Args[i].Type = typ
 	}
 	return ev
 }

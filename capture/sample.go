@@ -1,11 +1,9 @@
 package capture
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"ptfs/decode"
 
@@ -42,9 +40,6 @@ var (
 	// ErrBadEvent reports an Event whose argument layout cannot be read
 	// from a sample.
 	ErrBadEvent = errors.New("capture: bad event layout")
-	// ErrFormat reports a tracefs format file that does not describe the
-	// event's arguments.
-	ErrFormat = errors.New("capture: bad tracefs format")
 )
 
 // sample is the decoded fixed part of a classic sample; raw aliases the ring.
@@ -124,113 +119,4 @@ func checkEvent(ev *decode.Event) error {
 		}
 	}
 	return nil
-}
-
-// ApplyFormat sets ev.ID and the Offset and Size of each of ev.Args from the
-// text of the event's tracefs format file
-// (<tracefs>/events/GRP/EVENT/format). The fields after __probe_ip are the
-// probe's arguments in spec order; their number must match ev.Args and each
-// size must fit the argument's type (8 bytes for u64, 4 for the 32-bit types).
-func ApplyFormat(ev *decode.Event, format []byte) error {
-	var (
-		id     = -1
-		fields []fmtField
-		probe  bool // __probe_ip seen: later fields are arguments
-	)
-	for line := range bytes.Lines(format) {
-		line = bytes.TrimSpace(line)
-		if v, ok := bytes.CutPrefix(line, []byte("ID:")); ok {
-			n, err := strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 16)
-			if err != nil {
-				return fmt.Errorf("%w: id %q: %w", ErrFormat, v, err)
-			}
-			id = int(n)
-			continue
-		}
-		if !bytes.HasPrefix(line, []byte("field:")) {
-			continue
-		}
-		f, err := parseField(line)
-		if err != nil {
-			return err
-		}
-		if probe {
-			fields = append(fields, f)
-		} else if f.name == "__probe_ip" {
-			if f.offset+f.size > rawArgsOff {
-				return fmt.Errorf("%w: __probe_ip at %d+%d", ErrFormat, f.offset, f.size)
-			}
-			probe = true
-		}
-	}
-	switch {
-	case id < 0:
-		return fmt.Errorf("%w: no ID line", ErrFormat)
-	case !probe:
-		return fmt.Errorf("%w: no __probe_ip field (not a uprobe event)", ErrFormat)
-	case len(fields) != len(ev.Args):
-		return fmt.Errorf("%w: %d argument fields for %d arguments of %s/%s", ErrFormat, len(fields), len(ev.Args), ev.Group, ev.Name)
-	}
-	for i, f := range fields {
-		want := 4
-		if ev.Args[i].Type == decode.U64 {
-			want = 8
-		}
-		if f.size != want {
-			return fmt.Errorf("%w: field %s has size %d, argument %d of type %v needs %d", ErrFormat, f.name, f.size, i, ev.Args[i].Type, want)
-		}
-	}
-	ev.ID = uint16(id)
-	for i, f := range fields {
-		ev.Args[i].Offset, ev.Args[i].Size = f.offset, f.size
-	}
-	return checkEvent(ev)
-}
-
-// fmtField is one "field:" line of a format file.
-type fmtField struct {
-	name         string
-	offset, size int
-}
-
-// parseField parses "field:TYPE NAME;\toffset:O;\tsize:S;\tsigned:X;".
-func parseField(line []byte) (fmtField, error) {
-	var f fmtField
-	parts := bytes.Split(line, []byte(";"))
-	if len(parts) < 3 {
-		return f, fmt.Errorf("%w: field line %q", ErrFormat, line)
-	}
-	decl := bytes.TrimSpace(bytes.TrimPrefix(parts[0], []byte("field:")))
-	if i := bytes.LastIndexAny(decl, " \t"); i >= 0 {
-		decl = decl[i+1:]
-	}
-	if len(decl) == 0 {
-		return f, fmt.Errorf("%w: field without a name in %q", ErrFormat, line)
-	}
-	f.name = string(decl)
-	f.offset, f.size = -1, -1
-	for _, p := range parts[1:] {
-		k, v, ok := bytes.Cut(bytes.TrimSpace(p), []byte(":"))
-		if !ok {
-			continue
-		}
-		var dst *int
-		switch string(k) {
-		case "offset":
-			dst = &f.offset
-		case "size":
-			dst = &f.size
-		default:
-			continue
-		}
-		n, err := strconv.ParseUint(string(v), 10, 16)
-		if err != nil {
-			return f, fmt.Errorf("%w: field %s %s %q: %w", ErrFormat, f.name, k, v, err)
-		}
-		*dst = int(n)
-	}
-	if f.offset < 0 || f.size < 0 {
-		return f, fmt.Errorf("%w: field %s lacks offset or size", ErrFormat, f.name)
-	}
-	return f, nil
 }

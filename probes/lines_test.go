@@ -2,9 +2,10 @@ package probes
 
 import (
 	"errors"
-	"reflect"
 	"strings"
 	"testing"
+
+	"ptfs/decode"
 )
 
 func TestLines(t *testing.T) {
@@ -153,83 +154,29 @@ format:
 print fmt: "(%lx) arg1=0x%Lx b=%d", REC->__probe_ip, REC->arg1, REC->b
 `
 
-func TestParseFormat(t *testing.T) {
-	got, err := ParseFormat([]byte(realFormat))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []Field{
-		{"common_type", "unsigned short", 0, 2, false},
-		{"common_flags", "unsigned char", 2, 1, false},
-		{"common_preempt_count", "unsigned char", 3, 1, false},
-		{"common_pid", "int", 4, 4, true},
-		{"__probe_ip", "unsigned long", 8, 8, false},
-		{"arg1", "u64", 16, 8, false},
-		{"b", "s32", 24, 4, true},
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("ParseFormat = %+v\nwant %+v", got, want)
-	}
-	bad := []string{
-		"",
-		"name: x\nformat:\n",
-		"\tfield:u64 arg1;\toffset:x;\tsize:8;\tsigned:0;",
-		"\tfield:u64 arg1;\toffset:16;\tsize:8;",
-		"\tfield:arg1;\toffset:16;\tsize:8;\tsigned:0;",
-		"\tfield:u64 arg1;\toffset:-1;\tsize:8;\tsigned:0;",
-		"\tfield:u64 arg1;\toffset:16;\tsize 8;\tsigned:0;",
-		"\tfield:u64 ;\toffset:16;\tsize:8;\tsigned:0;",
-	}
-	for _, b := range bad {
-		if f, err := ParseFormat([]byte(b)); !errors.Is(err, ErrSyntax) {
-			t.Errorf("ParseFormat(%q) = %+v, %v; want ErrSyntax", b, f, err)
+func TestMatchArgs(t *testing.T) {
+	parse := func() []decode.Arg {
+		ev, err := decode.ParseFormat(strings.NewReader(realFormat))
+		if err != nil || ev == nil {
+			t.Fatalf("ParseFormat: %v, %v", ev, err)
 		}
+		return ev.Args
 	}
-	// Pointers and arrays keep the name apart from the type.
-	f, err := ParseFormat([]byte("\tfield:char *p;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:char comm[16];\toffset:16;\tsize:16;\tsigned:1;"))
-	if err != nil || f[0].Name != "p" || f[0].Type != "char *" || f[1].Name != "comm[16]" || f[1].Type != "char" {
-		t.Errorf("ParseFormat(pointer, array) = %+v, %v", f, err)
-	}
-}
-
-func TestEventArgs(t *testing.T) {
-	fields, err := ParseFormat([]byte(realFormat))
-	if err != nil {
-		t.Fatal(err)
-	}
-	args, err := eventArgs(fields, mustParse(t, "0x10 %di b=%si:s32"))
-	if err != nil {
+	args := parse()
+	if err := matchArgs(args, mustParse(t, "0x10 %di b=%si:s32")); err != nil {
 		t.Fatal(err)
 	}
 	if len(args) != 2 || args[0].Name != "" || args[0].Offset != 16 || args[0].Size != 8 ||
 		args[1].Name != "b" || args[1].Offset != 24 || args[1].Size != 4 || args[1].Type.String() != "s32" {
-		t.Errorf("eventArgs = %+v", args)
+		t.Errorf("matchArgs = %+v", args)
 	}
 	for _, spec := range []string{"0x10 %di", "0x10 %di c=%si:s32", "0x10 %di b=%si", "0x10 %di %si %ax"} {
-		if a, err := eventArgs(fields, mustParse(t, spec)); err == nil {
-			t.Errorf("eventArgs(%q) = %+v, want a mismatch error", spec, a)
+		if a := parse(); matchArgs(a, mustParse(t, spec)) == nil {
+			t.Errorf("matchArgs(%q) = %+v, want a mismatch error", spec, a)
 		}
 	}
 }
 
-func FuzzParseFormat(f *testing.F) {
-	f.Add([]byte(realFormat))
-	f.Add([]byte("\tfield:char comm[16];\toffset:16;\tsize:16;\tsigned:1;"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fields, err := ParseFormat(data)
-		if err != nil {
-			if !errors.Is(err, ErrSyntax) {
-				t.Fatalf("error %v is not ErrSyntax", err)
-			}
-			return
-		}
-		for _, fl := range fields {
-			if fl.Name == "" || fl.Offset < 0 || fl.Size < 0 {
-				t.Fatalf("bad field %+v", fl)
-			}
-		}
-	})
-}
 
 func FuzzParseLine(f *testing.F) {
 	f.Add("p:h3exp/a /tmp/h3x/t:0x0000000000001180 arg1=%di arg2=%si")

@@ -277,90 +277,6 @@ func (t *Tracefs) EventID(group, event string) (uint16, error) {
 	return uint16(id), nil
 }
 
-// Field is one field of an event's format file.
-type Field struct {
-	Name, Type   string
-	Offset, Size int
-	Signed       bool
-}
-
-// EventFormat returns the fields of GRP/EVENT from its format file.
-func (t *Tracefs) EventFormat(group, event string) ([]Field, error) {
-	data, err := os.ReadFile(t.path("events", group, event, "format"))
-	if err != nil {
-		return nil, fmt.Errorf("format of %s/%s: %w", group, event, err)
-	}
-	fields, err := ParseFormat(data)
-	if err != nil {
-		return nil, fmt.Errorf("format of %s/%s: %w", group, event, err)
-	}
-	return fields, nil
-}
-
-// ParseFormat parses the field lines of a tracefs format file, such as
-// "\tfield:u64 arg1;\toffset:16;\tsize:8;\tsigned:0;".
-func ParseFormat(data []byte) ([]Field, error) {
-	var fields []Field
-	for _, line := range strings.Split(string(data), "\n") {
-		line = strings.TrimSpace(line)
-		if !strings.HasPrefix(line, "field:") {
-			continue
-		}
-		f, err := parseField(line)
-		if err != nil {
-			return nil, err
-		}
-		fields = append(fields, f)
-	}
-	if len(fields) == 0 {
-		return nil, fmt.Errorf("%w: format file without fields", ErrSyntax)
-	}
-	return fields, nil
-}
-
-func parseField(line string) (Field, error) {
-	var f Field
-	var seen [4]bool
-	for _, part := range strings.Split(line, ";") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		key, val, ok := strings.Cut(part, ":")
-		if !ok {
-			return f, fmt.Errorf("%w: format line %q: bad part %q", ErrSyntax, line, part)
-		}
-		var err error
-		switch key {
-		case "field":
-			i := strings.LastIndexAny(val, " \t*")
-			if i < 0 || i == len(val)-1 {
-				return f, fmt.Errorf("%w: format line %q: want TYPE NAME", ErrSyntax, line)
-			}
-			f.Type, f.Name = strings.TrimSpace(val[:i+1]), val[i+1:]
-			seen[0] = true
-		case "offset":
-			f.Offset, err = strconv.Atoi(val)
-			seen[1] = true
-		case "size":
-			f.Size, err = strconv.Atoi(val)
-			seen[2] = true
-		case "signed":
-			var n int
-			n, err = strconv.Atoi(val)
-			f.Signed = n != 0
-			seen[3] = true
-		}
-		if err != nil || f.Offset < 0 || f.Size < 0 {
-			return f, fmt.Errorf("%w: format line %q: bad %s %q", ErrSyntax, line, key, val)
-		}
-	}
-	if seen != [4]bool{true, true, true, true} {
-		return f, fmt.Errorf("%w: format line %q: want field, offset, size and signed", ErrSyntax, line)
-	}
-	return f, nil
-}
-
 // Event describes GRP/EVENT for the decoder: its id, and per argument of s
 // the name the spec gave, the type, and where a classic sample holds it.
 // The format file must list exactly the arguments of s, under their names
@@ -370,45 +286,47 @@ func (t *Tracefs) Event(group, event string, s *Spec) (*decode.Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	fields, err := t.EventFormat(group, event)
+	f, err := os.Open(t.path("events", group, event, "format"))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("format of %s/%s: %w", group, event, err)
 	}
-	args, err := eventArgs(fields, s)
+	defer f.Close()
+	ev, err := decode.ParseFormat(f)
+	if err == nil && ev == nil {
+		err = errors.New("no __probe_ip field: not a uprobe event")
+	}
+	if err == nil {
+		err = matchArgs(ev.Args, s)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("event %s/%s: %w", group, event, err)
 	}
-	return &decode.Event{ID: id, Group: group, Name: event, Args: args}, nil
+	ev.ID, ev.Group, ev.Name = id, group, event
+	return ev, nil
 }
 
-// eventArgs matches the argument fields of a format (those after the
-// common_* fields and __probe_ip) with the arguments of s.
-func eventArgs(fields []Field, s *Spec) ([]decode.Arg, error) {
-	var af []Field
-	for _, f := range fields {
-		if !strings.HasPrefix(f.Name, "common_") && !strings.HasPrefix(f.Name, "__probe_") {
-			af = append(af, f)
-		}
+// matchArgs checks the argument fields of a format against the arguments
+// of s and gives them the spec's types (the format cannot tell u64 from
+// x64, nor always x32 from u32).
+func matchArgs(args []decode.Arg, s *Spec) error {
+	if len(args) != len(s.Args) {
+		return fmt.Errorf("format has %d arguments, the spec %d", len(args), len(s.Args))
 	}
-	if len(af) != len(s.Args) {
-		return nil, fmt.Errorf("format has %d arguments, the spec %d", len(af), len(s.Args))
-	}
-	args := make([]decode.Arg, len(af))
-	for i, f := range af {
-		a := &s.Args[i]
-		if n := a.EffectiveName(i); f.Name != n {
-			return nil, fmt.Errorf("argument %d is %q in the format, %q in the spec", i+1, f.Name, n)
+	for i := range args {
+		f, a := &args[i], &s.Args[i]
+		if f.Name != a.Name {
+			return fmt.Errorf("argument %d is %q in the format, %q in the spec", i+1, f.Name, a.EffectiveName(i))
 		}
 		want := 8
 		if a.Type != decode.U64 {
 			want = 4
 		}
 		if f.Size != want {
-			return nil, fmt.Errorf("argument %q has size %d in the format, %d for type %v", f.Name, f.Size, want, a.Type)
+			return fmt.Errorf("argument %q has size %d in the format, %d for type %v", a.EffectiveName(i), f.Size, want, a.Type)
 		}
-		args[i] = decode.Arg{Name: a.Name, Type: a.Type, Offset: f.Offset, Size: f.Size}
+		f.Type = a.Type
 	}
-	return args, nil
+	return nil
 }
 
 // ReadmeMentionsPTW tells whether the tracefs README documents ptw probes,
