@@ -2,7 +2,6 @@ package capture
 
 import (
 	"bytes"
-	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"unsafe"
 
 	"ptfs/decode"
+	"ptfs/internal/testkit"
 
 	"golang.org/x/sys/unix"
 )
@@ -78,33 +78,10 @@ func needKernel(t *testing.T) string {
 // target_nop.
 func buildTarget(t *testing.T) (bin string, offs map[string]uint64) {
 	t.Helper()
-	bin = filepath.Join(t.TempDir(), "target")
-	out, err := exec.Command("gcc", "-O1", "-o", bin, "testdata/target.c").CombinedOutput()
-	if err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
-	f, err := elf.Open(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	syms, err := f.Symbols()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin = testkit.BuildC(t, "testdata/target.c", "-O1")
 	offs = make(map[string]uint64)
-	for _, s := range syms {
-		if s.Name != "target" && s.Name != "target2" && s.Name != "target_nop" {
-			continue
-		}
-		for _, p := range f.Progs {
-			if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 && s.Value >= p.Vaddr && s.Value < p.Vaddr+p.Filesz {
-				offs[s.Name] = s.Value - p.Vaddr + p.Off
-			}
-		}
-	}
-	if len(offs) != 3 {
-		t.Fatalf("symbols target, target2, target_nop not found in %s: %v", bin, offs)
+	for _, f := range []string{"target", "target2", "target_nop"} {
+		offs[f] = testkit.FuncOffset(t, bin, f)
 	}
 	return bin, offs
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"ptfs/decode/ptenc"
+	"ptfs/internal/testkit"
 )
 
 // buildLibipt compiles the libipt harness testdata/ptpkt.c into dir, or
@@ -253,7 +254,7 @@ func TestLibiptDiff(t *testing.T) {
 		cases = append(cases, tc{fmt.Sprintf("random-%d", i), junk})
 	}
 	for _, f := range []string{"perf/intel_pt-4.14-idx0-cpu0.pt", "ptsim/run-static-ptw/trace.pt"} {
-		if d, err := os.ReadFile(filepath.Join(corpusDir(t), f)); err == nil {
+		if d, err := os.ReadFile(filepath.Join(testkit.Corpus(t), f)); err == nil {
 			cases = append(cases, tc{f, d})
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"ptfs/decode/ptenc"
+	"ptfs/internal/testkit"
 )
 
 // lines is an Output that prints what it gets in the DESIGN §5 formats.
@@ -432,17 +433,6 @@ func TestAssemblerGenerated(t *testing.T) {
 	}
 }
 
-func corpusDir(t testing.TB) string {
-	dir := os.Getenv("PTFS_CORPUS")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "shared", "corpus")
-	}
-	if _, err := os.Stat(dir); err != nil {
-		t.Skipf("corpus absent at %s (set PTFS_CORPUS): %v", dir, err)
-	}
-	return dir
-}
-
 type recordList struct {
 	recs [][2]uint64
 	man  int
@@ -454,7 +444,7 @@ func (l *recordList) Manual(*Manual)   { l.man++ }
 // TestCorpusPtsim decodes the ptsim run with a simulated ptwrite uprobe at
 // fib: exactly its 987 hits, with the registers the tracer saw.
 func TestCorpusPtsim(t *testing.T) {
-	dir := filepath.Join(corpusDir(t), "ptsim", "run-static-ptw")
+	dir := filepath.Join(testkit.Corpus(t), "ptsim", "run-static-ptw")
 	stream, err := os.ReadFile(filepath.Join(dir, "trace.pt"))
 	if err != nil {
 		t.Fatal(err)

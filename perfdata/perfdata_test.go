@@ -7,23 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-)
 
-func corpusDir(t testing.TB) string {
-	dir := os.Getenv("PTFS_CORPUS")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "shared", "corpus")
-	}
-	if _, err := os.Stat(dir); err != nil {
-		t.Skipf("corpus absent at %s (set PTFS_CORPUS): %v", dir, err)
-	}
-	return dir
-}
+	"ptfs/internal/testkit"
+)
 
 // TestCorpus extracts the two AUX buffers of a real recording and compares
 // them with the bytes extracted independently.
 func TestCorpus(t *testing.T) {
-	dir := filepath.Join(corpusDir(t), "perf")
+	dir := filepath.Join(testkit.Corpus(t), "perf")
 	data, err := os.ReadFile(filepath.Join(dir, "perf.data.intel_pt-4.14"))
 	if err != nil {
 		t.Fatal(err)

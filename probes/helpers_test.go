@@ -2,25 +2,16 @@ package probes
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
+
+	"ptfs/internal/testkit"
 )
 
 // buildC compiles testdata/NAME.c with gcc into a temp dir.
 func buildC(t testing.TB, name string, flags ...string) string {
 	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not found: cannot build the test program")
-	}
-	out := filepath.Join(t.TempDir(), name)
-	args := append([]string{"-O2", "-o", out, filepath.Join("testdata", name+".c")}, flags...)
-	if b, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
-		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, b)
-	}
-	return out
+	return testkit.BuildC(t, filepath.Join("testdata", name+".c"), flags...)
 }
 
 // openBinary opens path and closes it when the test ends.

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"ptfs/capture"
+	"ptfs/internal/testkit"
 )
 
 // BenchmarkOverhead runs a tight loop of b.N probe hits (hot %di %si, a
@@ -27,7 +28,7 @@ import (
 func BenchmarkOverhead(b *testing.B) {
 	needKernel(b)
 	bin := buildC(b, "nop5", "t", "-no-pie")
-	off := fileOffset(b, bin, "hot")
+	off := testkit.FuncOffset(b, bin, "hot")
 	b.Run("reference", func(b *testing.B) { benchReference(b, bin, off) })
 	b.Run("ptfs", func(b *testing.B) { benchPtfs(b, bin, 0) })
 	// The goal of DESIGN: no loss at 100,000 hits per second.

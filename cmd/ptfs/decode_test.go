@@ -9,18 +9,8 @@ import (
 	"testing"
 
 	"ptfs/decode/ptenc"
+	"ptfs/internal/testkit"
 )
-
-func decodeCorpus(t *testing.T) string {
-	dir := os.Getenv("PTFS_CORPUS")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "..", "shared", "corpus")
-	}
-	if _, err := os.Stat(dir); err != nil {
-		t.Skipf("corpus absent at %s (set PTFS_CORPUS): %v", dir, err)
-	}
-	return dir
-}
 
 func runDecodeT(args ...string) (code int, stdout, stderr string) {
 	var o, e bytes.Buffer
@@ -50,7 +40,7 @@ func writeEvent(t *testing.T, group, name, id string) string {
 }
 
 func TestDecodePtsim(t *testing.T) {
-	trace := filepath.Join(decodeCorpus(t), "ptsim", "run-static-ptw", "trace.pt")
+	trace := filepath.Join(testkit.Corpus(t), "ptsim", "run-static-ptw", "trace.pt")
 	events := writeEvent(t, "ptsim", "fib", "1730") // 0x6c2
 	code, out, errs := runDecodeT("--events", events, trace)
 	if code != 0 {
@@ -137,7 +127,7 @@ func TestDecodePerfData(t *testing.T) {
 }
 
 func TestDecodePackets(t *testing.T) {
-	dir := filepath.Join(decodeCorpus(t), "perf")
+	dir := filepath.Join(testkit.Corpus(t), "perf")
 	code, out, errs := runDecodeT("--packets", "--lastip", filepath.Join(dir, "perf.data.intel_pt-4.14"))
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"ptfs/internal/testkit"
 
 	"golang.org/x/sys/unix"
 )
@@ -40,42 +41,15 @@ func needKernel(t testing.TB) {
 	}
 }
 
-// buildC compiles testdata/NAME.c with flags into the test's temp dir.
+// buildC compiles testdata/NAME.c with flags into a temp dir, named out.
 func buildC(t testing.TB, name, out string, flags ...string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), out)
-	args := append([]string{"-O2", "-o", bin, filepath.Join("..", "..", "testdata", name+".c")}, flags...)
-	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-		t.Fatalf("gcc %v: %v\n%s", args, err, b)
-	}
-	return bin
-}
-
-// fileOffset returns the file offset of function sym in bin, computed with
-// debug/elf independently of ptfs.
-func fileOffset(t testing.TB, bin, sym string) uint64 {
-	t.Helper()
-	f, err := elf.Open(bin)
-	if err != nil {
+	bin := testkit.BuildC(t, filepath.Join("..", "..", "testdata", name+".c"), flags...)
+	named := filepath.Join(filepath.Dir(bin), out)
+	if err := os.Rename(bin, named); err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	syms, err := f.Symbols()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range syms {
-		if s.Name != sym {
-			continue
-		}
-		for _, p := range f.Progs {
-			if p.Type == elf.PT_LOAD && s.Value >= p.Vaddr && s.Value < p.Vaddr+p.Memsz {
-				return s.Value - p.Vaddr + p.Off
-			}
-		}
-	}
-	t.Fatalf("%s: no symbol %s", bin, sym)
-	return 0
+	return named
 }
 
 // tracefsDir returns the tracefs mount point (ptfs mounts it if needed).

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"ptfs/internal/testkit"
 )
 
 var recordRE = regexp.MustCompile(`^record (\d+): event=(\S+) id=0x[0-9a-f]+ args=\[(.*)\] tid=(\d+) cpu=(\d+) time=(\d+)\.(\d{9})$`)
@@ -48,7 +50,7 @@ func TestRecordsExact(t *testing.T) {
 		flags []string
 	}{{"nopie", []string{"-no-pie"}}, {"pie", []string{"-fPIE", "-pie"}}} {
 		bin := buildC(t, "target", "t", build.flags...)
-		off := fileOffset(t, bin, "target")
+		off := testkit.FuncOffset(t, bin, "target")
 		for _, spec := range []string{"target %di %si", fmt.Sprintf("0x%x %%di %%si", off)} {
 			t.Run(build.name+"/"+strings.Fields(spec)[0], func(t *testing.T) {
 				m := startMount(t, "t="+bin)
@@ -130,7 +132,7 @@ func TestTailFollows(t *testing.T) {
 func TestBadSpecs(t *testing.T) {
 	needKernel(t)
 	bin := buildC(t, "target", "t", "-no-pie")
-	off := fileOffset(t, bin, "target")
+	off := testkit.FuncOffset(t, bin, "target")
 	m := startMount(t, bin)
 	const (
 		einval = "Invalid argument"
@@ -220,7 +222,7 @@ func TestBadSpecs(t *testing.T) {
 func TestProbeLifetime(t *testing.T) {
 	needKernel(t)
 	bin := buildC(t, "target", "t", "-no-pie")
-	off := fileOffset(t, bin, "other")
+	off := testkit.FuncOffset(t, bin, "other")
 	// A probe that another program owns, in a group that looks like ours.
 	foreign := fmt.Sprintf("p:notptfs%d/keep %s:0x%x", os.Getpid(), bin, off)
 	if out, err := shell(fmt.Sprintf("echo %s >> %s/uprobe_events", shellQuote(foreign), tracefsDir(t))); err != nil {
@@ -392,7 +394,7 @@ func TestFiles(t *testing.T) {
 	needKernel(t)
 	bin := buildC(t, "target", "t", "-no-pie")
 	m := startMount(t, bin)
-	off := fileOffset(t, bin, "target")
+	off := testkit.FuncOffset(t, bin, "target")
 	if !regexp.MustCompile(fmt.Sprintf(`(?m)^0x%x \d+ target$`, off)).MatchString(m.read("t", "symbols")) {
 		t.Errorf("symbols has no line for target at 0x%x:\n%s", off, m.read("t", "symbols"))
 	}

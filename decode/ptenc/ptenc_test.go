@@ -5,24 +5,15 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-)
 
-func corpusDir(t testing.TB) string {
-	dir := os.Getenv("PTFS_CORPUS")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "..", "shared", "corpus")
-	}
-	if _, err := os.Stat(dir); err != nil {
-		t.Skipf("corpus absent at %s (set PTFS_CORPUS): %v", dir, err)
-	}
-	return dir
-}
+	"ptfs/internal/testkit"
+)
 
 // TestDumpAllPackets re-encodes libipt's dump-all-packets test (packets p01
 // to p54, the ones libipt 2.0 also knows) and compares with the bytes
 // libipt's pttc produced.
 func TestDumpAllPackets(t *testing.T) {
-	want, err := os.ReadFile(filepath.Join(corpusDir(t), "libipt", "dump-all-packets.pt"))
+	want, err := os.ReadFile(filepath.Join(testkit.Corpus(t), "libipt", "dump-all-packets.pt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +85,7 @@ func TestDumpAllPackets(t *testing.T) {
 
 // TestPTWFup re-encodes libipt's ptw-fup test.
 func TestPTWFup(t *testing.T) {
-	want, err := os.ReadFile(filepath.Join(corpusDir(t), "libipt", "ptw-fup.pt"))
+	want, err := os.ReadFile(filepath.Join(testkit.Corpus(t), "libipt", "ptw-fup.pt"))
 	if err != nil {
 		t.Fatal(err)
 	}

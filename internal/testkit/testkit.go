@@ -1,0 +1,92 @@
+// Package testkit holds what the tests of several packages need: the shared
+// corpus, C test programs built with gcc, and function offsets read from
+// ELF files independently of the probes package.
+package testkit
+
+import (
+	"debug/elf"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Root returns the repository root: the nearest directory above the test's
+// working directory that holds go.mod.
+func Root(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the test's directory")
+		}
+		dir = parent
+	}
+}
+
+// Corpus returns the reference corpus directory: $PTFS_CORPUS, else
+// ../shared/corpus beside the repository. It skips the test when the
+// directory is absent.
+func Corpus(t testing.TB) string {
+	t.Helper()
+	dir := os.Getenv("PTFS_CORPUS")
+	if dir == "" {
+		dir = filepath.Join(Root(t), "..", "shared", "corpus")
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Skipf("corpus absent at %s (set PTFS_CORPUS): %v", dir, err)
+	}
+	return dir
+}
+
+// BuildC compiles the C file src (relative to the test's directory) with
+// gcc -O2 and flags into the test's temp dir and returns the binary. It
+// skips the test when there is no gcc.
+func BuildC(t testing.TB, src string, flags ...string) string {
+	t.Helper()
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("gcc not found: cannot build the test program")
+	}
+	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c"))
+	args := append([]string{"-O2", "-o", out, src}, flags...)
+	if b, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, b)
+	}
+	return out
+}
+
+// FuncOffset returns the file offset of function sym in the ELF file bin,
+// through the PT_LOAD segment that maps it.
+func FuncOffset(t testing.TB, bin, sym string) uint64 {
+	t.Helper()
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.Symbols()
+	if err != nil {
+		t.Fatalf("%s: %v", bin, err)
+	}
+	for _, s := range syms {
+		if s.Name != sym || elf.ST_TYPE(s.Info) != elf.STT_FUNC {
+			continue
+		}
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_LOAD && s.Value >= p.Vaddr && s.Value < p.Vaddr+p.Filesz {
+				return s.Value - p.Vaddr + p.Off
+			}
+		}
+	}
+	t.Fatalf("%s: no function %s", bin, sym)
+	return 0
+}
