@@ -6,9 +6,10 @@ package session
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -192,11 +193,7 @@ func appendCaptureStats(b []byte, st capture.ClassicStats) []byte {
 func (s *Session) Targets() []fs.Target {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	names := make([]string, 0, len(s.targets))
-	for n := range s.targets {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(s.targets))
 	out := make([]fs.Target, len(names))
 	for i, n := range names {
 		out[i] = s.targets[n]

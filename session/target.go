@@ -3,7 +3,8 @@ package session
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -144,12 +145,7 @@ func (t *Target) Status() []byte {
 func (t *Target) Probes() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	names := make([]string, 0, len(t.probes))
-	for n := range t.probes {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
+	return slices.Sorted(maps.Keys(t.probes))
 }
 
 // ProbeText returns the probe file: the spec, then '# ' lines.
