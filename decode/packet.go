@@ -96,7 +96,8 @@ const (
 	IPCFull       = 6 // all 64 bits
 )
 
-// Packet is one decoded Intel PT packet. Next overwrites every field.
+// Packet is one decoded Intel PT packet. Next and Decode overwrite every
+// field.
 //
 // Field use by kind (fields not listed are zero):
 //
@@ -167,6 +168,7 @@ type PacketError struct {
 	Err    error  // ErrBadOpcode, ErrBadPacket or ErrTruncated
 }
 
+// Error says where and what.
 func (e *PacketError) Error() string {
 	return fmt.Sprintf("packet at offset %#x: %v", e.Offset, e.Err)
 }
@@ -185,8 +187,9 @@ const (
 	ctxBlk8
 )
 
-// PacketDecoder decodes a buffer of Intel PT bytes one packet at a time.
-// It allocates nothing after construction; Reset reuses it.
+// PacketDecoder decodes a buffer of Intel PT bytes, one packet at a time
+// (Next) or in batches (Decode). It allocates nothing after construction
+// (errors aside); Reset reuses it.
 type PacketDecoder struct {
 	buf []byte
 	// pos is the offset of the next packet; after an error, of the bad one.
@@ -351,10 +354,7 @@ type opInfo struct {
 	// ipSel is all ones for IP packets that carry an IP (they update the
 	// last IP); tntSel is all ones for TNT packets.
 	ipSel, tntSel uint64
-	// img is Packet's bytes from Aux on as this opcode sets them (Aux,
-	// Flags, Kind, Size; Bits, IPC, Type), stored by fast in two words.
-	img   [2]uint64
-	flags uint16 // flags implied by the opcode
+	flags         uint16 // flags implied by the opcode
 	// keepsBlock: the packet may sit inside a PEBS block (SDM); all others
 	// end the block context.
 	keepsBlock bool
@@ -477,26 +477,12 @@ type fastOp struct {
 	// img is Packet's bytes from Aux on as this opcode sets them (Aux,
 	// Flags, Kind, Size; Bits, IPC, Type), stored in two words.
 	img [2]uint64
-	// meta: byte 0 the size, byte 1 the payload offset, byte 2 non-zero
-	// when fast must leave the packet to one, byte 3 constant payload bits
-	// (TNT8's byte without bit 0).
+	// meta: byte 0 the size, byte 1 the payload offset, byte 2 the post
+	// class, byte 3 constant payload bits (TNT8's byte without bit 0).
 	meta uint64
 }
 
 var fastOps = buildFastOps()
-
-// fastSize holds the packet sizes again, first bytes at [0, 256) (0 for the
-// 0x02 escape) and escaped second bytes at [256, 512): fast takes the size
-// from here, off the longer path through fastOps, because the next
-// packet's position waits for it.
-var fastSize = func() (t [512]uint8) {
-	for i := range t {
-		if i != 2 {
-			t[i] = ops[i].size
-		}
-	}
-	return t
-}()
 
 func buildFastOps() (t [512]fastOp) {
 	for i := range t {
@@ -511,10 +497,7 @@ func buildFastOps() (t [512]fastOp) {
 		f.tntSel = o.tntSel
 		f.img[0] = uint64(o.flags)<<32 | uint64(o.kind)<<48 | uint64(o.size)<<56
 		f.img[1] = uint64(o.bits) | uint64(o.ipc)<<8
-		f.meta = uint64(o.size) | uint64(o.hdr&7)<<8 | uint64(o.pl8)<<24
-		if o.post != postNone {
-			f.meta |= 1 << 16
-		}
+		f.meta = uint64(o.size) | uint64(o.hdr&7)<<8 | uint64(o.post)<<16 | uint64(o.pl8)<<24
 	}
 	return t
 }
@@ -563,10 +546,9 @@ func (d *PacketDecoder) Decode(out []Packet) (int, error) {
 	return i, nil
 }
 
-// fast decodes the common packets into out until one needs more than the
-// generic step (post processing, an error, the last 16 bytes, a PEBS
-// block), and returns how many it decoded. It makes no calls, so its state
-// stays in registers.
+// fast decodes packets into out until it meets one it leaves to one (bad
+// bytes, the last 16 bytes of the buffer, a BBP) and returns how many it
+// decoded. It makes no calls, so its state stays in registers.
 //
 // The generic step has no data-dependent branches (a random packet mix
 // would mispredict every one of them): a table lookup on the opcode, an
@@ -582,8 +564,8 @@ func (d *PacketDecoder) fast(out []Packet) int {
 		o := &fastOps[(int(win[0])+m&(254+int(win[1])))&511]
 		meta := o.meta
 		v := binary.LittleEndian.Uint64(win[meta>>8&7:])&o.mask | meta>>24&0xff
-		if meta&(1<<16) != 0 || v|^o.tntSel == 0 {
-			break
+		if v|^o.tntSel == 0 {
+			break // TNT without a stop bit: one reports it
 		}
 		ip := v&o.ipMask | last&o.keep | uint64(int64(v<<16)>>16)&o.sextHi
 		n := uint64(bits.Len64(v|1) - 1)
@@ -592,8 +574,102 @@ func (d *PacketDecoder) fast(out []Packet) int {
 		// The small fields in two stores instead of seven.
 		img := (*[2]uint64)(unsafe.Pointer(&p.Aux))
 		img[0], img[1] = o.img[0], o.img[1]|n&o.tntSel
+		size := int(meta & 0xff)
+		// The less common packets are finished here too, as post does
+		// (FuzzPacketDecoder checks that both agree): leaving the loop for
+		// them costs more than the switch. Errors, PEBS blocks and unknown
+		// opcodes leave it for one.
+		if post := meta >> 16 & 0xff; post != postNone {
+			switch post {
+			case postCYC:
+				b := win[0]
+				c := uint64(b >> 3)
+				if b&4 != 0 {
+					shift := uint(5)
+					for {
+						if size >= cycMaxSize {
+							d.pos, d.lastIP = pos, last
+							return i
+						}
+						x := win[size]
+						size++
+						if shift < 64 {
+							c |= uint64(x>>1) << shift
+						}
+						shift += 7
+						if x&1 == 0 {
+							break
+						}
+					}
+				}
+				p.Payload = c
+				p.Size = uint8(size)
+			case postMode:
+				switch v >> 5 {
+				case 0:
+					p.Flags = uint16(v&1)*FlagCSL | uint16(v>>1&1)*FlagCSD | uint16(v>>2&1)*FlagIF
+				case 1:
+					p.Kind = ModeTSX
+					p.Flags = uint16(v&1)*FlagInTX | uint16(v>>1&1)*FlagAbort
+				default:
+					d.pos, d.lastIP = pos, last
+					return i
+				}
+				p.Payload = v & 0x1f
+			case postTrig:
+				f := win[1]
+				p.Flags = uint16(f>>7&1)*FlagIP | uint16(f>>5&1)*FlagMult
+				if f&0x40 != 0 {
+					p.Flags |= FlagICNTV
+					p.Aux = uint32(win[3]) | uint32(win[4])<<8
+					size = 5
+					p.Size = 5
+				}
+			case postPSB:
+				if *win != psbPattern {
+					d.pos, d.lastIP = pos, last
+					return i
+				}
+				ip = 0
+			case postPIP:
+				p.Flags = uint16(v&1) * FlagNR
+				p.Payload = v >> 1 << 5
+			case postVMCS:
+				p.Payload = v << 12
+			case postTMA:
+				if v>>24&^0x1ff != 0 || v>>16&0xff != 0 {
+					d.pos, d.lastIP = pos, last
+					return i
+				}
+				p.Payload = v & 0xffff
+				p.Aux = uint32(v >> 24)
+			case postMNT:
+				if win[2] != 0x88 {
+					d.pos, d.lastIP = pos, last
+					return i
+				}
+			case postMwait:
+				p.Payload = v & 0xffffffff
+				p.Aux = uint32(v >> 32)
+			case postPwre:
+				p.Type = uint8(v >> 8)
+				p.Flags = uint16(v>>7&1) * FlagHW
+			case postPwrx:
+				p.Type = uint8(v)
+				p.Aux = uint32(v >> 8 & 0xf)
+			case postCFE:
+				p.Type = uint8(v & 0x1f)
+				p.Flags = uint16(v>>7&1) * FlagIP
+				p.Payload = v >> 8
+			case postEVD:
+				p.Type = win[2] & 0x3f
+			default:
+				d.pos, d.lastIP = pos, last
+				return i
+			}
+		}
 		last = ip
-		pos += int(fastSize[win[0]]) | int(fastSize[256+int(win[1])])&m
+		pos += size
 	}
 	d.pos, d.lastIP = pos, last
 	return i

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"ptfs/decode/ptenc"
 )
@@ -415,11 +414,6 @@ func FuzzPacketDecoder(f *testing.F) {
 	f.Add(ptenc.Generate(ptenc.Mixed, 2048, 1))
 	f.Add([]byte{0x02, 0x63, 0x80, 0x0c, 1, 2, 3, 4, 0x02, 0x33})
 	f.Fuzz(func(t *testing.T, buf []byte) {
-		tm := time.AfterFunc(2*time.Second, func() {
-			os.WriteFile("/tmp/h1/hang.bin", buf, 0o644)
-			panic("hang")
-		})
-		defer tm.Stop()
 		// The batch path (fast loop plus one) and the general one-packet
 		// path must agree packet for packet and error for error.
 		batch, slow := NewPacketDecoder(buf), NewPacketDecoder(buf)

@@ -31,8 +31,9 @@ type PtdumpOptions struct {
 	NomFreq       uint8
 	CPUID15EAX    uint32
 	CPUID15EBX    uint32
-	// CPU is the --cpu argument ("f/m[/s]"), or "" for none. Only the
-	// unknown-CPU diagnostic is modelled; no errata workarounds are applied.
+	// CPU is the --cpu argument ("f/m[/s]"), or "" or "none". Only
+	// ptdump's diagnostic for a CPU libipt has no errata table for is
+	// modelled; no errata workarounds are applied.
 	CPU string
 }
 
@@ -62,6 +63,9 @@ func ParsePtdumpArgs(args []string) (PtdumpOptions, error) {
 		val := args[i+1]
 		i++
 		if a == "--cpu" {
+			if _, err := cpuKnown(val); err != nil {
+				return o, err
+			}
 			o.CPU = val
 			continue
 		}
@@ -90,6 +94,32 @@ func ParsePtdumpArgs(args []string) (PtdumpOptions, error) {
 		return o, fmt.Errorf("specify either --time or --tcal: %w", ErrBadOption)
 	}
 	return o, nil
+}
+
+// errataModels are the family 6 models libipt's pt_cpu_errata knows.
+var errataModels = map[uint64]bool{0x3d: true, 0x47: true, 0x4f: true, 0x56: true,
+	0x4e: true, 0x5e: true, 0x8e: true, 0x9e: true, 0x55: true, 0x66: true, 0x7d: true,
+	0x7e: true, 0x5c: true, 0x5f: true, 0x7a: true, 0x86: true}
+
+// cpuKnown parses a --cpu argument and reports whether libipt knows the
+// CPU's errata ("none" counts as known: nothing to look up).
+func cpuKnown(cpu string) (bool, error) {
+	if cpu == "" || cpu == "none" {
+		return true, nil
+	}
+	parts := strings.Split(cpu, "/")
+	if len(parts) < 2 || len(parts) > 3 {
+		return false, fmt.Errorf("--cpu %q: cpu must be specified as f/m[/s]: %w", cpu, ErrBadOption)
+	}
+	var n [3]uint64
+	for i, part := range parts {
+		v, err := strconv.ParseUint(part, 0, 16)
+		if err != nil {
+			return false, fmt.Errorf("--cpu %q: cpu must be specified as f/m[/s]: %w", cpu, ErrBadOption)
+		}
+		n[i] = v
+	}
+	return n[0] == 6 && errataModels[n[1]], nil
 }
 
 // libipt error codes that ptdump prints, as pt_errstr spells them.
@@ -669,11 +699,14 @@ func WritePtdump(w io.Writer, buf []byte, opts PtdumpOptions) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	l := NewPtdump(opts)
 	line := make([]byte, 0, 512)
-	if opts.CPU != "" && !strings.HasPrefix(opts.CPU, "6/") && opts.CPU != "none" {
+	known, err := cpuKnown(opts.CPU)
+	if err != nil {
+		return fmt.Errorf("ptdump: %w", err)
+	}
+	if !known {
 		line = appendDiag(line, 0, "failed to determine errata", pteBadCPU, true)
 	}
 	d := NewPacketDecoder(buf)
-	var err error
 	if opts.NoSync {
 		err = d.SyncSet(0)
 	} else {

@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"ptfs/decode/ptenc"
 )
 
 // ptdumpCorpus returns the shared corpus directory (PTFS_CORPUS or
@@ -228,6 +230,8 @@ func TestParsePtdumpArgs(t *testing.T) {
 			PtdumpOptions{MTCFreq: 4, CPUID15EAX: 2, CPUID15EBX: 8}, false},
 		{[]string{"--time", "--time-delta", "--nom-freq", "4"}, PtdumpOptions{Time: true, TimeDelta: true, NomFreq: 4}, false},
 		{[]string{"--cpu", "0/0"}, PtdumpOptions{CPU: "0/0"}, false},
+		{[]string{"--cpu", "6/0x5e/3"}, PtdumpOptions{CPU: "6/0x5e/3"}, false},
+		{[]string{"--cpu", "skylake"}, PtdumpOptions{}, true},
 		{[]string{"--time", "--tcal"}, PtdumpOptions{}, true},
 		{[]string{"--mtc-freq"}, PtdumpOptions{}, true},
 		{[]string{"--mtc-freq", "300"}, PtdumpOptions{}, true},
@@ -286,5 +290,28 @@ func TestPtdumpErrorLines(t *testing.T) {
 		if got.String() != c.want {
 			t.Errorf("%s:\n got %q\nwant %q", c.name, got.String(), c.want)
 		}
+	}
+}
+
+// TestPtdumpNoAlloc checks that listing allocates nothing per packet once
+// the line buffer has grown.
+func TestPtdumpNoAlloc(t *testing.T) {
+	buf := ptenc.Generate(ptenc.Mixed, 1<<16, 5)
+	pkts, errs := decodeAll(buf)
+	if len(errs) > 0 || len(pkts) == 0 {
+		t.Fatalf("%d packets, errors %v", len(pkts), errs)
+	}
+	l := NewPtdump(PtdumpOptions{LastIP: true, Time: true, TimeDelta: true, Raw: true,
+		MTCFreq: 3, CPUID15EAX: 1, CPUID15EBX: 2})
+	line := make([]byte, 0, 4096)
+	run := func() {
+		for i := range pkts {
+			p := &pkts[i]
+			line = l.AppendPacket(line[:0], p, buf[p.Offset:p.Offset+uint64(p.Size)])
+		}
+	}
+	run()
+	if allocs := testing.AllocsPerRun(3, run); allocs != 0 {
+		t.Errorf("%.1f allocations per pass over %d packets, want 0", allocs, len(pkts))
 	}
 }
