@@ -177,7 +177,6 @@ func TestMatchArgs(t *testing.T) {
 	}
 }
 
-
 func FuzzParseLine(f *testing.F) {
 	f.Add("p:h3exp/a /tmp/h3x/t:0x0000000000001180 arg1=%di arg2=%si")
 	f.Add("ptw:g/e /bin/t:0x1170%multinop %di %nopace")
