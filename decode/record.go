@@ -652,6 +652,9 @@ func LoadEventsFS(fsys fs.FS) (map[uint16]*Event, error) {
 			continue
 		}
 		evs, err := fs.ReadDir(fsys, g.Name())
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // a live tracefs: the group went away since the listing
+		}
 		if err != nil {
 			return nil, fmt.Errorf("load events: %w", err)
 		}
