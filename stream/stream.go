@@ -32,9 +32,15 @@ const DefaultLimit = 64 << 20
 // One goroutine may Append while any number read; all methods are safe for
 // concurrent use. Reads never block.
 type Stream struct {
-	mu    sync.RWMutex
-	buf   []byte
-	limit int
+	mu sync.RWMutex
+	// The content is chunks laid end to end, every chunk but the last
+	// full: appending never moves what is there, and a reader copies out
+	// of stable memory.
+	chunks [][]byte
+	n      int      // content length
+	free   [][]byte // emptied chunks, reused before allocating
+	chunk  int      // chunk capacity
+	limit  int
 
 	// size and resets are written under mu and read without it, so that
 	// polling the size (every stat of the file) never waits for a writer.
@@ -44,13 +50,17 @@ type Stream struct {
 	dropped   atomic.Uint64
 }
 
+// maxChunk is the largest chunk: big enough that a FUSE read (128 KiB)
+// rarely spans two, small enough that a short stream stays small.
+const maxChunk = 1 << 20
+
 // New returns an empty Stream holding at most limit bytes; limit <= 0
 // selects DefaultLimit.
 func New(limit int) *Stream {
 	if limit <= 0 {
 		limit = DefaultLimit
 	}
-	return &Stream{limit: limit}
+	return &Stream{limit: limit, chunk: min(limit, maxChunk)}
 }
 
 // Limit returns the bound on the content size.
@@ -63,13 +73,13 @@ func (s *Stream) Append(p []byte) {
 		return
 	}
 	s.mu.Lock()
-	if len(s.buf)+len(p) <= s.limit {
+	if s.n+len(p) <= s.limit {
 		// Common case: everything fits, no need to look for line ends.
 		s.put(p)
 	} else {
 		s.appendLines(p)
 	}
-	s.size.Store(int64(len(s.buf)))
+	s.size.Store(int64(s.n))
 	s.mu.Unlock()
 }
 
@@ -87,27 +97,49 @@ func (s *Stream) appendLines(p []byte) {
 			s.dropped.Add(1)
 			continue
 		}
-		if len(s.buf)+len(line) > s.limit {
-			s.buf = s.buf[:0]
+		if s.n+len(line) > s.limit {
+			s.empty()
 			s.rotations.Add(1)
-			s.resets.Add(1)
 		}
 		s.put(line)
 	}
 }
 
-// put appends p, which fits under the limit, growing the buffer by
-// doubling but never beyond the limit so memory stays bounded. Called with
-// mu held.
+// put appends p, which fits under the limit, filling the last chunk and
+// taking new ones from the free list or, until the limit is reached once,
+// from the allocator. Called with mu held.
 func (s *Stream) put(p []byte) {
-	need := len(s.buf) + len(p)
-	if need > cap(s.buf) {
-		c := min(max(2*cap(s.buf), need, 4096), s.limit)
-		nb := make([]byte, len(s.buf), c)
-		copy(nb, s.buf)
-		s.buf = nb
+	for len(p) > 0 {
+		last := len(s.chunks) - 1
+		if last < 0 || len(s.chunks[last]) == cap(s.chunks[last]) {
+			var c []byte
+			if k := len(s.free); k > 0 {
+				c, s.free = s.free[k-1], s.free[:k-1]
+			} else {
+				c = make([]byte, 0, s.chunk)
+			}
+			s.chunks = append(s.chunks, c)
+			last++
+		}
+		c := s.chunks[last]
+		k := min(len(p), cap(c)-len(c))
+		s.chunks[last] = append(c, p[:k]...)
+		s.n += k
+		p = p[k:]
 	}
-	s.buf = append(s.buf, p...)
+}
+
+// empty drops the content, keeping the chunks for reuse. Called with mu
+// held.
+func (s *Stream) empty() {
+	for _, c := range s.chunks {
+		s.free = append(s.free, c[:0])
+	}
+	clear(s.chunks)
+	s.chunks = s.chunks[:0]
+	s.n = 0
+	s.size.Store(0)
+	s.resets.Add(1)
 }
 
 // Size returns the current size of the file as readers see it.
@@ -122,19 +154,21 @@ func (s *Stream) ReadAt(p []byte, off int64) (int, error) {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if off >= int64(len(s.buf)) {
+	if off >= int64(s.n) {
 		return 0, io.EOF
 	}
-	return copy(p, s.buf[off:]), nil
+	got := 0
+	for i, o := int(off)/s.chunk, int(off)%s.chunk; got < len(p) && i < len(s.chunks); i, o = i+1, 0 {
+		got += copy(p[got:], s.chunks[i][o:])
+	}
+	return got, nil
 }
 
-// Truncate empties the content (`: > records`). The buffer is kept for
+// Truncate empties the content (`: > records`). The chunks are kept for
 // reuse, so the next appends do not allocate.
 func (s *Stream) Truncate() {
 	s.mu.Lock()
-	s.buf = s.buf[:0]
-	s.size.Store(0)
-	s.resets.Add(1)
+	s.empty()
 	s.mu.Unlock()
 }
 

@@ -75,8 +75,8 @@ func TestAppendBound(t *testing.T) {
 			if got := s.DroppedLines(); got != tc.dropped {
 				t.Errorf("DroppedLines = %d, want %d", got, tc.dropped)
 			}
-			if int64(cap(s.buf)) > int64(tc.limit) {
-				t.Errorf("buffer capacity %d exceeds limit %d", cap(s.buf), tc.limit)
+			if m := s.memory(); m > s.memoryBound() {
+				t.Errorf("memory %d exceeds the bound %d of limit %d", m, s.memoryBound(), tc.limit)
 			}
 		})
 	}
@@ -250,11 +250,68 @@ func FuzzAppend(f *testing.F) {
 		if got := content(t, s); got != string(model) {
 			t.Fatalf("content %q, want %q", got, model)
 		}
-		if s.Size() > int64(s.Limit()) || cap(s.buf) > s.Limit() {
-			t.Fatalf("size %d cap %d over limit %d", s.Size(), cap(s.buf), s.Limit())
+		if s.Size() > int64(s.Limit()) || s.memory() > s.memoryBound() {
+			t.Fatalf("size %d memory %d over limit %d", s.Size(), s.memory(), s.Limit())
 		}
 		if s.Rotations() != rotations || s.DroppedLines() != dropped {
 			t.Fatalf("rotations %d dropped %d, want %d %d", s.Rotations(), s.DroppedLines(), rotations, dropped)
 		}
 	})
+}
+
+// memory returns the bytes the stream holds allocated.
+func (s *Stream) memory() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	m := 0
+	for _, c := range s.chunks {
+		m += cap(c)
+	}
+	for _, c := range s.free {
+		m += cap(c)
+	}
+	return m
+}
+
+// memoryBound is the most memory a stream may hold: its limit rounded up
+// to whole chunks.
+func (s *Stream) memoryBound() int {
+	return (s.limit + s.chunk - 1) / s.chunk * s.chunk
+}
+
+// TestChunks reads across chunk boundaries and through a rotation of a
+// stream bigger than one chunk, against the same lines kept in one slice.
+func TestChunks(t *testing.T) {
+	s := New(3*maxChunk + 100)
+	var want []byte
+	for i := 0; len(want) < 2*maxChunk+maxChunk/2; i++ {
+		line := fmt.Appendf(nil, "record %d: %s\n", i, bytes.Repeat([]byte{'x'}, i%97))
+		s.Append(line)
+		want = append(want, line...)
+	}
+	if s.Size() != int64(len(want)) {
+		t.Fatalf("size %d, want %d", s.Size(), len(want))
+	}
+	buf := make([]byte, 128<<10)
+	for _, off := range []int{0, maxChunk - 10, maxChunk, 2*maxChunk - 1, len(want) - 5} {
+		n, err := s.ReadAt(buf, int64(off))
+		if err != nil {
+			t.Fatalf("ReadAt(%d): %v", off, err)
+		}
+		if end := min(off+len(buf), len(want)); !bytes.Equal(buf[:n], want[off:end]) {
+			t.Fatalf("ReadAt(%d): %d bytes differ from the content", off, n)
+		}
+	}
+	// Past the limit the stream starts over and reuses its chunks: a
+	// second round allocates nothing more.
+	for s.Rotations() == 0 {
+		s.Append(want[:maxChunk/4])
+	}
+	before := s.memory()
+	for s.Rotations() == 1 {
+		s.Append(want[:maxChunk/4])
+	}
+	if s.memory() != before || s.memory() > s.memoryBound() {
+		t.Errorf("memory %d after the second rotation, %d after the first, bound %d", s.memory(), before, s.memoryBound())
+	}
 }
