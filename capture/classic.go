@@ -49,6 +49,11 @@ const maxRingPages = 1 << 20
 // wakeup watermark, so that held-back records go out soon after Latency.
 const pollInterval = 10 * time.Millisecond
 
+// idleInterval is how long the reader sleeps when it holds no record back:
+// a hit that does not fill a ring to its watermark is read this late at
+// most, while an idle mount wakes ten times a second instead of a hundred.
+const idleInterval = 100 * time.Millisecond
+
 // maxPending bounds the records held back for ordering; beyond it the oldest
 // go out early (and may be counted Late).
 const maxPending = 1 << 16
@@ -343,13 +348,18 @@ func (c *Classic) run() {
 	defer close(c.done)
 	evs := make([]unix.EpollEvent, len(c.cpus))
 	var out []decode.Record
+	held := false // records held back for ordering: wake to release them
 	for {
 		final := false
 		select {
 		case <-c.stop:
 			final = true
 		default:
-			if _, err := unix.EpollWait(c.epfd, evs, int(pollInterval/time.Millisecond)); err != nil && !errors.Is(err, unix.EINTR) {
+			wait := idleInterval
+			if held {
+				wait = pollInterval
+			}
+			if _, err := unix.EpollWait(c.epfd, evs, int(wait/time.Millisecond)); err != nil && !errors.Is(err, unix.EINTR) {
 				c.errs.Add(1)
 				logrus.WithError(err).Debug("capture: epoll_wait")
 				time.Sleep(pollInterval)
@@ -365,6 +375,7 @@ func (c *Classic) run() {
 		c.mu.Lock()
 		c.drainLocked()
 		out = c.merge.release(watermark, out[:0])
+		held = c.merge.n > 0
 		c.mu.Unlock()
 		for i := range out {
 			c.sink(&out[i])
