@@ -117,7 +117,12 @@ func (m *mountProc) group() string { return fmt.Sprintf("ptfs%d_", m.cmd.Process
 // if any probe of it stayed in uprobe_events.
 func startMount(t testing.TB, args ...string) *mountProc {
 	t.Helper()
-	dir := t.TempDir()
+	return startMountAt(t, t.TempDir(), args...)
+}
+
+// startMountAt is startMount on a given mount point.
+func startMountAt(t testing.TB, dir string, args ...string) *mountProc {
+	t.Helper()
 	m := &mountProc{t: t, dir: dir, log: &lockedBuffer{}, done: make(chan error, 1)}
 	// Flags go before the mount point, targets after it.
 	cmdline := []string{"-v", "mount"}

@@ -300,11 +300,21 @@ func TestProbeLifetime(t *testing.T) {
 		m := startMount(t, bin)
 		m.setProbe("t", "a", "target %di")
 		group := m.group()
-		m.stop(syscall.SIGKILL)
+		m.cmd.Process.Kill()
+		err := <-m.done
+		m.done <- err
 		if l := uprobeLines(t, group); len(l) != 1 {
 			t.Fatalf("after SIGKILL the probe should still be there (nobody removed it): %q", l)
 		}
-		startMount(t, bin)
+		// The dead mount still holds the mount point (ENOTCONN): the
+		// next mount there detaches it.
+		if _, err := os.Stat(m.dir); !errors.Is(err, syscall.ENOTCONN) {
+			t.Fatalf("mount point of the killed ptfs: %v, want ENOTCONN", err)
+		}
+		next := startMountAt(t, m.dir, bin)
+		if _, err := os.Stat(next.path("t", "records")); err != nil {
+			t.Fatalf("the next mount on the dead one's mount point: %v", err)
+		}
 		if l := uprobeLines(t, group); len(l) != 0 {
 			t.Fatalf("the next mount left the dead mount's probes: %q", l)
 		}
