@@ -467,7 +467,8 @@ func buildOps() (t [512]opInfo) {
 	return t
 }
 
-// fastOp is an opcode as fast uses it: one cache line of precomputed words.
+// fastOp is an opcode as fast uses it: one cache line of precomputed
+// words, read as memory operands.
 type fastOp struct {
 	mask   uint64 // payload bytes
 	ipMask uint64 // all ones for IP packets with an IP: v is (part of) an IP
@@ -477,17 +478,59 @@ type fastOp struct {
 	// img is Packet's bytes from Aux on as this opcode sets them (Aux,
 	// Flags, Kind, Size; Bits, IPC, Type), stored in two words.
 	img [2]uint64
-	// meta: byte 0 the size, byte 1 the payload offset, byte 2 the post
-	// class, byte 3 constant payload bits (TNT8's byte without bit 0).
-	meta uint64
+	hdr uint8 // payload offset
+	pl8 uint8 // constant payload bits (TNT8: the byte without bit 0)
+	// A packet of class fastPost is finished by fastTab.post[pidx+the
+	// leaf bit if leaf is 1] (MODE's leaf picks Exec or TSX).
+	pidx, leaf uint8
 }
 
-var fastOps = buildFastOps()
+// Classes of packets in fast (fastTables.class).
+const (
+	fastNone = iota // the generic step is all
+	fastPost        // finished by a fastPostOp
+	fastCYC         // cycExt
+	fastOne         // left to one
+)
 
-func buildFastOps() (t [512]fastOp) {
-	for i := range t {
-		o, f := &ops[i], &t[i]
+// fastPostOp finishes a packet of a post class without branches: whatever
+// post does for the class, as masks, multipliers and byte offsets. The
+// fields a class does not use are zero.
+type fastPostOp struct {
+	chkMask, chkVal uint64 // valid: the first 8 bytes & chkMask == chkVal
+	pm, pmul        uint64 // Payload = v & pm * pmul (a shift left)
+	fm, fmul        uint64 // Flags = (v & fm) * fmul >> 7
+	img0            uint64 // Kind and Size (Packet's bytes 24-31)
+	am              uint64 // Aux = the 4 bytes at ahdr & am
+	ahdr, thdr, tm  uint8  // Type = the byte at thdr & tm
+}
+
+// fastTab holds fast's tables. sizeClass has the size column of ops on its
+// own: the size is what the next packet's position depends on, and a small
+// table indexed by the opcode byte is the shortest way to it.
+var fastTab = buildFastTab()
+
+type fastTables struct {
+	// ops: first bytes at [0, 256), the bytes after the 0x02 escape at
+	// [256, 512).
+	ops [512]fastOp
+	// sizeClass is the size, and above it the class (fastNone...fastOne).
+	sizeClass [512]uint16
+	post      [16]fastPostOp
+}
+
+func buildFastTab() (t fastTables) {
+	np := 1 // post[0] stays unused
+	addPost := func(p fastPostOp) uint8 {
+		t.post[np] = p
+		np++
+		return uint8(np - 1)
+	}
+	for i := range t.ops {
+		o, f := &ops[i], &t.ops[i]
+		t.sizeClass[i] = uint16(o.size)
 		f.mask = lowMask[o.plen&15]
+		f.pl8 = o.pl8
 		f.keep = ^uint64(0)
 		if o.ipSel != 0 {
 			f.ipMask = ^uint64(0)
@@ -497,8 +540,61 @@ func buildFastOps() (t [512]fastOp) {
 		f.tntSel = o.tntSel
 		f.img[0] = uint64(o.flags)<<32 | uint64(o.kind)<<48 | uint64(o.size)<<56
 		f.img[1] = uint64(o.bits) | uint64(o.ipc)<<8
-		f.meta = uint64(o.size) | uint64(o.hdr&7)<<8 | uint64(o.post)<<16 | uint64(o.pl8)<<24
+		f.hdr = o.hdr & 7
+		if o.post == postNone {
+			continue
+		}
+		img0 := uint64(o.kind)<<48 | uint64(o.size)<<56
+		all := ^uint64(0)
+		p := fastPostOp{pm: all, pmul: 1, img0: img0}
+		// The classes below follow post, case by case.
+		switch o.post {
+		case postMode:
+			// Leaf 0 (MODE.Exec) here, leaf 1 (MODE.TSX) in the next
+			// entry; bits 7:6 set are a bad leaf.
+			p.chkMask, p.pm, p.fm, p.fmul = 0xc0<<8, 0x1f, 7, 4<<7
+			f.pidx, f.leaf = addPost(p), 1
+			p.fm, p.fmul, p.img0 = 3, 32<<7, uint64(ModeTSX)<<48|uint64(o.size)<<56
+			addPost(p)
+		case postPIP:
+			p.pm, p.pmul, p.fm, p.fmul = ^uint64(1), 16, 1, uint64(FlagNR)<<7
+			f.pidx = addPost(p)
+		case postVMCS:
+			p.pmul = 1 << 12
+			f.pidx = addPost(p)
+		case postTMA:
+			// Payload byte 2 and bits 15:9 of the fast counter are reserved.
+			p.chkMask, p.pm, p.ahdr, p.am = 0xff<<32|0xfe<<48, 0xffff, 5, 0xffff
+			f.pidx = addPost(p)
+		case postMNT:
+			p.chkMask, p.chkVal = 0xff<<16, 0x88<<16
+			f.pidx = addPost(p)
+		case postMwait:
+			p.pm, p.ahdr, p.am = 0xffffffff, 6, 0xffffffff
+			f.pidx = addPost(p)
+		case postPwre:
+			p.thdr, p.tm, p.fm, p.fmul = 3, 0xff, 0x80, uint64(FlagHW)
+			f.pidx = addPost(p)
+		case postPwrx:
+			p.thdr, p.tm, p.ahdr, p.am = 2, 0xff, 3, 0xf
+			f.pidx = addPost(p)
+		case postEVD:
+			p.thdr, p.tm = 2, 0x3f
+			f.pidx = addPost(p)
+		case postCYC:
+			t.sizeClass[i] |= fastCYC << 8
+			continue
+		default:
+			// TRIG varies in size, PSB checks 16 bytes, BBP enters
+			// the block context, CFE's payload shifts right; the rest are
+			// errors.
+			t.sizeClass[i] |= fastOne << 8
+			continue
+		}
+		t.sizeClass[i] |= fastPost << 8
 	}
+	// The escape's class and size are in the other half (see fast).
+	t.sizeClass[2] = 0
 	return t
 }
 
@@ -547,132 +643,146 @@ func (d *PacketDecoder) Decode(out []Packet) (int, error) {
 }
 
 // fast decodes packets into out until it meets one it leaves to one (bad
-// bytes, the last 16 bytes of the buffer, a BBP) and returns how many it
-// decoded. It makes no calls, so its state stays in registers.
+// bytes, the last 16 bytes of the buffer, PSB, BBP, TRIG, CFE, a CYC longer
+// than 9 bytes) and returns how many it decoded. It makes no calls, so its
+// state stays in registers.
 //
-// The generic step has no data-dependent branches (a random packet mix
-// would mispredict every one of them): a table lookup on the opcode, an
-// 8-byte load masked to the payload, and IP decompression and TNT bit
-// counting done for every packet and kept or dropped by masks.
+// Its step has no data-dependent branches (a random packet mix would
+// mispredict every one of them): a table lookup on the opcode, an 8-byte
+// load masked to the payload, and IP decompression and TNT bit counting
+// done for every packet and kept or dropped by masks. Only the packets of a
+// post class (a fifth of a mixed stream) branch off, to be finished by a
+// fastPostOp's masks and multipliers, or by cycGroups for CYC.
 func (d *PacketDecoder) fast(out []Packet) int {
 	buf, pos, last := d.buf, d.pos, d.lastIP
-	i := 0
-	for ; i < len(out) && pos+16 <= len(buf); i++ {
-		win := (*[16]byte)(buf[pos : pos+16])
-		// Branch-free choice of the table half: m is all ones for 0x02.
-		m := (int(win[0]^2) - 1) >> 63
-		o := &fastOps[(int(win[0])+m&(254+int(win[1])))&511]
-		meta := o.meta
-		v := binary.LittleEndian.Uint64(win[meta>>8&7:])&o.mask | meta>>24&0xff
-		if v|^o.tntSel == 0 {
-			break // TNT without a stop bit: one reports it
-		}
-		ip := v&o.ipMask | last&o.keep | uint64(int64(v<<16)>>16)&o.sextHi
-		n := uint64(bits.Len64(v|1) - 1)
-		p := &out[i]
-		p.Offset, p.Payload, p.IP = uint64(pos), v&^(o.tntSel&(1<<n)), ip&o.ipMask
-		// The small fields in two stores instead of seven.
-		img := (*[2]uint64)(unsafe.Pointer(&p.Aux))
-		img[0], img[1] = o.img[0], o.img[1]|n&o.tntSel
-		size := int(meta & 0xff)
-		// The less common packets are finished here too, as post does
-		// (FuzzPacketDecoder checks that both agree): leaving the loop for
-		// them costs more than the switch. Errors, PEBS blocks and unknown
-		// opcodes leave it for one.
-		if post := meta >> 16 & 0xff; post != postNone {
-			switch post {
-			case postCYC:
-				b := win[0]
-				c := uint64(b >> 3)
-				if b&4 != 0 {
-					shift := uint(5)
-					for {
-						if size >= cycMaxSize {
-							d.pos, d.lastIP = pos, last
-							return i
-						}
-						x := win[size]
-						size++
-						if shift < 64 {
-							c |= uint64(x>>1) << shift
-						}
-						shift += 7
-						if x&1 == 0 {
-							break
-						}
-					}
-				}
-				p.Payload = c
-				p.Size = uint8(size)
-			case postMode:
-				switch v >> 5 {
-				case 0:
-					p.Flags = uint16(v&1)*FlagCSL | uint16(v>>1&1)*FlagCSD | uint16(v>>2&1)*FlagIF
-				case 1:
-					p.Kind = ModeTSX
-					p.Flags = uint16(v&1)*FlagInTX | uint16(v>>1&1)*FlagAbort
-				default:
-					d.pos, d.lastIP = pos, last
-					return i
-				}
-				p.Payload = v & 0x1f
-			case postTrig:
-				f := win[1]
-				p.Flags = uint16(f>>7&1)*FlagIP | uint16(f>>5&1)*FlagMult
-				if f&0x40 != 0 {
-					p.Flags |= FlagICNTV
-					p.Aux = uint32(win[3]) | uint32(win[4])<<8
-					size = 5
-					p.Size = 5
-				}
-			case postPSB:
-				if *win != psbPattern {
-					d.pos, d.lastIP = pos, last
-					return i
-				}
-				ip = 0
-			case postPIP:
-				p.Flags = uint16(v&1) * FlagNR
-				p.Payload = v >> 1 << 5
-			case postVMCS:
-				p.Payload = v << 12
-			case postTMA:
-				if v>>24&^0x1ff != 0 || v>>16&0xff != 0 {
-					d.pos, d.lastIP = pos, last
-					return i
-				}
-				p.Payload = v & 0xffff
-				p.Aux = uint32(v >> 24)
-			case postMNT:
-				if win[2] != 0x88 {
-					d.pos, d.lastIP = pos, last
-					return i
-				}
-			case postMwait:
-				p.Payload = v & 0xffffffff
-				p.Aux = uint32(v >> 32)
-			case postPwre:
-				p.Type = uint8(v >> 8)
-				p.Flags = uint16(v>>7&1) * FlagHW
-			case postPwrx:
-				p.Type = uint8(v)
-				p.Aux = uint32(v >> 8 & 0xf)
-			case postCFE:
-				p.Type = uint8(v & 0x1f)
-				p.Flags = uint16(v>>7&1) * FlagIP
-				p.Payload = v >> 8
-			case postEVD:
-				p.Type = win[2] & 0x3f
-			default:
-				d.pos, d.lastIP = pos, last
-				return i
+	end := len(buf) - 16
+	base := unsafe.Pointer(unsafe.SliceData(buf))
+	// The loops walk out by pointer, counting down the packets left (two
+	// registers, not three; pp never goes past the last element), and read
+	// buf at pos ≤ len(buf)-16 without bounds checks (no register for
+	// len(buf)).
+	const psize = unsafe.Sizeof(Packet{})
+	pp, left := unsafe.Pointer(unsafe.SliceData(out)), len(out)
+	for left > 0 && pos <= end {
+		// The inner loop decodes the packets that need nothing beyond
+		// fastOp; it leaves the others to the outer one, so that their
+		// work does not take registers from it.
+		for {
+			win := (*[16]byte)(unsafe.Add(base, pos))
+			// m is all ones for the 0x02 escape, a third of a mixed
+			// stream: a branch would mispredict, and the compiler makes no
+			// conditional move for what feeds a load address.
+			b0, b1 := int(win[0]), int(win[1])
+			m := (b0 ^ 2 - 1) >> 63
+			o := &fastTab.ops[(b0+m&(254+b1))&511]
+			// The next packet's position is the critical path: two loads
+			// of the size in parallel, from both table halves (the first
+			// half has 0 for the escape), the escape's picked by m. Early,
+			// so that b0, b1 and m are dead before the rest.
+			sc := int(fastTab.sizeClass[b0]) + int(fastTab.sizeClass[256+b1])&m
+			next := pos + sc
+			// The class, above the size, is known as early: when the branch
+			// mispredicts (a fifth of a mixed stream), it resolves early.
+			// next is wrong then, but unused.
+			if sc > 0xff {
+				break
 			}
+			v := binary.LittleEndian.Uint64(win[o.hdr&7:])&o.mask | uint64(o.pl8)
+			if v|^o.tntSel == 0 {
+				break // TNT without a stop bit: one reports it
+			}
+			ip, n := o.ipTNT(v, last)
+			p := (*Packet)(pp)
+			p.Offset, p.Payload, p.IP = uint64(pos), v^n.stop&o.tntSel, ip&o.ipMask
+			// The small fields in two stores instead of seven.
+			img := (*[2]uint64)(unsafe.Pointer(&p.Aux))
+			img[0], img[1] = o.img[0], o.img[1]|n.n&o.tntSel
+			last, pos = ip, next
+			if left--; left == 0 || pos > end {
+				break
+			}
+			pp = unsafe.Add(pp, psize)
 		}
-		last = ip
+		if left == 0 || pos > end {
+			break
+		}
+		// A packet of a post class, or a TNT without a stop bit (class
+		// fastNone): the latter and fastOne's are one's.
+		win := (*[16]byte)(unsafe.Add(base, pos))
+		b0, b1 := int(win[0]), int(win[1])
+		m := (b0 ^ 2 - 1) >> 63
+		sc := int(fastTab.sizeClass[b0]) + int(fastTab.sizeClass[256+b1])&m
+		size, class := sc&0xff, sc>>8
+		if class != fastPost && class != fastCYC {
+			break
+		}
+		o := &fastTab.ops[(b0+m&(254+b1))&511]
+		p := (*Packet)(pp)
+		// No post class has an IP or TNT bits: IP 0, the last IP kept.
+		p.Offset, p.IP = uint64(pos), 0
+		if class == fastCYC {
+			// Without a loop: the extension bytes end at the first with
+			// bit 0 clear; up to 8 of them are one word.
+			c, k := uint64(win[0]>>3), 0
+			if win[0]&4 != 0 {
+				x := binary.LittleEndian.Uint64(win[1:])
+				t := ^x & 0x0101010101010101
+				if t == 0 {
+					break // longer than 9 bytes: one decides
+				}
+				k = bits.TrailingZeros64(t)/8 + 1
+				c |= cycGroups(x, t) << 5
+			}
+			img := (*[2]uint64)(unsafe.Pointer(&p.Aux))
+			img[0], img[1] = o.img[0], o.img[1]
+			p.Payload, p.Size = c, uint8(1+k)
+			size += k // the table's size is 1
+		} else {
+			v := binary.LittleEndian.Uint64(win[o.hdr&7:]) & o.mask
+			q := &fastTab.post[(int(o.pidx)+int(v>>5&uint64(o.leaf)))&15]
+			if binary.LittleEndian.Uint64(win[:])&q.chkMask != q.chkVal {
+				break // reserved bits: one reports the error
+			}
+			p.Payload = v & q.pm * q.pmul
+			aux := uint64(binary.LittleEndian.Uint32(win[q.ahdr&7:])) & q.am
+			img := (*[2]uint64)(unsafe.Pointer(&p.Aux))
+			img[0] = q.img0 | (v&q.fm*q.fmul)>>7<<32 | aux
+			img[1] = uint64(win[q.thdr&15]&q.tm) << 16
+		}
 		pos += size
+		if left--; left > 0 {
+			pp = unsafe.Add(pp, psize)
+		}
 	}
 	d.pos, d.lastIP = pos, last
-	return i
+	return len(out) - left
+}
+
+// tntStop is a TNT packet's stop bit: its number and the bit.
+type tntStop struct{ n, stop uint64 }
+
+// ipTNT is the branch-free middle of fast's step: the last IP after the
+// packet with payload v, and, for TNT packets, the stop bit (for the others
+// it is computed and dropped by the caller's masks).
+func (o *fastOp) ipTNT(v, last uint64) (uint64, tntStop) {
+	// No variable shifts: they need CX, and the register allocator
+	// spilled loop state to free it.
+	ip := v&o.ipMask | last&o.keep | uint64(int64(v<<16)>>16)&o.sextHi
+	// n is the highest set bit, which the payload drops (BTR).
+	n := uint(bits.Len64(v|1) - 1)
+	return ip, tntStop{uint64(n), v ^ v&^(1<<(n&63))}
+}
+
+// cycGroups is the cycle count bits of a CYC packet's extension bytes
+// (fast decodes CYC without a loop): x holds the 8 bytes after the first,
+// t has bit 0 of each byte whose bit 0 is clear (the last extension byte is
+// the first such). It packs the 7-bit groups in bits 7:1 of the extension
+// bytes, as cyc does, by pairs, quads, then all eight.
+func cycGroups(x, t uint64) uint64 {
+	y := x >> 1 & 0x7f7f7f7f7f7f7f7f & ((t&-t)<<8 - 1)
+	y = y&0x007f007f007f007f | y&0x7f007f007f007f00>>1
+	y = y&0x00003fff00003fff | y&0x3fff00003fff0000>>2
+	return y&0x000000000fffffff | y&0x0fffffff00000000>>4
 }
 
 // one decodes a single packet of any kind, anywhere in the buffer.

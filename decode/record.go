@@ -294,7 +294,18 @@ func (a *Assembler) scan(buf []byte, pos int) int {
 					return pos
 				}
 				a.flushManual()
-				a.word(binary.LittleEndian.Uint64(buf[pos+2:]), 8, e&0x80 != 0)
+				v := binary.LittleEndian.Uint64(buf[pos+2:])
+				if a.open && a.got < a.rec.N && v&(1<<40-1) != HeaderMagic {
+					// An argument of the open record, the commonest word:
+					// what word does, without the call.
+					a.rec.Args[a.got] = v
+					a.got++
+					if a.got == a.want {
+						a.emit()
+					}
+				} else {
+					a.word(v, 8, e&0x80 != 0)
+				}
 				pos += 10
 			case 0x12, 0x92: // PTW, 4 bytes
 				if pos+6 > n {
@@ -338,17 +349,9 @@ func (a *Assembler) scan(buf []byte, pos int) int {
 			if sz < 0 || pos+1+sz > n {
 				return pos
 			}
-			var v uint64
-			switch sz {
-			case 2:
-				v = uint64(binary.LittleEndian.Uint16(buf[pos+1:]))
-			case 4:
-				v = uint64(binary.LittleEndian.Uint32(buf[pos+1:]))
-			case 6:
-				v = uint64(binary.LittleEndian.Uint32(buf[pos+1:])) | uint64(binary.LittleEndian.Uint16(buf[pos+5:]))<<32
-			case 8:
-				v = binary.LittleEndian.Uint64(buf[pos+1:])
-			}
+			// One load masked to the payload, no branch on its size (the
+			// IP compression varies from packet to packet).
+			v := le(buf, pos+1, sz)
 			ip := a.ip(b>>5, v)
 			if b&0x1f == 0x1d {
 				a.fup(ip, b>>5 != IPCSuppressed)
@@ -533,18 +536,14 @@ func (a *Assembler) packet(p *Packet) {
 // assembler tracks itself so that it carries across Feed calls, and returns
 // the full IP (0 when suppressed).
 func (a *Assembler) ip(ipc uint8, v uint64) uint64 {
-	switch ipc {
-	case IPCSuppressed:
+	if ipc == IPCSuppressed {
 		return 0
-	case IPCUpdate16:
-		v |= a.lastIP &^ 0xffff
-	case IPCUpdate32:
-		v |= a.lastIP &^ 0xffffffff
-	case IPCSext48:
-		v = uint64(int64(v<<16) >> 16)
-	case IPCUpdate48:
-		v |= a.lastIP &^ 0xffffffffffff
 	}
+	// By masks, as the packet decoder does: a switch on the compression
+	// mispredicts.
+	ic := &ipcInfo[ipc&7]
+	v |= a.lastIP & ic.keep
+	v = v&^ic.sext | uint64(int64(v<<16)>>16)&ic.sext
 	a.lastIP = v
 	return v
 }
