@@ -1,6 +1,10 @@
 package decode
 
-import "strconv"
+import (
+	"math/bits"
+	"slices"
+	"strconv"
+)
 
 // ArgType is the type of one probe argument, as tracefs names it.
 type ArgType uint8
@@ -82,7 +86,7 @@ func (c *Counters) Add(o *Counters) {
 //	record N: event=GRP/EVENT id=0xID args=[A, name=B] tid=T cpu=C time=SEC.NSEC
 func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 	dst = append(dst, "record "...)
-	dst = strconv.AppendUint(dst, seq, 10)
+	dst = appendDec(dst, seq)
 	dst = append(dst, ": event="...)
 	dst = append(dst, r.Event.Group...)
 	dst = append(dst, '/')
@@ -108,11 +112,11 @@ func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 	dst = append(dst, ']')
 	if r.TID >= 0 {
 		dst = append(dst, " tid="...)
-		dst = strconv.AppendInt(dst, int64(r.TID), 10)
+		dst = appendDec(dst, uint64(r.TID))
 	}
 	if r.CPU >= 0 {
 		dst = append(dst, " cpu="...)
-		dst = strconv.AppendInt(dst, int64(r.CPU), 10)
+		dst = appendDec(dst, uint64(r.CPU))
 	}
 	if r.Time != 0 {
 		dst = append(dst, " time="...)
@@ -126,23 +130,26 @@ func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 func AppendValue(dst []byte, t ArgType, v uint64) []byte {
 	switch t {
 	case U32:
-		return strconv.AppendUint(dst, v&0xffffffff, 10)
+		return appendDec(dst, v&0xffffffff)
 	case S32:
-		return strconv.AppendInt(dst, int64(int32(uint32(v))), 10)
+		if n := int32(uint32(v)); n < 0 {
+			return appendDec(append(dst, '-'), uint64(-int64(n)))
+		}
+		return appendDec(dst, v&0x7fffffff)
 	case X32:
 		dst = append(dst, "0x"...)
 		return strconv.AppendUint(dst, v&0xffffffff, 16)
 	}
-	return strconv.AppendUint(dst, v, 10)
+	return appendDec(dst, v)
 }
 
 // AppendTime appends a nanosecond time as SEC.NSEC with nine fraction digits.
 func AppendTime(dst []byte, ns uint64) []byte {
-	dst = strconv.AppendUint(dst, ns/1e9, 10)
+	dst = appendDec(dst, ns/1e9)
 	dst = append(dst, '.')
 	// 1e9+frac has ten digits: the fraction zero-padded behind a '1'.
 	n := len(dst)
-	dst = strconv.AppendUint(dst, ns%1e9+1e9, 10)
+	dst = appendDec(dst, ns%1e9+1e9)
 	copy(dst[n:], dst[n+1:])
 	return dst[:len(dst)-1]
 }
@@ -172,3 +179,50 @@ func AppendSummary(dst []byte, c *Counters) []byte {
 	dst = strconv.AppendUint(dst, c.Errors, 10)
 	return append(dst, '\n')
 }
+
+// digits2 holds "00" to "99": two digits per division.
+const digits2 = "00010203040506070809" +
+	"10111213141516171819" +
+	"20212223242526272829" +
+	"30313233343536373839" +
+	"40414243444546474849" +
+	"50515253545556575859" +
+	"60616263646566676869" +
+	"70717273747576777879" +
+	"80818283848586878889" +
+	"90919293949596979899"
+
+// appendDec appends v in decimal. It writes the digits in place, two per
+// division, where strconv formats into a scratch buffer and copies it: on
+// the record path the copies cost more than the digits.
+func appendDec(dst []byte, v uint64) []byte {
+	// Digits from the bit length (1233/4096 ≈ log10 2), off by one at
+	// most.
+	n := bits.Len64(v)*1233>>12 + 1
+	if v < pow10[n-1] {
+		n--
+	}
+	l := len(dst)
+	if cap(dst)-l < n {
+		dst = slices.Grow(dst, n)
+	}
+	dst = dst[:l+n]
+	i := l + n
+	for v >= 100 {
+		q := v / 100
+		d := (v - q*100) * 2
+		i -= 2
+		dst[i], dst[i+1] = digits2[d], digits2[d+1]
+		v = q
+	}
+	if v >= 10 {
+		dst[i-2], dst[i-1] = digits2[v*2], digits2[v*2+1]
+	} else {
+		dst[i-1] = byte('0' + v)
+	}
+	return dst
+}
+
+// pow10[i] is 10**i, with pow10[0] standing for the one-digit floor.
+var pow10 = [20]uint64{0, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10,
+	1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19}

@@ -1,6 +1,9 @@
 package decode
 
-import "testing"
+import (
+	"strconv"
+	"testing"
+)
 
 func TestAppendRecord(t *testing.T) {
 	ev := &Event{ID: 0x6c2, Group: "ptfs_t", Name: "e", Args: []Arg{
@@ -48,5 +51,26 @@ func BenchmarkAppendRecord(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		buf = AppendRecord(buf[:0], uint64(i), &r)
+	}
+}
+
+func TestAppendDec(t *testing.T) {
+	vals := []uint64{0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, 1<<32 - 1, 1 << 32, 1<<63 - 1, 1 << 63, 1<<64 - 1}
+	for p := uint64(1); p < 1e19; p *= 10 {
+		vals = append(vals, p-1, p, p+1)
+	}
+	vals = append(vals, 1e19-1, 1e19, 1e19+1)
+	for i := uint64(0); i < 64; i++ {
+		vals = append(vals, 1<<i-1, 1<<i, 1<<i+1)
+	}
+	for _, v := range vals {
+		if got, want := string(appendDec([]byte("x"), v)), "x"+strconv.FormatUint(v, 10); got != want {
+			t.Errorf("appendDec(%d) = %q, want %q", v, got, want)
+		}
+	}
+	for _, v := range []int32{0, -1, 1, -2147483648, 2147483647} {
+		if got, want := string(AppendValue(nil, S32, uint64(uint32(v))|0xdead_0000_0000_0000)), strconv.Itoa(int(v)); got != want {
+			t.Errorf("s32 %d = %q", v, got)
+		}
 	}
 }
