@@ -1,4 +1,4 @@
-GO ?= go
+GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
 
 .PHONY: build test bench fuzz demo vet clean
 
