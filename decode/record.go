@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"strconv"
 	"strings"
 )
@@ -623,24 +622,15 @@ func (a *Assembler) stray(v uint64, withIP bool) {
 // whose id or format cannot be parsed.
 var ErrBadEvent = errors.New("bad event description")
 
-// LoadEvents reads the probe events under a tracefs events directory (or a
-// copy of one); see LoadEventsFS.
-func LoadEvents(dir string) (map[uint16]*Event, error) {
-	evs, err := LoadEventsFS(os.DirFS(dir))
-	if err != nil {
-		return nil, fmt.Errorf("load events from %s: %w", dir, err)
-	}
-	return evs, nil
-}
-
-// LoadEventsFS reads the probe events of a tracefs events tree: every
+// LoadEvents reads the probe events of a tracefs events tree (a live one,
+// os.DirFS("/sys/kernel/tracing/events"), or a copy): every
 // GROUP/EVENT with an `id` and a `format` file whose format has a
 // `__probe_ip` field, as uprobe, kprobe and ptw events do; other events are
 // skipped. The fields after `__probe_ip` are the arguments: the kernel names
 // an unnamed argument argN (N its position from 1), which becomes Name "",
 // so that it prints as a bare value. A 4-byte field is s32 when signed, x32
 // when the print format shows it in hex, else u32; an 8-byte field is u64.
-func LoadEventsFS(fsys fs.FS) (map[uint16]*Event, error) {
+func LoadEvents(fsys fs.FS) (map[uint16]*Event, error) {
 	groups, err := fs.ReadDir(fsys, ".")
 	if err != nil {
 		return nil, fmt.Errorf("load events: %w", err)

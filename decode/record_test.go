@@ -570,7 +570,7 @@ func TestLoadEventsDir(t *testing.T) {
 	write("sched/switch/format", "\tfield:int prev;\toffset:8;\tsize:4;\tsigned:1;\n")
 	write("enable", "0\n")
 	write("ptfs_t/enable", "0\n")
-	evs, err := LoadEvents(dir)
+	evs, err := LoadEvents(os.DirFS(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,14 +580,14 @@ func TestLoadEventsDir(t *testing.T) {
 	}
 	write("other/f/id", "1730\n")
 	write("other/f/format", probe)
-	if _, err := LoadEvents(dir); !errors.Is(err, ErrBadEvent) {
+	if _, err := LoadEvents(os.DirFS(dir)); !errors.Is(err, ErrBadEvent) {
 		t.Errorf("duplicate id: err %v", err)
 	}
 	write("other/f/id", "x\n")
-	if _, err := LoadEvents(dir); !errors.Is(err, ErrBadEvent) {
+	if _, err := LoadEvents(os.DirFS(dir)); !errors.Is(err, ErrBadEvent) {
 		t.Errorf("bad id: err %v", err)
 	}
-	if _, err := LoadEvents(filepath.Join(dir, "nope")); err == nil {
+	if _, err := LoadEvents(os.DirFS(filepath.Join(dir, "nope"))); err == nil {
 		t.Error("missing directory: no error")
 	}
 }
@@ -736,7 +736,7 @@ func TestLoadEventsTracefs(t *testing.T) {
 			t.Errorf("remove probe: %v", err)
 		}
 	})
-	evs, err := LoadEvents(filepath.Join(tracefs, "events"))
+	evs, err := LoadEvents(os.DirFS(filepath.Join(tracefs, "events")))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -191,28 +191,58 @@ type entry struct {
 	manual bool
 }
 
-// collector keeps what one stream's assembler produces.
-type collector struct{ entries []entry }
+// cursor decodes one stream a segment at a time, so that the merge holds
+// the entries of one segment per stream, not of the whole trace.
+type cursor struct {
+	a       *decode.Assembler
+	entries []entry
+	head    int
+	segs    [][]byte
+	gaps    []bool
+	done    bool
+}
 
-func (c *collector) Record(r *decode.Record) {
+func (c *cursor) Record(r *decode.Record) {
 	c.entries = append(c.entries, entry{time: r.Time, rec: *r})
 }
 
-func (c *collector) Manual(m *decode.Manual) {
+func (c *cursor) Manual(m *decode.Manual) {
 	c.entries = append(c.entries, entry{time: m.Time, man: *m, manual: true})
+}
+
+// peek returns the stream's next entry, decoding segments until there is
+// one; nil at the end of the stream.
+func (c *cursor) peek() *entry {
+	for c.head == len(c.entries) {
+		if c.done {
+			return nil
+		}
+		c.entries, c.head = c.entries[:0], 0
+		if len(c.segs) == 0 {
+			c.a.End()
+			c.done = true
+			continue
+		}
+		if c.gaps[0] {
+			c.a.Gap()
+		}
+		c.a.Feed(c.segs[0])
+		c.segs, c.gaps = c.segs[1:], c.gaps[1:]
+	}
+	return &c.entries[c.head]
 }
 
 func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 	events := map[uint16]*decode.Event{}
 	if eventsDir != "" {
 		var err error
-		if events, err = decode.LoadEvents(eventsDir); err != nil {
-			return err
+		if events, err = decode.LoadEvents(os.DirFS(eventsDir)); err != nil {
+			return fmt.Errorf("events %s: %w", eventsDir, err)
 		}
 	}
 	var (
-		total decode.Counters
-		lists [][]entry
+		total   decode.Counters
+		cursors []*cursor
 	)
 	for _, name := range files {
 		streams, lost, err := input(name)
@@ -223,69 +253,52 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 		// AUXTRACE_ERROR, AUX truncation of an unknown buffer).
 		total.Errors += lost
 		for _, s := range streams {
-			var c collector
-			a := decode.NewAssembler(events, &c)
-			a.SetCPU(s.cpu)
-			a.SetTID(s.tid)
+			c := &cursor{}
+			c.a = decode.NewAssembler(events, c)
+			c.a.SetCPU(s.cpu)
+			c.a.SetTID(s.tid)
 			if s.time != nil {
-				a.SetTimeConv(s.time.NS)
+				c.a.SetTimeConv(s.time.NS)
 			}
 			s.segments(func(d []byte, gap bool) {
-				if gap {
-					a.Gap()
-				}
-				a.Feed(d)
+				c.segs, c.gaps = append(c.segs, d), append(c.gaps, gap)
 			})
-			a.End()
-			cs := a.Counters()
-			total.Add(&cs)
-			lists = append(lists, c.entries)
+			cursors = append(cursors, c)
 		}
 	}
 	var line []byte
 	var seq uint64
-	err := merge(lists, func(e *entry) error {
+	// A k-way merge by time: each stream is in time order. Ties and
+	// unknown times keep the earlier stream first.
+	for {
+		var best *cursor
+		var be *entry
+		for _, c := range cursors {
+			if e := c.peek(); e != nil && (be == nil || e.time < be.time) {
+				best, be = c, e
+			}
+		}
+		if best == nil {
+			break
+		}
 		line = line[:0]
-		if e.manual {
-			line = decode.AppendManual(line, e.man.Payload, e.man.IP, e.man.HasIP)
+		if be.manual {
+			line = decode.AppendManual(line, be.man.Payload, be.man.IP, be.man.HasIP)
 		} else {
 			seq++
-			line = decode.AppendRecord(line, seq, &e.rec)
+			line = decode.AppendRecord(line, seq, &be.rec)
 		}
-		_, err := w.Write(line)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("write output: %w", err)
+		if _, err := w.Write(line); err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
+		best.head++
+	}
+	for _, c := range cursors {
+		cs := c.a.Counters()
+		total.Add(&cs)
 	}
 	if _, err := w.Write(decode.AppendSummary(nil, &total)); err != nil {
 		return fmt.Errorf("write output: %w", err)
 	}
 	return nil
-}
-
-// merge calls fn for the entries of all lists, each list in its order,
-// interleaved by time (ties and unknown times keep the earlier list first).
-// Each list is in stream order, which is time order, so a k-way merge
-// suffices.
-func merge(lists [][]entry, fn func(*entry) error) error {
-	heads := make([]int, len(lists))
-	for {
-		best := -1
-		for i, l := range lists {
-			if heads[i] >= len(l) {
-				continue
-			}
-			if best < 0 || l[heads[i]].time < lists[best][heads[best]].time {
-				best = i
-			}
-		}
-		if best < 0 {
-			return nil
-		}
-		if err := fn(&lists[best][heads[best]]); err != nil {
-			return err
-		}
-		heads[best]++
-	}
 }
