@@ -174,10 +174,22 @@ func listPackets(w io.Writer, files []string, ptArgs []string) error {
 		if len(all) > 1 {
 			fmt.Fprintf(w, "# %s\n", s.name)
 		}
-		var buf []byte
-		s.segments(func(d []byte, gap bool) { buf = append(buf, d...) })
-		if err := decode.WritePtdump(w, buf, opts); err != nil {
-			return err
+		// Contiguous runs are listed whole; a gap (lost data) starts a
+		// new listing, so no packet is pieced together across it.
+		var runs [][]byte
+		s.segments(func(d []byte, gap bool) {
+			if gap || len(runs) == 0 {
+				runs = append(runs, nil)
+			}
+			runs[len(runs)-1] = append(runs[len(runs)-1], d...)
+		})
+		for i, buf := range runs {
+			if i > 0 {
+				fmt.Fprintln(w, "# gap: trace data lost here")
+			}
+			if err := decode.WritePtdump(w, buf, opts); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -68,18 +68,16 @@ func TestDecodePtsim(t *testing.T) {
 
 // TestDecodePerfData decodes a synthetic perf.data with two CPUs' buffers and
 // a time conversion: records come out merged by time.
-func TestDecodePerfData(t *testing.T) {
-	enc := func(tscs ...uint64) []byte {
-		e := ptenc.New()
-		e.PSB()
-		e.PSBEnd()
-		for _, tsc := range tscs {
-			e.TSC(tsc)
-			e.Probe(0x6c2, 0x7ffff0000000, true, tsc, 2)
-		}
-		return e.Bytes()
-	}
-	cpu0, cpu1 := enc(10, 30), enc(20, 40)
+// auxRec is one PERF_RECORD_AUXTRACE of a synthetic perf.data.
+type auxRec struct {
+	cpu    uint32
+	offset uint64 // in the AUX buffer: a hole after the previous one is lost data
+	data   []byte
+}
+
+// pipePerfData writes a pipe-mode perf.data with a TIME_CONV (ns = 1e9 +
+// tsc) and the AUXTRACE records auxs, and returns its path.
+func pipePerfData(t *testing.T, auxs ...auxRec) string {
 	var recs []byte
 	rec := func(typ uint32, body, extra []byte) {
 		recs = binary.LittleEndian.AppendUint32(recs, typ)
@@ -94,23 +92,56 @@ func TestDecodePerfData(t *testing.T) {
 		}
 		return b
 	}
-	aux := func(cpu uint32, data []byte) {
-		body := u64s(uint64(len(data)), 0, 0)
-		body = binary.LittleEndian.AppendUint32(body, cpu)
+	rec(79, u64s(0, 1, 1_000_000_000), nil) // TIME_CONV
+	for _, a := range auxs {
+		body := u64s(uint64(len(a.data)), a.offset, 0)
+		body = binary.LittleEndian.AppendUint32(body, a.cpu)
 		body = binary.LittleEndian.AppendUint32(body, 0xffffffff)
-		body = binary.LittleEndian.AppendUint32(body, cpu)
+		body = binary.LittleEndian.AppendUint32(body, a.cpu)
 		body = binary.LittleEndian.AppendUint32(body, 0)
-		rec(71, body, data)
+		rec(71, body, a.data)
 	}
-	rec(79, u64s(0, 1, 1_000_000_000), nil) // TIME_CONV: ns = 1e9 + tsc
-	aux(0, cpu0)
-	aux(1, cpu1)
 	pipe := append([]byte("PERFILE2"), u64s(16)...)
 	pipe = append(pipe, recs...)
 	path := filepath.Join(t.TempDir(), "perf.data")
 	if err := os.WriteFile(path, pipe, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return path
+}
+
+// A gap in a buffer (a hole in the AUX offsets) splits the packet listing:
+// no packet is pieced together across lost data.
+func TestDecodePacketsGap(t *testing.T) {
+	e := ptenc.New()
+	e.PSB()
+	e.PSBEnd()
+	e.TSC(7)
+	seg := e.Bytes()
+	path := pipePerfData(t, auxRec{cpu: 0, data: seg}, auxRec{cpu: 0, offset: uint64(len(seg)) + 64, data: seg})
+	code, out, errs := runDecodeT("--packets", path)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	parts := strings.Split(out, "# gap: trace data lost here\n")
+	if len(parts) != 2 || parts[0] != parts[1] || !strings.Contains(parts[0], "psb") || !strings.Contains(parts[0], "tsc") {
+		t.Errorf("listing:\n%s", out)
+	}
+}
+
+func TestDecodePerfData(t *testing.T) {
+	enc := func(tscs ...uint64) []byte {
+		e := ptenc.New()
+		e.PSB()
+		e.PSBEnd()
+		for _, tsc := range tscs {
+			e.TSC(tsc)
+			e.Probe(0x6c2, 0x7ffff0000000, true, tsc, 2)
+		}
+		return e.Bytes()
+	}
+	cpu0, cpu1 := enc(10, 30), enc(20, 40)
+	path := pipePerfData(t, auxRec{cpu: 0, data: cpu0}, auxRec{cpu: 1, data: cpu1})
 	code, out, errs := runDecodeT("--events", writeEvent(t, "g", "e", "1730"), path)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
