@@ -94,7 +94,11 @@ type Classic struct {
 	merge  merger
 	closed bool
 
-	epfd      int
+	epfd int
+	// wake is an eventfd in the epoll set: Remove writes it so that the
+	// reader flushes at once instead of at its next poll.
+	wake      int
+	flushReq  chan chan struct{}
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
@@ -156,12 +160,25 @@ func NewClassic(opts ClassicOptions, sink Sink) (*Classic, error) {
 		return nil, fmt.Errorf("capture: epoll_create1: %w", err)
 	}
 	c := &Classic{
-		sink:    sink,
-		latency: uint64(opts.Latency),
-		events:  make(map[uint16]*classicEvent),
-		epfd:    epfd,
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		sink:     sink,
+		latency:  uint64(opts.Latency),
+		events:   make(map[uint16]*classicEvent),
+		epfd:     epfd,
+		wake:     -1,
+		flushReq: make(chan chan struct{}),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	if fd, ferr := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); ferr != nil {
+		err = ferr
+	} else {
+		c.wake = fd
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+		err = unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	}
+	if err != nil {
+		close(c.done)
+		return nil, errors.Join(fmt.Errorf("capture: wake eventfd: %w", err), c.Close())
 	}
 	for _, cpu := range cpus {
 		cr, err := openCPURing(cpu, opts.RingPages)
@@ -268,29 +285,42 @@ func (c *Classic) Add(ev *decode.Event) error {
 }
 
 // Remove stops reading event id and closes its fds. Samples it already
-// wrote are read first, so its records still reach the sink; a sample still
-// being written on another CPU while the event is disabled arrives later
-// and counts as Unknown.
+// wrote are read first, and when Remove returns every record of the event
+// has reached the sink (records of other events held back for ordering go
+// out with them, early); a sample still being written on another CPU while
+// the event is disabled arrives later and counts as Unknown.
 func (c *Classic) Remove(id uint16) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return ErrClosed
 	}
 	ce, ok := c.events[id]
 	if !ok {
+		c.mu.Unlock()
 		return fmt.Errorf("%w: id %d", ErrNotFound, id)
 	}
 	err := disableFDs(ce.fds)
 	c.drainLocked()
 	delete(c.events, id)
 	c.lastEv = nil
-	return errors.Join(err, closeFDs(ce.fds))
+	err = errors.Join(err, closeFDs(ce.fds))
+	c.mu.Unlock()
+	// The reader delivers what is held back: the sink sees records from
+	// one goroutine only.
+	ack := make(chan struct{})
+	var one [8]byte
+	one[0] = 1
+	if _, werr := unix.Write(c.wake, one[:]); werr != nil && !errors.Is(werr, unix.EAGAIN) {
+		return errors.Join(err, fmt.Errorf("capture: wake reader: %w", werr))
+	}
+	select {
+	case c.flushReq <- ack:
+		<-ack
+	case <-c.done:
+	}
+	return err
 }
-
-// Lost returns the number of samples the kernel dropped because a ring was
-// full (the PERF_RECORD_LOST counts).
-func (c *Classic) Lost() uint64 { return c.lost.Load() }
 
 // Stats returns all counters.
 func (c *Classic) Stats() ClassicStats {
@@ -337,6 +367,11 @@ func (c *Classic) Close() error {
 		if err := unix.Close(c.epfd); err != nil {
 			errs = append(errs, fmt.Errorf("capture: close epoll: %w", err))
 		}
+		if c.wake >= 0 {
+			if err := unix.Close(c.wake); err != nil {
+				errs = append(errs, fmt.Errorf("capture: close eventfd: %w", err))
+			}
+		}
 		c.closeErr = errors.Join(errs...)
 	})
 	return c.closeErr
@@ -365,10 +400,18 @@ func (c *Classic) run() {
 				time.Sleep(pollInterval)
 			}
 		}
+		var ack chan struct{}
+		select {
+		case ack = <-c.flushReq:
+			var buf [8]byte
+			unix.Read(c.wake, buf[:]) // reset the eventfd; EAGAIN when already read
+		default:
+		}
 		// now is taken before draining: every sample stamped up to now -
-		// latency is either in the rings now or counted Late later.
+		// latency is either in the rings now or counted Late later. A flush
+		// releases everything.
 		watermark := ^uint64(0)
-		if !final {
+		if !final && ack == nil {
 			watermark = monotonicNow()
 			watermark -= min(watermark, c.latency)
 		}
@@ -381,6 +424,9 @@ func (c *Classic) run() {
 			c.sink(&out[i])
 		}
 		c.records.Add(uint64(len(out)))
+		if ack != nil {
+			close(ack)
+		}
 		if final {
 			return
 		}

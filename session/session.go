@@ -141,7 +141,9 @@ func (s *Session) Mode() Mode { return s.mode }
 func (s *Session) deliver(r *decode.Record) {
 	p := (*s.routes.Load())[r.Event.ID]
 	if p == nil {
-		return // removed since; the source counts such samples itself
+		// Not ours: Remove delivers every record of an event before the
+		// route goes, and the source counts samples of unknown events.
+		return
 	}
 	p.target.emit(r)
 }

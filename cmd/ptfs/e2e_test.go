@@ -325,6 +325,28 @@ func TestProbeLifetime(t *testing.T) {
 	})
 }
 
+// Hits just before a probe is removed or replaced still reach records:
+// nothing held back for ordering is dropped with the probe.
+func TestRecordsSurviveRemoval(t *testing.T) {
+	needKernel(t)
+	bin := buildC(t, "target", "t", "-no-pie")
+	m := startMount(t, bin)
+	m.setProbe("t", "a", "target %di %si")
+	runProg(t, bin, "1000")
+	if err := os.Remove(m.path("t", "probes", "a")); err != nil {
+		t.Fatal(err)
+	}
+	checkRecords(t, lines(m.read("t", "records")), "ptfs_t/a", 1000)
+
+	m.setProbe("t", "b", "target %di %si")
+	runProg(t, bin, "500")
+	m.setProbe("t", "b", "other %di")
+	got := lines(m.read("t", "records"))
+	if len(got) != 1500 || !strings.Contains(got[1499], "event=ptfs_t/b ") || !strings.Contains(got[1499], "args=[499, 500]") {
+		t.Fatalf("%d records after replacing; last %q", len(got), got[len(got)-1])
+	}
+}
+
 // Test 5: two targets, two probes each, four processes hitting them at
 // once: every count exact, or the loss counted.
 func TestConcurrentTargets(t *testing.T) {
