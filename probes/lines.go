@@ -29,6 +29,18 @@ func EventName(probe string) string {
 	return cut(n, maxEventName)
 }
 
+// Numbered returns the n-th variant of a group or event name for n > 1:
+// name with "_n" behind it, cut so that the whole stays within the length
+// tracefs accepts. It tells apart names that sanitising made equal, and a
+// replacement probe from the probe it replaces.
+func Numbered(name string, n int) string {
+	if n <= 1 {
+		return name
+	}
+	suffix := "_" + strconv.Itoa(n)
+	return cut(name, maxEventName-len(suffix)) + suffix
+}
+
 func sanitize(s string) string {
 	b := []byte(s)
 	for i, c := range b {

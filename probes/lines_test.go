@@ -194,3 +194,35 @@ func FuzzParseLine(f *testing.F) {
 		}
 	})
 }
+
+func TestNumbered(t *testing.T) {
+	long := strings.Repeat("a", 63)
+	cases := []struct {
+		name string
+		n    int
+		want string
+	}{
+		{"e", 1, "e"},
+		{"e", 2, "e_2"},
+		{"ptfs1_t", 12, "ptfs1_t_12"},
+		{long, 2, long[:61] + "_2"},
+		{long, 100, long[:59] + "_100"},
+	}
+	seen := map[string]bool{}
+	for _, c := range cases {
+		got := Numbered(c.name, c.n)
+		if got != c.want || len(got) > maxEventName {
+			t.Errorf("Numbered(%q, %d) = %q, want %q", c.name, c.n, got, c.want)
+		}
+		seen[got] = true
+	}
+	// Long names stay distinct however they are numbered.
+	seen = map[string]bool{long: true}
+	for i := 2; i < 1000; i++ {
+		if g := Numbered(long, i); seen[g] {
+			t.Fatalf("Numbered(long, %d) = %q repeats", i, g)
+		} else {
+			seen[g] = true
+		}
+	}
+}

@@ -246,9 +246,10 @@ func (s *Session) addTarget(name, path string) (*Target, error) {
 		return nil, fmt.Errorf("target %s: %w", name, ErrTargetExists)
 	}
 	// Sanitising can map two target names to one group: number the later.
-	group := probes.GroupName(s.pid, name)
+	base := probes.GroupName(s.pid, name)
+	group := base
 	for i := 2; s.groups[group]; i++ {
-		group = probes.GroupName(s.pid, fmt.Sprintf("%s_%d", name, i))
+		group = probes.Numbered(base, i)
 	}
 	s.groups[group] = true
 	t := newTarget(s, name, abs, group, bin)

@@ -292,7 +292,7 @@ func (t *Target) freeEvent(probe string) string {
 	base := probes.EventName(probe)
 	name := base
 	for i := 2; t.events[name]; i++ {
-		name = base + "_" + strconv.Itoa(i)
+		name = probes.Numbered(base, i)
 	}
 	return name
 }

@@ -1,0 +1,87 @@
+package session
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"ptfs/internal/testkit"
+)
+
+// newSession starts a session on the real kernel, closed at cleanup.
+func newSession(t *testing.T) *Session {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for tracefs and uprobes")
+	}
+	s, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+// groupLines returns the uprobe_events lines of tracefs group g.
+func groupLines(t *testing.T, s *Session, g string) []string {
+	t.Helper()
+	lines, err := s.tfs.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range lines {
+		if strings.Contains(l, ":"+g+"/") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// Names that sanitising and the 63-byte tracefs limit make equal still get
+// groups and events of their own, and a probe with a long name can be
+// replaced.
+func TestLongNames(t *testing.T) {
+	s := newSession(t)
+	bin := testkit.BuildC(t, filepath.Join("..", "testdata", "target.c"))
+	prefix := strings.Repeat("a", 60)
+	var groups []string
+	for _, name := range []string{prefix + "1", prefix + "2", prefix + "-3", prefix + ".3"} {
+		tg, err := s.AddTarget(name, bin)
+		if err != nil {
+			t.Fatalf("AddTarget(%s): %v", name, err)
+		}
+		groups = append(groups, tg.(*Target).group)
+	}
+	for i, g := range groups {
+		if len(g) > 63 {
+			t.Errorf("group %q is longer than tracefs allows", g)
+		}
+		for _, o := range groups[:i] {
+			if o == g {
+				t.Errorf("two targets share group %q", g)
+			}
+		}
+	}
+	tg := s.targets[prefix+"1"]
+	long := strings.Repeat("p", 80)
+	for _, spec := range []string{"target %di", "target %si", "other %di"} {
+		if err := tg.SetProbe(long, spec); err != nil {
+			t.Fatalf("SetProbe(%s): %v", spec, err)
+		}
+		if l := groupLines(t, s, tg.group); len(l) != 1 || !strings.Contains(l[0], strings.Fields(spec)[1]) {
+			t.Fatalf("after %q: %q", spec, l)
+		}
+	}
+	if err := s.RemoveTarget(prefix + "1"); err != nil {
+		t.Fatal(err)
+	}
+	if l := groupLines(t, s, tg.group); len(l) != 0 {
+		t.Errorf("after RemoveTarget: %q", l)
+	}
+}
