@@ -65,10 +65,20 @@ type Session struct {
 	// record path reads it without a lock.
 	routes atomic.Pointer[map[uint16]*probe]
 
-	mu      sync.Mutex // guards targets, groups, closed and routes writes
+	mu      sync.Mutex // guards targets, groups, leftovers, closed and routes writes
 	targets map[string]*Target
 	groups  map[string]bool
-	closed  bool
+	// leftovers are tracefs events (GROUP/EVENT) that could not be removed
+	// when their probe went; Close tries them again.
+	leftovers []string
+	closed    bool
+}
+
+// leave records a tracefs event whose removal failed, for Close.
+func (s *Session) leave(group, event string) {
+	s.mu.Lock()
+	s.leftovers = append(s.leftovers, group+"/"+event)
+	s.mu.Unlock()
 }
 
 // Detect reports the machine's capabilities, mounting tracefs if needed.
@@ -271,7 +281,10 @@ func (s *Session) RemoveTarget(name string) error {
 	}
 	err := t.close()
 	s.mu.Lock()
-	delete(s.groups, t.group)
+	// A group with leftovers stays taken: a new target must not meet them.
+	if !slices.ContainsFunc(s.leftovers, func(l string) bool { return strings.HasPrefix(l, t.group+"/") }) {
+		delete(s.groups, t.group)
+	}
 	s.mu.Unlock()
 	return err
 }
@@ -291,6 +304,18 @@ func (s *Session) Close() error {
 	for _, t := range ts {
 		errs = append(errs, t.close())
 	}
-	errs = append(errs, s.src.Close(), s.claim.Close())
+	errs = append(errs, s.src.Close())
+	// With the perf events closed, what was busy may go now.
+	s.mu.Lock()
+	left := s.leftovers
+	s.leftovers = nil
+	s.mu.Unlock()
+	for _, l := range left {
+		group, event, _ := strings.Cut(l, "/")
+		if err := s.tfs.RemoveProbe(group, event); err != nil {
+			errs = append(errs, fmt.Errorf("probe %s left in tracefs: %w", l, err))
+		}
+	}
+	errs = append(errs, s.claim.Close())
 	return errors.Join(errs...)
 }

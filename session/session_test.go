@@ -1,12 +1,17 @@
 package session
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"unsafe"
 
 	"ptfs/internal/testkit"
+
+	"golang.org/x/sys/unix"
 )
 
 // newSession starts a session on the real kernel, closed at cleanup.
@@ -83,5 +88,53 @@ func TestLongNames(t *testing.T) {
 	}
 	if l := groupLines(t, s, tg.group); len(l) != 0 {
 		t.Errorf("after RemoveTarget: %q", l)
+	}
+}
+
+// A probe that tracefs will not remove (another tool holds its event) is
+// reported, stops being read, and goes when the session closes.
+func TestLeftovers(t *testing.T) {
+	s := newSession(t)
+	bin := testkit.BuildC(t, filepath.Join("..", "testdata", "target.c"))
+	if _, err := s.AddTarget("t", bin); err != nil {
+		t.Fatal(err)
+	}
+	tg := s.targets["t"]
+	if err := tg.SetProbe("a", "target %di"); err != nil {
+		t.Fatal(err)
+	}
+	// The other tool: a perf event of its own on the probe's tracepoint.
+	attr := unix.PerfEventAttr{Type: unix.PERF_TYPE_TRACEPOINT, Config: uint64(tg.probes["a"].ev.ID), Sample: 1}
+	attr.Size = uint32(unsafe.Sizeof(attr))
+	fd, err := unix.PerfEventOpen(&attr, -1, 0, -1, unix.PERF_FLAG_FD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			unix.Close(fd)
+		}
+	})
+	err = tg.RemoveProbe("a")
+	if !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("RemoveProbe of a held event: %v, want EBUSY", err)
+	}
+	if text, _ := tg.ProbeText("a"); !strings.Contains(string(text), "# error: removing") {
+		t.Errorf("probe file:\n%s", text)
+	}
+	if err := tg.RemoveProbe("a"); err != nil {
+		t.Errorf("second rm: %v", err)
+	}
+	if l := groupLines(t, s, tg.group); len(l) != 1 {
+		t.Fatalf("while held: %q", l)
+	}
+	unix.Close(fd)
+	closed = true
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if l := groupLines(t, s, tg.group); len(l) != 0 {
+		t.Errorf("after Close: %q", l)
 	}
 }

@@ -277,6 +277,7 @@ func (t *Target) install(p *probe, spec string) error {
 	t.events[tevent] = true
 	if p.ev != nil {
 		if rerr := t.retire(p); rerr != nil {
+			// The new probe works; the old one is retried at unmount.
 			logrus.WithError(rerr).WithField("probe", p.name).Warn("ptfs: removing the replaced probe")
 		}
 	}
@@ -297,7 +298,9 @@ func (t *Target) freeEvent(probe string) string {
 	return name
 }
 
-// retire stops and removes p's installed probe.
+// retire stops and removes p's installed probe. When tracefs refuses to
+// remove it (EBUSY: another tool enabled it), the probe is no longer read
+// or routed, its event name stays taken, and Session.Close tries again.
 func (t *Target) retire(p *probe) error {
 	if p.ev == nil {
 		return nil
@@ -305,9 +308,11 @@ func (t *Target) retire(p *probe) error {
 	err := t.s.src.Remove(p.ev.ID)
 	t.s.setRoute(p.ev.ID, nil)
 	if rerr := t.s.tfs.RemoveProbe(t.group, p.tevent); rerr != nil {
-		return errors.Join(err, rerr)
+		t.s.leave(t.group, p.tevent)
+		err = errors.Join(err, rerr)
+	} else {
+		delete(t.events, p.tevent)
 	}
-	delete(t.events, p.tevent)
 	p.ev, p.site = nil, nil
 	return err
 }
@@ -321,6 +326,8 @@ func (t *Target) RemoveProbe(name string) error {
 		return fmt.Errorf("probe %s: %w", name, ErrNoProbe)
 	}
 	if err := t.retire(p); err != nil {
+		// The file stays and says why; a second rm removes it.
+		p.badSpec, p.err = p.spec, fmt.Errorf("removing: %w", err)
 		return fmt.Errorf("probe %s: %w", name, err)
 	}
 	delete(t.probes, name)

@@ -281,6 +281,23 @@ func TestProbeLifetime(t *testing.T) {
 		}
 		keepForeign("umount")
 	})
+	t.Run("SIGTERM with a reader", func(t *testing.T) {
+		m := startMount(t, bin)
+		m.setProbe("t", "a", "target %di")
+		tail := exec.Command("tail", "-f", m.path("t", "records"))
+		if err := tail.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tail.Process.Kill(); tail.Wait() })
+		time.Sleep(100 * time.Millisecond) // let tail open the file
+		if err := m.stop(syscall.SIGTERM); err != nil {
+			t.Fatalf("ptfs exited with %v\n%s", err, m.log)
+		}
+		if l := uprobeLines(t, m.group()); len(l) != 0 {
+			t.Fatalf("after SIGTERM with a reader: %q", l)
+		}
+		keepForeign("SIGTERM with a reader")
+	})
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			m := startMount(t, bin)

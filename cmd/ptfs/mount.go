@@ -93,13 +93,16 @@ func mount(dir string, targets []string, mode session.Mode, maxStream, ringPages
 	case got := <-sig:
 		logrus.WithField("signal", got).Debug("ptfs: unmounting")
 		if err := server.Unmount(); err != nil {
-			// Busy (a reader holds a file open): detach instead, so the
-			// mount point is free and the readers get errors, not hangs.
+			// Busy: a reader holds a file open (tail -f) and would keep a
+			// detached mount served for as long as it likes. Detach, remove
+			// the probes and return: when this process exits, the kernel
+			// ends the connection and the readers get errors.
 			logrus.WithError(err).Debug("ptfs: unmount busy, detaching")
 			if derr := unix.Unmount(dir, unix.MNT_DETACH); derr != nil {
-				err = errors.Join(err, derr)
-				return errors.Join(fmt.Errorf("unmount %s: %w", dir, err), s.Close())
+				err = fmt.Errorf("unmount %s: %w", dir, errors.Join(err, derr))
+				return errors.Join(err, s.Close())
 			}
+			return s.Close()
 		}
 		<-done
 	}
