@@ -203,8 +203,9 @@ type entry struct {
 	manual bool
 }
 
-// cursor decodes one stream a segment at a time, so that the merge holds
-// the entries of one segment per stream, not of the whole trace.
+// cursor decodes one stream a piece at a time, so that the merge holds the
+// entries of at most feedSize bytes of trace per stream, not of the whole
+// trace (the Assembler completes a packet cut between two pieces).
 type cursor struct {
 	a       *decode.Assembler
 	entries []entry
@@ -213,6 +214,9 @@ type cursor struct {
 	gaps    []bool
 	done    bool
 }
+
+// feedSize is the most trace a cursor decodes at once.
+const feedSize = 1 << 20
 
 func (c *cursor) Record(r *decode.Record) {
 	c.entries = append(c.entries, entry{time: r.Time, rec: *r})
@@ -237,9 +241,13 @@ func (c *cursor) peek() *entry {
 		}
 		if c.gaps[0] {
 			c.a.Gap()
+			c.gaps[0] = false
 		}
-		c.a.Feed(c.segs[0])
-		c.segs, c.gaps = c.segs[1:], c.gaps[1:]
+		n := min(len(c.segs[0]), feedSize)
+		c.a.Feed(c.segs[0][:n])
+		if c.segs[0] = c.segs[0][n:]; len(c.segs[0]) == 0 {
+			c.segs, c.gaps = c.segs[1:], c.gaps[1:]
+		}
 	}
 	return &c.entries[c.head]
 }

@@ -66,8 +66,6 @@ func TestDecodePtsim(t *testing.T) {
 	}
 }
 
-// TestDecodePerfData decodes a synthetic perf.data with two CPUs' buffers and
-// a time conversion: records come out merged by time.
 // auxRec is one PERF_RECORD_AUXTRACE of a synthetic perf.data.
 type auxRec struct {
 	cpu    uint32
@@ -129,6 +127,8 @@ func TestDecodePacketsGap(t *testing.T) {
 	}
 }
 
+// TestDecodePerfData decodes a synthetic perf.data with two CPUs' buffers and
+// a time conversion: records come out merged by time.
 func TestDecodePerfData(t *testing.T) {
 	enc := func(tscs ...uint64) []byte {
 		e := ptenc.New()
