@@ -221,9 +221,6 @@ func (d *PacketDecoder) Reset(buf []byte) {
 // packet that made the last Next fail.
 func (d *PacketDecoder) Pos() uint64 { return uint64(d.pos) }
 
-// LastIP returns the current last-IP value used for IP decompression.
-func (d *PacketDecoder) LastIP() uint64 { return d.lastIP }
-
 // SyncForward moves to the next PSB, as libipt's pt_pkt_sync_forward does:
 // the search starts up to 15 bytes before the current position, so that a
 // PSB partly swallowed by a bogus packet is found, and skips the PSB of the

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"ptfs/decode/ptenc"
+	"ptfs/internal/testkit"
 )
 
 // decodeAll decodes buf to the end, resynchronizing after errors, and
@@ -54,7 +55,7 @@ func perfField(t *testing.T, desc, key string) uint64 {
 // TestPerfVectors decodes Linux perf's packet-decoder test vectors and checks
 // the packet type and every field perf's description names.
 func TestPerfVectors(t *testing.T) {
-	f, err := os.Open(filepath.Join(ptdumpCorpus(t), "perf", "perf-pkt-vectors.tsv"))
+	f, err := os.Open(filepath.Join(testkit.Corpus(t), "perf", "perf-pkt-vectors.tsv"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,10 +399,7 @@ func TestPacketDecoderNoAlloc(t *testing.T) {
 // return inconsistent packets, and that the listing never fails.
 func FuzzPacketDecoder(f *testing.F) {
 	// Seeds from the corpus when it is there; the fuzzer works without.
-	base := os.Getenv("PTFS_CORPUS")
-	if base == "" {
-		base = filepath.Join("..", "..", "shared", "corpus")
-	}
+	base := testkit.CorpusPath(f)
 	files, _ := filepath.Glob(filepath.Join(base, "libipt", "*.pt"))
 	for _, name := range files {
 		if b, err := os.ReadFile(name); err == nil {

@@ -13,21 +13,8 @@ import (
 	"testing"
 
 	"ptfs/decode/ptenc"
+	"ptfs/internal/testkit"
 )
-
-// ptdumpCorpus returns the shared corpus directory (PTFS_CORPUS or
-// ../shared/corpus from the repository root), skipping when it is absent.
-func ptdumpCorpus(t testing.TB) string {
-	t.Helper()
-	dir := os.Getenv("PTFS_CORPUS")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "shared", "corpus")
-	}
-	if _, err := os.Stat(dir); err != nil {
-		t.Skipf("corpus not available at %s (set PTFS_CORPUS): %v", dir, err)
-	}
-	return dir
-}
 
 // normalizeWS collapses runs of blanks and drops trailing ones: libipt's
 // own test runner compares ptdump output with its hand-written .exp files
@@ -98,7 +85,7 @@ func onlyDiffersIn(got, want, mnemonic string) bool {
 }
 
 func TestPtdumpLibipt(t *testing.T) {
-	dir := filepath.Join(ptdumpCorpus(t), "libipt")
+	dir := filepath.Join(testkit.Corpus(t), "libipt")
 	exps, err := filepath.Glob(filepath.Join(dir, "*-ptdump.exp"))
 	if err != nil || len(exps) == 0 {
 		t.Fatalf("no *-ptdump.exp in %s: %v", dir, err)
@@ -181,7 +168,7 @@ func compareListing(t *testing.T, name string, pt []byte, want io.Reader) {
 }
 
 func TestPtdumpPerf(t *testing.T) {
-	dir := filepath.Join(ptdumpCorpus(t), "perf")
+	dir := filepath.Join(testkit.Corpus(t), "perf")
 	for _, name := range []string{"intel_pt-4.14-idx0-cpu0", "intel_pt-4.14-idx3-cpu3"} {
 		pt, err := os.ReadFile(filepath.Join(dir, name+".pt"))
 		if err != nil {
@@ -197,7 +184,7 @@ func TestPtdumpPerf(t *testing.T) {
 }
 
 func TestPtdumpLibxdc(t *testing.T) {
-	dir := filepath.Join(ptdumpCorpus(t), "libxdc")
+	dir := filepath.Join(testkit.Corpus(t), "libxdc")
 	for _, c := range []struct{ dir, trace string }{
 		{"Unzip", "trace"}, {"foo", "trace"}, {"mruby", "trace"}, {"icelake_tip", "ptlog"},
 	} {

@@ -385,6 +385,32 @@ func TestAssemblerGap(t *testing.T) {
 	}
 }
 
+// A context switch mid-record drops the record (its missing words count as
+// dropped, not as an error): the next thread's words must not complete it.
+func TestAssemblerContextSwitch(t *testing.T) {
+	var out lines
+	a := NewAssembler(testEvents(), &out)
+	e := ptenc.New()
+	e.PSB()
+	e.PSBEnd()
+	e.PTW(ptenc.Header(0x10, 2), 8, false)
+	e.PTW(5, 8, false)
+	a.Feed(e.Bytes())
+	a.ContextSwitch()
+	e = ptenc.New()
+	e.PTW(6, 8, false)
+	e.Probe(0x10, 0, false, 1, 2)
+	a.Feed(e.Bytes())
+	a.End()
+	want := "manual ptwrite: payload=0x6\nrecord 1: event=ptfs_t/e id=0x10 args=[1, b=2]\n"
+	if string(out.b) != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out.b, want)
+	}
+	if c, w := a.Counters(), (Counters{Records: 1, Dropped: 1, Stray: 1}); c != w {
+		t.Errorf("counters %+v, want %+v", c, w)
+	}
+}
+
 // TestAssemblerChunks feeds generated streams in small uneven chunks and
 // expects what one Feed gives.
 func TestAssemblerChunks(t *testing.T) {

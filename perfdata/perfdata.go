@@ -369,7 +369,12 @@ func (p *parser) timeConv(rec []byte) {
 		Mult:  uint32(binary.LittleEndian.Uint64(rec[16:])),
 		Zero:  binary.LittleEndian.Uint64(rec[24:]),
 	}
-	// Newer perf appends time_cycles, time_mask and two flag bytes.
+	// Newer perf appends time_cycles, time_mask and the flags
+	// cap_user_time_zero and cap_user_time_short: without time zero the
+	// kernel gave no absolute time, and none is better than a wrong one.
+	if len(rec) >= 49 && rec[48] == 0 {
+		return
+	}
 	if len(rec) >= 50 && rec[49] != 0 {
 		c.Short = true
 		c.Cycles = binary.LittleEndian.Uint64(rec[32:])

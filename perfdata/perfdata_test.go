@@ -210,6 +210,23 @@ func TestSynthetic(t *testing.T) {
 	}
 }
 
+// A TIME_CONV without cap_user_time_zero gives no time conversion; with
+// it, the conversion.
+func TestTimeConvFlags(t *testing.T) {
+	for _, zero := range []byte{0, 1} {
+		var b builder
+		b.rec(recTimeConv, append(u64s(10, 1<<10, 5, 0, 0), zero, 0, 0, 0, 0, 0, 0, 0), nil)
+		b.auxtrace(0, 0, 7, 0, []byte("aaaa"))
+		f, err := Parse(b.pipe(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (f.Time != nil) != (zero == 1) {
+			t.Errorf("cap_user_time_zero %d: time conversion %+v", zero, f.Time)
+		}
+	}
+}
+
 func TestPerThreadLoss(t *testing.T) {
 	var b builder
 	b.auxtrace(0, 0, 55, -1, []byte("xy"))

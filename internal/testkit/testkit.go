@@ -32,15 +32,21 @@ func Root(t testing.TB) string {
 	}
 }
 
-// Corpus returns the reference corpus directory: $PTFS_CORPUS, else
-// ../shared/corpus beside the repository. It skips the test when the
-// directory is absent.
+// CorpusPath returns where the reference corpus should be: $PTFS_CORPUS,
+// else ../shared/corpus beside the repository.
+func CorpusPath(t testing.TB) string {
+	t.Helper()
+	if dir := os.Getenv("PTFS_CORPUS"); dir != "" {
+		return dir
+	}
+	return filepath.Join(Root(t), "..", "shared", "corpus")
+}
+
+// Corpus returns the reference corpus directory (CorpusPath). It skips the
+// test when the directory is absent.
 func Corpus(t testing.TB) string {
 	t.Helper()
-	dir := os.Getenv("PTFS_CORPUS")
-	if dir == "" {
-		dir = filepath.Join(Root(t), "..", "shared", "corpus")
-	}
+	dir := CorpusPath(t)
 	if _, err := os.Stat(dir); err != nil {
 		t.Skipf("corpus absent at %s (set PTFS_CORPUS): %v", dir, err)
 	}
