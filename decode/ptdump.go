@@ -40,6 +40,16 @@ type PtdumpOptions struct {
 // ErrBadOption is returned by ParsePtdumpArgs for arguments ptdump rejects.
 var ErrBadOption = errors.New("bad ptdump option")
 
+// ptdumpValueOpts are the ptdump options that take a value.
+var ptdumpValueOpts = map[string]bool{
+	"--cpu": true, "--mtc-freq": true, "--nom-freq": true,
+	"--cpuid-0x15.eax": true, "--cpuid-0x15.ebx": true,
+}
+
+// PtdumpOptionTakesValue tells whether ptdump option opt takes a value (the
+// next argument).
+func PtdumpOptionTakesValue(opt string) bool { return ptdumpValueOpts[opt] }
+
 // ParsePtdumpArgs parses ptdump command-line options (without the file).
 func ParsePtdumpArgs(args []string) (PtdumpOptions, error) {
 	var o PtdumpOptions
@@ -56,6 +66,9 @@ func ParsePtdumpArgs(args []string) (PtdumpOptions, error) {
 		if f, ok := flags[a]; ok {
 			*f = true
 			continue
+		}
+		if !ptdumpValueOpts[a] {
+			return o, fmt.Errorf("unknown option %s: %w", a, ErrBadOption)
 		}
 		if i+1 >= len(args) {
 			return o, fmt.Errorf("%s: missing argument: %w", a, ErrBadOption)
@@ -86,8 +99,6 @@ func ParsePtdumpArgs(args []string) (PtdumpOptions, error) {
 			o.CPUID15EAX = uint32(n)
 		case "--cpuid-0x15.ebx":
 			o.CPUID15EBX = uint32(n)
-		default:
-			return o, fmt.Errorf("unknown option %s: %w", a, ErrBadOption)
 		}
 	}
 	if o.Time && o.Tcal {

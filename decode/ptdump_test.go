@@ -223,6 +223,7 @@ func TestParsePtdumpArgs(t *testing.T) {
 		{[]string{"--mtc-freq"}, PtdumpOptions{}, true},
 		{[]string{"--mtc-freq", "300"}, PtdumpOptions{}, true},
 		{[]string{"--bogus", "1"}, PtdumpOptions{}, true},
+		{[]string{"--lastip", "--bogus"}, PtdumpOptions{}, true},
 	} {
 		got, err := ParsePtdumpArgs(c.args)
 		if (err != nil) != c.bad {

@@ -1,10 +1,10 @@
 package session
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
+	"ptfs/probes"
 	"strings"
 )
 
@@ -66,14 +66,14 @@ func (r roots) detect(tracefs string, tracefsErr error) Caps {
 		} else {
 			c.UprobesErr = "no uprobe_events in tracefs (kernel without CONFIG_UPROBE_EVENTS)"
 		}
-		readme, err := os.ReadFile(filepath.Join(tracefs, "README"))
+		ok, err := (&probes.Tracefs{Dir: tracefs}).ReadmeMentionsPTW()
 		switch {
 		case err != nil:
-			c.PTWErr = fmt.Sprintf("cannot read tracefs README: %v", err)
-		case bytes.Contains(readme, []byte("ptw")):
+			c.PTWErr = err.Error()
+		case ok:
 			c.PTWUprobes = true
 		default:
-			c.PTWErr = "kernel without ptwrite uprobes: its tracefs README does not mention ptw"
+			c.PTWErr = "kernel without ptwrite uprobes: its tracefs README does not document ptw probes"
 		}
 	}
 	if fi, err := os.Stat(filepath.Join(r.dev, "fuse")); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
@@ -141,7 +141,8 @@ func (c *Caps) ptw() (bool, string) {
 	return len(miss) == 0, strings.Join(miss, "; ")
 }
 
-// BranchesErr says why branch tracing is unavailable, or "" when it is.
+// BranchesErr says why branch tracing is unavailable (in this build, it
+// always is).
 func (c *Caps) BranchesErr() string {
 	if !c.IntelPT {
 		return "branches need Intel PT: " + c.IntelPTErr

@@ -21,6 +21,7 @@ import (
 	"ptfs/decode"
 	"ptfs/fs"
 	"ptfs/probes"
+	"ptfs/stream"
 )
 
 // Options configure a Session. Zero values select defaults.
@@ -34,7 +35,7 @@ type Options struct {
 }
 
 // DefaultStreamLimit is the default bound of a records file.
-const DefaultStreamLimit = 64 << 20
+const DefaultStreamLimit = stream.DefaultLimit
 
 // Sentinel errors of the session.
 var (

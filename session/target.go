@@ -131,8 +131,8 @@ func (t *Target) Status() []byte {
 	}
 	b = fmt.Appendf(b, "probes: %d active, %d refused\ncapture: %s\n", active, refused, capture)
 	b = fmt.Appendf(b, "branches: unavailable: %s\n", t.s.caps.BranchesErr())
-	b = fmt.Appendf(b, "records file: %d bytes, limit %d, rotations %d\n",
-		t.recs.Size(), t.recs.Limit(), t.recs.Rotations())
+	b = fmt.Appendf(b, "records file: %d bytes, limit %d, rotations %d, lines over the limit dropped %d\n",
+		t.recs.Size(), t.recs.Limit(), t.recs.Rotations(), t.recs.DroppedLines())
 	st := t.s.src.Stats()
 	b = appendCaptureStats(b, st)
 	c := t.counters()

@@ -21,8 +21,8 @@ PERF_RECORD_AUXTRACE data, per buffer). Prints probe records and manual
 ptwrites (records of several CPUs merged by time when the trace has it), then
 the summary line. DIR is a tracefs events directory (or a copy) giving the
 probe events; without it every ptwrite is a manual one.
---packets prints libipt ptdump's packet listing instead (options as ptdump's,
-e.g. --lastip, --no-pad).
+--packets prints libipt ptdump's packet listing instead; it takes ptdump's
+options (--lastip, --no-pad, --time, --mtc-freq N, ...).
 `
 
 // errNoTrace: the input holds no Intel PT data.
@@ -56,9 +56,10 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 			eventsDir = strings.TrimPrefix(a, "--events=")
 		case a == "--packets":
 			packets = true
-		case strings.HasPrefix(a, "--") && packets:
+		case strings.HasPrefix(a, "--"):
+			// ptdump's options, checked by ParsePtdumpArgs.
 			ptArgs = append(ptArgs, a)
-			if ptdumpTakesValue(a) && i+1 < len(args) {
+			if decode.PtdumpOptionTakesValue(a) && i+1 < len(args) {
 				i++
 				ptArgs = append(ptArgs, args[i])
 			}
@@ -75,6 +76,10 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 	}
 	out := bufio.NewWriterSize(stdout, 64<<10)
 	var err error
+	if !packets && len(ptArgs) > 0 {
+		fmt.Fprintf(stderr, "ptfs decode: unknown option %q (ptdump options go with --packets)\n%s", ptArgs[0], decodeUsage)
+		return 2
+	}
 	if packets {
 		if eventsDir != "" {
 			fmt.Fprintln(stderr, "ptfs decode: --events has no effect with --packets")
@@ -94,14 +99,6 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-func ptdumpTakesValue(opt string) bool {
-	switch opt {
-	case "--cpu", "--mtc-freq", "--nom-freq", "--cpuid-0x15.eax", "--cpuid-0x15.ebx":
-		return true
-	}
-	return false
 }
 
 // stream is one PT byte stream of an input file: a raw file, or one AUX
