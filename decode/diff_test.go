@@ -249,7 +249,7 @@ func TestLibiptDiff(t *testing.T) {
 		r.Read(junk)
 		// Sprinkle PSBs so that resynchronization happens.
 		for k := 0; k+16 <= len(junk); k += 200 + r.Intn(600) {
-			copy(junk[k:], psbBytes[:])
+			copy(junk[k:], psbPattern[:])
 		}
 		cases = append(cases, tc{fmt.Sprintf("random-%d", i), junk})
 	}

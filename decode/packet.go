@@ -179,6 +179,10 @@ func (e *PacketError) Unwrap() error { return e.Err }
 // psbPattern is the 16-byte PSB packet.
 var psbPattern = [16]byte{2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82}
 
+// HasPSB tells whether buf holds a PSB packet, which every Intel PT stream
+// starts at and repeats.
+func HasPSB(buf []byte) bool { return bytes.Contains(buf, psbPattern[:]) }
+
 // Block-item contexts: a BBP switches the meaning of bytes with bits 2:0 =
 // 100b from TNT8 to BIP until a packet that ends the block (SDM, PEBS via PT).
 const (

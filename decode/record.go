@@ -97,8 +97,6 @@ type Assembler struct {
 // maxPacket is the longest packet (PSB); a longer CYC is an error.
 const maxPacket = 16
 
-// psbBytes is the PSB packet.
-var psbBytes = [maxPacket]byte{2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82}
 
 // ipPayloadSize maps an IP packet's IPBytes field to its payload size; -1 is
 // reserved.
@@ -314,7 +312,7 @@ func (a *Assembler) scan(buf []byte, pos int) int {
 				a.word(uint64(binary.LittleEndian.Uint32(buf[pos+2:])), 4, e&0x80 != 0)
 				pos += 6
 			case 0x82: // PSB
-				if pos+16 > n || string(buf[pos:pos+16]) != string(psbBytes[:]) {
+				if pos+16 > n || string(buf[pos:pos+16]) != string(psbPattern[:]) {
 					return pos
 				}
 				a.flushManual()
@@ -392,9 +390,9 @@ func (a *Assembler) feedBoundary(buf []byte) []byte {
 	scr := a.scratch[:n+m]
 	start := 0
 	if a.unsynced {
-		i := bytes.Index(scr, psbBytes[:])
+		i := bytes.Index(scr, psbPattern[:])
 		if i < 0 || i >= n {
-			j := bytes.Index(buf, psbBytes[:])
+			j := bytes.Index(buf, psbPattern[:])
 			if j < 0 {
 				if m == len(buf) {
 					a.keepTail(scr)

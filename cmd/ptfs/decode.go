@@ -126,7 +126,7 @@ func input(name string) (streams []stream, lost uint64, err error) {
 	}
 	if !bytes.HasPrefix(data, []byte("PERFILE2")) && !bytes.HasPrefix(data, []byte("2ELIFREP")) {
 		// PT streams start at a PSB; a file without one is no trace.
-		if !bytes.Contains(data, []byte{2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82}) {
+		if !decode.HasPSB(data) {
 			return nil, 0, fmt.Errorf("%s: neither perf.data nor raw Intel PT (no PSB packet): %w", name, errNoTrace)
 		}
 		return []stream{{
