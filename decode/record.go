@@ -76,7 +76,6 @@ type Assembler struct {
 	rec       Record
 	open      bool // rec holds an incomplete record
 	want, got int  // announced and received words of the open record
-	strayLeft int  // words still owed to a header of an unknown event
 
 	man     Manual
 	manPend bool // man waits for the FUP its PTW announced
@@ -96,7 +95,6 @@ type Assembler struct {
 
 // maxPacket is the longest packet (PSB); a longer CYC is an error.
 const maxPacket = 16
-
 
 // ipPayloadSize maps an IP packet's IPBytes field to its payload size; -1 is
 // reserved.
@@ -475,7 +473,6 @@ func (a *Assembler) breakRecord() {
 		a.c.Dropped += uint64(a.want - a.got)
 		a.open = false
 	}
-	a.strayLeft = 0
 	a.inPSB = false
 }
 
@@ -572,9 +569,6 @@ func (a *Assembler) word(v uint64, size uint8, withIP bool) {
 		}
 		return
 	}
-	if a.strayLeft > 0 {
-		a.strayLeft--
-	}
 	a.stray(v, withIP)
 }
 
@@ -586,7 +580,6 @@ func (a *Assembler) header(v uint64, withIP bool) {
 	nargs := int(v >> 40 & 0xff)
 	ev := a.events.get(id)
 	if ev == nil {
-		a.strayLeft = nargs
 		a.stray(v, withIP)
 		return
 	}
