@@ -16,7 +16,8 @@ test: vet
 
 # Benchmarks with their references measured in the same run.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 3x ./decode
+	$(GO) test -run '^$$' -bench 'Packets|Records|Libipt' -benchmem -benchtime 3x ./decode
+	$(GO) test -run '^$$' -bench AppendRecord -benchmem ./decode
 	$(GO) test -run '^$$' -bench . -benchmem ./stream ./capture
 	$(GO) test -run '^$$' -bench Overhead -benchtime 200000x ./cmd/ptfs
 
