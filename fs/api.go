@@ -92,9 +92,9 @@ func Mount(dir string, t Tracer, opts Options) (*fuse.Server, error) {
 			AllowOther:        opts.AllowOther,
 			Debug:             opts.Debug,
 			DisableXAttrs:     true,
-			// 1 MiB requests (the kernel's most): a reader that follows a
-			// busy records file costs an eighth of the requests, and the
-			// context switches, of the 128 KiB default.
+			// 1 MiB requests (the kernel's most), so a reader that follows
+			// a busy records file needs fewer requests and context switches
+			// than with the 128 KiB default.
 			MaxWrite:     1 << 20,
 			MaxReadAhead: 1 << 20,
 		},

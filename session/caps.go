@@ -4,8 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"ptfs/probes"
 	"strings"
+
+	"ptfs/probes"
 )
 
 // Mode is the engine a mount runs on.

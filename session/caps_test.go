@@ -30,7 +30,6 @@ func TestDetect(t *testing.T) {
 		name     string
 		sysfs    map[string]string
 		readme   string
-		noTrace  bool
 		want     Mode
 		wantErr  string // of --mode=ptw
 		wantText []string

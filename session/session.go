@@ -69,16 +69,19 @@ type Session struct {
 	mu      sync.Mutex // guards targets, groups, leftovers, closed and routes writes
 	targets map[string]*Target
 	groups  map[string]bool
-	// leftovers are tracefs events (GROUP/EVENT) that could not be removed
-	// when their probe went; Close tries them again.
-	leftovers []string
+	// leftovers are tracefs events that could not be removed when their
+	// probe went; Close tries them again.
+	leftovers []leftover
 	closed    bool
 }
+
+// leftover is a tracefs event whose removal failed.
+type leftover struct{ group, event string }
 
 // leave records a tracefs event whose removal failed, for Close.
 func (s *Session) leave(group, event string) {
 	s.mu.Lock()
-	s.leftovers = append(s.leftovers, group+"/"+event)
+	s.leftovers = append(s.leftovers, leftover{group, event})
 	s.mu.Unlock()
 }
 
@@ -283,7 +286,7 @@ func (s *Session) RemoveTarget(name string) error {
 	err := t.close()
 	s.mu.Lock()
 	// A group with leftovers stays taken: a new target must not meet them.
-	if !slices.ContainsFunc(s.leftovers, func(l string) bool { return strings.HasPrefix(l, t.group+"/") }) {
+	if !slices.ContainsFunc(s.leftovers, func(l leftover) bool { return l.group == t.group }) {
 		delete(s.groups, t.group)
 	}
 	s.mu.Unlock()
@@ -312,9 +315,8 @@ func (s *Session) Close() error {
 	s.leftovers = nil
 	s.mu.Unlock()
 	for _, l := range left {
-		group, event, _ := strings.Cut(l, "/")
-		if err := s.tfs.RemoveProbe(group, event); err != nil {
-			errs = append(errs, fmt.Errorf("probe %s left in tracefs: %w", l, err))
+		if err := s.tfs.RemoveProbe(l.group, l.event); err != nil {
+			errs = append(errs, fmt.Errorf("probe %s/%s left in tracefs: %w", l.group, l.event, err))
 		}
 	}
 	errs = append(errs, s.claim.Close())

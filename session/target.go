@@ -299,7 +299,7 @@ func (t *Target) freeEvent(probe string) string {
 }
 
 // retire stops and removes p's installed probe. When tracefs refuses to
-// remove it (EBUSY: another tool enabled it), the probe is no longer read
+// remove it (EBUSY: another tool holds its event), the probe is no longer read
 // or routed, its event name stays taken, and Session.Close tries again.
 func (t *Target) retire(p *probe) error {
 	if p.ev == nil {
