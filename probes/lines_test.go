@@ -116,25 +116,31 @@ func TestNames(t *testing.T) {
 	}
 }
 
-func TestLastErrorLog(t *testing.T) {
-	tests := []struct{ log, want string }{
-		{"", ""},
-		{"garbage\n", ""},
-		{"[  253.335922] trace_uprobe: error: Invalid register name\n" +
-			"  Command: p:h3exp/e /tmp/h3x/t:0x1180 %ds\n" +
-			"                                       ^\n",
-			`Invalid register name (at "%ds")`},
-		{"[    1.000000] trace_uprobe: error: Old one\n  Command: p:a/b x:0x1\n             ^\n" +
+func TestErrorLogReason(t *testing.T) {
+	const entry = "[  253.335922] trace_uprobe: error: Invalid register name\n" +
+		"  Command: p:h3exp/e /tmp/h3x/t:0x1180 %ds\n" +
+		"                                       ^\n"
+	tests := []struct{ log, cmd, want string }{
+		{"", "x", ""},
+		{"garbage\n", "x", ""},
+		{entry, "p:h3exp/e /tmp/h3x/t:0x1180 %ds", `Invalid register name (at "%ds")`},
+		// Another writer's newer entry is not ours.
+		{entry + "[  264.750676] trace_uprobe: error: Failed to find the given file\n" +
+			"  Command: p:other/l /nonexist:0x10 %di\n" +
+			"                     ^\n",
+			"p:h3exp/e /tmp/h3x/t:0x1180 %ds", `Invalid register name (at "%ds")`},
+		{"[    1.000000] trace_uprobe: error: Old one\n  Command: p:h3exp/l /nonexist:0x10 %di\n             ^\n" +
 			"[  264.750676] trace_uprobe: error: Failed to find the given file\n" +
 			"  Command: p:h3exp/l /nonexist:0x10 %di\n" +
 			"                     ^\n",
-			`Failed to find the given file (at "/nonexist:0x10")`},
-		{"[ 1.0] trace_uprobe: error: No caret\n", "No caret"},
-		{"[ 1.0] something else\n  Command: x\n    ^\n", "something else"},
+			"p:h3exp/l /nonexist:0x10 %di", `Failed to find the given file (at "/nonexist:0x10")`},
+		{entry, "p:h3exp/f /tmp/h3x/t:0x1180 %ds", ""},
+		{"[ 1.0] trace_uprobe: error: No caret\n  Command: x\n", "x", "No caret"},
+		{"[ 1.0] something else\n  Command: x\n    ^\n", "x", "something else"},
 	}
 	for _, tt := range tests {
-		if got := lastErrorLog(tt.log); got != tt.want {
-			t.Errorf("lastErrorLog(%q) = %q, want %q", tt.log, got, tt.want)
+		if got := errorLogReason(tt.log, tt.cmd); got != tt.want {
+			t.Errorf("errorLogReason(%q, %q) = %q, want %q", tt.log, tt.cmd, got, tt.want)
 		}
 	}
 }

@@ -73,14 +73,8 @@ func (t *Tracefs) Events() ([]string, error) {
 	return lines, nil
 }
 
-// write writes one command to uprobe_events, clearing error_log first so
-// that a failure can quote the kernel's reason.
+// write writes one command to uprobe_events.
 func (t *Tracefs) write(cmd string) error {
-	// error_log is cleared by opening it with O_TRUNC; a kernel without it
-	// only loses the reason, not the command.
-	if f, err := os.OpenFile(t.path("error_log"), os.O_WRONLY|os.O_TRUNC, 0); err == nil {
-		f.Close()
-	}
 	f, err := os.OpenFile(t.path("uprobe_events"), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		return fmt.Errorf("open uprobe_events: %w", err)
@@ -92,24 +86,31 @@ func (t *Tracefs) write(cmd string) error {
 	return err
 }
 
-// kernelReason returns the last entry of error_log as one readable line,
-// such as `Invalid register name (at "%ds")`, or "" when it is empty.
-func (t *Tracefs) kernelReason() string {
+// kernelReason returns the kernel's reason for refusing cmd, from the
+// newest error_log entry about cmd, as one readable line such as
+// `Invalid register name (at "%ds")`; "" when there is none. error_log is
+// shared by every tracefs user, so the entry is found by its command
+// rather than by clearing the log, which would erase other writers'
+// reasons as they look for them.
+func (t *Tracefs) kernelReason(cmd string) string {
 	data, err := os.ReadFile(t.path("error_log"))
 	if err != nil {
 		return ""
 	}
-	return lastErrorLog(string(data))
+	return errorLogReason(string(data), cmd)
 }
 
-// lastErrorLog extracts the last entry of an error_log text: the message
-// after "error: " and the token the caret line points at.
-func lastErrorLog(log string) string {
+// errorLogReason extracts the newest entry of an error_log text whose
+// Command line is cmd: the message after "error: " and the token the caret
+// line points at.
+func errorLogReason(log, cmd string) string {
 	lines := strings.Split(log, "\n")
 	last := -1
 	for i, l := range lines {
-		if strings.HasPrefix(l, "[") {
-			last = i
+		if strings.HasPrefix(l, "[") && i+1 < len(lines) {
+			if c, ok := strings.CutPrefix(strings.TrimSpace(lines[i+1]), "Command: "); ok && c == cmd {
+				last = i
+			}
 		}
 	}
 	if last < 0 {
@@ -122,10 +123,10 @@ func lastErrorLog(log string) string {
 		msg = m
 	}
 	if last+2 < len(lines) {
-		cmd, caret := lines[last+1], lines[last+2]
-		start := strings.Index(cmd, "Command: ") + len("Command: ")
-		if col := strings.IndexByte(caret, '^'); start >= len("Command: ") && col >= start && col < len(cmd) {
-			tok, _, _ := strings.Cut(cmd[col:], " ")
+		cl, caret := lines[last+1], lines[last+2]
+		start := strings.Index(cl, "Command: ") + len("Command: ")
+		if col := strings.IndexByte(caret, '^'); start >= len("Command: ") && col >= start && col < len(cl) {
+			tok, _, _ := strings.Cut(cl[col:], " ")
 			if tok != "" {
 				msg += fmt.Sprintf(" (at %q)", tok)
 			}
@@ -189,7 +190,7 @@ func (t *Tracefs) AddProbe(line string) error {
 		}
 	}
 	if err := t.write(line); err != nil {
-		return t.addError(pl, err)
+		return t.addError(pl, line, err)
 	}
 	after, err := t.Events()
 	if err != nil {
@@ -228,9 +229,10 @@ func (t *Tracefs) AddProbe(line string) error {
 	return errors.Join(append([]error{err}, errs...)...)
 }
 
-// addError maps a failed uprobe_events write to the package's errors.
-func (t *Tracefs) addError(pl ProbeLine, err error) error {
-	reason := t.kernelReason()
+// addError maps a failed uprobe_events write of line to the package's
+// errors.
+func (t *Tracefs) addError(pl ProbeLine, line string, err error) error {
+	reason := t.kernelReason(line)
 	var errno syscall.Errno
 	if !errors.As(err, &errno) {
 		return fmt.Errorf("add probe %s/%s: %w", pl.Group, pl.Event, err)
@@ -250,14 +252,15 @@ func (t *Tracefs) addError(pl ProbeLine, err error) error {
 // RemoveProbe removes the event GRP/EVENT. A probe that a perf event holds
 // or that is enabled cannot go: the error then wraps EBUSY.
 func (t *Tracefs) RemoveProbe(group, event string) error {
-	err := t.write("-:" + group + "/" + event)
+	cmd := "-:" + group + "/" + event
+	err := t.write(cmd)
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, syscall.EBUSY) {
 		return fmt.Errorf("remove probe %s/%s: %w: a perf event or an enabled trace still uses it", group, event, err)
 	}
-	if reason := t.kernelReason(); reason != "" {
+	if reason := t.kernelReason(cmd); reason != "" {
 		return fmt.Errorf("remove probe %s/%s: %w (kernel: %s)", group, event, err, reason)
 	}
 	return fmt.Errorf("remove probe %s/%s: %w", group, event, err)
