@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,7 +65,8 @@ var (
 	ErrExists = errors.New("capture: event already added")
 	// ErrNotFound reports Remove of an event id not added.
 	ErrNotFound = errors.New("capture: no such event")
-	// ErrOptions reports invalid ClassicOptions or a nil Sink.
+	// ErrOptions reports invalid ClassicOptions, PTOptions or PTWOptions,
+	// or a nil Sink.
 	ErrOptions = errors.New("capture: bad options")
 )
 
@@ -142,18 +142,9 @@ func NewClassic(opts ClassicOptions, sink Sink) (*Classic, error) {
 	if opts.Latency < 0 {
 		return nil, fmt.Errorf("%w: negative latency %v", ErrOptions, opts.Latency)
 	}
-	cpus := opts.CPUs
-	if len(cpus) == 0 {
-		var err error
-		if cpus, err = onlineCPUs(); err != nil {
-			return nil, err
-		}
-	}
-	for i, cpu := range cpus {
-		// A CPU listed twice would get every sample twice.
-		if cpu < 0 || slices.Contains(cpus[:i], cpu) {
-			return nil, fmt.Errorf("%w: cpu %d in %v", ErrOptions, cpu, cpus)
-		}
+	cpus, err := traceCPUs(opts.CPUs)
+	if err != nil {
+		return nil, err
 	}
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 )
 
@@ -50,4 +51,18 @@ func parseCPUList(b []byte) ([]int, error) {
 		}
 	}
 	return cpus, nil
+}
+
+// traceCPUs returns the CPUs a source traces: want, checked, or all online
+// CPUs when want is empty. A CPU listed twice would get every record twice.
+func traceCPUs(want []int) ([]int, error) {
+	if len(want) == 0 {
+		return onlineCPUs()
+	}
+	for i, cpu := range want {
+		if cpu < 0 || slices.Contains(want[:i], cpu) {
+			return nil, fmt.Errorf("%w: cpu %d in %v", ErrOptions, cpu, want)
+		}
+	}
+	return slices.Clone(want), nil
 }

@@ -147,3 +147,8 @@ func (r *Ring) End() {
 
 // Errors returns the number of times malformed ring contents were skipped.
 func (r *Ring) Errors() uint64 { return r.errors }
+
+// unread moves the read position back by n bytes, so that the record just
+// returned by Next is returned again by the next batch (End stores the
+// position before it).
+func (r *Ring) unread(n uint64) { r.pos -= n }

@@ -1,0 +1,517 @@
+package capture
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+)
+
+// PTOptions configure a PT source. Zero values select defaults.
+type PTOptions struct {
+	// CPUs to trace; default all online CPUs.
+	CPUs []int
+	// DataPages is the size of each CPU's side-band ring in pages, a power
+	// of two; default DefaultPTDataPages.
+	DataPages int
+	// AuxPages is the size of each CPU's AUX (trace) ring in pages, a
+	// power of two; default DefaultPTAuxPages.
+	AuxPages int
+	// AuxWatermark is how many bytes of trace make the kernel publish them
+	// and wake the reader; default DefaultAuxWatermark or half the AUX ring
+	// if that is less; at most the AUX ring.
+	AuxWatermark int
+	// FlushInterval is how often a CPU that published no trace since the
+	// last look is stopped for a moment to push out what it buffered (the
+	// kernel publishes AUX data only at the watermark or when the event
+	// stops); default DefaultFlushInterval, negative disables.
+	FlushInterval time.Duration
+	// PSBPeriod is PTConfig.PSBPeriod.
+	PSBPeriod int
+	// Branch turns on branch tracing.
+	Branch bool
+}
+
+// Defaults of PTOptions.
+const (
+	DefaultPTDataPages   = 64
+	DefaultPTAuxPages    = 1024
+	DefaultAuxWatermark  = 64 << 10
+	DefaultFlushInterval = 500 * time.Millisecond
+)
+
+// maxPTPages bounds DataPages and AuxPages (4 GiB with 4 KiB pages).
+const maxPTPages = 1 << 20
+
+// ptIdleWait is the longest the reader sleeps without a wakeup; ptRetryWait
+// how soon it comes back for an event to enable again or a record that
+// waits for aux_head.
+const (
+	ptIdleWait  = 100 * time.Millisecond
+	ptRetryWait = time.Millisecond
+)
+
+// Sentinel errors of PT.
+var (
+	// ErrStarted reports Start of a PT source that runs.
+	ErrStarted = errors.New("capture: pt source already started")
+	// ErrNotStarted reports Flush or Stop of a PT source that does not run.
+	ErrNotStarted = errors.New("capture: pt source not started")
+)
+
+// PTStats are the counters of a PT source, summed over all its runs.
+type PTStats struct {
+	Records uint64 // side-band ring records read (AUX, LOST, switches, ...)
+	Bytes   uint64 // PT bytes passed to the sink
+	// Losses counts the losses passed to the sink, indexed by LossKind:
+	// one per gap, or for LossSideBand the records lost.
+	Losses [nLossKinds]uint64
+	Errors uint64 // malformed records, failed ioctls, unreadable time
+}
+
+// PT is the TraceSource of the kernel: one system-wide, user-mode intel_pt
+// event per CPU with PTWRITE tracing, each with a side-band ring and an AUX
+// ring, read by one goroutine.
+type PT struct {
+	attr     unix.PerfEventAttr
+	opts     PTOptions
+	cpus     []int
+	pageSize int
+	cnt      ptCounters
+
+	// mu serializes Start, Flush and Stop, and guards run.
+	mu  sync.Mutex
+	run *ptRun
+}
+
+// NewPT prepares tracing from the intel_pt PMU described in dir (PTSysfsDir
+// on a real machine); nothing is opened until Start. It fails with ErrNoPT
+// or ErrNoPTW (see PTAttr) when the machine cannot trace PTWRITE.
+func NewPT(dir string, o PTOptions) (*PT, error) {
+	if o.DataPages == 0 {
+		o.DataPages = DefaultPTDataPages
+	}
+	if o.AuxPages == 0 {
+		o.AuxPages = DefaultPTAuxPages
+	}
+	if o.FlushInterval == 0 {
+		o.FlushInterval = DefaultFlushInterval
+	}
+	pageSize := os.Getpagesize()
+	if o.AuxWatermark == 0 && o.AuxPages > 0 {
+		// At most half the ring, so that the reader frees space before
+		// the ring fills.
+		o.AuxWatermark = min(DefaultAuxWatermark, o.AuxPages*pageSize/2)
+	}
+	for _, n := range []struct {
+		name  string
+		pages int
+	}{{"data pages", o.DataPages}, {"aux pages", o.AuxPages}} {
+		if n.pages < 0 || n.pages&(n.pages-1) != 0 || n.pages > maxPTPages {
+			return nil, fmt.Errorf("%w: %s %d is not a power of two up to %d", ErrOptions, n.name, n.pages, maxPTPages)
+		}
+	}
+	if o.AuxWatermark < 0 || o.AuxWatermark > o.AuxPages*pageSize {
+		return nil, fmt.Errorf("%w: aux watermark %d outside the %d-byte aux ring", ErrOptions, o.AuxWatermark, o.AuxPages*pageSize)
+	}
+	cpus, err := traceCPUs(o.CPUs)
+	if err != nil {
+		return nil, err
+	}
+	attr, err := PTAttr(dir, PTConfig{Branch: o.Branch, PSBPeriod: o.PSBPeriod, AuxWatermark: uint32(o.AuxWatermark)})
+	if err != nil {
+		return nil, err
+	}
+	return &PT{attr: *attr, opts: o, cpus: cpus, pageSize: pageSize}, nil
+}
+
+// Stats returns the counters.
+func (p *PT) Stats() PTStats {
+	s := PTStats{
+		Records: p.cnt.records.Load(),
+		Bytes:   p.cnt.bytes.Load(),
+		Errors:  p.cnt.errors.Load(),
+	}
+	for i := range s.Losses {
+		s.Losses[i] = p.cnt.losses[i].Load()
+	}
+	return s
+}
+
+// ptRun is one Start..Stop of a PT source.
+type ptRun struct {
+	p    *PT
+	cpus []*ptCPU
+	epfd int
+	// wake is an eventfd in the epoll set: Flush and Stop write it so that
+	// the reader looks at their request at once.
+	wake     int
+	flushReq chan chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	// stopErr holds the reader's errors of the final disable.
+	stopErr error
+}
+
+// ptCPU is the event of one CPU and its two mappings.
+type ptCPU struct {
+	cpu, fd   int
+	mem, aux  []byte
+	rd        *auxReader
+	lastHead  uint64    // aux_head at the last flush check
+	reenable  bool      // the kernel disabled the event on a full AUX ring
+	reenableT time.Time // when to enable it again
+}
+
+// Start opens and maps one intel_pt event per CPU, enables them and starts
+// the reader goroutine, which passes the trace to sink until Stop. sink must
+// not call methods of p.
+func (p *PT) Start(sink TraceSink) error {
+	if sink == nil {
+		return fmt.Errorf("%w: nil sink", ErrOptions)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.run != nil {
+		return ErrStarted
+	}
+	r, err := p.open()
+	if err != nil {
+		return err
+	}
+	for _, c := range r.cpus {
+		if err := unix.IoctlSetInt(c.fd, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
+			err = fmt.Errorf("capture: enable intel_pt on cpu %d: %w", c.cpu, err)
+			return errors.Join(err, r.disableAll(), r.release())
+		}
+	}
+	p.run = r
+	go r.loop(sink)
+	return nil
+}
+
+// open makes a run with every CPU's event opened and mapped, or releases
+// what it opened.
+func (p *PT) open() (*ptRun, error) {
+	r := &ptRun{
+		p:        p,
+		epfd:     -1,
+		wake:     -1,
+		flushReq: make(chan chan struct{}),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	fail := func(err error) (*ptRun, error) { return nil, errors.Join(err, r.release()) }
+	var err error
+	if r.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		r.epfd = -1
+		return fail(fmt.Errorf("capture: epoll_create1: %w", err))
+	}
+	if r.wake, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		r.wake = -1
+		return fail(fmt.Errorf("capture: wake eventfd: %w", err))
+	}
+	if err := epollAdd(r.epfd, r.wake); err != nil {
+		return fail(fmt.Errorf("capture: epoll add eventfd: %w", err))
+	}
+	for _, cpu := range p.cpus {
+		c, err := p.openCPU(cpu)
+		if err != nil {
+			return fail(err)
+		}
+		r.cpus = append(r.cpus, c)
+		if err := epollAdd(r.epfd, c.fd); err != nil {
+			return fail(fmt.Errorf("capture: epoll add cpu %d: %w", cpu, err))
+		}
+	}
+	return r, nil
+}
+
+// epollAdd adds fd to the epoll set for reading; every wakeup drains all
+// CPUs, so the event data is unused.
+func epollAdd(epfd, fd int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+	return unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+}
+
+// openCPU opens cpu's event and maps its rings as perf does: the control
+// page and data ring at offset 0, then the AUX ring at the page's
+// aux_offset, set to the end of the data mapping. Mapping both writable
+// selects the non-overwrite mode, where the kernel never overwrites trace
+// the reader has not released.
+func (p *PT) openCPU(cpu int) (*ptCPU, error) {
+	attr := p.attr // the kernel may write the size back
+	fd, err := unix.PerfEventOpen(&attr, -1, cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("capture: perf_event_open intel_pt on cpu %d: %w (%s)", cpu, err, openHint(err))
+	}
+	c := &ptCPU{cpu: cpu, fd: fd}
+	size := (1 + p.opts.DataPages) * p.pageSize
+	if c.mem, err = unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		return nil, errors.Join(fmt.Errorf("capture: mmap %d data pages of cpu %d: %w (%s)", p.opts.DataPages, cpu, err, mmapHint(err)), c.close())
+	}
+	page := (*unix.PerfEventMmapPage)(unsafe.Pointer(&c.mem[0]))
+	auxSize := p.opts.AuxPages * p.pageSize
+	page.Aux_offset, page.Aux_size = uint64(size), uint64(auxSize)
+	if c.aux, err = unix.Mmap(fd, int64(size), auxSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		return nil, errors.Join(fmt.Errorf("capture: mmap %d aux pages of cpu %d: %w (%s)", p.opts.AuxPages, cpu, err, mmapHint(err)), c.close())
+	}
+	if c.rd, err = newAuxReader(cpu, c.mem, c.aux, p.pageSize, &p.cnt); err != nil {
+		return nil, errors.Join(fmt.Errorf("capture: cpu %d: %w", cpu, err), c.close())
+	}
+	return c, nil
+}
+
+// openHint explains the usual causes of a perf_event_open error.
+func openHint(err error) string {
+	switch {
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		return "system-wide tracing needs root (CAP_PERFMON) or kernel.perf_event_paranoid <= 0"
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.EINVAL), errors.Is(err, unix.EOPNOTSUPP):
+		return "the intel_pt PMU or one of the requested config bits is not supported here"
+	case errors.Is(err, unix.EBUSY):
+		return "the PT hardware is in use by another tracer (perf record, a debugger, a hypervisor)"
+	case errors.Is(err, unix.EMFILE), errors.Is(err, unix.ENFILE):
+		return "out of file descriptors"
+	}
+	return "unexpected error"
+}
+
+// mmapHint explains the usual causes of an mmap error on a perf event.
+func mmapHint(err error) string {
+	switch {
+	case errors.Is(err, unix.ENOMEM), errors.Is(err, unix.EPERM):
+		return "the rings exceed the locked-memory limit: reduce --aux-pages or raise kernel.perf_event_mlock_kb"
+	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.EOPNOTSUPP):
+		return "the event has no AUX area of that size (not an intel_pt event, or a size the kernel refuses)"
+	}
+	return "unexpected error"
+}
+
+// close releases c's mappings and fd.
+func (c *ptCPU) close() error {
+	var errs []error
+	for _, m := range [][]byte{c.aux, c.mem} {
+		if m != nil {
+			if err := unix.Munmap(m); err != nil {
+				errs = append(errs, fmt.Errorf("capture: munmap cpu %d ring: %w", c.cpu, err))
+			}
+		}
+	}
+	c.aux, c.mem = nil, nil
+	if err := unix.Close(c.fd); err != nil {
+		errs = append(errs, fmt.Errorf("capture: close cpu %d intel_pt: %w", c.cpu, err))
+	}
+	return errors.Join(errs...)
+}
+
+// release closes everything the run opened.
+func (r *ptRun) release() error {
+	var errs []error
+	for _, c := range r.cpus {
+		errs = append(errs, c.close())
+	}
+	r.cpus = nil
+	for _, fd := range []int{r.epfd, r.wake} {
+		if fd >= 0 {
+			if err := unix.Close(fd); err != nil {
+				errs = append(errs, fmt.Errorf("capture: close pt reader fd: %w", err))
+			}
+		}
+	}
+	r.epfd, r.wake = -1, -1
+	return errors.Join(errs...)
+}
+
+// Flush stops every CPU's event for a moment so that the kernel publishes
+// what it buffered, passes everything on, ending with Round(true), and
+// enables them again. Each CPU reports Loss(LossFlush, 1): PTWRITEs in that
+// moment are not traced.
+func (p *PT) Flush() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.run
+	if r == nil {
+		return ErrNotStarted
+	}
+	ack := make(chan struct{})
+	if err := r.wakeUp(); err != nil {
+		return err
+	}
+	select {
+	case r.flushReq <- ack:
+		<-ack
+		return nil
+	case <-r.done:
+		return ErrNotStarted
+	}
+}
+
+// Stop disables every CPU's event, passes on what they traced, ending with
+// Round(true), stops the reader and releases every fd and mapping, even when
+// some step fails. Start may follow.
+func (p *PT) Stop() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.run
+	if r == nil {
+		return ErrNotStarted
+	}
+	p.run = nil
+	close(r.stop)
+	werr := r.wakeUp()
+	<-r.done
+	return errors.Join(werr, r.stopErr, r.release())
+}
+
+// wakeUp makes the reader's epoll_wait return.
+func (r *ptRun) wakeUp() error {
+	var one [8]byte
+	one[0] = 1
+	if _, err := unix.Write(r.wake, one[:]); err != nil && !errors.Is(err, unix.EAGAIN) {
+		return fmt.Errorf("capture: wake pt reader: %w", err)
+	}
+	return nil
+}
+
+// loop is the reader goroutine: wait for a wakeup (AUX watermark, a
+// request) or a timer, drain every CPU, flush idle CPUs every
+// FlushInterval, end the pass with Round(false).
+func (r *ptRun) loop(sink TraceSink) {
+	defer close(r.done)
+	evs := make([]unix.EpollEvent, len(r.cpus)+1)
+	interval := r.p.opts.FlushInterval
+	nextCheck := time.Now().Add(interval)
+	for _, c := range r.cpus {
+		c.lastHead = atomic.LoadUint64(&c.rd.page.Aux_head)
+	}
+	for {
+		wait := ptIdleWait
+		if interval > 0 {
+			wait = min(wait, time.Until(nextCheck))
+		}
+		for _, c := range r.cpus {
+			if c.reenable || c.rd.stalled {
+				wait = min(wait, ptRetryWait)
+			}
+		}
+		ms := max(0, int((wait+time.Millisecond-1)/time.Millisecond))
+		if _, err := unix.EpollWait(r.epfd, evs, ms); err != nil && !errors.Is(err, unix.EINTR) {
+			r.p.cnt.errors.Add(1)
+			logrus.WithError(err).Debug("capture: pt epoll_wait")
+			time.Sleep(ptRetryWait)
+		}
+		var ack chan struct{}
+		select {
+		case <-r.stop:
+			r.stopErr = r.disableAll()
+			r.drainAll(sink)
+			sink.Round(true)
+			return
+		case ack = <-r.flushReq:
+		default:
+		}
+		if ack != nil {
+			var buf [8]byte
+			unix.Read(r.wake, buf[:]) // reset the eventfd; EAGAIN when already read
+			r.flushAll(sink)
+			close(ack)
+			nextCheck = time.Now().Add(interval)
+			continue
+		}
+		r.drainAll(sink)
+		now := time.Now()
+		for _, c := range r.cpus {
+			if c.reenable && !now.Before(c.reenableT) {
+				c.reenable = false
+				r.ioctl(c, unix.PERF_EVENT_IOC_ENABLE)
+			}
+		}
+		if interval > 0 && !now.Before(nextCheck) {
+			r.flushIdle(sink)
+			nextCheck = now.Add(interval)
+		}
+		sink.Round(false)
+	}
+}
+
+// drainCPU passes on what c's rings hold and notes a truncation.
+func (r *ptRun) drainCPU(sink TraceSink, c *ptCPU) {
+	if res := c.rd.drain(sink); res.truncated {
+		// The kernel disables the event from irq work after a
+		// truncation; enabling it before that work ran would be undone.
+		c.reenable, c.reenableT = true, time.Now().Add(ptRetryWait)
+	}
+}
+
+// drainAll drains every CPU.
+func (r *ptRun) drainAll(sink TraceSink) {
+	for _, c := range r.cpus {
+		r.drainCPU(sink, c)
+	}
+}
+
+// flushCPU stops c's event so that the kernel publishes its buffered trace,
+// drains it, reports the gap and starts the event again.
+func (r *ptRun) flushCPU(sink TraceSink, c *ptCPU) {
+	r.ioctl(c, unix.PERF_EVENT_IOC_DISABLE)
+	r.drainCPU(sink, c)
+	c.rd.loss(sink, LossFlush, 1)
+	c.reenable = false
+	r.ioctl(c, unix.PERF_EVENT_IOC_ENABLE)
+}
+
+// flushIdle flushes every CPU whose aux_head has not moved since the last
+// check: the kernel may hold its trace back until the watermark.
+func (r *ptRun) flushIdle(sink TraceSink) {
+	for _, c := range r.cpus {
+		if atomic.LoadUint64(&c.rd.page.Aux_head) == c.lastHead {
+			r.flushCPU(sink, c)
+		}
+		c.lastHead = atomic.LoadUint64(&c.rd.page.Aux_head)
+	}
+}
+
+// flushAll is Flush in the reader: every CPU stopped, drained and reported,
+// Round(true), every CPU started again.
+func (r *ptRun) flushAll(sink TraceSink) {
+	for _, c := range r.cpus {
+		r.ioctl(c, unix.PERF_EVENT_IOC_DISABLE)
+	}
+	r.drainAll(sink)
+	for _, c := range r.cpus {
+		c.rd.loss(sink, LossFlush, 1)
+	}
+	sink.Round(true)
+	for _, c := range r.cpus {
+		c.reenable = false
+		r.ioctl(c, unix.PERF_EVENT_IOC_ENABLE)
+		c.lastHead = atomic.LoadUint64(&c.rd.page.Aux_head)
+	}
+}
+
+// ioctl runs an enable or disable ioctl in the reader, which has no caller
+// to return an error to: a failure is counted and logged.
+func (r *ptRun) ioctl(c *ptCPU, req uint) {
+	if err := unix.IoctlSetInt(c.fd, req, 0); err != nil {
+		r.p.cnt.errors.Add(1)
+		logrus.WithError(err).WithField("cpu", c.cpu).Debug("capture: intel_pt ioctl")
+	}
+}
+
+// disableAll disables every CPU's event.
+func (r *ptRun) disableAll() error {
+	var errs []error
+	for _, c := range r.cpus {
+		if err := unix.IoctlSetInt(c.fd, unix.PERF_EVENT_IOC_DISABLE, 0); err != nil {
+			errs = append(errs, fmt.Errorf("capture: disable intel_pt on cpu %d: %w", c.cpu, err))
+		}
+	}
+	return errors.Join(errs...)
+}

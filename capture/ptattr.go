@@ -1,0 +1,261 @@
+package capture
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// PTSysfsDir is where the kernel describes the Intel PT PMU.
+const PTSysfsDir = "/sys/bus/event_source/devices/intel_pt"
+
+// Sentinel errors of the Intel PT attributes.
+var (
+	// ErrNoPT reports a machine without the intel_pt PMU.
+	ErrNoPT = errors.New("capture: no intel_pt PMU")
+	// ErrNoPTW reports an intel_pt PMU that cannot trace PTWRITE: the CPU
+	// lacks it (caps/ptwrite is 0) or the kernel's driver has no ptw or
+	// fup_on_ptw format.
+	ErrNoPTW = errors.New("capture: intel_pt cannot trace ptwrite")
+	// ErrPMUFormat reports a PMU sysfs file that cannot be parsed.
+	ErrPMUFormat = errors.New("capture: bad PMU sysfs description")
+	// ErrPTConfig reports a PTConfig the PMU does not support.
+	ErrPTConfig = errors.New("capture: unsupported intel_pt configuration")
+)
+
+// PTConfig selects what PTAttr asks of Intel PT.
+type PTConfig struct {
+	// Branch turns on branch tracing (TNT/TIP packets); off, PT emits
+	// only PTWRITE, timing and mode packets.
+	Branch bool
+	// PSBPeriod is the psb_period field: a PSB every 2^(PSBPeriod+11)
+	// bytes of trace; 0 keeps the hardware default (2 KiB). It must be
+	// allowed by caps/psb_periods.
+	PSBPeriod int
+	// AuxWatermark is how many bytes of AUX data wake the reader; 0 lets
+	// the kernel choose (half the AUX ring).
+	AuxWatermark uint32
+}
+
+// ptSampleType is the sample_id layout of the side-band records that
+// sideband.go parses: pid/tid, time, cpu.
+const ptSampleType = unix.PERF_SAMPLE_TID | unix.PERF_SAMPLE_TIME | unix.PERF_SAMPLE_CPU
+
+// PTAttr builds the attributes of a system-wide, user-mode Intel PT event
+// with PTWRITE tracing from the PMU description in dir (PTSysfsDir on a real
+// machine): the type from dir/type and every config bit where dir/format/
+// says, never hard-coded.
+func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
+	if _, err := os.Stat(dir); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%w: %s does not exist (the CPU has no Intel PT, a hypervisor hides it, or the kernel lacks CONFIG_PERF_EVENTS_INTEL_PT)", ErrNoPT, dir)
+		}
+		return nil, fmt.Errorf("capture: intel_pt pmu: %w", err)
+	}
+	typ, err := readSysfsUint(filepath.Join(dir, "type"), 10, 32)
+	if err != nil {
+		return nil, err
+	}
+	if caps, err := os.ReadFile(filepath.Join(dir, "caps", "ptwrite")); err == nil {
+		if v, perr := strconv.ParseUint(string(bytes.TrimSpace(caps)), 16, 32); perr != nil {
+			return nil, fmt.Errorf("%w: %s/caps/ptwrite: %q", ErrPMUFormat, dir, caps)
+		} else if v == 0 {
+			return nil, fmt.Errorf("%w: the CPU's Intel PT has no PTWRITE (%s/caps/ptwrite is 0)", ErrNoPTW, dir)
+		}
+	}
+	formats, err := readFormats(filepath.Join(dir, "format"))
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range []string{"ptw", "fup_on_ptw"} {
+		if _, ok := formats[name]; !ok {
+			return nil, fmt.Errorf("%w: the kernel's intel_pt driver has no %q format (%s/format/%s missing)", ErrNoPTW, name, dir, name)
+		}
+	}
+	attr := &unix.PerfEventAttr{
+		Type:        uint32(typ),
+		Size:        uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
+		Sample_type: ptSampleType,
+		Bits: unix.PerfBitDisabled | unix.PerfBitExcludeKernel | unix.PerfBitExcludeHv |
+			unix.PerfBitSampleIDAll | unix.PerfBitComm | unix.PerfBitCommExec | unix.PerfBitTask |
+			unix.PerfBitMmap | unix.PerfBitMmap2 | unix.PerfBitContextSwitch,
+		Aux_watermark: o.AuxWatermark,
+	}
+	branch := uint64(0)
+	if o.Branch {
+		branch = 1
+	}
+	// pt=1 tells the driver to take branch from config instead of forcing
+	// it on; without it branch=0 is refused.
+	for _, f := range []struct {
+		name string
+		v    uint64
+	}{{"pt", 1}, {"tsc", 1}, {"ptw", 1}, {"fup_on_ptw", 1}, {"branch", branch}} {
+		fm, ok := formats[f.name]
+		if !ok {
+			return nil, fmt.Errorf("%w: %s/format/%s missing", ErrPTConfig, dir, f.name)
+		}
+		if err := fm.set(attr, f.v); err != nil {
+			return nil, fmt.Errorf("capture: intel_pt %s: %w", f.name, err)
+		}
+	}
+	if o.PSBPeriod != 0 {
+		if err := setPSBPeriod(dir, formats, attr, o.PSBPeriod); err != nil {
+			return nil, err
+		}
+	}
+	return attr, nil
+}
+
+// setPSBPeriod sets the psb_period field after checking caps/psb_periods,
+// the bit mask of the periods the CPU supports.
+func setPSBPeriod(dir string, formats map[string]pmuFormat, attr *unix.PerfEventAttr, p int) error {
+	fm, ok := formats["psb_period"]
+	if !ok {
+		return fmt.Errorf("%w: psb period %d: %s/format/psb_period missing", ErrPTConfig, p, dir)
+	}
+	if p < 0 || p > 63 {
+		return fmt.Errorf("%w: psb period %d out of range", ErrPTConfig, p)
+	}
+	allowed, err := readSysfsUint(filepath.Join(dir, "caps", "psb_periods"), 16, 32)
+	if err != nil {
+		return err
+	}
+	if allowed&(1<<p) == 0 {
+		return fmt.Errorf("%w: psb period %d not in caps/psb_periods %#x", ErrPTConfig, p, allowed)
+	}
+	if err := fm.set(attr, uint64(p)); err != nil {
+		return fmt.Errorf("capture: intel_pt psb_period: %w", err)
+	}
+	return nil
+}
+
+// readSysfsUint reads a file holding one unsigned number in base.
+func readSysfsUint(path string, base, bits int) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrPMUFormat, err)
+	}
+	v, err := strconv.ParseUint(string(bytes.TrimSpace(b)), base, bits)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %q is not a base-%d number", ErrPMUFormat, path, bytes.TrimSpace(b), base)
+	}
+	return v, nil
+}
+
+// pmuFormat is one format file of a PMU: the attribute word it lives in and
+// the bits of that word, lowest first, that hold the field's value bits in
+// order.
+type pmuFormat struct {
+	word int // 0 config, 1 config1, 2 config2
+	bits []uint8
+}
+
+// maxFormatFiles bounds how many format files a PMU directory may hold.
+const maxFormatFiles = 256
+
+// readFormats parses every file of a PMU's format directory.
+func readFormats(dir string) (map[string]pmuFormat, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrPMUFormat, err)
+	}
+	if len(ents) > maxFormatFiles {
+		return nil, fmt.Errorf("%w: %d files in %s", ErrPMUFormat, len(ents), dir)
+	}
+	out := make(map[string]pmuFormat, len(ents))
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrPMUFormat, err)
+		}
+		f, err := parseFormat(string(b))
+		if err != nil {
+			return nil, fmt.Errorf("%s/%s: %w", dir, e.Name(), err)
+		}
+		out[e.Name()] = f
+	}
+	return out, nil
+}
+
+// parseFormat parses the text of a PMU format file: a word (config, config1,
+// config2) and a comma-separated list of bits N or ranges N-M, as in
+// "config:0-7,32-35". Value bits fill the listed bits from the lowest up, as
+// perf fills them.
+func parseFormat(s string) (pmuFormat, error) {
+	s = strings.TrimSpace(s)
+	word, spec, ok := strings.Cut(s, ":")
+	var f pmuFormat
+	switch word {
+	case "config":
+		f.word = 0
+	case "config1":
+		f.word = 1
+	case "config2":
+		f.word = 2
+	default:
+		return f, fmt.Errorf("%w: %q: unknown attribute word %q", ErrPMUFormat, s, word)
+	}
+	if !ok || spec == "" {
+		return f, fmt.Errorf("%w: %q: no bits", ErrPMUFormat, s)
+	}
+	var used uint64
+	for part := range strings.SplitSeq(spec, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.ParseUint(lo, 10, 8)
+		if err != nil || a > 63 {
+			return f, fmt.Errorf("%w: %q: bad bit %q", ErrPMUFormat, s, part)
+		}
+		z := a
+		if isRange {
+			if z, err = strconv.ParseUint(hi, 10, 8); err != nil || z > 63 || z < a {
+				return f, fmt.Errorf("%w: %q: bad range %q", ErrPMUFormat, s, part)
+			}
+		}
+		for b := a; b <= z; b++ {
+			if used&(1<<b) != 0 {
+				return f, fmt.Errorf("%w: %q: bit %d twice", ErrPMUFormat, s, b)
+			}
+			used |= 1 << b
+		}
+	}
+	// perf's bitmap walk fills value bits into the field's bits in
+	// ascending order, whatever order the list gave.
+	for b := range uint8(64) {
+		if used&(1<<b) != 0 {
+			f.bits = append(f.bits, b)
+		}
+	}
+	return f, nil
+}
+
+// wordOf returns the attribute word of attr that f lives in.
+func (f pmuFormat) wordOf(attr *unix.PerfEventAttr) *uint64 {
+	switch f.word {
+	case 1:
+		return &attr.Ext1
+	case 2:
+		return &attr.Ext2
+	}
+	return &attr.Config
+}
+
+// set stores v in f's bits of attr, clearing what was there.
+func (f pmuFormat) set(attr *unix.PerfEventAttr, v uint64) error {
+	if len(f.bits) < 64 && v>>len(f.bits) != 0 {
+		return fmt.Errorf("%w: value %d does not fit in %d bits", ErrPTConfig, v, len(f.bits))
+	}
+	w := f.wordOf(attr)
+	for i, b := range f.bits {
+		*w = *w&^(1<<b) | (v>>i&1)<<b
+	}
+	return nil
+}
