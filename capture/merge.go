@@ -29,6 +29,13 @@ func newMerger(n, max int) merger {
 	return merger{queues: make([]recQueue, n), max: max}
 }
 
+// addQueue adds an empty queue and returns its index, for sources whose
+// CPUs become known one by one.
+func (m *merger) addQueue() int {
+	m.queues = append(m.queues, recQueue{})
+	return len(m.queues) - 1
+}
+
 // push returns a slot at the end of queue q; drop undoes it when the
 // caller cannot fill it. Slots are reused, so steady state does not
 // allocate.

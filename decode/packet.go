@@ -207,6 +207,11 @@ type PacketDecoder struct {
 	// failed is set after an error so that the next Next resynchronizes
 	// instead of failing at the same offset forever.
 	failed bool
+	// reuseErr makes every error the same value, errBuf, overwritten by
+	// the next one: for the Assembler, which looks at an error only until
+	// the next call and hits one at nearly every chunk boundary.
+	reuseErr bool
+	errBuf   PacketError
 }
 
 // NewPacketDecoder returns a decoder for buf, positioned at offset 0.
@@ -218,7 +223,7 @@ func NewPacketDecoder(buf []byte) *PacketDecoder {
 
 // Reset points d at buf, offset 0, with no last IP.
 func (d *PacketDecoder) Reset(buf []byte) {
-	*d = PacketDecoder{buf: buf, sync: -1}
+	*d = PacketDecoder{buf: buf, sync: -1, reuseErr: d.reuseErr}
 }
 
 // Pos returns the offset of the next packet Next will decode, or of the
@@ -300,6 +305,10 @@ func findPSB(buf []byte, start int) int {
 //go:noinline
 func (d *PacketDecoder) fail(err error) error {
 	d.failed = true
+	if d.reuseErr {
+		d.errBuf = PacketError{Offset: uint64(d.pos), Err: err}
+		return &d.errBuf
+	}
 	return &PacketError{Offset: uint64(d.pos), Err: err}
 }
 

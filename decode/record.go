@@ -105,6 +105,7 @@ var ipPayloadSize = [8]int8{0, 2, 4, 6, 6, -1, 8, -1}
 // The assembler keeps its own copy of the table; see SetEvents.
 func NewAssembler(events map[uint16]*Event, out Output) *Assembler {
 	a := &Assembler{out: out, cpu: -1, tid: -1}
+	a.dec.reuseErr = true
 	a.SetEvents(events)
 	return a
 }
