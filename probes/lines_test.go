@@ -232,3 +232,44 @@ func TestNumbered(t *testing.T) {
 		}
 	}
 }
+
+// TestPTWLine covers every spec form in ptw: lines. The wanted lines are
+// those of DESIGN §1 and of the ptwrite uprobes documentation, including
+// the line perf probe --ptwrite writes for "target+9 %di %si".
+func TestPTWLine(t *testing.T) {
+	tests := []struct {
+		group, event, path string
+		off                uint64
+		spec, want         string
+	}{
+		// perf probe --ptwrite -x ./t --add "target+9 %di %si" writes this.
+		{"probe_t", "target", "./t", 0x1189, "target+9 arg1=%di arg2=%si", "ptw:probe_t/target ./t:0x1189 arg1=%di arg2=%si"},
+		// DESIGN §1 and the documentation's quick start.
+		{"uprobes", "e", "t", 0x1040, "0x1040 %di %si", "ptw:uprobes/e t:0x1040 %di %si"},
+		{"uprobes", "e", "/bin/t", 0x1180, "0x1180 %di", "ptw:uprobes/e /bin/t:0x1180 %di"},
+		{"uprobes", "e", "t", 0x1170, "0x1170%multinop %di %si", "ptw:uprobes/e t:0x1170%multinop %di %si"},
+		{"G", "E", "/bin/t", 0x1170, "0x1170 %multinop %di", "ptw:G/E /bin/t:0x1170%multinop %di"},
+		{"G", "E", "/bin/t", 0x1170, "0x1170 %di %nopace", "ptw:G/E /bin/t:0x1170 %di %nopace"},
+		{"G", "E", "/bin/t", 0x1170, "0x1170%nopace %di", "ptw:G/E /bin/t:0x1170 %di %nopace"},
+		{"G", "E", "/bin/t", 0x1170, "0x1170 %nopace %multinop", "ptw:G/E /bin/t:0x1170%multinop %nopace"},
+		{"G", "E", "/bin/t", 0x10, "0x10", "ptw:G/E /bin/t:0x10"},
+		// Every fetcharg form, with and without names, in every type.
+		{"G", "E", "/bin/t", 0x10, "0x10 %ax %r15:u32 %bx:s32 %cx:x32 %dx:u64", "ptw:G/E /bin/t:0x10 %ax %r15:u32 %bx:s32 %cx:x32 %dx"},
+		{"G", "E", "/bin/t", 0x10, `0x10 \0x42 k=\7:u32 \-1:s32`, `ptw:G/E /bin/t:0x10 \0x42 k=\7:u32 \-1:s32`},
+		{"G", "E", "/bin/t", 0x10, "0x10 $stack s=$stack3 $stack0:x32", "ptw:G/E /bin/t:0x10 $stack s=$stack3 $stack0:x32"},
+		{"G", "E", "/bin/t", 0x10, "0x10 +8(%si) m=-16(%bp):u32 +0(%sp):s32 +0x20(%di):x32", "ptw:G/E /bin/t:0x10 +8(%si) m=-16(%bp):u32 +0(%sp):s32 +0x20(%di):x32"},
+		{"G", "E", "/bin/t", 0x10, "0x10 a=%di b=+8(%si):u32 %nopace", "ptw:G/E /bin/t:0x10 a=%di b=+8(%si):u32 %nopace"},
+	}
+	for _, tt := range tests {
+		s := mustParse(t, tt.spec)
+		got := PTWLine(tt.group, tt.event, tt.path, &Site{Offset: tt.off}, s)
+		if got != tt.want {
+			t.Errorf("PTWLine(%q) = %q, want %q", tt.spec, got, tt.want)
+			continue
+		}
+		pl, err := ParseLine(got)
+		if err != nil || pl != (ProbeLine{"ptw", tt.group, tt.event, tt.path, tt.off}) {
+			t.Errorf("ParseLine(%q) = %+v, %v", got, pl, err)
+		}
+	}
+}

@@ -88,10 +88,11 @@ func ownerAlive(pid int) bool {
 	return err == nil && filepath.Base(strings.TrimSuffix(exe, " (deleted)")) == "ptfs"
 }
 
-// RemoveStale removes the probes of every ptfs<PID>_* group whose process
-// is gone: PID is dead, or is reused by a process that neither claims the
-// groups (ClaimProbes) nor is named ptfs. It never touches the groups of
-// self, of a live owner, or any group not named ptfs<PID>_*. It returns the
+// RemoveStale removes the probes of every ptfs<PID>_* group, and those on
+// the trial files of TrialPTW, whose process is gone: PID is dead, or is
+// reused by a process that neither claims the groups (ClaimProbes) nor is
+// named ptfs. It never touches the probes of self or of a live owner, nor
+// any other probe outside a ptfs<PID>_* group. It returns the
 // GRP/EVENT names it removed; removals that fail (EBUSY while a perf event
 // still holds one) are joined into err and the rest go on.
 func (t *Tracefs) RemoveStale(self int) (removed []string, err error) {
@@ -113,6 +114,11 @@ func (t *Tracefs) removeStale(self int, consider func(group string) bool) (remov
 			continue
 		}
 		pid, ok := groupPID(pl.Group)
+		if !ok {
+			// A stock kernel's stand-in for a trial ptw: line sits in
+			// group uprobes; its file names the PID.
+			pid, ok = trialPID(pl.Path)
+		}
 		name := pl.Group + "/" + pl.Event
 		if !ok || pid == self || done[name] || !consider(pl.Group) {
 			continue

@@ -17,8 +17,14 @@ import (
 
 // Tracefs is a tracefs mount with uprobe_events.
 type Tracefs struct {
-	// Dir is the mount point, such as /sys/kernel/tracing.
+	// Dir is the mount point, such as /sys/kernel/tracing. Every read, and
+	// every write other than uprobe_events commands, goes to files in Dir.
 	Dir string
+	// Exec, when set, receives each uprobe_events command (one line,
+	// without the newline) instead of the file: a simulated kernel in
+	// tests. Its errors should be syscall.Errno values, as a write to the
+	// real file gives. Nil writes the file.
+	Exec func(cmd string) error
 }
 
 // tracefsDirs are the usual tracefs mount points; the first is where
@@ -75,6 +81,9 @@ func (t *Tracefs) Events() ([]string, error) {
 
 // write writes one command to uprobe_events.
 func (t *Tracefs) write(cmd string) error {
+	if t.Exec != nil {
+		return t.Exec(cmd)
+	}
 	f, err := os.OpenFile(t.path("uprobe_events"), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		return fmt.Errorf("open uprobe_events: %w", err)
@@ -161,18 +170,26 @@ func sameSite(a, b ProbeLine) bool {
 // maps to ErrExists,
 // EINVAL, E2BIG, ERANGE and EOPNOTSUPP to ErrRefused, others stay errnos.
 func (t *Tracefs) AddProbe(line string) error {
+	_, err := t.addProbe(line)
+	return err
+}
+
+// addProbe is AddProbe that also returns, when the kernel created
+// something other than the line asked for, what it created (as
+// KIND:GRP/EVENT), all of it removed again.
+func (t *Tracefs) addProbe(line string) (standIns []string, err error) {
 	pl, err := ParseLine(line)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// The kernel takes any offset and fails only when the probe is
 	// registered later: refuse one beyond the file now.
 	if st, err := os.Stat(pl.Path); err == nil && st.Mode().IsRegular() && pl.Offset >= uint64(st.Size()) {
-		return fmt.Errorf("%w: file offset 0x%x is beyond the end of %s (%d bytes)", ErrBadSite, pl.Offset, pl.Path, st.Size())
+		return nil, fmt.Errorf("%w: file offset 0x%x is beyond the end of %s (%d bytes)", ErrBadSite, pl.Offset, pl.Path, st.Size())
 	}
 	before, err := t.Events()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, l := range before {
 		el, err := ParseLine(l)
@@ -180,53 +197,52 @@ func (t *Tracefs) AddProbe(line string) error {
 			continue // not ours to judge; it cannot clash with a known site
 		}
 		if el.Group == pl.Group && el.Event == pl.Event {
-			return fmt.Errorf("%w: event %s/%s exists already", ErrExists, pl.Group, pl.Event)
+			return nil, fmt.Errorf("%w: event %s/%s exists already", ErrExists, pl.Group, pl.Event)
 		}
 		// Only ptwrite uprobes refuse a second probe at a site; classic
 		// ones share it (another tool's probe, or the probe that this
 		// one replaces).
 		if (pl.Kind == "ptw" || el.Kind == "ptw") && sameSite(el, pl) {
-			return fmt.Errorf("%w: probe %s/%s is at %s:0x%x already", ErrExists, el.Group, el.Event, pl.Path, pl.Offset)
+			return nil, fmt.Errorf("%w: probe %s/%s is at %s:0x%x already", ErrExists, el.Group, el.Event, pl.Path, pl.Offset)
 		}
 	}
 	if err := t.write(line); err != nil {
-		return t.addError(pl, line, err)
+		return nil, t.addError(pl, line, err)
 	}
 	after, err := t.Events()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	old := make(map[string]bool, len(before))
 	for _, l := range before {
 		old[l] = true
 	}
-	var standIns []ProbeLine
+	var made []ProbeLine
 	for _, l := range after {
 		el, err := ParseLine(l)
 		if err != nil {
 			continue
 		}
 		if el.Group == pl.Group && el.Event == pl.Event && el.Kind == pl.Kind && sameSite(el, pl) {
-			return nil
+			return nil, nil
 		}
 		if !old[l] && (sameSite(el, pl) || el.Group == pl.Group && el.Event == pl.Event) {
-			standIns = append(standIns, el)
+			made = append(made, el)
 		}
 	}
-	var made []string
 	var errs []error
-	for _, el := range standIns {
-		made = append(made, el.Kind+":"+el.Group+"/"+el.Event)
+	for _, el := range made {
+		standIns = append(standIns, el.Kind+":"+el.Group+"/"+el.Event)
 		if err := t.RemoveProbe(el.Group, el.Event); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if len(made) == 0 {
-		return fmt.Errorf("%w: the kernel accepted %s:%s/%s but does not list it", ErrRefused, pl.Kind, pl.Group, pl.Event)
+	if len(standIns) == 0 {
+		return nil, fmt.Errorf("%w: the kernel accepted %s:%s/%s but does not list it", ErrRefused, pl.Kind, pl.Group, pl.Event)
 	}
 	err = fmt.Errorf("%w: the kernel accepted %s:%s/%s but created %s instead (removed): it does not support %s probes",
-		ErrRefused, pl.Kind, pl.Group, pl.Event, strings.Join(made, ", "), pl.Kind)
-	return errors.Join(append([]error{err}, errs...)...)
+		ErrRefused, pl.Kind, pl.Group, pl.Event, strings.Join(standIns, ", "), pl.Kind)
+	return standIns, errors.Join(append([]error{err}, errs...)...)
 }
 
 // addError maps a failed uprobe_events write of line to the package's
@@ -264,6 +280,29 @@ func (t *Tracefs) RemoveProbe(group, event string) error {
 		return fmt.Errorf("remove probe %s/%s: %w (kernel: %s)", group, event, err, reason)
 	}
 	return fmt.Errorf("remove probe %s/%s: %w", group, event, err)
+}
+
+// Enable turns tracing of GRP/EVENT on or off through its enable file. A
+// ptwrite probe emits PTWRITEs only while enabled; classic probes are
+// registered by their perf events instead and are not enabled here. An
+// enabled probe cannot be removed: disable it first.
+func (t *Tracefs) Enable(group, event string, on bool) error {
+	v := "0\n"
+	if on {
+		v = "1\n"
+	}
+	f, err := os.OpenFile(t.path("events", group, event, "enable"), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return fmt.Errorf("enable %s/%s: %w", group, event, err)
+	}
+	_, err = f.Write([]byte(v))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("enable %s/%s (write %q): %w", group, event, strings.TrimSpace(v), err)
+	}
+	return nil
 }
 
 // EventID returns the tracefs id of GRP/EVENT: the perf tracepoint config

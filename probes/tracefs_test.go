@@ -492,3 +492,46 @@ func TestReadmeMentionsPTW(t *testing.T) {
 		t.Errorf("real README: %v", err)
 	}
 }
+
+// TestEnable turns a real probe's enable file on and off: an enabled probe
+// cannot be removed.
+func TestEnable(t *testing.T) {
+	tf := tracefsT(t)
+	path := buildC(t, "sites", builds[0].flags...)
+	cleanPath(t, tf, path)
+	b := openBinary(t, path)
+	g := testGroup(t, tf, "enable")
+	s, site := resolve(t, b, "sites %di")
+	if err := tf.AddProbe(ClassicLine(g, "on", path, site, s)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tf.Enable(g, "on", false) })
+	enabled := func() string {
+		data, err := os.ReadFile(filepath.Join(tf.Dir, "events", g, "on", "enable"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(data))
+	}
+	if err := tf.Enable(g, "on", true); err != nil {
+		t.Fatal(err)
+	}
+	if e := enabled(); e != "1" {
+		t.Errorf("enable reads %q after Enable(true)", e)
+	}
+	if err := tf.RemoveProbe(g, "on"); !errors.Is(err, syscall.EBUSY) {
+		t.Errorf("RemoveProbe of an enabled probe: %v, want EBUSY", err)
+	}
+	if err := tf.Enable(g, "on", false); err != nil {
+		t.Fatal(err)
+	}
+	if e := enabled(); e != "0" {
+		t.Errorf("enable reads %q after Enable(false)", e)
+	}
+	if err := tf.RemoveProbe(g, "on"); err != nil {
+		t.Error(err)
+	}
+	if err := tf.Enable(g, "on", true); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Enable of a removed probe: %v, want ErrNotExist", err)
+	}
+}

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -38,11 +39,19 @@ type Caps struct {
 	FUSEErr    string
 	IntelPT    bool
 	IntelPTErr string
+	// PTWrite: the CPU has PTWRITE and the intel_pt PMU has the ptw and
+	// fup_on_ptw format bits.
 	PTWrite    bool
 	PTWriteErr string
+	// PTWUprobes: the kernel has ptwrite uprobes; PTWHow says how that was
+	// established (README or trial probe).
 	PTWUprobes bool
+	PTWHow     string
 	PTWErr     string
 }
+
+// ErrPTWUnavailable reports that --mode=ptw cannot run on this machine.
+var ErrPTWUnavailable = errors.New("ptw mode unavailable")
 
 // Roots of the kernel interfaces, replaceable by tests with trees in a temp dir.
 type roots struct {
@@ -52,29 +61,36 @@ type roots struct {
 
 var defaultRoots = roots{sysfs: "/sys", dev: "/dev"}
 
-// detect reads the capabilities. tracefs is the tracefs mount point, or "" with
-// tracefsErr saying why there is none.
-func (r roots) detect(tracefs string, tracefsErr error) Caps {
+// detect reads the capabilities. tfs is the tracefs to check, or nil with
+// tracefsErr saying why there is none. The kernel side of ptw support comes
+// from tfs.TrialPTW: the README, or a trial probe that leaves nothing
+// behind.
+func (r roots) detect(tfs *probes.Tracefs, tracefsErr error) Caps {
 	var c Caps
-	c.Tracefs = tracefs
-	if tracefsErr != nil {
-		c.TracefsErr = tracefsErr.Error()
+	switch {
+	case tracefsErr != nil || tfs == nil:
+		c.TracefsErr = "no tracefs"
+		if tracefsErr != nil {
+			c.TracefsErr = tracefsErr.Error()
+		}
 		c.UprobesErr = "no tracefs"
 		c.PTWErr = "no tracefs"
-	} else {
-		if _, err := os.Stat(filepath.Join(tracefs, "uprobe_events")); err == nil {
-			c.Uprobes = true
-		} else {
+	default:
+		c.Tracefs = tfs.Dir
+		if _, err := os.Stat(filepath.Join(tfs.Dir, "uprobe_events")); err != nil {
 			c.UprobesErr = "no uprobe_events in tracefs (kernel without CONFIG_UPROBE_EVENTS)"
+			c.PTWErr = "no uprobe_events in tracefs"
+			break
 		}
-		ok, err := (&probes.Tracefs{Dir: tracefs}).ReadmeMentionsPTW()
+		c.Uprobes = true
+		ok, why, err := tfs.TrialPTW()
 		switch {
 		case err != nil:
 			c.PTWErr = err.Error()
 		case ok:
-			c.PTWUprobes = true
+			c.PTWUprobes, c.PTWHow = true, why
 		default:
-			c.PTWErr = "kernel without ptwrite uprobes: its tracefs README does not document ptw probes"
+			c.PTWErr = why
 		}
 	}
 	if fi, err := os.Stat(filepath.Join(r.dev, "fuse")); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
@@ -82,29 +98,36 @@ func (r roots) detect(tracefs string, tracefsErr error) Caps {
 	} else {
 		c.FUSEErr = "no /dev/fuse"
 	}
-	pt := filepath.Join(r.sysfs, "bus/event_source/devices/intel_pt")
-	if _, err := os.Stat(filepath.Join(pt, "type")); err == nil {
-		c.IntelPT = true
-		caps, err := os.ReadFile(filepath.Join(pt, "caps/ptwrite"))
-		_, ferr := os.Stat(filepath.Join(pt, "format/ptw"))
-		switch {
-		case err != nil:
-			c.PTWriteErr = "intel_pt without caps/ptwrite"
-		case strings.TrimSpace(string(caps)) != "1":
-			c.PTWriteErr = "CPU without PTWRITE (intel_pt/caps/ptwrite is 0)"
-		case ferr != nil:
-			c.PTWriteErr = "kernel without the intel_pt ptw format bit"
-		default:
-			c.PTWrite = true
-		}
-	} else {
+	pt := r.intelPT()
+	if _, err := os.Stat(filepath.Join(pt, "type")); err != nil {
 		c.IntelPTErr = "no Intel PT: " + pt + " is missing"
 		c.PTWriteErr = "no Intel PT"
+		return c
+	}
+	c.IntelPT = true
+	caps, err := os.ReadFile(filepath.Join(pt, "caps/ptwrite"))
+	var noBits []string
+	for _, f := range []string{"ptw", "fup_on_ptw"} {
+		if _, err := os.Stat(filepath.Join(pt, "format", f)); err != nil {
+			noBits = append(noBits, "format/"+f)
+		}
+	}
+	switch {
+	case err != nil:
+		c.PTWriteErr = "intel_pt without caps/ptwrite (kernel too old to report PTWRITE)"
+	case strings.TrimSpace(string(caps)) != "1":
+		c.PTWriteErr = "CPU without PTWRITE (intel_pt/caps/ptwrite is " + strings.TrimSpace(string(caps)) + ")"
+	case len(noBits) > 0:
+		c.PTWriteErr = "kernel without the intel_pt ptw format bits (" + strings.Join(noBits, ", ") + " missing)"
+	default:
+		c.PTWrite = true
 	}
 	return c
 }
 
-// Choose picks the mode for want, or says why want cannot run.
+// Choose picks the mode for want, with the reason, or says why want
+// cannot run; a --mode=ptw that cannot run wraps ErrPTWUnavailable and
+// says all that is missing.
 func (c *Caps) Choose(want Mode) (Mode, string, error) {
 	if !c.Uprobes {
 		return "", "", fmt.Errorf("no uprobes: %s", c.UprobesErr)
@@ -115,20 +138,17 @@ func (c *Caps) Choose(want Mode) (Mode, string, error) {
 		return ModeClassic, "forced by --mode=classic", nil
 	case ModePTW:
 		if !ptwOK {
-			return "", "", fmt.Errorf("ptw mode unavailable: %s", why)
+			return "", "", fmt.Errorf("%w: %s", ErrPTWUnavailable, why)
 		}
-		// The ptw engine (PT capture) is not built yet: say so instead of
-		// pretending.
-		return "", "", fmt.Errorf("ptw mode: %w", errPTWNotBuilt)
+		return ModePTW, "forced by --mode=ptw", nil
 	}
 	if ptwOK {
-		return ModeClassic, "ptw supported by this machine, but this ptfs has no ptw engine yet", nil
+		return ModePTW, "Intel PT with PTWRITE, and ptwrite uprobes (" + c.PTWHow + ")", nil
 	}
 	return ModeClassic, "ptw unavailable: " + why, nil
 }
 
-var errPTWNotBuilt = fmt.Errorf("this build of ptfs has no Intel PT capture engine")
-
+// ptw tells whether ptw mode can run, or what it misses.
 func (c *Caps) ptw() (bool, string) {
 	var miss []string
 	if !c.IntelPT {
@@ -148,7 +168,9 @@ func (c *Caps) BranchesErr() string {
 	if !c.IntelPT {
 		return "branches need Intel PT: " + c.IntelPTErr
 	}
-	return "branches need the Intel PT capture engine, which this build of ptfs lacks"
+	// The capture can trace branches (capture.PTOptions.Branch); what
+	// turns them into branch lines is not written yet.
+	return "this build of ptfs cannot reconstruct control flow from the PT stream yet"
 }
 
 // AppendText appends the capability lines of `ptfs check` and the root status.
@@ -169,6 +191,6 @@ func (c *Caps) AppendText(dst []byte) []byte {
 	line("fuse", c.FUSE, "", c.FUSEErr)
 	line("intel_pt", c.IntelPT, "", c.IntelPTErr)
 	line("ptwrite", c.PTWrite, "", c.PTWriteErr)
-	line("ptw uprobes", c.PTWUprobes, "", c.PTWErr)
+	line("ptw uprobes", c.PTWUprobes, " ("+c.PTWHow+")", c.PTWErr)
 	return dst
 }
