@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -30,8 +31,24 @@ type Options struct {
 	Mode Mode
 	// StreamLimit bounds each records file in bytes (DefaultStreamLimit).
 	StreamLimit int
-	// RingPages is the per-CPU ring size of the record source, in pages.
+	// RingPages is the per-CPU ring size of the classic record source, in
+	// pages.
 	RingPages int
+	// PT configures the Intel PT capture of ptw mode.
+	PT capture.PTOptions
+	// Latency is how long records are held back so that records of other
+	// CPUs stamped earlier can go out before them (0: the source's
+	// default).
+	Latency time.Duration
+
+	// Tracefs is the tracefs to install probes in; nil finds (and if need
+	// be mounts) the system's. Tests pass a simulated kernel.
+	Tracefs *probes.Tracefs
+	// Sysfs is the root of sysfs for the capability checks; "" is /sys.
+	Sysfs string
+	// Trace is the PT trace source of ptw mode; nil opens Intel PT through
+	// perf_event_open. Tests pass a replay.
+	Trace capture.TraceSource
 }
 
 // DefaultStreamLimit is the default bound of a records file.
@@ -60,7 +77,7 @@ type Session struct {
 	mode  Mode
 	why   string
 	claim *probes.Claim
-	src   *capture.Classic
+	src   source
 
 	// routes maps an event id to its probe; copied on write so that the
 	// record path reads it without a lock.
@@ -88,16 +105,12 @@ func (s *Session) leave(group, event string) {
 // Detect reports the machine's capabilities, mounting tracefs if needed.
 func Detect() Caps {
 	tfs, err := probes.FindTracefs()
-	dir := ""
-	if err == nil {
-		dir = tfs.Dir
-	}
-	return defaultRoots.detect(dir, err)
+	return defaultRoots.detect(tfs, err)
 }
 
 // New starts a session: it finds tracefs, picks the mode, claims this
 // process's probe groups, removes the probes that dead mounts left behind
-// and starts the record source.
+// and starts the record source of the mode.
 func New(opts Options) (*Session, error) {
 	if opts.Mode == "" {
 		opts.Mode = ModeAuto
@@ -105,12 +118,15 @@ func New(opts Options) (*Session, error) {
 	if opts.StreamLimit <= 0 {
 		opts.StreamLimit = DefaultStreamLimit
 	}
-	tfs, terr := probes.FindTracefs()
-	dir := ""
-	if terr == nil {
-		dir = tfs.Dir
+	r := defaultRoots
+	if opts.Sysfs != "" {
+		r.sysfs = opts.Sysfs
 	}
-	caps := defaultRoots.detect(dir, terr)
+	tfs, terr := opts.Tracefs, error(nil)
+	if tfs == nil {
+		tfs, terr = probes.FindTracefs()
+	}
+	caps := r.detect(tfs, terr)
 	if terr != nil {
 		return nil, fmt.Errorf("tracefs: %w", terr)
 	}
@@ -139,13 +155,37 @@ func New(opts Options) (*Session, error) {
 	if err != nil {
 		logrus.WithError(err).Warn("ptfs: removing stale probes")
 	}
-	s.src, err = capture.NewClassic(capture.ClassicOptions{RingPages: opts.RingPages}, s.deliver)
-	if err != nil {
+	if s.src, err = s.newSource(r); err != nil {
 		s.claim.Close()
 		return nil, fmt.Errorf("record source: %w", err)
 	}
-	logrus.WithFields(logrus.Fields{"mode": mode, "why": why, "tracefs": dir}).Debug("ptfs: session started")
+	logrus.WithFields(logrus.Fields{"mode": mode, "why": why, "tracefs": tfs.Dir}).Debug("ptfs: session started")
 	return s, nil
+}
+
+// newSource makes the record source of the session's mode. In ptw mode
+// nothing is traced until the first probe is added.
+func (s *Session) newSource(r roots) (source, error) {
+	if s.mode != ModePTW {
+		c, err := capture.NewClassic(capture.ClassicOptions{RingPages: s.opts.RingPages, Latency: s.opts.Latency}, s.deliver)
+		if err != nil {
+			return nil, err
+		}
+		return classicSource{c}, nil
+	}
+	trace := s.opts.Trace
+	if trace == nil {
+		pt, err := capture.NewPT(r.intelPT(), s.opts.PT)
+		if err != nil {
+			return nil, err
+		}
+		trace = pt
+	}
+	w, err := capture.NewPTW(trace, capture.PTWOptions{Latency: s.opts.Latency}, s.deliver)
+	if err != nil {
+		return nil, err
+	}
+	return ptwSource{w}, nil
 }
 
 // Mode returns the mode the session runs in.
@@ -192,17 +232,11 @@ func (s *Session) Status() []byte {
 		sum.Add(&c)
 	}
 	s.mu.Unlock()
-	st := s.src.Stats()
-	sum.Errors += st.Lost + st.Errors
+	shared := s.src.shared()
+	sum.Add(&shared)
 	b = fmt.Appendf(b, "targets: %d\n", n)
-	b = appendCaptureStats(b, st)
+	b = s.src.appendStatus(b)
 	return decode.AppendSummary(b, &sum)
-}
-
-func appendCaptureStats(b []byte, st capture.ClassicStats) []byte {
-	return fmt.Appendf(b, "lost: %d (samples dropped by full kernel rings, all targets)\n"+
-		"capture errors: %d\nunknown samples: %d\nlate: %d (records out of time order)\n",
-		st.Lost, st.Errors, st.Unknown, st.Late)
 }
 
 // Targets returns the targets, sorted by name.
@@ -315,6 +349,10 @@ func (s *Session) Close() error {
 	s.leftovers = nil
 	s.mu.Unlock()
 	for _, l := range left {
+		if s.mode == ModePTW {
+			// Its disabling may have been what failed; removal needs it.
+			_ = s.tfs.Enable(l.group, l.event, false)
+		}
 		if err := s.tfs.RemoveProbe(l.group, l.event); err != nil {
 			errs = append(errs, fmt.Errorf("probe %s/%s left in tracefs: %w", l.group, l.event, err))
 		}

@@ -127,17 +127,18 @@ func (t *Target) Status() []byte {
 	t.mu.Unlock()
 	capture := "idle (no probe)"
 	if active > 0 {
-		capture = "running (classic uprobes, perf tracepoint rings)"
+		capture = t.s.src.running()
 	}
 	b = fmt.Appendf(b, "probes: %d active, %d refused\ncapture: %s\n", active, refused, capture)
 	b = fmt.Appendf(b, "branches: unavailable: %s\n", t.s.caps.BranchesErr())
 	b = fmt.Appendf(b, "records file: %d bytes, limit %d, rotations %d, lines over the limit dropped %d\n",
 		t.recs.Size(), t.recs.Limit(), t.recs.Rotations(), t.recs.DroppedLines())
-	st := t.s.src.Stats()
-	b = appendCaptureStats(b, st)
+	b = t.s.src.appendStatus(b)
 	c := t.counters()
-	// Ring losses cannot be told apart by target: every target counts them.
-	c.Errors += st.Lost + st.Errors
+	// Losses and decoder counts that no event attributes to one target:
+	// every target counts them.
+	shared := t.s.src.shared()
+	c.Add(&shared)
 	return decode.AppendSummary(b, &c)
 }
 
@@ -254,8 +255,18 @@ func (t *Target) install(p *probe, spec string) error {
 			return fmt.Errorf("%w: probe %s is at file offset 0x%x already", probes.ErrExists, o.name, site.Offset)
 		}
 	}
+	ptw := t.s.mode == ModePTW
+	if ptw {
+		// A ptwrite kernel refuses such sites anyway; say why first.
+		if err := site.Verdict.Err(); err != nil {
+			return err
+		}
+	}
 	tevent := t.freeEvent(p.name)
 	line := probes.ClassicLine(t.group, tevent, t.path, site, sp)
+	if ptw {
+		line = probes.PTWLine(t.group, tevent, t.path, site, sp)
+	}
 	if err := t.s.tfs.AddProbe(line); err != nil {
 		return err
 	}
@@ -266,6 +277,13 @@ func (t *Target) install(p *probe, spec string) error {
 		t.s.setRoute(ev.ID, p)
 		if err = t.s.src.Add(ev); err != nil {
 			t.s.setRoute(ev.ID, nil)
+		} else if ptw {
+			// A ptw probe emits only while enabled, and the capture runs
+			// before it is: no hit is written into a trace nobody reads.
+			if err = t.s.tfs.Enable(t.group, tevent, true); err != nil {
+				err = errors.Join(err, t.s.src.Remove(ev.ID))
+				t.s.setRoute(ev.ID, nil)
+			}
 		}
 	}
 	if err != nil {
@@ -305,7 +323,12 @@ func (t *Target) retire(p *probe) error {
 	if p.ev == nil {
 		return nil
 	}
-	err := t.s.src.Remove(p.ev.ID)
+	var err error
+	if t.s.mode == ModePTW {
+		// Stop the hits before the capture lets go of the event.
+		err = t.s.tfs.Enable(t.group, p.tevent, false)
+	}
+	err = errors.Join(err, t.s.src.Remove(p.ev.ID))
 	t.s.setRoute(p.ev.ID, nil)
 	if rerr := t.s.tfs.RemoveProbe(t.group, p.tevent); rerr != nil {
 		t.s.leave(t.group, p.tevent)

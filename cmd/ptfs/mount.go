@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"ptfs/capture"
 	"ptfs/fs"
 	"ptfs/session"
 )
@@ -28,6 +29,12 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 	// 4 MiB a CPU: measured here, the 1 MiB rings lost 3-4% of the hits
 	// of a tight loop on a NOP site (~700,000 hits/s) and these none.
 	ringPages := fl.Int("ring-pages", 1024, "per-CPU perf ring size in pages (a power of 2)")
+	var pt capture.PTOptions
+	fl.IntVar(&pt.AuxPages, "aux-pages", capture.DefaultPTAuxPages, "ptw mode: per-CPU Intel PT AUX ring size in pages (a power of 2)")
+	fl.IntVar(&pt.DataPages, "data-pages", capture.DefaultPTDataPages, "ptw mode: per-CPU side-band ring size in pages (a power of 2)")
+	fl.IntVar(&pt.AuxWatermark, "aux-watermark", capture.DefaultAuxWatermark, "ptw mode: bytes of trace after which the kernel publishes it")
+	fl.DurationVar(&pt.FlushInterval, "pt-flush", capture.DefaultFlushInterval,
+		"ptw mode: publish the trace of a CPU that published nothing for this long by stopping its tracing for a moment (counted as flush losses); negative: never")
 	allowOther := fl.Bool("allow-other", false, "let other users see the mount")
 	verbose := fl.Bool("v", false, "debug logging")
 	fuseDebug := fl.Bool("fuse-debug", false, "log every FUSE request")
@@ -46,7 +53,8 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ptfs:", err)
 		return 2
 	}
-	if err := mount(fl.Arg(0), fl.Args()[1:], m, *maxStream, *ringPages, fs.Options{AllowOther: *allowOther, Debug: *fuseDebug}); err != nil {
+	so := session.Options{Mode: m, StreamLimit: *maxStream, RingPages: *ringPages, PT: pt}
+	if err := mount(fl.Arg(0), fl.Args()[1:], so, fs.Options{AllowOther: *allowOther, Debug: *fuseDebug}); err != nil {
 		fmt.Fprintln(stderr, "ptfs:", err)
 		return 1
 	}
@@ -62,9 +70,9 @@ func targetArg(a string) (name, path string) {
 	return filepath.Base(a), a
 }
 
-func mount(dir string, targets []string, mode session.Mode, maxStream, ringPages int, opts fs.Options) error {
+func mount(dir string, targets []string, so session.Options, opts fs.Options) error {
 	clearDeadMount(dir)
-	s, err := session.New(session.Options{Mode: mode, StreamLimit: maxStream, RingPages: ringPages})
+	s, err := session.New(so)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,251 @@
+package session
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"ptfs/capture"
+	"ptfs/capture/capturetest"
+	"ptfs/decode/ptenc"
+	ptfsfs "ptfs/fs"
+	"ptfs/internal/testkit"
+	"ptfs/perfdata"
+	"ptfs/probes"
+	"ptfs/probes/probetest"
+)
+
+// fakeSysfs returns a sysfs root whose intel_pt PMU is the real tree of a
+// ptwrite-capable machine (capture/testdata/sysfs-intel_pt).
+func fakeSysfs(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	dst := filepath.Join(root, "bus/event_source/devices/intel_pt")
+	src := filepath.Join("..", "capture", "testdata", "sysfs-intel_pt")
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), data, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// mountSession mounts s in a temp dir until the test ends.
+func mountSession(t *testing.T, s *Session) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting FUSE with the mount syscall needs root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("no /dev/fuse: %v", err)
+	}
+	dir := t.TempDir()
+	srv, err := ptfsfs.Mount(dir, s, ptfsfs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Unmount(); err != nil {
+			t.Errorf("unmount: %v; detaching", err)
+			unix.Unmount(dir, unix.MNT_DETACH)
+			return
+		}
+		srv.Wait()
+	})
+	return dir
+}
+
+func readFile(t *testing.T, parts ...string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(parts...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// The whole mount in ptw mode with the kernel replaced: a simulated ptwrite
+// kernel behind tracefs, the sysfs of a PT machine, and a replay of PT
+// bytes that carry the ids of the probes the mount created. records shows
+// the right lines in time order across two CPUs, status the right
+// counters after an overflow on one CPU, a truncated AUX record and a flush
+// on the other, and a header of an unknown event.
+func TestPTWMount(t *testing.T) {
+	k := probetest.New(t, probetest.Options{PTW: true})
+	rep, err := capturetest.NewReplay()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{Tracefs: k.Tracefs, Sysfs: fakeSysfs(t), Trace: rep, Latency: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			s.Close()
+		}
+	})
+	if s.Mode() != ModePTW {
+		t.Fatalf("mode %s (%s), want ptw", s.Mode(), s.why)
+	}
+	bin := testkit.BuildC(t, filepath.Join("..", "testdata", "target.c"))
+	if _, err := s.AddTarget("t", bin); err != nil {
+		t.Fatal(err)
+	}
+	dir := mountSession(t, s)
+	probesDir := filepath.Join(dir, "t", "probes")
+	if err := os.WriteFile(filepath.Join(probesDir, "a"), []byte("target a=%di b=%si\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(probesDir, "b"), []byte("other %di:x32 %nopace\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	group := probes.GroupName(os.Getpid(), "t")
+	offA := testkit.FuncOffset(t, bin, "target")
+	offB := testkit.FuncOffset(t, bin, "other")
+	wantLines := map[string]string{
+		"a": fmt.Sprintf("ptw:%s/a %s:0x%x a=%%di b=%%si", group, bin, offA),
+		"b": fmt.Sprintf("ptw:%s/b %s:0x%x %%di:x32 %%nopace", group, bin, offB),
+	}
+	ids := map[string]uint16{}
+	for name, line := range wantLines {
+		text := readFile(t, probesDir, name)
+		if !strings.Contains(text, "# state: installed (ptw mode") || !strings.Contains(text, "# tracefs: "+line+"\n") {
+			t.Fatalf("probe %s:\n%s\nwant installed with tracefs line %q", name, text, line)
+		}
+		if en := strings.TrimSpace(readFile(t, k.Tracefs.Dir, "events", group, name, "enable")); en != "1" {
+			t.Errorf("probe %s: enable is %q, want 1", name, en)
+		}
+		id, err := k.Tracefs.EventID(group, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[name] = id
+	}
+	if starts, _, _ := rep.Counts(); starts != 1 {
+		t.Fatalf("capture started %d times for two probes, want 1", starts)
+	}
+
+	// TSC t is perf time 5 s + t ns.
+	tc := perfdata.TimeConv{Mult: 1, Zero: 5_000_000_000}
+	stub := uint64(0x7f0000001000)
+	var cpu0, cpu1, cpu0b ptenc.Encoder
+	cpu0.PSB()
+	cpu0.TSC(1000)
+	cpu0.PSBEnd()
+	cpu0.Probe(ids["a"], stub, true, 1, 2)
+	cpu0.TSC(3000)
+	cpu0.Probe(ids["b"], stub+0x1000, true, 0xdead)
+	cpu0.TSC(6000)
+	cpu0.Probe(ids["b"], stub+0x1000, true, 7)
+	cpu0.PTW(ptenc.Header(ids["a"], 2), 8, false) // cut by the truncated AUX record
+
+	cpu1.PSB()
+	cpu1.TSC(2000)
+	cpu1.PSBEnd()
+	cpu1.Probe(ids["a"], stub, false, 10, 20)
+	cpu1.TSC(4000)
+	cpu1.PTW(ptenc.Header(ids["a"], 2), 8, false)
+	cpu1.PTW(30, 8, false)
+	cpu1.OVF() // the second word is lost
+	cpu1.PSB()
+	cpu1.TSC(5000)
+	cpu1.PSBEnd()
+	cpu1.Probe(ids["a"], stub, false, 40, 50)
+	cpu1.Probe(0x7777, stub, false, 99) // not an event of this mount
+
+	cpu0b.PSB()
+	cpu0b.TSC(7000)
+	cpu0b.PSBEnd()
+	cpu0b.Probe(ids["a"], stub, true, 60, 70)
+
+	side := func(time uint64, pid, tid int32) capturetest.Step {
+		return capturetest.Side(capture.SideEvent{Kind: capture.SideITraceStart, Time: time, PID: pid, TID: tid})
+	}
+	err = rep.Queue(capturetest.Batch{
+		0: {capturetest.TimeConv(tc), side(5_000_000_000, 100, 101), capturetest.Trace(cpu0.Bytes()),
+			capturetest.Loss(capture.LossTruncated, 1)},
+		1: {capturetest.TimeConv(tc), side(5_000_000_000, 200, 201), capturetest.Trace(cpu1.Bytes())},
+	}, capturetest.Batch{
+		0: {capturetest.Loss(capture.LossFlush, 1), capturetest.Trace(cpu0b.Bytes())},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ev := func(name string) string { return fmt.Sprintf("event=ptfs_t/%s id=0x%x", name, ids[name]) }
+	want := []string{
+		"record 1: " + ev("a") + " args=[a=1, b=2] tid=101 cpu=0 time=5.000001000",
+		"record 2: " + ev("a") + " args=[a=10, b=20] tid=201 cpu=1 time=5.000002000",
+		"record 3: " + ev("b") + " args=[0xdead] tid=101 cpu=0 time=5.000003000",
+		"record 4: " + ev("a") + " args=[a=40, b=50] tid=201 cpu=1 time=5.000005000",
+		"record 5: " + ev("b") + " args=[0x7] tid=101 cpu=0 time=5.000006000",
+		"record 6: " + ev("a") + " args=[a=60, b=70] tid=101 cpu=0 time=5.000007000",
+	}
+	if got := readFile(t, dir, "t", "records"); got != strings.Join(want, "\n")+"\n" {
+		t.Errorf("records:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+	// dropped: the word after OVF and the two of the header cut by the
+	// truncation; stray: the unknown header and its word; errors: the OVF
+	// and the AUX loss, not the flush (counted apart).
+	const summary = "summary: records=6 dropped=3 stray=2 unknown=0 errors=2\n"
+	for _, st := range []string{readFile(t, dir, "status"), readFile(t, dir, "t", "status")} {
+		if !strings.Contains(st, "mode: ptw\n") || !strings.HasSuffix(st, summary) {
+			t.Errorf("status:\n%s\nwant mode: ptw and %q", st, summary)
+		}
+		if !strings.Contains(st, "aux truncated=1") || !strings.Contains(st, "flush=1") {
+			t.Errorf("status:\n%s\nwant the truncated AUX record and the flush counted", st)
+		}
+	}
+
+	// Removing the probes disables them before they go; the last one
+	// stops the capture.
+	for _, name := range []string{"a", "b"} {
+		if err := os.Remove(filepath.Join(probesDir, name)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(k.Tracefs.Dir, "events", group, name)); !os.IsNotExist(err) {
+			t.Errorf("probe %s: tracefs event still there after rm (%v)", name, err)
+		}
+	}
+	if starts, stops, _ := rep.Counts(); starts != 1 || stops != 1 || rep.Running() {
+		t.Errorf("capture starts=%d stops=%d running=%v after the last probe went, want 1, 1, false", starts, stops, rep.Running())
+	}
+	var removals []string
+	for _, c := range k.Commands() {
+		if strings.HasPrefix(c, "-:") {
+			removals = append(removals, c)
+		}
+	}
+	if len(removals) != 2 {
+		t.Errorf("removal commands %q, want one per probe", removals)
+	}
+	closed = true
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if lines, err := k.Tracefs.Events(); err != nil || len(lines) != 0 {
+		t.Errorf("uprobe_events after close: %q, %v", lines, err)
+	}
+}

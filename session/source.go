@@ -1,0 +1,75 @@
+package session
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"ptfs/capture"
+	"ptfs/decode"
+)
+
+// source is the record source of a mode: classic uprobe samples or the
+// decoded PT stream. Both route records by event id and deliver them in
+// time order to Session.deliver.
+type source interface {
+	Add(ev *decode.Event) error
+	Remove(id uint16) error
+	Close() error
+	// shared returns what the source counts for all targets together:
+	// losses and decoder counters that no event id attributes to one
+	// target. Every target's summary includes them.
+	shared() decode.Counters
+	// appendStatus appends the source's status lines.
+	appendStatus(b []byte) []byte
+	// running describes the capture while probes are active.
+	running() string
+}
+
+// classicSource reads classic uprobes through perf tracepoint rings.
+type classicSource struct{ *capture.Classic }
+
+func (c classicSource) shared() decode.Counters {
+	st := c.Stats()
+	return decode.Counters{Errors: st.Lost + st.Errors}
+}
+
+func (c classicSource) appendStatus(b []byte) []byte {
+	st := c.Stats()
+	return fmt.Appendf(b, "lost: %d (samples dropped by full kernel rings, all targets)\n"+
+		"capture errors: %d\nunknown samples: %d\nlate: %d (records out of time order)\n",
+		st.Lost, st.Errors, st.Unknown, st.Late)
+}
+
+func (classicSource) running() string { return "running (classic uprobes, perf tracepoint rings)" }
+
+// ptwSource decodes ptwrite uprobe records from Intel PT.
+type ptwSource struct{ *capture.PTW }
+
+func (p ptwSource) shared() decode.Counters {
+	st := p.Stats()
+	c := st.Decode
+	c.Records = 0
+	return c
+}
+
+func (p ptwSource) appendStatus(b []byte) []byte {
+	st := p.Stats()
+	sd := st.Side
+	b = fmt.Appendf(b, "trace: %d bytes decoded\n", st.Bytes)
+	b = append(b, "trace losses:"...)
+	for k, n := range st.Losses {
+		b = fmt.Appendf(b, " %s=%d", capture.LossKind(k), n)
+	}
+	b = append(b, '\n')
+	b = fmt.Appendf(b, "side band: itrace_start=%d switch_in=%d switch_out=%d comm=%d mmap2=%d exit=%d\n",
+		sd.ITraceStart, sd.SwitchIn, sd.SwitchOut, sd.Comm, sd.Mmap2, sd.Exit)
+	return fmt.Appendf(b, "manual ptwrites: %d (no target owns them; counted as stray)\n"+
+		"records without thread: %d\nlate: %d (records out of time order)\n", st.Manual, st.NoTID, st.Late)
+}
+
+func (ptwSource) running() string { return "running (ptwrite uprobes, Intel PT)" }
+
+// intelPT returns the sysfs directory of the intel_pt PMU.
+func (r roots) intelPT() string {
+	return filepath.Join(r.sysfs, "bus/event_source/devices/intel_pt")
+}
