@@ -1,11 +1,14 @@
 package session
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -247,5 +250,192 @@ func TestPTWMount(t *testing.T) {
 	}
 	if lines, err := k.Tracefs.Events(); err != nil || len(lines) != 0 {
 		t.Errorf("uprobe_events after close: %q, %v", lines, err)
+	}
+}
+
+// newPTWSession starts a ptw session on a simulated kernel and a replay,
+// with target t, closed at cleanup.
+func newPTWSession(t *testing.T, opts probetest.Options) (*Session, *Target, *probetest.Kernel, *capturetest.Replay) {
+	t.Helper()
+	k := probetest.New(t, opts)
+	rep, err := capturetest.NewReplay()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{Tracefs: k.Tracefs, Sysfs: fakeSysfs(t), Trace: rep, Latency: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	if s.Mode() != ModePTW {
+		t.Fatalf("mode %s (%s), want ptw", s.Mode(), s.why)
+	}
+	tg, err := s.addTarget("t", testkit.BuildC(t, filepath.Join("..", "testdata", "target.c")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, tg, k, rep
+}
+
+// A site the ptwrite kernel refuses (punning failed) fails the write with
+// EOPNOTSUPP and the kernel's reason in the probe file, and leaves nothing
+// in tracefs; the capture never starts.
+func TestPTWKernelRefuses(t *testing.T) {
+	_, tg, k, rep := newPTWSession(t, probetest.Options{PTW: true, Refuse: func(line string) (syscall.Errno, string) {
+		return syscall.EINVAL, "failed to install"
+	}})
+	err := tg.SetProbe("a", "target %di")
+	if !errors.Is(err, syscall.EOPNOTSUPP) {
+		t.Fatalf("SetProbe: %v, want EOPNOTSUPP", err)
+	}
+	text, _ := tg.ProbeText("a")
+	if !strings.Contains(string(text), "# state: refused") || !strings.Contains(string(text), "failed to install") {
+		t.Errorf("probe file:\n%s\nwant refused with the kernel's reason", text)
+	}
+	if lines, _ := k.Tracefs.Events(); len(lines) != 0 {
+		t.Errorf("uprobe_events after the refusal: %q", lines)
+	}
+	if starts, _, _ := rep.Counts(); starts != 0 {
+		t.Errorf("capture started %d times for a refused probe", starts)
+	}
+}
+
+// A site that ptwrite uprobes can never take is refused before the kernel
+// sees it, with the site check's reason.
+func TestPTWRefusedSite(t *testing.T) {
+	_, tg, k, _ := newPTWSession(t, probetest.Options{PTW: true})
+	// main calls target: a call rel32 somewhere in main is refused.
+	bin := tg.path
+	site := callSite(t, bin)
+	err := tg.SetProbe("c", fmt.Sprintf("0x%x %%di", site))
+	if !errors.Is(err, syscall.EOPNOTSUPP) || !strings.Contains(err.Error(), "ptw:") {
+		t.Fatalf("SetProbe at a call: %v, want EOPNOTSUPP with the ptw reason", err)
+	}
+	if cmds := k.Commands(); len(cmds) != 0 {
+		t.Errorf("the kernel got %q for a refused site", cmds)
+	}
+}
+
+// callSite returns the file offset of the first call rel32 in main.
+func callSite(t *testing.T, bin string) uint64 {
+	t.Helper()
+	b, err := probes.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, f := range b.Functions() {
+		if f.Name != "main" {
+			continue
+		}
+		for off := uint64(0); off < f.Size; off++ {
+			sp, err := probes.Parse(fmt.Sprintf("main+%d", off))
+			if err != nil {
+				t.Fatal(err)
+			}
+			site, err := b.Resolve(sp)
+			if err == nil && strings.HasPrefix(site.Insn, "call") {
+				return site.Offset
+			}
+		}
+	}
+	t.Fatal("no call in main")
+	return 0
+}
+
+// When the capture cannot start, the write fails, the probe is removed from
+// tracefs again, and a later write works.
+func TestPTWStartFails(t *testing.T) {
+	_, tg, k, rep := newPTWSession(t, probetest.Options{PTW: true})
+	rep.FailNextStart(fmt.Errorf("perf_event_open intel_pt: %w", syscall.EBUSY))
+	if err := tg.SetProbe("a", "target %di"); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("SetProbe: %v, want the source's EBUSY", err)
+	}
+	if lines, _ := k.Tracefs.Events(); len(lines) != 0 {
+		t.Errorf("uprobe_events after the failed start: %q", lines)
+	}
+	if err := tg.SetProbe("a", "target %di"); err != nil {
+		t.Fatalf("SetProbe after the failure: %v", err)
+	}
+	if lines, _ := k.Tracefs.Events(); len(lines) != 1 || !strings.HasPrefix(lines[0], "ptw:") {
+		t.Errorf("uprobe_events: %q, want one ptw probe", lines)
+	}
+}
+
+// commandHeads returns the kernel's commands up to their first space.
+func commandHeads(k *probetest.Kernel) []string {
+	var heads []string
+	for _, c := range k.Commands() {
+		heads = append(heads, strings.Fields(c)[0])
+	}
+	return heads
+}
+
+// Overwriting a ptw probe with one at another site installs and enables the
+// new one beside it before the old one is disabled and removed; the capture
+// keeps running.
+func TestPTWReplace(t *testing.T) {
+	_, tg, k, rep := newPTWSession(t, probetest.Options{PTW: true})
+	if err := tg.SetProbe("a", "target %di"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tg.SetProbe("a", "other %di"); err != nil {
+		t.Fatal(err)
+	}
+	lines, _ := k.Tracefs.Events()
+	if len(lines) != 1 || !strings.Contains(lines[0], "/a_2 ") {
+		t.Fatalf("uprobe_events: %q, want only the replacement a_2", lines)
+	}
+	if en := strings.TrimSpace(readFile(t, k.Tracefs.Dir, "events", tg.group, "a_2", "enable")); en != "1" {
+		t.Errorf("replacement enable = %q", en)
+	}
+	want := []string{"ptw:" + tg.group + "/a", "ptw:" + tg.group + "/a_2", "-:" + tg.group + "/a"}
+	if cmds := commandHeads(k); !slices.Equal(cmds, want) {
+		t.Errorf("kernel commands %q, want %q", cmds, want)
+	}
+	if starts, stops, _ := rep.Counts(); starts != 1 || stops != 0 {
+		t.Errorf("capture starts=%d stops=%d across a replacement, want 1, 0", starts, stops)
+	}
+}
+
+// A ptwrite kernel takes one probe a site: a replacement at the same site
+// removes the old probe first, and puts it back when the kernel refuses the
+// new one.
+func TestPTWReplaceSameSite(t *testing.T) {
+	_, tg, k, _ := newPTWSession(t, probetest.Options{PTW: true, Refuse: func(line string) (syscall.Errno, string) {
+		if strings.Contains(line, "%ax") {
+			return syscall.EINVAL, "failed to install"
+		}
+		return 0, ""
+	}})
+	if err := tg.SetProbe("a", "target %di"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tg.SetProbe("a", "target %di %si"); err != nil {
+		t.Fatal(err)
+	}
+	g := tg.group
+	want := []string{"ptw:" + g + "/a", "-:" + g + "/a", "ptw:" + g + "/a"}
+	if cmds := commandHeads(k); !slices.Equal(cmds, want) {
+		t.Errorf("kernel commands %q, want %q", cmds, want)
+	}
+	if err := tg.SetProbe("a", "target %ax"); !errors.Is(err, syscall.EOPNOTSUPP) {
+		t.Fatalf("refused replacement: %v, want EOPNOTSUPP", err)
+	}
+	lines, _ := k.Tracefs.Events()
+	if len(lines) != 1 || !strings.HasSuffix(lines[0], " arg1=%di arg2=%si") {
+		t.Errorf("uprobe_events: %q, want the replaced probe back", lines)
+	}
+	text, _ := tg.ProbeText("a")
+	if !strings.HasPrefix(string(text), "target %di %si\n# state: installed") || !strings.Contains(string(text), "kept the probe above") ||
+		!strings.Contains(string(text), "failed to install") {
+		t.Errorf("probe file:\n%s\nwant the old probe installed and the refusal", text)
+	}
+	if en := strings.TrimSpace(readFile(t, k.Tracefs.Dir, "events", g, "a", "enable")); en != "1" {
+		t.Errorf("restored probe enable = %q", en)
 	}
 }

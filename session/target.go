@@ -261,7 +261,39 @@ func (t *Target) install(p *probe, spec string) error {
 		if err := site.Verdict.Err(); err != nil {
 			return err
 		}
+		if p.ev != nil && p.site.Offset == site.Offset {
+			return t.replaceAtSite(p, spec, sp, site)
+		}
 	}
+	return t.add(p, spec, sp, site)
+}
+
+// replaceAtSite replaces p's ptw probe with one at the same site. A
+// ptwrite kernel takes one probe a site, so the old probe goes first; when
+// the new one then fails, the old one is installed again.
+func (t *Target) replaceAtSite(p *probe, spec string, sp *probes.Spec, site *probes.Site) error {
+	oldSpec, oldSite := p.spec, p.site
+	oldSp, err := probes.Parse(oldSpec)
+	if err != nil {
+		return fmt.Errorf("the installed spec %q: %w", oldSpec, err)
+	}
+	if err := t.retire(p); err != nil {
+		return fmt.Errorf("removing the probe it replaces at the same site: %w", err)
+	}
+	err = t.add(p, spec, sp, site)
+	if err == nil {
+		return nil
+	}
+	if rerr := t.add(p, oldSpec, oldSp, oldSite); rerr != nil {
+		return errors.Join(err, fmt.Errorf("the replaced probe could not be installed again: %w", rerr))
+	}
+	return err
+}
+
+// add installs the probe of sp at site for p and starts reading it, then
+// retires p's previous probe, if any.
+func (t *Target) add(p *probe, spec string, sp *probes.Spec, site *probes.Site) error {
+	ptw := t.s.mode == ModePTW
 	tevent := t.freeEvent(p.name)
 	line := probes.ClassicLine(t.group, tevent, t.path, site, sp)
 	if ptw {

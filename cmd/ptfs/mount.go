@@ -28,11 +28,11 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 	maxStream := fl.Int("max-stream", session.DefaultStreamLimit, "bound of each records file in bytes; past it the file starts over")
 	// 4 MiB a CPU: measured here, the 1 MiB rings lost 3-4% of the hits
 	// of a tight loop on a NOP site (~700,000 hits/s) and these none.
-	ringPages := fl.Int("ring-pages", 1024, "per-CPU perf ring size in pages (a power of 2)")
+	ringPages := fl.Int("ring-pages", 1024, "classic mode: per-CPU perf ring size in pages (a power of 2)")
 	var pt capture.PTOptions
 	fl.IntVar(&pt.AuxPages, "aux-pages", capture.DefaultPTAuxPages, "ptw mode: per-CPU Intel PT AUX ring size in pages (a power of 2)")
 	fl.IntVar(&pt.DataPages, "data-pages", capture.DefaultPTDataPages, "ptw mode: per-CPU side-band ring size in pages (a power of 2)")
-	fl.IntVar(&pt.AuxWatermark, "aux-watermark", capture.DefaultAuxWatermark, "ptw mode: bytes of trace after which the kernel publishes it")
+	fl.IntVar(&pt.AuxWatermark, "aux-watermark", 0, "ptw mode: bytes of trace after which the kernel publishes it (0: 64 KiB, or half the AUX ring if less)")
 	fl.DurationVar(&pt.FlushInterval, "pt-flush", capture.DefaultFlushInterval,
 		"ptw mode: publish the trace of a CPU that published nothing for this long by stopping its tracing for a moment (counted as flush losses); negative: never")
 	allowOther := fl.Bool("allow-other", false, "let other users see the mount")
