@@ -11,6 +11,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
+
+	"ptfs/decode"
 )
 
 // PTOptions configure a PT source. Zero values select defaults.
@@ -84,6 +86,7 @@ type PT struct {
 	cpus     []int
 	pageSize int
 	cnt      ptCounters
+	timing   decode.Timing
 
 	// mu serializes Start, Flush and Stop, and guards run.
 	mu  sync.Mutex
@@ -124,11 +127,13 @@ func NewPT(dir string, o PTOptions) (*PT, error) {
 	if err != nil {
 		return nil, err
 	}
-	attr, err := PTAttr(dir, PTConfig{Branch: o.Branch, PSBPeriod: o.PSBPeriod, AuxWatermark: uint32(o.AuxWatermark)})
+	timing, mtc := PTTiming(dir)
+	attr, err := PTAttr(dir, PTConfig{Branch: o.Branch, PSBPeriod: o.PSBPeriod, AuxWatermark: uint32(o.AuxWatermark),
+		MTC: mtc, MTCPeriod: int(timing.MTCPeriod)})
 	if err != nil {
 		return nil, err
 	}
-	return &PT{attr: *attr, opts: o, cpus: cpus, pageSize: pageSize}, nil
+	return &PT{attr: *attr, opts: o, cpus: cpus, pageSize: pageSize, timing: timing}, nil
 }
 
 // Stats returns the counters.
@@ -168,6 +173,11 @@ type ptCPU struct {
 	reenable  bool      // the kernel disabled the event on a full AUX ring
 	reenableT time.Time // when to enable it again
 }
+
+// Timing returns what the decoder needs to time records between TSC
+// packets: the MTC period PT asks for and the TSC:ART ratio (PTTiming);
+// zero when the machine offers no MTC.
+func (p *PT) Timing() decode.Timing { return p.timing }
 
 // Start opens and maps one intel_pt event per CPU, enables them and starts
 // the reader goroutine, which passes the trace to sink until Stop. sink must

@@ -115,7 +115,8 @@ func TestPTStartFails(t *testing.T) {
 			change: func(t *testing.T, dir string) {
 				writePMUFile(t, dir, "type", "1\n")
 				for name, spec := range map[string]string{"pt": "config2:0", "tsc": "config2:1", "ptw": "config2:2",
-					"fup_on_ptw": "config2:3", "branch": "config2:4", "psb_period": "config2:8-11"} {
+					"fup_on_ptw": "config2:3", "branch": "config2:4", "psb_period": "config2:8-11",
+					"mtc": "config2:5", "mtc_period": "config2:12-15"} {
 					writePMUFile(t, dir, "format/"+name, spec+"\n")
 				}
 			},

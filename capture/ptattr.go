@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"ptfs/decode"
 )
 
 // PTSysfsDir is where the kernel describes the Intel PT PMU.
@@ -43,6 +45,11 @@ type PTConfig struct {
 	// AuxWatermark is how many bytes of AUX data wake the reader; 0 lets
 	// the kernel choose (half the AUX ring).
 	AuxWatermark uint32
+	// MTC turns on MTC packets every 2^MTCPeriod crystal clocks, which
+	// time the trace between TSC packets. The period must be allowed by
+	// caps/mtc_periods.
+	MTC       bool
+	MTCPeriod int
 }
 
 // ptSampleType is the sample_id layout of the side-band records that
@@ -108,37 +115,90 @@ func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 		}
 	}
 	if o.PSBPeriod != 0 {
-		if err := setPSBPeriod(dir, formats, attr, o.PSBPeriod); err != nil {
+		if err := setPeriod(dir, formats, attr, "psb_period", o.PSBPeriod); err != nil {
+			return nil, err
+		}
+	}
+	if o.MTC {
+		fm, ok := formats["mtc"]
+		if !ok {
+			return nil, fmt.Errorf("%w: %s/format/mtc missing", ErrPTConfig, dir)
+		}
+		if err := fm.set(attr, 1); err != nil {
+			return nil, fmt.Errorf("capture: intel_pt mtc: %w", err)
+		}
+		if err := setPeriod(dir, formats, attr, "mtc_period", o.MTCPeriod); err != nil {
 			return nil, err
 		}
 	}
 	return attr, nil
 }
 
-// setPSBPeriod sets the psb_period field after checking caps/psb_periods,
-// the bit mask of the periods the CPU supports.
-func setPSBPeriod(dir string, formats map[string]pmuFormat, attr *unix.PerfEventAttr, p int) error {
-	fm, ok := formats["psb_period"]
+// maxMTCPeriod is the longest MTC period ptfs asks for: an MTC every 64
+// crystal clocks, a few microseconds, which times records finely enough at
+// a fraction of the trace that perf's default (3) costs.
+const maxMTCPeriod = 6
+
+// PTTiming returns the MTC period and TSC:ART ratio for timing records
+// between TSC packets, from the PMU description in dir: the longest period
+// up to six that caps/mtc_periods allows, when caps/mtc is set, the mtc
+// and mtc_period formats exist and tsc_art_ratio is known. ok is false when
+// any of it is missing: records then have the time of the last TSC packet.
+func PTTiming(dir string) (t decode.Timing, ok bool) {
+	formats, err := readFormats(filepath.Join(dir, "format"))
+	if err != nil || formats["mtc"].bits == nil || formats["mtc_period"].bits == nil {
+		return t, false
+	}
+	if v, err := readSysfsUint(filepath.Join(dir, "caps", "mtc"), 16, 32); err != nil || v == 0 {
+		return t, false
+	}
+	periods, err := readSysfsUint(filepath.Join(dir, "caps", "mtc_periods"), 16, 32)
+	if err != nil {
+		return t, false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "tsc_art_ratio"))
+	if err != nil {
+		return t, false
+	}
+	num, den, found := strings.Cut(strings.TrimSpace(string(b)), ":")
+	n, nerr := strconv.ParseUint(num, 10, 32)
+	d, derr := strconv.ParseUint(den, 10, 32)
+	if !found || nerr != nil || derr != nil || n == 0 || d == 0 {
+		return t, false
+	}
+	for p := maxMTCPeriod; p >= 0; p-- {
+		if periods&(1<<p) != 0 {
+			return decode.Timing{MTCPeriod: uint8(p), ARTNum: uint32(n), ARTDen: uint32(d)}, true
+		}
+	}
+	return t, false
+}
+
+// setPeriod sets the psb_period or mtc_period field after checking
+// caps/psb_periods or caps/mtc_periods, the bit mask of the periods the CPU
+// supports.
+func setPeriod(dir string, formats map[string]pmuFormat, attr *unix.PerfEventAttr, field string, p int) error {
+	fm, ok := formats[field]
 	if !ok {
-		return fmt.Errorf("%w: psb period %d: %s/format/psb_period missing", ErrPTConfig, p, dir)
+		return fmt.Errorf("%w: %s %d: %s/format/%s missing", ErrPTConfig, field, p, dir, field)
 	}
-	if p < 0 || p > 63 {
-		return fmt.Errorf("%w: psb period %d out of range", ErrPTConfig, p)
+	if p < 0 || p > 31 {
+		return fmt.Errorf("%w: %s %d out of range", ErrPTConfig, field, p)
 	}
-	allowed, err := readSysfsUint(filepath.Join(dir, "caps", "psb_periods"), 16, 32)
+	caps := strings.TrimSuffix(field, "_period") + "_periods"
+	allowed, err := readSysfsUint(filepath.Join(dir, "caps", caps), 16, 32)
 	if err != nil {
 		return err
 	}
 	if allowed&(1<<p) == 0 {
-		return fmt.Errorf("%w: psb period %d not in caps/psb_periods %#x", ErrPTConfig, p, allowed)
+		return fmt.Errorf("%w: %s %d not in caps/%s %#x", ErrPTConfig, field, p, caps, allowed)
 	}
 	if err := fm.set(attr, uint64(p)); err != nil {
-		return fmt.Errorf("capture: intel_pt psb_period: %w", err)
+		return fmt.Errorf("capture: intel_pt %s: %w", field, err)
 	}
 	return nil
 }
 
-// readSysfsUint reads a file holding one unsigned number in base.
 func readSysfsUint(path string, base, bits int) (uint64, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"ptfs/decode"
 )
 
 // copyPMU copies the intel_pt sysfs tree of testdata into a temp dir, to be
@@ -104,10 +106,13 @@ func TestPTAttr(t *testing.T) {
 		{"branch", copyPMU, PTConfig{Branch: true}, want(map[string]uint64{"branch": 1}), 1<<0 | 1<<5 | 1<<10 | 1<<12 | 1<<13},
 		{"psb period", copyPMU, PTConfig{PSBPeriod: 5}, want(map[string]uint64{"psb_period": 5}), 1<<0 | 1<<5 | 1<<10 | 1<<12 | 5<<24},
 		{"moved", moved, PTConfig{PSBPeriod: 5, Branch: true}, want(map[string]uint64{"psb_period": 5, "branch": 1}), 0},
+		{"mtc", copyPMU, PTConfig{MTC: true, MTCPeriod: 6}, want(map[string]uint64{"mtc": 1, "mtc_period": 6}), 1<<0 | 1<<5 | 1<<9 | 1<<10 | 1<<12 | 6<<14},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := tc.dir(t)
-			attr, err := PTAttr(dir, PTConfig{Branch: tc.cfg.Branch, PSBPeriod: tc.cfg.PSBPeriod, AuxWatermark: 4096})
+			cfg := tc.cfg
+			cfg.AuxWatermark = 4096
+			attr, err := PTAttr(dir, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -161,6 +166,8 @@ func TestPTAttrErrors(t *testing.T) {
 			writePMUFile(t, dir, "caps/psb_periods", "ff\n")
 		}, PTConfig{PSBPeriod: 5}, ErrPTConfig},
 		{"no psb_periods caps", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "caps/psb_periods")) }, PTConfig{PSBPeriod: 1}, ErrPMUFormat},
+		{"mtc period not allowed", nil, PTConfig{MTC: true, MTCPeriod: 5}, ErrPTConfig},
+		{"no mtc format", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "format/mtc")) }, PTConfig{MTC: true, MTCPeriod: 3}, ErrPTConfig},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := copyPMU(t)
@@ -280,4 +287,36 @@ func FuzzParseFormat(f *testing.F) {
 			t.Fatalf("%q: set %#x, read %#x", s, v, got)
 		}
 	})
+}
+
+// TestPTTiming picks the MTC period and the TSC:ART ratio from the PMU
+// description, and gives up on records timed by MTC when any of it is
+// missing.
+func TestPTTiming(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, dir string)
+		want   decode.Timing
+		ok     bool
+	}{
+		{"real tree", nil, decode.Timing{MTCPeriod: 6, ARTNum: 188, ARTDen: 2}, true},
+		{"only short periods", func(t *testing.T, dir string) { writePMUFile(t, dir, "caps/mtc_periods", "9\n") }, decode.Timing{MTCPeriod: 3, ARTNum: 188, ARTDen: 2}, true},
+		{"only long periods", func(t *testing.T, dir string) { writePMUFile(t, dir, "caps/mtc_periods", "200\n") }, decode.Timing{}, false},
+		{"no mtc", func(t *testing.T, dir string) { writePMUFile(t, dir, "caps/mtc", "0\n") }, decode.Timing{}, false},
+		{"no mtc_period format", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "format/mtc_period")) }, decode.Timing{}, false},
+		{"unknown ratio", func(t *testing.T, dir string) { writePMUFile(t, dir, "tsc_art_ratio", "0:0\n") }, decode.Timing{}, false},
+		{"bad ratio", func(t *testing.T, dir string) { writePMUFile(t, dir, "tsc_art_ratio", "188/2\n") }, decode.Timing{}, false},
+		{"no ratio", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "tsc_art_ratio")) }, decode.Timing{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := copyPMU(t)
+			if tc.change != nil {
+				tc.change(t, dir)
+			}
+			got, ok := PTTiming(dir)
+			if got != tc.want || ok != tc.ok {
+				t.Errorf("PTTiming: %+v, %v; want %+v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
 }

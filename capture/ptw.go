@@ -20,6 +20,9 @@ type PTWOptions struct {
 	// MaxPending bounds the records held back; beyond it the oldest go out
 	// early (and may be counted Late). Default 65536.
 	MaxPending int
+	// Timing times records between TSC packets (PT.Timing); zero: records
+	// have the time of the last TSC packet.
+	Timing decode.Timing
 }
 
 // DefaultPTWLatency is the default PTWOptions.Latency.
@@ -94,6 +97,7 @@ type PTW struct {
 	src     TraceSource
 	sink    Sink
 	latency time.Duration
+	timing  decode.Timing
 	// clock is monotonic time since NewPTW; tests replace it.
 	clock func() time.Duration
 
@@ -157,6 +161,7 @@ func NewPTW(src TraceSource, o PTWOptions, sink Sink) (*PTW, error) {
 		src:     src,
 		sink:    sink,
 		latency: o.Latency,
+		timing:  o.Timing,
 		clock:   func() time.Duration { return time.Since(start) },
 		events:  make(map[uint16]*decode.Event),
 		merge:   newMerger(0, o.MaxPending),
@@ -317,6 +322,7 @@ func (p *PTW) cpuLocked(cpu int) *ptwCPU {
 	c.conv = c.tc.NS
 	c.asm = decode.NewAssembler(p.events, c)
 	c.asm.SetCPU(int32(cpu))
+	c.asm.SetTiming(p.timing)
 	p.cpus[cpu] = c
 	return c
 }

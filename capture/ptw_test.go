@@ -607,3 +607,32 @@ func fuzzPTW(t *testing.T, plan, data []byte) {
 		t.Fatalf("%d records out of order, %d counted late", late, st.Late)
 	}
 }
+
+// With PTWOptions.Timing every CPU's records are timed by the MTC packets
+// since the last TSC (libipt's tsc-tma-mtc_relative numbers: TSC a0000, then
+// a0001 and a0009 after two MTCs with mtc period 4 and ratio 1:2).
+func TestPTWTiming(t *testing.T) {
+	p, src, _, got := newTestPTW(t, PTWOptions{Timing: decode.Timing{MTCPeriod: 4, ARTNum: 1, ARTDen: 2}})
+	if err := p.Add(evB); err != nil {
+		t.Fatal(err)
+	}
+	e := ptenc.New()
+	e.PSB()
+	e.TSC(0xa0000)
+	e.TMA(0xf012, 0x6)
+	e.PSBEnd()
+	e.Probe(evB.ID, 0x7fff0000, true, 1)
+	e.MTC(0x2)
+	e.Probe(evB.ID, 0x7fff0000, true, 2)
+	e.MTC(0x3)
+	e.Probe(evB.ID, 0x7fff0000, true, 3)
+	for cpu := range 2 {
+		src.sink.TimeConv(cpu, identity(0))
+		src.sink.Trace(cpu, e.Bytes())
+	}
+	src.sink.Round(true)
+	want := []uint64{0xa0000, 0xa0000, 0xa0001, 0xa0001, 0xa0009, 0xa0009}
+	if !slices.Equal(recTimes(*got), want) {
+		t.Errorf("times %x, want %x", recTimes(*got), want)
+	}
+}

@@ -59,7 +59,8 @@ type Manual struct {
 // of one probe hit. A PSB reached by resynchronization after an OVF or error
 // therefore never finds an open record: the OVF or error already dropped it.
 //
-// Time comes from the last TSC packet, converted by the function given to
+// Time comes from the last TSC packet, advanced by the MTC packets since
+// when SetTiming describes them, and converted by the function given to
 // SetTimeConv (none: Time 0). The assembler allocates nothing per packet or
 // record.
 type Assembler struct {
@@ -82,8 +83,13 @@ type Assembler struct {
 
 	tsc     uint64
 	haveTSC bool
-	lastIP  uint64
-	inPSB   bool
+	// timing, when on, estimates the TSC between TSC packets from MTC
+	// packets, as libipt does (ptTime).
+	timing PtdumpOptions
+	mtcOn  bool
+	tm     ptTime
+	lastIP uint64
+	inPSB  bool
 
 	// carry holds the start of a packet cut by the end of a Feed buffer,
 	// or, while unsynced, the tail in which a PSB may begin.
@@ -168,6 +174,26 @@ func (a *Assembler) SetTID(tid int32) { a.tid = tid }
 // SetTimeConv sets the conversion from raw TSC values to nanoseconds; nil
 // leaves Time 0.
 func (a *Assembler) SetTimeConv(conv func(tsc uint64) uint64) { a.conv = conv }
+
+// Timing describes the MTC packets of a stream so that time advances
+// between TSC packets: MTCPeriod is IA32_RTIT_CTL.MTCFreq (the intel_pt
+// mtc_period field), and TSC = ART * ARTNum / ARTDen (CPUID leaf 0x15 EBX
+// and EAX; sysfs intel_pt/tsc_art_ratio "NUM:DEN").
+type Timing struct {
+	MTCPeriod      uint8
+	ARTNum, ARTDen uint32
+}
+
+// SetTiming makes MTC packets advance the time between TSC packets; the
+// zero Timing (or a zero ratio) keeps the time of the last TSC packet.
+func (a *Assembler) SetTiming(t Timing) {
+	a.mtcOn = t.ARTNum != 0 && t.ARTDen != 0
+	a.timing = PtdumpOptions{MTCFreq: t.MTCPeriod, CPUID15EAX: t.ARTDen, CPUID15EBX: t.ARTNum}
+	a.tm = ptTime{}
+	if a.haveTSC {
+		a.tm.updateTSC(a.tsc)
+	}
+}
 
 // Counters returns the counters so far.
 func (a *Assembler) Counters() Counters { return a.c }
@@ -359,11 +385,15 @@ func (a *Assembler) scan(buf []byte, pos int) int {
 			if pos+8 > n {
 				return pos
 			}
-			a.tsc, a.haveTSC = binary.LittleEndian.Uint64(buf[pos:])>>8, true
+			a.setTSC(binary.LittleEndian.Uint64(buf[pos:]) >> 8)
 			pos += 8
 		case b == 0x59: // MTC
 			if pos+2 > n {
 				return pos
+			}
+			if a.mtcOn {
+				// An MTC the estimate cannot use leaves it as it was.
+				_ = a.tm.updateMTC(uint64(buf[pos+1]), &a.timing)
 			}
 			pos += 2
 		case b == 0x99: // MODE
@@ -488,7 +518,18 @@ func (a *Assembler) now() uint64 {
 	if a.conv == nil || !a.haveTSC {
 		return 0
 	}
+	if a.mtcOn {
+		return a.conv(a.tm.tsc)
+	}
 	return a.conv(a.tsc)
+}
+
+// setTSC takes the value of a TSC packet.
+func (a *Assembler) setTSC(tsc uint64) {
+	a.tsc, a.haveTSC = tsc, true
+	if a.mtcOn {
+		a.tm.updateTSC(tsc)
+	}
 }
 
 // packet handles one decoded packet.
@@ -502,9 +543,19 @@ func (a *Assembler) packet(p *Packet) {
 		a.fup(a.ip(p.IPC, p.Payload), p.IPC != IPCSuppressed)
 		return
 	case TSC:
-		a.tsc, a.haveTSC = p.Payload, true
+		a.setTSC(p.Payload)
 		return
-	case Pad, MTC, CYC, TMA, CBR:
+	case MTC, TMA:
+		if a.mtcOn {
+			if p.Kind == MTC {
+				_ = a.tm.updateMTC(p.Payload, &a.timing)
+			} else {
+				_ = a.tm.updateTMA(p.Payload, uint64(p.Aux), &a.timing)
+			}
+		}
+		// Timing packets may sit between a PTW and its FUP.
+		return
+	case Pad, CYC, CBR:
 		// Timing packets may sit between a PTW and its FUP.
 		return
 	case TIP, TIPPGE, TIPPGD:

@@ -826,3 +826,52 @@ func FuzzParseFormat(f *testing.F) {
 		}
 	})
 }
+
+// timeList is an Output that keeps the time of each record.
+type timeList struct{ times []uint64 }
+
+func (l *timeList) Record(r *Record) { l.times = append(l.times, r.Time) }
+func (l *timeList) Manual(*Manual)   {}
+
+// With SetTiming, MTC packets advance the time between TSC packets as
+// libipt computes it: the stream is libipt's tsc-tma-mtc_relative test
+// (mtc-freq 4, CPUID 0x15 eax 2 ebx 1; its ptdump expectation gives the TSC
+// a0000, a0001, a0009 after the TMA and the two MTCs) with a probe hit
+// after each. Without SetTiming every record has the TSC packet's time.
+func TestAssemblerMTCTime(t *testing.T) {
+	var e ptenc.Encoder
+	e.PSB()
+	e.PSBEnd()
+	e.TSC(0xa0000)
+	e.TMA(0xf012, 0x6)
+	e.Probe(1, 0x1000, false, 1)
+	e.MTC(0x2)
+	e.Probe(1, 0x1000, false, 2)
+	e.MTC(0x3)
+	e.Probe(1, 0x1000, false, 3)
+	events := map[uint16]*Event{1: {ID: 1, Group: "g", Name: "e", Args: []Arg{{}}}}
+	ident := func(tsc uint64) uint64 { return tsc }
+	for _, c := range []struct {
+		name   string
+		timing Timing
+		want   []uint64
+	}{
+		{"mtc", Timing{MTCPeriod: 4, ARTNum: 1, ARTDen: 2}, []uint64{0xa0000, 0xa0001, 0xa0009}},
+		{"tsc only", Timing{}, []uint64{0xa0000, 0xa0000, 0xa0000}},
+	} {
+		// Whole, and one byte at a time through the slow path.
+		for _, step := range []int{len(e.Bytes()), 1} {
+			var out timeList
+			a := NewAssembler(events, &out)
+			a.SetTimeConv(ident)
+			a.SetTiming(c.timing)
+			for b := e.Bytes(); len(b) > 0; b = b[min(step, len(b)):] {
+				a.Feed(b[:min(step, len(b))])
+			}
+			a.End()
+			if fmt.Sprint(out.times) != fmt.Sprint(c.want) {
+				t.Errorf("%s, feeds of %d bytes: times %x, want %x", c.name, step, out.times, c.want)
+			}
+		}
+	}
+}

@@ -174,14 +174,15 @@ func (s *Session) newSource(r roots) (source, error) {
 		return classicSource{c}, nil
 	}
 	trace := s.opts.Trace
+	var timing decode.Timing
 	if trace == nil {
 		pt, err := capture.NewPT(r.intelPT(), s.opts.PT)
 		if err != nil {
 			return nil, err
 		}
-		trace = pt
+		trace, timing = pt, pt.Timing()
 	}
-	w, err := capture.NewPTW(trace, capture.PTWOptions{Latency: s.opts.Latency}, s.deliver)
+	w, err := capture.NewPTW(trace, capture.PTWOptions{Latency: s.opts.Latency, Timing: timing}, s.deliver)
 	if err != nil {
 		return nil, err
 	}
