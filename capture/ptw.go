@@ -89,7 +89,7 @@ type SideStats struct {
 // record that is already open. Breaking the record when the switch arrives
 // would therefore drop good records, and it would still not find the byte
 // where the switch happened, since PT with branch=0 and user-only tracing
-// carries nothing at a switch and records know time only at TSC packets. A
+// carries nothing at a switch and records know time only at timing packets. A
 // record broken by preemption is caught anyway in the common case: the next
 // probe header on that CPU ends it and counts its missing words as dropped.
 // The thread of a record is the one that ran at its time (see timeline).
