@@ -160,24 +160,15 @@ func NewClassic(opts ClassicOptions, sink Sink) (*Classic, error) {
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	if fd, ferr := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); ferr != nil {
-		err = ferr
-	} else {
-		c.wake = fd
-		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
-		err = unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev)
-	}
-	if err != nil {
+	if c.wake, err = newWake(epfd); err != nil {
 		close(c.done)
-		return nil, errors.Join(fmt.Errorf("capture: wake eventfd: %w", err), c.Close())
+		return nil, errors.Join(err, c.Close())
 	}
 	for _, cpu := range cpus {
 		cr, err := openCPURing(cpu, opts.RingPages)
 		if err == nil {
 			c.cpus = append(c.cpus, cr)
-			// Any wakeup drains all rings, so the event data is unused.
-			ev := unix.EpollEvent{Events: unix.EPOLLIN}
-			if err = unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, cr.anchor, &ev); err != nil {
+			if err = epollAdd(epfd, cr.anchor); err != nil {
 				err = fmt.Errorf("capture: epoll add cpu %d: %w", cpu, err)
 			}
 		}
@@ -300,10 +291,8 @@ func (c *Classic) Remove(id uint16) error {
 	// The reader delivers what is held back: the sink sees records from
 	// one goroutine only.
 	ack := make(chan struct{})
-	var one [8]byte
-	one[0] = 1
-	if _, werr := unix.Write(c.wake, one[:]); werr != nil && !errors.Is(werr, unix.EAGAIN) {
-		return errors.Join(err, fmt.Errorf("capture: wake reader: %w", werr))
+	if werr := wakeUp(c.wake); werr != nil {
+		return errors.Join(err, werr)
 	}
 	select {
 	case c.flushReq <- ack:
@@ -394,8 +383,7 @@ func (c *Classic) run() {
 		var ack chan struct{}
 		select {
 		case ack = <-c.flushReq:
-			var buf [8]byte
-			unix.Read(c.wake, buf[:]) // reset the eventfd; EAGAIN when already read
+			resetWake(c.wake)
 		default:
 		}
 		// now is taken before draining: every sample stamped up to now -

@@ -223,12 +223,8 @@ func (p *PT) open() (*ptRun, error) {
 		r.epfd = -1
 		return fail(fmt.Errorf("capture: epoll_create1: %w", err))
 	}
-	if r.wake, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
-		r.wake = -1
-		return fail(fmt.Errorf("capture: wake eventfd: %w", err))
-	}
-	if err := epollAdd(r.epfd, r.wake); err != nil {
-		return fail(fmt.Errorf("capture: epoll add eventfd: %w", err))
+	if r.wake, err = newWake(r.epfd); err != nil {
+		return fail(err)
 	}
 	for _, cpu := range p.cpus {
 		c, err := p.openCPU(cpu)
@@ -241,13 +237,6 @@ func (p *PT) open() (*ptRun, error) {
 		}
 	}
 	return r, nil
-}
-
-// epollAdd adds fd to the epoll set for reading; every wakeup drains all
-// CPUs, so the event data is unused.
-func epollAdd(epfd, fd int) error {
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
-	return unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev)
 }
 
 // openCPU opens cpu's event and maps its rings as perf does: the control
@@ -351,7 +340,7 @@ func (p *PT) Flush() error {
 		return ErrNotStarted
 	}
 	ack := make(chan struct{})
-	if err := r.wakeUp(); err != nil {
+	if err := wakeUp(r.wake); err != nil {
 		return err
 	}
 	select {
@@ -375,19 +364,9 @@ func (p *PT) Stop() error {
 	}
 	p.run = nil
 	close(r.stop)
-	werr := r.wakeUp()
+	werr := wakeUp(r.wake)
 	<-r.done
 	return errors.Join(werr, r.stopErr, r.release())
-}
-
-// wakeUp makes the reader's epoll_wait return.
-func (r *ptRun) wakeUp() error {
-	var one [8]byte
-	one[0] = 1
-	if _, err := unix.Write(r.wake, one[:]); err != nil && !errors.Is(err, unix.EAGAIN) {
-		return fmt.Errorf("capture: wake pt reader: %w", err)
-	}
-	return nil
 }
 
 // loop is the reader goroutine: wait for a wakeup (AUX watermark, a
@@ -428,8 +407,7 @@ func (r *ptRun) loop(sink TraceSink) {
 		default:
 		}
 		if ack != nil {
-			var buf [8]byte
-			unix.Read(r.wake, buf[:]) // reset the eventfd; EAGAIN when already read
+			resetWake(r.wake)
 			r.flushAll(sink)
 			close(ack)
 			nextCheck = time.Now().Add(interval)

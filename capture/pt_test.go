@@ -164,10 +164,7 @@ func fakePTRun(t *testing.T, p *PT, fakes ...*fakeAux) *ptRun {
 	if r.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		t.Fatal(err)
 	}
-	if r.wake, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
-		t.Fatal(err)
-	}
-	if err := epollAdd(r.epfd, r.wake); err != nil {
+	if r.wake, err = newWake(r.epfd); err != nil {
 		t.Fatal(err)
 	}
 	for i, f := range fakes {

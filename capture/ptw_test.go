@@ -85,14 +85,6 @@ func hit(tsc uint64, ev *decode.Event, args ...uint64) []byte {
 	return e.Bytes()
 }
 
-func recTimes(recs []decode.Record) []uint64 {
-	var out []uint64
-	for _, r := range recs {
-		out = append(out, r.Time)
-	}
-	return out
-}
-
 func TestPTWOptions(t *testing.T) {
 	src := &stepSource{}
 	sink := func(*decode.Record) {}
@@ -157,7 +149,7 @@ func TestPTWLifecycle(t *testing.T) {
 	s.Trace(0, hit(200, evB, 3))
 	s.Round(false)
 	if len(*got) != 0 {
-		t.Fatalf("records went out before the latency: %v", recTimes(*got))
+		t.Fatalf("records went out before the latency: %v", times(*got))
 	}
 	if err := p.Remove(evA.ID); err != nil {
 		t.Fatal(err)
@@ -216,19 +208,19 @@ func TestPTWHoldBack(t *testing.T) {
 	s.Trace(1, hit(400, evA, 4, 4))
 	s.Round(false) // t=0.5s: seen 1400
 	if len(*got) != 0 {
-		t.Fatalf("released before the latency: %v", recTimes(*got))
+		t.Fatalf("released before the latency: %v", times(*got))
 	}
 	*now = time.Second
 	s.Round(false) // watermark 1300
-	if want := []uint64{1100, 1200, 1300}; !slices.Equal(recTimes(*got), want) {
-		t.Fatalf("at 1s: %v, want %v", recTimes(*got), want)
+	if want := []uint64{1100, 1200, 1300}; !slices.Equal(times(*got), want) {
+		t.Fatalf("at 1s: %v, want %v", times(*got), want)
 	}
 	// A record stamped before what went out arrives late.
 	s.Trace(0, hit(250, evA, 5, 5))
 	*now = 1500 * time.Millisecond
 	s.Round(false) // watermark 1400
-	if want := []uint64{1100, 1200, 1300, 1250, 1400}; !slices.Equal(recTimes(*got), want) {
-		t.Fatalf("at 1.5s: %v, want %v", recTimes(*got), want)
+	if want := []uint64{1100, 1200, 1300, 1250, 1400}; !slices.Equal(times(*got), want) {
+		t.Fatalf("at 1.5s: %v, want %v", times(*got), want)
 	}
 	if st := p.Stats(); st.Late != 1 || st.Records != 5 {
 		t.Errorf("late %d records %d, want 1 and 5", st.Late, st.Records)
@@ -246,12 +238,12 @@ func TestPTWPendingBound(t *testing.T) {
 		s.Trace(0, hit(tsc, evA, tsc, tsc))
 	}
 	s.Round(false)
-	if want := []uint64{1, 2}; !slices.Equal(recTimes(*got), want) {
-		t.Fatalf("over the bound: %v, want the oldest %v", recTimes(*got), want)
+	if want := []uint64{1, 2}; !slices.Equal(times(*got), want) {
+		t.Fatalf("over the bound: %v, want the oldest %v", times(*got), want)
 	}
 	s.Round(true)
-	if want := []uint64{1, 2, 3, 4}; !slices.Equal(recTimes(*got), want) {
-		t.Fatalf("after a flush: %v, want %v", recTimes(*got), want)
+	if want := []uint64{1, 2, 3, 4}; !slices.Equal(times(*got), want) {
+		t.Fatalf("after a flush: %v, want %v", times(*got), want)
 	}
 }
 
@@ -632,7 +624,7 @@ func TestPTWTiming(t *testing.T) {
 	}
 	src.sink.Round(true)
 	want := []uint64{0xa0000, 0xa0000, 0xa0001, 0xa0001, 0xa0009, 0xa0009}
-	if !slices.Equal(recTimes(*got), want) {
-		t.Errorf("times %x, want %x", recTimes(*got), want)
+	if !slices.Equal(times(*got), want) {
+		t.Errorf("times %x, want %x", times(*got), want)
 	}
 }

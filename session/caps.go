@@ -61,6 +61,11 @@ type roots struct {
 
 var defaultRoots = roots{sysfs: "/sys", dev: "/dev"}
 
+// intelPT returns the sysfs directory of the intel_pt PMU.
+func (r roots) intelPT() string {
+	return filepath.Join(r.sysfs, "bus/event_source/devices/intel_pt")
+}
+
 // detect reads the capabilities. tfs is the tracefs to check, or nil with
 // tracefsErr saying why there is none. The kernel side of ptw support comes
 // from tfs.TrialPTW: the README, or a trial probe that leaves nothing

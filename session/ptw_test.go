@@ -92,28 +92,8 @@ func readFile(t *testing.T, parts ...string) string {
 // counters after an overflow on one CPU, a truncated AUX record and a flush
 // on the other, and a header of an unknown event.
 func TestPTWMount(t *testing.T) {
-	k := probetest.New(t, probetest.Options{PTW: true})
-	rep, err := capturetest.NewReplay()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Options{Tracefs: k.Tracefs, Sysfs: fakeSysfs(t), Trace: rep, Latency: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			s.Close()
-		}
-	})
-	if s.Mode() != ModePTW {
-		t.Fatalf("mode %s (%s), want ptw", s.Mode(), s.why)
-	}
-	bin := testkit.BuildC(t, filepath.Join("..", "testdata", "target.c"))
-	if _, err := s.AddTarget("t", bin); err != nil {
-		t.Fatal(err)
-	}
+	s, tg, k, rep := newPTWSession(t, probetest.Options{PTW: true})
+	bin := tg.path
 	dir := mountSession(t, s)
 	probesDir := filepath.Join(dir, "t", "probes")
 	if err := os.WriteFile(filepath.Join(probesDir, "a"), []byte("target a=%di b=%si\n"), 0o644); err != nil {
@@ -184,7 +164,7 @@ func TestPTWMount(t *testing.T) {
 	side := func(time uint64, pid, tid int32) capturetest.Step {
 		return capturetest.Side(capture.SideEvent{Kind: capture.SideITraceStart, Time: time, PID: pid, TID: tid})
 	}
-	err = rep.Queue(capturetest.Batch{
+	err := rep.Queue(capturetest.Batch{
 		0: {capturetest.TimeConv(tc), side(5_000_000_000, 100, 101), capturetest.Trace(cpu0.Bytes()),
 			capturetest.Loss(capture.LossTruncated, 1)},
 		1: {capturetest.TimeConv(tc), side(5_000_000_000, 200, 201), capturetest.Trace(cpu1.Bytes())},
@@ -244,7 +224,6 @@ func TestPTWMount(t *testing.T) {
 	if len(removals) != 2 {
 		t.Errorf("removal commands %q, want one per probe", removals)
 	}
-	closed = true
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package session
 
 import (
 	"fmt"
-	"path/filepath"
 
 	"ptfs/capture"
 	"ptfs/decode"
@@ -68,8 +67,3 @@ func (p ptwSource) appendStatus(b []byte) []byte {
 }
 
 func (ptwSource) running() string { return "running (ptwrite uprobes, Intel PT)" }
-
-// intelPT returns the sysfs directory of the intel_pt PMU.
-func (r roots) intelPT() string {
-	return filepath.Join(r.sysfs, "bus/event_source/devices/intel_pt")
-}

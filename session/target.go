@@ -48,6 +48,7 @@ type probe struct {
 
 	// The installed probe; ev == nil when none is.
 	spec   string
+	sp     *probes.Spec // spec, parsed
 	site   *probes.Site
 	ev     *decode.Event
 	tevent string // tracefs event name
@@ -272,15 +273,11 @@ func (t *Target) install(p *probe, spec string) error {
 // ptwrite kernel takes one probe a site, so the old probe goes first; when
 // the new one then fails, the old one is installed again.
 func (t *Target) replaceAtSite(p *probe, spec string, sp *probes.Spec, site *probes.Site) error {
-	oldSpec, oldSite := p.spec, p.site
-	oldSp, err := probes.Parse(oldSpec)
-	if err != nil {
-		return fmt.Errorf("the installed spec %q: %w", oldSpec, err)
-	}
+	oldSpec, oldSp, oldSite := p.spec, p.sp, p.site
 	if err := t.retire(p); err != nil {
 		return fmt.Errorf("removing the probe it replaces at the same site: %w", err)
 	}
-	err = t.add(p, spec, sp, site)
+	err := t.add(p, spec, sp, site)
 	if err == nil {
 		return nil
 	}
@@ -331,7 +328,7 @@ func (t *Target) add(p *probe, spec string, sp *probes.Spec, site *probes.Site) 
 			logrus.WithError(rerr).WithField("probe", p.name).Warn("ptfs: removing the replaced probe")
 		}
 	}
-	p.spec, p.site, p.ev, p.tevent, p.line = spec, site, ev, tevent, line
+	p.spec, p.sp, p.site, p.ev, p.tevent, p.line = spec, sp, site, ev, tevent, line
 	logrus.WithFields(logrus.Fields{"target": t.name, "probe": p.name, "line": line}).Debug("ptfs: probe installed")
 	return nil
 }
@@ -368,7 +365,7 @@ func (t *Target) retire(p *probe) error {
 	} else {
 		delete(t.events, p.tevent)
 	}
-	p.ev, p.site = nil, nil
+	p.ev, p.sp, p.site = nil, nil, nil
 	return err
 }
 
