@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/user"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"ptfs/cred"
+	"ptfs/internal/testkit"
 )
 
 // ownerPerms is the permission model of a mount by this process's user,
@@ -67,27 +67,10 @@ func TestControl(t *testing.T) {
 	}
 }
 
-// freeGID returns a gid that no group of this machine has, for a readers
-// group that only the test's processes belong to.
-func freeGID(t *testing.T) uint32 {
-	t.Helper()
-	for gid := 54321; gid < 54421; gid++ {
-		if _, err := user.LookupGroupId(fmt.Sprint(gid)); err != nil {
-			var unknown user.UnknownGroupIdError
-			if !errors.As(err, &unknown) {
-				t.Fatalf("look up gid %d: %v", gid, err)
-			}
-			return uint32(gid)
-		}
-	}
-	t.Fatal("no free gid in 54321-54420")
-	return 0
-}
-
 // TestOwnersAndModes checks that every node reports the mount's owner, the
 // readers group and modes that say who may do what (DESIGN §2).
 func TestOwnersAndModes(t *testing.T) {
-	gid := freeGID(t)
+	gid := testkit.FreeGID(t)
 	uid := uint32(os.Getuid())
 	for _, readers := range []bool{false, true} {
 		t.Run(fmt.Sprintf("readers=%v", readers), func(t *testing.T) {
@@ -149,18 +132,16 @@ var (
 	perfmon = who{name: "perfmon", caps: []uintptr{unix.CAP_DAC_OVERRIDE, unix.CAP_PERFMON}}
 )
 
-const nobody = 65534
-
 // shAs runs a shell command line as user nobody and returns its combined
 // output and error.
 func shAs(t *testing.T, w who, gid uint32, script string) (string, error) {
 	t.Helper()
-	c := &syscall.Credential{Uid: nobody, Gid: nobody, Groups: []uint32{}}
+	var groups []uint32
 	if w.groups {
-		c.Groups = []uint32{gid}
+		groups = []uint32{gid}
 	}
 	// From /: nobody may not be able to enter the test's directory.
-	return shWith(t, &syscall.SysProcAttr{Credential: c, AmbientCaps: w.caps}, "cd / && "+script)
+	return shWith(t, testkit.AsNobody(groups, w.caps...), "cd / && "+script)
 }
 
 // Answers of the commands in TestOtherUsers.
@@ -176,7 +157,7 @@ const (
 // and lets one that may (CAP_PERFMON) do what the owner does.
 func TestOtherUsers(t *testing.T) {
 	requireFUSE(t)
-	gid := freeGID(t)
+	gid := testkit.FreeGID(t)
 	ft := newFakeTarget("t", "/usr/bin/true")
 	ft.records.Append([]byte("record 1: secret\n"))
 	if err := ft.CreateProbe("e"); err != nil {
