@@ -51,12 +51,17 @@ func CapEff(status []byte) (uint64, error) {
 }
 
 // MayTrace reports whether process (or thread) pid holds CAP_SYS_ADMIN or
-// CAP_PERFMON in its effective set. FUSE gives the thread id of the
-// caller, and capabilities are per thread, so /proc/TID/status is the
-// right file.
+// CAP_PERFMON in its effective set, in this process's user namespace.
+// FUSE gives the thread id of the caller, and capabilities are per thread,
+// so /proc/TID/status is the right file. Capabilities count only in the
+// same user namespace: any user may make one of its own (unshare -U) and
+// hold every capability there, over nothing of this machine's.
 func MayTrace(pid uint32) (bool, error) {
 	if pid == 0 {
 		return false, ErrNoPid
+	}
+	if same, err := sameUserNS(pid); err != nil || !same {
+		return false, err
 	}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -67,6 +72,19 @@ func MayTrace(pid uint32) (bool, error) {
 		return false, fmt.Errorf("capabilities of pid %d: %w", pid, err)
 	}
 	return caps&tracingCaps != 0, nil
+}
+
+// sameUserNS reports whether pid lives in this process's user namespace:
+// the namespace files name the same nsfs inode.
+func sameUserNS(pid uint32) (bool, error) {
+	var mine, theirs unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/user", &mine); err != nil {
+		return false, fmt.Errorf("user namespace of ptfs: %w", err)
+	}
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/user", pid), &theirs); err != nil {
+		return false, fmt.Errorf("user namespace of pid %d: %w", pid, err)
+	}
+	return mine.Dev == theirs.Dev && mine.Ino == theirs.Ino, nil
 }
 
 // Group resolves a group name or a numeric gid. A number is taken as it is,

@@ -2,7 +2,10 @@ package cred
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -73,6 +76,47 @@ func TestMayTrace(t *testing.T) {
 	got, err := MayTrace(uint32(os.Getpid()))
 	if err != nil || got != want {
 		t.Errorf("MayTrace(self) = %v, %v; want %v (CapEff %#x)", got, err, want, caps)
+	}
+}
+
+// TestMayTraceUserNS checks that capabilities in a user namespace of the
+// caller's own count for nothing: a child made in a new user namespace is
+// root there, with every capability in CapEff.
+func TestMayTraceUserNS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to judge a root child")
+	}
+	start := func(attr *syscall.SysProcAttr) uint32 {
+		t.Helper()
+		cmd := exec.Command("sleep", "10")
+		cmd.SysProcAttr = attr
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start a child (%+v): %v", attr, err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+		return uint32(cmd.Process.Pid)
+	}
+	plain := start(nil)
+	inNS := start(&syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+	})
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", inNS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if caps, err := CapEff(status); err != nil || caps&(1<<unix.CAP_SYS_ADMIN) == 0 {
+		t.Fatalf("the child in a user namespace has CapEff %#x, %v; the test proves nothing", caps, err)
+	}
+	if ok, err := MayTrace(plain); !ok || err != nil {
+		t.Errorf("MayTrace(root child) = %v, %v; want true", ok, err)
+	}
+	if ok, err := MayTrace(inNS); ok || err != nil {
+		t.Errorf("MayTrace(root of its own user namespace) = %v, %v; want false", ok, err)
 	}
 }
 
