@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -227,6 +228,33 @@ func TestOtherUsers(t *testing.T) {
 	}
 	if added, removed := tr.calls(); len(added)+len(removed) != 0 {
 		t.Errorf("targets added %v removed %v by refused attempts", added, removed)
+	}
+
+	// A file the owner opened for write and handed over (inherited
+	// across a change of user, or passed on a socket) needs no new
+	// permission check from the kernel: ptfs's own check refuses.
+	for _, c := range []struct{ file, script string }{
+		{"t/probes/e", "echo 0x30 >&3"},
+		{"t/records", "python3 -c 'import os; os.ftruncate(3, 0)'"},
+	} {
+		f, err := os.OpenFile(filepath.Join(mnt, c.file), os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("bash", "-c", "cd / && "+c.script)
+		cmd.SysProcAttr = testkit.AsNobody(nil)
+		cmd.ExtraFiles = []*os.File{f}
+		out, err := cmd.CombinedOutput()
+		f.Close()
+		if err == nil || !strings.Contains(string(out), eperm) {
+			t.Errorf("nobody: %s on %s opened by the owner: %v %q, want %s", c.script, c.file, err, out, eperm)
+		}
+	}
+	if p := ft.probe("e"); p.spec != "0x1040 %di" {
+		t.Errorf("probe e after a write by nobody through the owner's file: %+v", p)
+	}
+	if got := ft.records.Size(); got != int64(len("record 1: secret\n")) {
+		t.Errorf("records after ftruncate by nobody through the owner's file: %d bytes", got)
 	}
 
 	// A caller that may trace may do all of it.
