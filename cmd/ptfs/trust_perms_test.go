@@ -189,3 +189,21 @@ func TestTrustPermissions(t *testing.T) {
 		t.Errorf("records after root's : > records: %q", s)
 	}
 }
+
+// TestReadersFlag checks that `ptfs mount --help` documents --readers and
+// that a group that does not exist is refused before anything is mounted.
+func TestReadersFlag(t *testing.T) {
+	var stdout, stderr strings.Builder
+	run([]string{"mount", "-h"}, &stdout, &stderr)
+	if !strings.Contains(stderr.String(), "-readers GROUP") {
+		t.Errorf("mount -h does not show --readers:\n%s", stderr.String())
+	}
+	stderr.Reset()
+	dir := t.TempDir()
+	if code := run([]string{"mount", "--readers=no-such-group-ptfs", dir}, &stdout, &stderr); code != 2 {
+		t.Errorf("mount with an unknown readers group: exit %d, want 2", code)
+	}
+	if !strings.Contains(stderr.String(), `--readers: bad group: "no-such-group-ptfs"`) {
+		t.Errorf("mount with an unknown readers group says %q", stderr.String())
+	}
+}
