@@ -77,7 +77,8 @@ type Options struct {
 	// the kernel checks every access against the owners and modes the
 	// nodes report (default_permissions).
 	AllowOther bool
-	// UID owns every node and controls the mount: the mounting user.
+	// UID owns every node and controls the mount: the mounting user
+	// (zero: root).
 	UID uint32
 	// GID is the group of every node: the readers group, or the mounting
 	// user's group.
