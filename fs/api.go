@@ -73,8 +73,23 @@ type BranchesCloser interface {
 
 // Options tune a mount.
 type Options struct {
-	// AllowOther lets users other than the one who mounted see the files.
+	// AllowOther lets users other than the one who mounted see the files;
+	// the kernel checks every access against the owners and modes the
+	// nodes report (default_permissions).
 	AllowOther bool
+	// UID owns every node and controls the mount: the mounting user
+	// (zero: root).
+	UID uint32
+	// GID is the group of every node: the readers group, or the mounting
+	// user's group.
+	GID uint32
+	// GroupReads lets the members of GID read the trace (records,
+	// branches) and the probe files (--readers).
+	GroupReads bool
+	// MayTrace reports whether the process (thread) pid may control the
+	// mount although it is not UID: it holds CAP_SYS_ADMIN or CAP_PERFMON
+	// (cred.MayTrace). nil: only UID may.
+	MayTrace func(pid uint32) (bool, error)
 	// Debug logs every FUSE request (go-fuse's debug output).
 	Debug bool
 }
@@ -83,15 +98,19 @@ type Options struct {
 // unmounted (server.Unmount, then server.Wait). It mounts with the mount
 // syscall directly (no fusermount), so it needs root.
 func Mount(dir string, t Tracer, opts Options) (*fuse.Server, error) {
-	root := &rootNode{tracer: t}
+	root := &rootNode{tracer: t, perms: newPerms(opts)}
 	server, err := gofs.Mount(dir, root, &gofs.Options{
 		MountOptions: fuse.MountOptions{
 			DirectMountStrict: true,
 			FsName:            "ptfs",
 			Name:              "ptfs",
 			AllowOther:        opts.AllowOther,
-			Debug:             opts.Debug,
-			DisableXAttrs:     true,
+			// The kernel checks the callers' credentials, with their
+			// supplementary groups, against the modes; the handlers
+			// check the callers of changes again (perms.control).
+			Options:       []string{"default_permissions"},
+			Debug:         opts.Debug,
+			DisableXAttrs: true,
 			// 1 MiB requests (the kernel's most), so a reader that follows
 			// a busy records file needs fewer requests and context switches
 			// than with the 128 KiB default.

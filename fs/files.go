@@ -39,6 +39,7 @@ func wantsWrite(flags uint32) bool {
 // reads go to the snapshot whatever size an earlier stat saw.
 type genNode struct {
 	gofs.Inode
+	perms   *perms
 	born    time.Time
 	content func() ([]byte, error)
 }
@@ -85,7 +86,7 @@ func (g *genNode) Getattr(_ context.Context, f gofs.FileHandle, out *fuse.AttrOu
 		// (ls -l) succeeds with size 0 and open reports the error.
 		toErrno("generate content for stat", err)
 	}
-	setAttr(&out.Attr, syscall.S_IFREG|0o444, int64(size), g.born)
+	g.perms.setAttr(&out.Attr, syscall.S_IFREG|0o444, int64(size), g.born)
 	out.SetTimeout(0)
 	return 0
 }
@@ -102,7 +103,8 @@ func (g *genNode) Setattr(context.Context, gofs.FileHandle, *fuse.SetAttrIn, *fu
 // the size or mtime changes (the kernel's auto_inval_data).
 type streamNode struct {
 	gofs.Inode
-	born time.Time
+	perms *perms
+	born  time.Time
 	// open returns the handle for one open; for `branches` it starts
 	// branch tracing, which may be refused.
 	open func() (*streamHandle, error)
@@ -135,9 +137,15 @@ type streamHandle struct {
 	release func()
 }
 
-// Open starts serving the stream. Opening for write is allowed so that
-// `: > records` can truncate; writes themselves are refused.
-func (n *streamNode) Open(context.Context, uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+// Open starts serving the stream. Opening for write is allowed to those
+// who control the mount, so that `: > records` can truncate; writes
+// themselves are refused.
+func (n *streamNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if wantsWrite(flags) {
+		if errno := n.perms.control(ctx, "open stream for write", syscall.EACCES); errno != 0 {
+			return nil, 0, errno
+		}
+	}
 	h, err := n.open()
 	if errno := toErrno("open stream", err); errno != 0 {
 		return nil, 0, errno
@@ -207,13 +215,17 @@ func (n *streamNode) fillAttr(s *stream.Stream, out *fuse.Attr) {
 		n.seen, n.seenSize, n.seenResets = s, size, resets
 		n.mtime = time.Now()
 	}
-	setAttr(out, syscall.S_IFREG|0o644, size, n.mtime)
+	n.perms.setAttr(out, syscall.S_IFREG|n.perms.private, size, n.mtime)
 }
 
 // Setattr empties the stream on truncation to size 0 (`: > records`).
 // Other sizes and ownership changes are refused; time changes (touch) are
-// accepted and ignored because the times reflect the content.
-func (n *streamNode) Setattr(_ context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+// accepted and ignored because the times reflect the content. Only those
+// who control the mount may do either.
+func (n *streamNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if errno := n.perms.control(ctx, "setattr stream", syscall.EPERM); errno != 0 {
+		return errno
+	}
 	if in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID) != 0 {
 		return syscall.EPERM
 	}
@@ -241,6 +253,7 @@ type probesDir struct {
 	gofs.Inode
 	refuseChanges
 	target Target
+	perms  *perms
 	born   time.Time
 }
 
@@ -256,7 +269,7 @@ var (
 
 // Getattr reports a directory.
 func (d *probesDir) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	setAttr(&out.Attr, syscall.S_IFDIR|0o755, 0, d.born)
+	d.perms.setAttr(&out.Attr, syscall.S_IFDIR|d.perms.privateDir, 0, d.born)
 	out.SetTimeout(staticTimeout)
 	return 0
 }
@@ -267,7 +280,7 @@ func (d *probesDir) node(ctx context.Context, name string) *gofs.Inode {
 	if ch := d.GetChild(name); ch != nil {
 		return ch
 	}
-	return d.NewInode(ctx, &probeNode{target: d.target, name: name, born: time.Now()}, gofs.StableAttr{Mode: syscall.S_IFREG})
+	return d.NewInode(ctx, &probeNode{target: d.target, perms: d.perms, name: name, born: time.Now()}, gofs.StableAttr{Mode: syscall.S_IFREG})
 }
 
 // Lookup finds a probe the engine knows.
@@ -294,6 +307,9 @@ func (d *probesDir) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
 
 // Create makes an empty probe; the spec comes with the first write.
 func (d *probesDir) Create(ctx context.Context, name string, flags, _ uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if errno := d.perms.control(ctx, "create probe", syscall.EACCES); errno != 0 {
+		return nil, nil, 0, errno
+	}
 	if errno := toErrno("create probe "+name, d.target.CreateProbe(name)); errno != 0 {
 		return nil, nil, 0, errno
 	}
@@ -310,7 +326,10 @@ func (d *probesDir) Create(ctx context.Context, name string, flags, _ uint32, ou
 }
 
 // Unlink removes a probe: `rm probes/NAME`.
-func (d *probesDir) Unlink(_ context.Context, name string) syscall.Errno {
+func (d *probesDir) Unlink(ctx context.Context, name string) syscall.Errno {
+	if errno := d.perms.control(ctx, "remove probe", syscall.EPERM); errno != 0 {
+		return errno
+	}
 	return toErrno("remove probe "+name, d.target.RemoveProbe(name))
 }
 
@@ -331,6 +350,7 @@ func (d *probesDir) Symlink(context.Context, string, string, *fuse.EntryOut) (*g
 type probeNode struct {
 	gofs.Inode
 	target Target
+	perms  *perms
 	name   string
 	born   time.Time
 }
@@ -356,8 +376,14 @@ type probeHandle struct {
 
 // Open snapshots the probe's text. Opening with O_TRUNC leaves the
 // working probe alone: it only means this open's pending text starts
-// empty, which it always does.
-func (p *probeNode) Open(_ context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+// empty, which it always does. Only those who control the mount may open
+// for write.
+func (p *probeNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if wantsWrite(flags) {
+		if errno := p.perms.control(ctx, "open probe for write", syscall.EACCES); errno != 0 {
+			return nil, 0, errno
+		}
+	}
 	text, ok := p.target.ProbeText(p.name)
 	if !ok {
 		return nil, 0, syscall.ENOENT
@@ -378,7 +404,7 @@ func (p *probeNode) Getattr(_ context.Context, f gofs.FileHandle, out *fuse.Attr
 		text = h.snapshot
 		h.mu.Unlock()
 	}
-	setAttr(&out.Attr, syscall.S_IFREG|0o644, int64(len(text)), p.born)
+	p.perms.setAttr(&out.Attr, syscall.S_IFREG|p.perms.private, int64(len(text)), p.born)
 	out.SetTimeout(0)
 	return 0
 }
@@ -387,6 +413,9 @@ func (p *probeNode) Getattr(_ context.Context, f gofs.FileHandle, out *fuse.Attr
 // pending text of that open and keeps the working probe. Time changes are
 // accepted and ignored; other changes are refused.
 func (p *probeNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if errno := p.perms.control(ctx, "setattr probe", syscall.EPERM); errno != 0 {
+		return errno
+	}
 	if in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID) != 0 {
 		return syscall.EPERM
 	}
@@ -416,7 +445,10 @@ const maxSpec = 64 << 10
 // Write places data at off in this open's pending text and installs the
 // result at once. The check must happen here, not in Flush: bash's echo
 // reports a write error but ignores a close error.
-func (h *probeHandle) Write(_ context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+func (h *probeHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if errno := h.probe.perms.control(ctx, "write probe", syscall.EPERM); errno != 0 {
+		return 0, errno
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.appendMode {

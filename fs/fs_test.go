@@ -46,13 +46,20 @@ func requireFUSE(t testing.TB) {
 	}
 }
 
-// mountFake mounts tr in a temporary directory and unmounts it when the
-// test ends, whatever its outcome.
+// mountFake mounts tr in a temporary directory, owned by this process's
+// user, and unmounts it when the test ends, whatever its outcome.
 func mountFake(t testing.TB, tr *fakeTracer) string {
+	t.Helper()
+	return mountFakeWith(t, tr, Options{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())})
+}
+
+// mountFakeWith is mountFake with options.
+func mountFakeWith(t testing.TB, tr *fakeTracer, opts Options) string {
 	t.Helper()
 	requireFUSE(t)
 	dir := t.TempDir()
-	srv, err := Mount(dir, tr, Options{Debug: os.Getenv("PTFS_FUSE_DEBUG") != ""})
+	opts.Debug = os.Getenv("PTFS_FUSE_DEBUG") != ""
+	srv, err := Mount(dir, tr, opts)
 	if err != nil {
 		t.Fatalf("Mount: %v", err)
 	}
@@ -73,9 +80,17 @@ func mountFake(t testing.TB, tr *fakeTracer) string {
 // output and error.
 func sh(t *testing.T, script string) (string, error) {
 	t.Helper()
+	return shWith(t, nil, script)
+}
+
+// shWith is sh with attributes of the process (credentials).
+func shWith(t *testing.T, attr *syscall.SysProcAttr, script string) (string, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "bash", "-c", script).CombinedOutput()
+	cmd := exec.CommandContext(ctx, "bash", "-c", script)
+	cmd.SysProcAttr = attr
+	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
 		t.Fatalf("%q timed out", script)
 	}
@@ -128,10 +143,10 @@ func TestTree(t *testing.T) {
 		mode os.FileMode
 	}{
 		{"t", os.ModeDir | 0o755},
-		{"t/probes", os.ModeDir | 0o755},
+		{"t/probes", os.ModeDir | 0o700},
 		{"t/exe", os.ModeSymlink | 0o777},
-		{"t/records", 0o644},
-		{"t/branches", 0o644},
+		{"t/records", 0o600},
+		{"t/branches", 0o600},
 		{"t/status", 0o444},
 		{"t/symbols", 0o444},
 		{"status", 0o444},
@@ -205,6 +220,9 @@ func TestFixedEntries(t *testing.T) {
 		{"mkdir in target", func() error { return os.Mkdir(p("t/d"), 0o755) }, syscall.EPERM},
 		{"mkdir in probes", func() error { return os.Mkdir(p("t/probes/d"), 0o755) }, syscall.EPERM},
 		{"symlink in target", func() error { return os.Symlink("/x", p("t/l")) }, syscall.EPERM},
+		// `ln -s /usr/bin/passwd MNT/t` with t a target makes t/passwd.
+		{"ln -s into a target", func() error { return os.Symlink("/usr/bin/passwd", p("t/passwd")) }, syscall.EEXIST},
+		{"symlink onto records", func() error { return os.Symlink("/x", p("t/records")) }, syscall.EEXIST},
 		{"symlink in probes", func() error { return os.Symlink("/x", p("t/probes/l")) }, syscall.EPERM},
 		{"chmod records", func() error { return os.Chmod(p("t/records"), 0o600) }, syscall.EPERM},
 		{"truncate records to 5", func() error { return os.Truncate(p("t/records"), 5) }, syscall.EINVAL},
@@ -269,6 +287,10 @@ func TestTargets(t *testing.T) {
 
 	// A second ln on the same name, and an engine refusal.
 	if out, err := sh(t, "ln -sT /usr/bin/env "+mnt+"/env"); err == nil || !strings.Contains(out, "File exists") {
+		t.Errorf("second ln -sT: %v %q, want File exists", err, out)
+	}
+	// Without -T, ln makes env/env inside the existing target.
+	if out, err := sh(t, "ln -s /usr/bin/env "+mnt+"/env"); err == nil || !strings.Contains(out, "File exists") {
 		t.Errorf("second ln -s: %v %q, want File exists", err, out)
 	}
 	if out, err := sh(t, "ln -s relative/path "+mnt+"/bad"); err == nil || !strings.Contains(out, "No such file or directory") {

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"path"
 	"sort"
 	"sync"
 	"syscall"
@@ -14,17 +15,6 @@ import (
 // staticTimeout is the attribute timeout of nodes whose attributes never
 // change (directories, exe). Everything else uses 0.
 const staticTimeout = time.Second
-
-// setAttr fills the attributes every node reports.
-func setAttr(out *fuse.Attr, mode uint32, size int64, mtime time.Time) {
-	out.Mode = mode
-	out.Size = uint64(size)
-	out.Nlink = 1
-	if mode&syscall.S_IFMT == syscall.S_IFDIR {
-		out.Nlink = 2
-	}
-	out.SetTimes(&mtime, &mtime, &mtime)
-}
 
 // entryOut fills a lookup reply from the child's own Getattr, keeping its
 // attribute timeout; the entry timeout stays 0 because names come and go.
@@ -92,6 +82,7 @@ type rootNode struct {
 	gofs.Inode
 	refuseChanges
 	tracer Tracer
+	perms  *perms
 	born   time.Time
 
 	mu      sync.Mutex
@@ -120,12 +111,13 @@ func (r *rootNode) OnAdd(ctx context.Context) {
 	r.targets = make(map[string]*gofs.Inode)
 	tracer := r.tracer
 	r.status = r.NewPersistentInode(ctx, &genNode{
+		perms:   r.perms,
 		born:    r.born,
 		content: func() ([]byte, error) { return tracer.Status(), nil },
 	}, gofs.StableAttr{Mode: syscall.S_IFREG})
 	r.AddChild(rootStatus, r.status, true)
 	for _, t := range tracer.Targets() {
-		dir := newTargetDir(ctx, &r.Inode, t, r.born)
+		dir := newTargetDir(ctx, &r.Inode, t, r.perms, r.born)
 		r.targets[t.Name()] = dir
 		r.AddChild(t.Name(), dir, true)
 	}
@@ -133,7 +125,7 @@ func (r *rootNode) OnAdd(ctx context.Context) {
 
 // Getattr reports a directory.
 func (r *rootNode) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	setAttr(&out.Attr, syscall.S_IFDIR|0o755, 0, r.born)
+	r.perms.setAttr(&out.Attr, syscall.S_IFDIR|0o755, 0, r.born)
 	out.SetTimeout(staticTimeout)
 	return 0
 }
@@ -177,6 +169,9 @@ func (r *rootNode) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
 // symlink node with entry timeout 0: the next path walk looks the name up
 // again and gets the directory.
 func (r *rootNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if errno := r.perms.control(ctx, "add target", syscall.EPERM); errno != 0 {
+		return nil, errno
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if name == rootStatus || r.targets[name] != nil {
@@ -186,8 +181,8 @@ func (r *rootNode) Symlink(ctx context.Context, target, name string, out *fuse.E
 	if errno := toErrno("add target "+name, err); errno != 0 {
 		return nil, errno
 	}
-	r.targets[name] = newTargetDir(ctx, &r.Inode, t, time.Now())
-	link := r.NewInode(ctx, &linkNode{path: target, born: time.Now()}, gofs.StableAttr{Mode: syscall.S_IFLNK})
+	r.targets[name] = newTargetDir(ctx, &r.Inode, t, r.perms, time.Now())
+	link := r.NewInode(ctx, &linkNode{perms: r.perms, path: target, born: time.Now()}, gofs.StableAttr{Mode: syscall.S_IFLNK})
 	return link, entryOut(ctx, link, out)
 }
 
@@ -197,7 +192,10 @@ func (r *rootNode) Create(context.Context, string, uint32, uint32, *fuse.EntryOu
 }
 
 // Unlink refuses `status`; targets are directories, removed by rmdir.
-func (r *rootNode) Unlink(_ context.Context, name string) syscall.Errno {
+func (r *rootNode) Unlink(ctx context.Context, name string) syscall.Errno {
+	if errno := r.perms.control(ctx, "unlink", syscall.EPERM); errno != 0 {
+		return errno
+	}
 	if name == rootStatus {
 		return syscall.EPERM
 	}
@@ -210,7 +208,10 @@ func (r *rootNode) Unlink(_ context.Context, name string) syscall.Errno {
 }
 
 // Rmdir removes a target: `rmdir MNT/NAME`.
-func (r *rootNode) Rmdir(_ context.Context, name string) syscall.Errno {
+func (r *rootNode) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if errno := r.perms.control(ctx, "remove target", syscall.EPERM); errno != 0 {
+		return errno
+	}
 	if name == rootStatus {
 		return syscall.ENOTDIR
 	}
@@ -232,7 +233,8 @@ func (r *rootNode) Rmdir(_ context.Context, name string) syscall.Errno {
 type targetNode struct {
 	gofs.Inode
 	refuseChanges
-	born time.Time
+	perms *perms
+	born  time.Time
 }
 
 var (
@@ -244,22 +246,24 @@ var (
 )
 
 // newTargetDir builds the persistent subtree of target t (DESIGN §2).
-func newTargetDir(ctx context.Context, parent *gofs.Inode, t Target, born time.Time) *gofs.Inode {
-	dir := parent.NewPersistentInode(ctx, &targetNode{born: born}, gofs.StableAttr{Mode: syscall.S_IFDIR})
+func newTargetDir(ctx context.Context, parent *gofs.Inode, t Target, p *perms, born time.Time) *gofs.Inode {
+	dir := parent.NewPersistentInode(ctx, &targetNode{perms: p, born: born}, gofs.StableAttr{Mode: syscall.S_IFDIR})
 	add := func(name string, node gofs.InodeEmbedder, mode uint32) {
 		dir.AddChild(name, dir.NewPersistentInode(ctx, node, gofs.StableAttr{Mode: mode}), true)
 	}
-	add("exe", &linkNode{path: t.Path(), born: born}, syscall.S_IFLNK)
-	add("probes", &probesDir{target: t, born: born}, syscall.S_IFDIR)
+	add("exe", &linkNode{perms: p, path: t.Path(), born: born}, syscall.S_IFLNK)
+	add("probes", &probesDir{target: t, perms: p, born: born}, syscall.S_IFDIR)
 	add("records", &streamNode{
-		born: born,
-		open: func() (*streamHandle, error) { return &streamHandle{s: t.Records()}, nil },
+		perms: p,
+		born:  born,
+		open:  func() (*streamHandle, error) { return &streamHandle{s: t.Records()}, nil },
 		// records exists before anyone opens it: stat and truncate
 		// work on the name alone.
 		last: t.Records(),
 	}, syscall.S_IFREG)
 	add("branches", &streamNode{
-		born: born,
+		perms: p,
+		born:  born,
 		open: func() (*streamHandle, error) {
 			s, err := t.Branches()
 			if err != nil {
@@ -272,14 +276,14 @@ func newTargetDir(ctx context.Context, parent *gofs.Inode, t Target, born time.T
 			return h, nil
 		},
 	}, syscall.S_IFREG)
-	add("status", &genNode{born: born, content: func() ([]byte, error) { return t.Status(), nil }}, syscall.S_IFREG)
-	add("symbols", &genNode{born: born, content: t.Symbols}, syscall.S_IFREG)
+	add("status", &genNode{perms: p, born: born, content: func() ([]byte, error) { return t.Status(), nil }}, syscall.S_IFREG)
+	add("symbols", &genNode{perms: p, born: born, content: t.Symbols}, syscall.S_IFREG)
 	return dir
 }
 
 // Getattr reports a directory.
 func (d *targetNode) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	setAttr(&out.Attr, syscall.S_IFDIR|0o755, 0, d.born)
+	d.perms.setAttr(&out.Attr, syscall.S_IFDIR|0o755, 0, d.born)
 	out.SetTimeout(staticTimeout)
 	return 0
 }
@@ -308,16 +312,22 @@ func (d *targetNode) Create(context.Context, string, uint32, uint32, *fuse.Entry
 	return nil, nil, 0, syscall.EPERM
 }
 
-// Symlink refuses: the entries of a target directory are fixed.
-func (d *targetNode) Symlink(context.Context, string, string, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+// Symlink refuses: the entries of a target directory are fixed. `ln -s
+// PATH MNT/NAME` onto an existing target NAME lands here, as a link named
+// after PATH's last element inside NAME: that target exists (EEXIST).
+func (d *targetNode) Symlink(_ context.Context, target, name string, _ *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if d.GetChild(name) != nil || path.Base(target) == name {
+		return nil, syscall.EEXIST
+	}
 	return nil, syscall.EPERM
 }
 
 // linkNode is a symlink: `exe`, or the transient reply to `ln -s`.
 type linkNode struct {
 	gofs.Inode
-	path string
-	born time.Time
+	perms *perms
+	path  string
+	born  time.Time
 }
 
 var (
@@ -332,7 +342,7 @@ func (l *linkNode) Readlink(context.Context) ([]byte, syscall.Errno) {
 
 // Getattr reports a symlink; its attributes never change.
 func (l *linkNode) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	setAttr(&out.Attr, syscall.S_IFLNK|0o777, int64(len(l.path)), l.born)
+	l.perms.setAttr(&out.Attr, syscall.S_IFLNK|0o777, int64(len(l.path)), l.born)
 	out.SetTimeout(staticTimeout)
 	return 0
 }

@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"syscall"
@@ -40,11 +39,11 @@ func TestProbeWrite(t *testing.T) {
 			if err := ft.CreateProbe("p"); err != nil {
 				t.Fatal(err)
 			}
-			h := &probeHandle{probe: &probeNode{target: ft, name: "p"}, appendMode: tc.appendTo}
+			h := &probeHandle{probe: &probeNode{target: ft, perms: ownerPerms, name: "p"}, appendMode: tc.appendTo}
 			var errno syscall.Errno
 			for _, op := range tc.ops {
 				var n uint32
-				n, errno = h.Write(context.Background(), []byte(op.data), op.off)
+				n, errno = h.Write(ownerCtx, []byte(op.data), op.off)
 				if errno == 0 && n != uint32(len(op.data)) {
 					t.Fatalf("Write returned %d, want %d", n, len(op.data))
 				}
@@ -74,14 +73,14 @@ func FuzzProbeWrite(f *testing.F) {
 		if err := ft.CreateProbe("p"); err != nil {
 			t.Fatal(err)
 		}
-		h := &probeHandle{probe: &probeNode{target: ft, name: "p"}, appendMode: appendMode}
+		h := &probeHandle{probe: &probeNode{target: ft, perms: ownerPerms, name: "p"}, appendMode: appendMode}
 		var model []byte
 		for _, op := range []struct {
 			off  int64
 			data []byte
 		}{{off1, d1}, {off2, d2}} {
 			before := ft.lastSet()
-			n, errno := h.Write(context.Background(), op.data, op.off)
+			n, errno := h.Write(ownerCtx, op.data, op.off)
 			off := op.off
 			if appendMode {
 				off = int64(len(model))

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"ptfs/capture"
+	"ptfs/cred"
 	"ptfs/fs"
 	"ptfs/session"
 )
@@ -35,7 +36,8 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 	fl.IntVar(&pt.AuxWatermark, "aux-watermark", 0, "ptw mode: bytes of trace after which the kernel publishes it (0: 64 KiB, or half the AUX ring if less)")
 	fl.DurationVar(&pt.FlushInterval, "pt-flush", capture.DefaultFlushInterval,
 		"ptw mode: publish the trace of a CPU that published nothing for this long by stopping its tracing for a moment (counted as flush losses); negative: never")
-	allowOther := fl.Bool("allow-other", false, "let other users see the mount")
+	allowOther := fl.Bool("allow-other", false, "let other users list the mount and read status and symbols (DESIGN §2)")
+	readers := fl.String("readers", "", "group `GROUP` (name or gid) whose members may read records, branches and probes; implies --allow-other")
 	verbose := fl.Bool("v", false, "debug logging")
 	fuseDebug := fl.Bool("fuse-debug", false, "log every FUSE request")
 	if err := fl.Parse(args); err != nil {
@@ -53,8 +55,25 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ptfs:", err)
 		return 2
 	}
+	// The mounting user owns the mount; the kernel has checked that it
+	// may mount, and tracing is its power (DESIGN §2, "Who may do what").
+	fo := fs.Options{
+		AllowOther: *allowOther,
+		Debug:      *fuseDebug,
+		UID:        uint32(os.Getuid()),
+		GID:        uint32(os.Getgid()),
+		MayTrace:   cred.MayTrace,
+	}
+	if *readers != "" {
+		gid, err := cred.Group(*readers)
+		if err != nil {
+			fmt.Fprintf(stderr, "ptfs: --readers: %v\n", err)
+			return 2
+		}
+		fo.GID, fo.GroupReads, fo.AllowOther = gid, true, true
+	}
 	so := session.Options{Mode: m, StreamLimit: *maxStream, RingPages: *ringPages, PT: pt}
-	if err := mount(fl.Arg(0), fl.Args()[1:], so, fs.Options{AllowOther: *allowOther, Debug: *fuseDebug}); err != nil {
+	if err := mount(fl.Arg(0), fl.Args()[1:], so, fo); err != nil {
 		fmt.Fprintln(stderr, "ptfs:", err)
 		return 1
 	}
@@ -118,10 +137,13 @@ func mount(dir string, targets []string, so session.Options, opts fs.Options) er
 }
 
 // clearDeadMount detaches a FUSE mount at dir whose server died (SIGKILL):
-// its mount point answers ENOTCONN and would refuse a new mount.
+// its mount point answers ENOTCONN and would refuse a new mount. It asks
+// with statfs, which always reaches the server: stat may be answered from
+// attributes the kernel still caches (a path walk of the dead mount's last
+// second refreshed them for its permission checks).
 func clearDeadMount(dir string) {
-	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); errors.Is(err, unix.ENOTCONN) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); errors.Is(err, unix.ENOTCONN) {
 		logrus.WithField("dir", dir).Info("ptfs: detaching the dead mount of a killed ptfs")
 		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
 			logrus.WithError(err).Warn("ptfs: detaching dead mount")
