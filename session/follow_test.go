@@ -1,9 +1,11 @@
 package session
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -69,7 +71,7 @@ func fileLine(t *testing.T, path string) string {
 // after a change installs it on the current file, and a path that goes
 // leaves the probe where it is.
 func TestFollowPath(t *testing.T) {
-	s, _, k, _ := newPTWSession(t, probetest.Options{PTW: true})
+	s, _, _, _ := newPTWSession(t, probetest.Options{PTW: true})
 	orig, padded, gone := buildMoved(t), buildMoved(t, "-DPAD"), buildMoved(t, "-DGONE")
 	offOrig, offPad := testkit.FuncOffset(t, orig, "work"), testkit.FuncOffset(t, padded, "work")
 	if offOrig == offPad {
@@ -84,15 +86,7 @@ func TestFollowPath(t *testing.T) {
 	if err := tg.SetProbe("w", "work a=%di b=%si"); err != nil {
 		t.Fatal(err)
 	}
-	lines := func() []string {
-		var out []string
-		for _, l := range events(t, k.Tracefs) {
-			if strings.Contains(l, ":"+tg.group+"/") {
-				out = append(out, l)
-			}
-		}
-		return out
-	}
+	lines := func() []string { return groupLines(t, s, tg.group) }
 	// installedAt: the probe file shows the probe at off on the file that
 	// path names now, and tracefs holds exactly its line.
 	installedAt := func(off uint64) func() (string, bool) {
@@ -176,16 +170,6 @@ func TestFollowPath(t *testing.T) {
 	})
 }
 
-// events returns the lines of uprobe_events.
-func events(t *testing.T, tf *probes.Tracefs) []string {
-	t.Helper()
-	l, err := tf.Events()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
 // answers fails the test unless f returns within a second.
 func answers(t *testing.T, what string, f func()) {
 	t.Helper()
@@ -258,4 +242,76 @@ func TestReadersDuringStalledInstall(t *testing.T) {
 	if text, _ := tg.ProbeText("slow"); !strings.Contains(string(text), "# state: installed") {
 		t.Errorf("probe slow after the install:\n%s", text)
 	}
+}
+
+// Close stops the watcher's goroutines, a scheduled follow included.
+func TestWatcherStops(t *testing.T) {
+	before := runtime.NumGoroutine()
+	tg := &Target{path: filepath.Join(t.TempDir(), "m")}
+	w, err := newWatcher(func() []*Target { return []*Target{tg} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.watch(tg.path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tg.path, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the write to schedule a follow", func() (string, bool) { return "", tg.pending.Load() })
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the goroutines to end", func() (string, bool) {
+		n := runtime.NumGoroutine()
+		return fmt.Sprintf("%d goroutines, %d before", n, before), n <= before
+	})
+}
+
+// Hostile target and probe names: control characters are refused with
+// EINVAL and the reason; anything else is accepted and reaches tracefs
+// only as a sanitised C identifier, in exactly one line.
+func TestHostileNames(t *testing.T) {
+	s, _, k, _ := newPTWSession(t, probetest.Options{PTW: true})
+	bin := testkit.BuildC(t, filepath.Join("..", "testdata", "target.c"))
+	for _, name := range []string{"a\nb", "a\rb", "a\x00b", "\x7f", "a\tb"} {
+		if _, err := s.AddTarget(name, bin); !errors.Is(err, ErrBadName) || !errors.Is(err, syscall.EINVAL) || !strings.Contains(err.Error(), "control characters") {
+			t.Errorf("AddTarget(%q): %v, want ErrBadName for control characters", name, err)
+		}
+		if err := s.targets["t"].SetProbe(name, "target %di"); !errors.Is(err, ErrBadName) {
+			t.Errorf("SetProbe(%q): %v, want ErrBadName", name, err)
+		}
+	}
+	for i, name := range []string{"a b", "x:0x10", "p%return", "#c", "a>b", "p:evil=e", strings.Repeat("n", 255)} {
+		// A file of its own: a ptwrite kernel takes one probe a site.
+		own := filepath.Join(t.TempDir(), "t")
+		copyFile(t, bin, own)
+		tg, err := s.addTarget(name, own)
+		if err != nil {
+			t.Errorf("AddTarget(%q): %v", name, err)
+			continue
+		}
+		before := len(events(t, k.Tracefs))
+		if err := tg.SetProbe(name, "target %di"); err != nil {
+			t.Errorf("SetProbe(%q): %v", name, err)
+			continue
+		}
+		l := groupLines(t, s, tg.group)
+		if len(l) != 1 || len(events(t, k.Tracefs)) != before+1 {
+			t.Errorf("target %d %q: tracefs gained %q", i, name, l)
+			continue
+		}
+		if err := probes.CheckCommand(l[0]); err != nil {
+			t.Errorf("target %d %q: listed line %q: %v", i, name, l[0], err)
+		}
+	}
+}
+
+func events(t *testing.T, tf *probes.Tracefs) []string {
+	t.Helper()
+	l, err := tf.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
