@@ -268,11 +268,19 @@ func (t *Target) SetProbe(name, spec string) error {
 	// The watcher may not have seen a change of the path yet: a spec
 	// resolves against the file the path names now.
 	err := t.follow()
-	if err == nil {
-		if p.ev != nil && spec == p.spec && p.bin == t.bin {
-			err = nil // rewriting the installed spec changes nothing
-		} else {
-			err = t.install(p, spec)
+	switch {
+	case err != nil:
+	case p.ev != nil && spec == p.spec && p.bin == t.bin:
+		// Rewriting the installed spec changes nothing.
+	default:
+		if err = t.install(p, spec); err != nil {
+			break
+		}
+		// The path may have changed while the probe went in: it is on
+		// the file it was checked in, and follows from there. A file
+		// that cannot be used shows in status; the probe stands.
+		if ferr := t.follow(); ferr != nil {
+			logrus.WithError(ferr).WithField("target", t.name).Warn("ptfs: following the target's path")
 		}
 	}
 	t.mu.Lock()
