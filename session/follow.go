@@ -75,6 +75,11 @@ func (t *Target) follow() error {
 			stale++
 			continue
 		}
+		t.mu.Lock()
+		if p.err != nil && p.badSpec == p.spec {
+			p.err = nil // refused on the old file, installed on this one
+		}
+		t.mu.Unlock()
 		moved++
 	}
 	if !slices.Contains(t.binaries(), old) {

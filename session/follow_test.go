@@ -138,6 +138,9 @@ func TestFollowPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the stale probe to come back", installedAt(offPad))
+	if text, _ := tg.ProbeText("w"); strings.Contains(string(text), "# error") {
+		t.Errorf("the refusal on the file without the symbol outlived it:\n%s", text)
+	}
 
 	// A rewrite in place (same inode) with other content.
 	before, _ := probes.StatID(path)
