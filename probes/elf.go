@@ -9,16 +9,21 @@ import (
 	"strconv"
 
 	"github.com/ianlancetaylor/demangle"
+	"golang.org/x/sys/unix"
 )
 
-// Binary is an opened x86-64 ELF file with its function symbols.
+// Binary is an opened x86-64 ELF file with its function symbols. It keeps
+// the file open for its life: probes name the file by FDPath, so the kernel
+// probes the very inode that was parsed, whatever happens to the path.
 type Binary struct {
-	path  string
-	file  *os.File
-	f     *elf.File
-	size  uint64
-	loads []*elf.Prog
-	funcs []Symbol
+	path   string
+	file   *os.File
+	fdPath string
+	id     FileID
+	f      *elf.File
+	size   uint64
+	loads  []*elf.Prog
+	funcs  []Symbol
 }
 
 // Symbol is one function of a binary.
@@ -46,27 +51,115 @@ type Site struct {
 	Verdict Verdict
 }
 
-// Open opens the ELF file at path and reads its function symbols.
-func Open(path string) (*Binary, error) {
-	file, err := os.Open(path)
+// FileID identifies a file and the state of its content: device and
+// inode, size, modification and change times. Two equal FileIDs of one
+// path mean that the path names the same file with (as far as the kernel's
+// time stamps tell) the same content.
+type FileID struct {
+	Dev, Ino     uint64
+	Size         int64
+	Mtime, Ctime unix.Timespec
+}
+
+func fileID(st *unix.Stat_t) FileID {
+	return FileID{Dev: st.Dev, Ino: st.Ino, Size: st.Size, Mtime: st.Mtim, Ctime: st.Ctim}
+}
+
+// StatID returns the FileID of the file path names, following symlinks.
+func StatID(path string) (FileID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return FileID{}, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	return fileID(&st), nil
+}
+
+// SameFile tells whether a and b are the same inode (whatever its content).
+func (a FileID) SameFile(b FileID) bool { return a.Dev == b.Dev && a.Ino == b.Ino }
+
+// String describes the inode as "dev MAJOR:MINOR, inode N".
+func (a FileID) String() string {
+	return fmt.Sprintf("dev %d:%d, inode %d", unix.Major(a.Dev), unix.Minor(a.Dev), a.Ino)
+}
+
+// OpenRegular opens path for reading if it names a regular file, and
+// refuses anything else with ErrNotRegular. It never blocks: the type is
+// checked before the open, and the open itself does not wait (O_NONBLOCK,
+// for a FIFO swapped in between) nor take a terminal (O_NOCTTY); the
+// opened file is checked again with fstat.
+func OpenRegular(path string) (*os.File, error) {
+	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("open binary: %w", err)
 	}
-	st, err := file.Stat()
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is a %s", ErrNotRegular, path, fileKind(st.Mode()))
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		file.Close()
 		return nil, fmt.Errorf("open binary: %w", err)
+	}
+	if st, err = f.Stat(); err != nil || !st.Mode().IsRegular() {
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("open binary: %w", err)
+		}
+		return nil, fmt.Errorf("%w: %s is a %s", ErrNotRegular, path, fileKind(st.Mode()))
+	}
+	return f, nil
+}
+
+// fileKind names the type of a file that is not regular.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&os.ModeNamedPipe != 0:
+		return "FIFO"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeCharDevice != 0:
+		return "character device"
+	case m&os.ModeDevice != 0:
+		return "block device"
+	}
+	return "special file"
+}
+
+// Open opens the ELF file at path (OpenRegular) and reads its function
+// symbols.
+func Open(path string) (*Binary, error) {
+	f, err := OpenRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	return NewBinary(f, path)
+}
+
+// NewBinary reads the function symbols of the ELF file f, which it owns
+// from then on (Close closes it, also when NewBinary fails); name is the
+// path that errors and Path show.
+func NewBinary(file *os.File, name string) (*Binary, error) {
+	var st unix.Stat_t
+	// The content's identity is taken before it is read: a rewrite while
+	// it is parsed then shows as a change later.
+	if err := unix.Fstat(int(file.Fd()), &st); err != nil {
+		file.Close()
+		return nil, fmt.Errorf("open binary %s: fstat: %w", name, err)
 	}
 	f, err := elf.NewFile(file)
 	if err != nil {
 		file.Close()
-		return nil, fmt.Errorf("%w: %s: %v", ErrBadBinary, path, err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrBadBinary, name, err)
 	}
 	if f.Class != elf.ELFCLASS64 || f.Machine != elf.EM_X86_64 {
 		file.Close()
-		return nil, fmt.Errorf("%w: %s is %v %v, not x86-64", ErrBadBinary, path, f.Class, f.Machine)
+		return nil, fmt.Errorf("%w: %s is %v %v, not x86-64", ErrBadBinary, name, f.Class, f.Machine)
 	}
-	b := &Binary{path: path, file: file, f: f, size: uint64(st.Size())}
+	b := &Binary{
+		path: name, file: file, f: f, size: uint64(st.Size), id: fileID(&st),
+		fdPath: "/proc/" + strconv.Itoa(os.Getpid()) + "/fd/" + strconv.FormatUint(uint64(file.Fd()), 10),
+	}
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_LOAD {
 			b.loads = append(b.loads, p)
@@ -78,6 +171,17 @@ func Open(path string) (*Binary, error) {
 	}
 	return b, nil
 }
+
+// Path returns the path the binary was opened by.
+func (b *Binary) Path() string { return b.path }
+
+// FDPath returns "/proc/PID/fd/N", this process's descriptor of the open
+// file: the path of every probe line on it. The kernel resolves it to the
+// inode that was parsed, and it holds no byte that a user chose.
+func (b *Binary) FDPath() string { return b.fdPath }
+
+// ID returns the identity of the file and its content when it was opened.
+func (b *Binary) ID() FileID { return b.id }
 
 // Close releases the file.
 func (b *Binary) Close() error {

@@ -36,6 +36,12 @@ var (
 	// ErrNoTracefs reports that no usable tracefs with uprobe_events was
 	// found or could be mounted (ENODEV).
 	ErrNoTracefs error = &probeError{"no tracefs with uprobe_events", syscall.ENODEV}
+	// ErrBadLine reports a tracefs command that is not exactly one line of
+	// the grammar ptfs writes (EINVAL); it is never written.
+	ErrBadLine error = &probeError{"refused tracefs command", syscall.EINVAL}
+	// ErrNotRegular reports a binary path that names something other than
+	// a regular file: a FIFO, socket, device or directory (EINVAL).
+	ErrNotRegular error = &probeError{"not a regular file", syscall.EINVAL}
 	// ErrBadBinary reports a file that is not an x86-64 ELF file or is
 	// malformed (ENOEXEC).
 	ErrBadBinary error = &probeError{"not a usable x86-64 ELF file", syscall.ENOEXEC}

@@ -41,6 +41,20 @@ func Numbered(name string, n int) string {
 	return cut(name, maxEventName-len(suffix)) + suffix
 }
 
+// isIdent tells whether s is a C identifier of at most max bytes, the
+// only names tracefs takes for groups, events and arguments.
+func isIdent(s string, max int) bool {
+	if s == "" || len(s) > max || s[0] >= '0' && s[0] <= '9' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
 func sanitize(s string) string {
 	b := []byte(s)
 	for i, c := range b {
@@ -79,6 +93,115 @@ func PTWLine(group, event, path string, site *Site, s *Spec) string {
 		b.WriteString(" %nopace")
 	}
 	return b.String()
+}
+
+// maxPath is the longest path the kernel resolves (PATH_MAX without the NUL).
+const maxPath = 4095
+
+// CheckCommand checks one uprobe_events command before it is written, as
+// the last gate between user input and the kernel: the kernel splits what
+// it is given into lines, drops what follows '#' and reads names, paths and
+// fetchargs by their own delimiters, so anything but the exact grammar
+// could define a probe nobody asked for. It takes "-:GRP/EVENT" and the
+// lines of ClassicLine and PTWLine: "p:GRP/EVENT PATH:0xOFF [ARG...]" and
+// "ptw:GRP/EVENT PATH:0xOFF[%multinop] [ARG...] [%nopace]", tokens split
+// by single spaces, GRP and EVENT C identifiers of at most 63 bytes, PATH
+// absolute of at most 4095 bytes in [A-Za-z0-9._/+,@~-], and every ARG
+// exactly as the spec parser prints it. Errors wrap ErrBadLine.
+func CheckCommand(cmd string) error {
+	if rest, ok := strings.CutPrefix(cmd, "-:"); ok {
+		grp, ev, _ := strings.Cut(rest, "/")
+		if !isIdent(grp, maxEventName) || !isIdent(ev, maxEventName) {
+			return badLine(cmd, "want -:GRP/EVENT with C identifiers")
+		}
+		return nil
+	}
+	toks := strings.Split(cmd, " ")
+	if len(toks) < 2 {
+		return badLine(cmd, "want KIND:GRP/EVENT PATH:OFFSET [ARG...]")
+	}
+	kind, name, _ := strings.Cut(toks[0], ":")
+	if kind != "p" && kind != "ptw" {
+		return badLine(cmd, "kind is not p or ptw")
+	}
+	grp, ev, _ := strings.Cut(name, "/")
+	if !isIdent(grp, maxEventName) || !isIdent(ev, maxEventName) {
+		return badLine(cmd, "group and event must be C identifiers of at most 63 bytes")
+	}
+	i := strings.LastIndexByte(toks[1], ':')
+	if i < 0 {
+		return badLine(cmd, "want PATH:OFFSET")
+	}
+	if err := checkPath(toks[1][:i]); err != nil {
+		return badLine(cmd, err.Error())
+	}
+	off := toks[1][i+1:]
+	if kind == "ptw" {
+		off = strings.TrimSuffix(off, "%multinop")
+	}
+	if h, ok := strings.CutPrefix(off, "0x"); !ok || h == "" || len(h) > 16 || strings.Trim(h, "0123456789abcdef") != "" {
+		return badLine(cmd, "offset is not 0x and lower-case hex digits")
+	}
+	args := toks[2:]
+	if kind == "ptw" && len(args) > 0 && args[len(args)-1] == "%nopace" {
+		args = args[:len(args)-1]
+	}
+	if len(args) > MaxArgs {
+		return badLine(cmd, "too many arguments")
+	}
+	for _, tok := range args {
+		// An argument must be the spec parser's own text for it: that
+		// admits only names, registers, numbers and the fetch syntax.
+		a, err := parseArg(tok)
+		if err != nil || argsText([]Arg{a}) != " "+tok {
+			return badLine(cmd, fmt.Sprintf("argument %q is not in canonical form", tok))
+		}
+	}
+	return nil
+}
+
+// checkPath accepts the path of a probe line: absolute, at most maxPath
+// bytes, of characters that neither the kernel's line parser nor its
+// comment syntax give a meaning. ptfs itself writes only /proc/PID/fd/N.
+func checkPath(path string) error {
+	if !strings.HasPrefix(path, "/") || len(path) > maxPath {
+		return fmt.Errorf("path must be absolute and at most %d bytes", maxPath)
+	}
+	for i := 0; i < len(path); i++ {
+		c := path[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("._/+,@~-", c) >= 0 {
+			continue
+		}
+		return fmt.Errorf("byte %q at %d of the path is not allowed", c, i)
+	}
+	return nil
+}
+
+func badLine(cmd, why string) error {
+	return fmt.Errorf("%w: %q: %s", ErrBadLine, cmd, why)
+}
+
+// Line returns the checked uprobe_events line of probe s at site, as
+// group/event on the file path (a Binary's FDPath): PTWLine's when ptw is
+// set, else ClassicLine's. Every argument must be exactly what the spec
+// parser makes of its own text, so that no fragment carries a byte outside
+// the grammar nor splits into two arguments, and the whole line must pass
+// CheckCommand. Errors wrap ErrBadLine.
+func Line(ptw bool, group, event, path string, site *Site, s *Spec) (string, error) {
+	for _, a := range s.Args {
+		text := argsText([]Arg{a})[1:]
+		if b, err := parseArg(text); err != nil || b != a {
+			return "", fmt.Errorf("%w: argument %q is not one canonical fetch argument", ErrBadLine, text)
+		}
+	}
+	line := ClassicLine(group, event, path, site, s)
+	if ptw {
+		line = PTWLine(group, event, path, site, s)
+	}
+	if err := CheckCommand(line); err != nil {
+		return "", err
+	}
+	return line, nil
 }
 
 // ProbeLine is the head of one uprobe_events line.

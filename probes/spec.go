@@ -345,11 +345,7 @@ func checkName(n, tok string) error {
 	if len(n) > maxArgName {
 		return syntaxErr("argument name %q too long (at most %d characters)", n, maxArgName)
 	}
-	for i := 0; i < len(n); i++ {
-		c := n[i]
-		if c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9' {
-			continue
-		}
+	if !isIdent(n, maxArgName) {
 		return syntaxErr("argument name %q is not a C identifier", n)
 	}
 	if strings.HasPrefix(n, "common_") || reservedNames[n] {

@@ -79,8 +79,12 @@ func (t *Tracefs) Events() ([]string, error) {
 	return lines, nil
 }
 
-// write writes one command to uprobe_events.
+// write writes one command to uprobe_events, once CheckCommand has passed
+// it: nothing else reaches the kernel.
 func (t *Tracefs) write(cmd string) error {
+	if err := CheckCommand(cmd); err != nil {
+		return err
+	}
 	if t.Exec != nil {
 		return t.Exec(cmd)
 	}
@@ -166,7 +170,8 @@ func sameSite(a, b ProbeLine) bool {
 // something else (a stock kernel turns a ptw: line into a classic probe
 // named uprobes/p_FILE_OFF) gets the stand-in removed and the line refused.
 // An offset beyond the end of the file is refused with ErrBadSite before
-// the kernel sees it. Kernel errors carry the reason from error_log: EEXIST
+// the kernel sees it, and a line that CheckCommand refuses with
+// ErrBadLine. Kernel errors carry the reason from error_log: EEXIST
 // maps to ErrExists,
 // EINVAL, E2BIG, ERANGE and EOPNOTSUPP to ErrRefused, others stay errnos.
 func (t *Tracefs) AddProbe(line string) error {
@@ -178,6 +183,11 @@ func (t *Tracefs) AddProbe(line string) error {
 // something other than the line asked for, what it created (as
 // KIND:GRP/EVENT), all of it removed again.
 func (t *Tracefs) addProbe(line string) (standIns []string, err error) {
+	// Checked before parsing, so that a hostile line is refused as such
+	// rather than as a bad spec.
+	if err := CheckCommand(line); err != nil {
+		return nil, err
+	}
 	pl, err := ParseLine(line)
 	if err != nil {
 		return nil, err

@@ -94,6 +94,8 @@ func readFile(t *testing.T, parts ...string) string {
 func TestPTWMount(t *testing.T) {
 	s, tg, k, rep := newPTWSession(t, probetest.Options{PTW: true})
 	bin := tg.path
+	// Lines name the binary by the session's descriptor of it.
+	fdPath := tg.bin.FDPath()
 	dir := mountSession(t, s)
 	probesDir := filepath.Join(dir, "t", "probes")
 	if err := os.WriteFile(filepath.Join(probesDir, "a"), []byte("target a=%di b=%si\n"), 0o644); err != nil {
@@ -106,8 +108,8 @@ func TestPTWMount(t *testing.T) {
 	offA := testkit.FuncOffset(t, bin, "target")
 	offB := testkit.FuncOffset(t, bin, "other")
 	wantLines := map[string]string{
-		"a": fmt.Sprintf("ptw:%s/a %s:0x%x a=%%di b=%%si", group, bin, offA),
-		"b": fmt.Sprintf("ptw:%s/b %s:0x%x %%di:x32 %%nopace", group, bin, offB),
+		"a": fmt.Sprintf("ptw:%s/a %s:0x%x a=%%di b=%%si", group, fdPath, offA),
+		"b": fmt.Sprintf("ptw:%s/b %s:0x%x %%di:x32 %%nopace", group, fdPath, offB),
 	}
 	ids := map[string]uint16{}
 	for name, line := range wantLines {

@@ -78,6 +78,7 @@ type Session struct {
 	why   string
 	claim *probes.Claim
 	src   source
+	watch *watcher // nil when inotify is unavailable
 
 	// routes maps an event id to its probe; copied on write so that the
 	// record path reads it without a lock.
@@ -158,6 +159,9 @@ func New(opts Options) (*Session, error) {
 	if s.src, err = s.newSource(r); err != nil {
 		s.claim.Close()
 		return nil, fmt.Errorf("record source: %w", err)
+	}
+	if s.watch, err = newWatcher(s.targetList); err != nil {
+		logrus.WithError(err).Warn("ptfs: target paths are checked on probe writes only")
 	}
 	logrus.WithFields(logrus.Fields{"mode": mode, "why": why, "tracefs": tfs.Dir}).Debug("ptfs: session started")
 	return s, nil
@@ -252,12 +256,23 @@ func (s *Session) Targets() []fs.Target {
 	return out
 }
 
-// checkName accepts a file name that can stand in the mount.
+// checkName accepts a file name that can stand in the mount and in the
+// record lines. Other bytes are safe: tracefs names are sanitised copies.
 func checkName(name string) error {
-	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00\n") {
+	if name == "" || name == "." || name == ".." || strings.Contains(name, "/") {
 		return fmt.Errorf("%q: %w", name, ErrBadName)
 	}
+	if strings.ContainsFunc(name, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return fmt.Errorf("%q: control characters (newline, CR, NUL...) are not allowed: %w", name, ErrBadName)
+	}
 	return nil
+}
+
+// targetList returns the targets.
+func (s *Session) targetList() []*Target {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Collect(maps.Values(s.targets))
 }
 
 // AddTarget starts tracing the binary at path as target name.
@@ -280,6 +295,8 @@ func (s *Session) addTarget(name, path string) (*Target, error) {
 	if err != nil {
 		return nil, fmt.Errorf("target %s: %w", name, err)
 	}
+	// The file is opened once, without blocking, and kept: probes name it
+	// by its descriptor, never by the path.
 	bin, err := probes.Open(abs)
 	if err != nil {
 		return nil, fmt.Errorf("target %s: %w", name, err)
@@ -303,7 +320,12 @@ func (s *Session) addTarget(name, path string) (*Target, error) {
 	s.groups[group] = true
 	t := newTarget(s, name, abs, group, bin)
 	s.targets[name] = t
-	logrus.WithFields(logrus.Fields{"target": name, "path": abs, "group": group}).Debug("ptfs: target added")
+	if s.watch != nil {
+		if err := s.watch.watch(abs); err != nil {
+			logrus.WithError(err).WithField("target", name).Warn("ptfs: the path is checked on probe writes only")
+		}
+	}
+	logrus.WithFields(logrus.Fields{"target": name, "path": abs, "group": group, "file": bin.ID().String()}).Debug("ptfs: target added")
 	return t, nil
 }
 
@@ -340,6 +362,9 @@ func (s *Session) Close() error {
 	s.targets = map[string]*Target{}
 	s.mu.Unlock()
 	var errs []error
+	if s.watch != nil {
+		errs = append(errs, s.watch.Close())
+	}
 	for _, t := range ts {
 		errs = append(errs, t.close())
 	}

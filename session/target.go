@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/sirupsen/logrus"
@@ -18,21 +19,34 @@ import (
 )
 
 // Target is one traced binary of a session.
+//
+// Locks, in the order they are taken: change, then mu, then the Session's
+// mu. change serialises what changes probes (SetProbe, RemoveProbe,
+// following the path, close) and is held across tracefs writes, ELF
+// parsing and perf_event_open; mu is held only to read or publish state,
+// never across I/O, so that lookups, probe files and status answer while
+// an install runs. State that readers see (bin, pathState, closed and the
+// installed fields of each probe) is written holding both, and read
+// holding either.
 type Target struct {
 	s     *Session
 	name  string
-	path  string
+	path  string // the user's absolute path: shown and followed
 	group string // tracefs group
-	bin   *probes.Binary
 	recs  *stream.Stream
 
-	symsOnce sync.Once
-	syms     []byte
+	change  sync.Mutex
+	events  map[string]bool // tracefs event names in use in group; guarded by change
+	pending atomic.Bool     // a follow of the path is scheduled
 
-	mu     sync.Mutex // guards probes, events, closed
+	mu     sync.Mutex // guards probes and syms; see above for the rest
 	probes map[string]*probe
-	events map[string]bool // tracefs event names in use in group
-	closed bool
+	// bin is the file the path named when last looked at; the probes are
+	// on it, or on an older one while the path is gone or unusable.
+	bin       *probes.Binary
+	syms      []byte // the symbols text of bin, made on first use
+	pathState string // "" while the path names bin, else what is wrong
+	closed    bool
 
 	out  sync.Mutex // guards seq, cnt and line: the record path
 	seq  uint64
@@ -49,10 +63,16 @@ type probe struct {
 	// The installed probe; ev == nil when none is.
 	spec   string
 	sp     *probes.Spec // spec, parsed
+	bin    *probes.Binary
 	site   *probes.Site
 	ev     *decode.Event
 	tevent string // tracefs event name
 	line   string // tracefs line
+
+	// stale says why spec, installed once, is not installed on the
+	// binary that the path names now (its symbol went, its site is
+	// refused); sp is kept to try again when the path changes.
+	stale error
 
 	// The last spec written, when it was refused.
 	badSpec string
@@ -88,10 +108,15 @@ func (t *Target) Branches() (*stream.Stream, error) {
 	return nil, fmt.Errorf("%s: %w", why, syscall.EOPNOTSUPP)
 }
 
-// Symbols returns one function a line: file offset, size, demangled name.
-// The text is made once: every stat of the file asks for it.
+// Symbols returns one function a line: file offset, size, demangled name,
+// of the binary the path named when last looked at. The text is made once
+// per binary: every stat of the file asks for it.
 func (t *Target) Symbols() ([]byte, error) {
-	t.symsOnce.Do(func() { t.syms = probes.AppendSymbols(nil, t.bin.Functions()) })
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.syms == nil {
+		t.syms = probes.AppendSymbols([]byte{}, t.bin.Functions())
+	}
 	return t.syms, nil
 }
 
@@ -116,7 +141,7 @@ func (t *Target) Status() []byte {
 	var b []byte
 	b = fmt.Appendf(b, "mode: %s\npath: %s\ntracefs group: %s\n", t.s.mode, t.path, t.group)
 	t.mu.Lock()
-	active, refused := 0, 0
+	active, refused, stale := 0, 0, 0
 	for _, p := range t.probes {
 		if p.ev != nil {
 			active++
@@ -124,13 +149,21 @@ func (t *Target) Status() []byte {
 		if p.err != nil {
 			refused++
 		}
+		if p.stale != nil {
+			stale++
+		}
+	}
+	file := fmt.Sprintf("%s (%s)", t.bin.Path(), t.bin.ID())
+	if t.pathState != "" {
+		file += ": " + t.pathState
 	}
 	t.mu.Unlock()
 	capture := "idle (no probe)"
 	if active > 0 {
 		capture = t.s.src.running()
 	}
-	b = fmt.Appendf(b, "probes: %d active, %d refused\ncapture: %s\n", active, refused, capture)
+	b = fmt.Appendf(b, "file: %s\n", file)
+	b = fmt.Appendf(b, "probes: %d active, %d refused, %d stale\ncapture: %s\n", active, refused, stale, capture)
 	b = fmt.Appendf(b, "branches: unavailable: %s\n", t.s.caps.BranchesErr())
 	b = fmt.Appendf(b, "records file: %d bytes, limit %d, rotations %d, lines over the limit dropped %d\n",
 		t.recs.Size(), t.recs.Limit(), t.recs.Rotations(), t.recs.DroppedLines())
@@ -163,7 +196,11 @@ func (t *Target) ProbeText(name string) ([]byte, bool) {
 		b = fmt.Appendf(b, "%s\n", p.spec)
 		b = fmt.Appendf(b, "# state: installed (%s mode, event id %d)\n", t.s.mode, p.ev.ID)
 		b = fmt.Appendf(b, "# tracefs: %s\n", p.line)
+		b = fmt.Appendf(b, "# file: %s (%s)\n", p.bin.Path(), p.bin.ID())
 		b = appendSite(b, p.site)
+	} else if p.stale != nil {
+		b = fmt.Appendf(b, "%s\n", p.spec)
+		b = fmt.Appendf(b, "# state: stale: %s\n", oneLine(p.stale.Error()))
 	}
 	if p.err != nil {
 		if p.ev == nil {
@@ -174,7 +211,7 @@ func (t *Target) ProbeText(name string) ([]byte, bool) {
 		}
 		b = fmt.Appendf(b, "# error: %s\n", oneLine(p.err.Error()))
 	}
-	if p.ev == nil && p.err == nil {
+	if p.ev == nil && p.err == nil && p.stale == nil {
 		b = append(b, "# state: empty (write a spec to install a probe)\n"...)
 	}
 	return b, true
@@ -215,9 +252,11 @@ func (t *Target) SetProbe(name, spec string) error {
 		return fmt.Errorf("probe: %w", err)
 	}
 	spec = strings.TrimRight(spec, "\n")
+	t.change.Lock()
+	defer t.change.Unlock()
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed {
+		t.mu.Unlock()
 		return ErrClosed
 	}
 	p := t.probes[name]
@@ -225,11 +264,28 @@ func (t *Target) SetProbe(name, spec string) error {
 		p = &probe{target: t, name: name}
 		t.probes[name] = p
 	}
-	if p.ev != nil && spec == p.spec {
-		p.err = nil // rewriting the installed spec changes nothing
-		return nil
+	t.mu.Unlock()
+	// The watcher may not have seen a change of the path yet: a spec
+	// resolves against the file the path names now.
+	err := t.follow()
+	switch {
+	case err != nil:
+	case p.ev != nil && spec == p.spec && p.bin == t.bin:
+		// Rewriting the installed spec changes nothing.
+	default:
+		if err = t.install(p, spec); err != nil {
+			break
+		}
+		// The path may have changed while the probe went in: it is on
+		// the file it was checked in, and follows from there. A file
+		// that cannot be used shows in status; the probe stands.
+		if ferr := t.follow(); ferr != nil {
+			logrus.WithError(ferr).WithField("target", t.name).Warn("ptfs: following the target's path")
+		}
 	}
-	if err := t.install(p, spec); err != nil {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err != nil {
 		p.badSpec, p.err = spec, err
 		logrus.WithError(err).WithFields(logrus.Fields{"target": t.name, "probe": name}).Debug("ptfs: probe refused")
 		return fmt.Errorf("probe %s: %w", name, err)
@@ -247,12 +303,18 @@ func (t *Target) install(p *probe, spec string) error {
 	if err != nil {
 		return err
 	}
-	site, err := t.bin.Resolve(sp)
+	return t.place(p, spec, sp)
+}
+
+// place resolves sp against the target's binary and installs it for p.
+func (t *Target) place(p *probe, spec string, sp *probes.Spec) error {
+	bin := t.bin
+	site, err := bin.Resolve(sp)
 	if err != nil {
 		return err
 	}
-	for _, o := range t.probes {
-		if o != p && o.ev != nil && o.site.Offset == site.Offset {
+	for _, o := range t.list() {
+		if o != p && o.ev != nil && o.bin == bin && o.site.Offset == site.Offset {
 			return fmt.Errorf("%w: probe %s is at file offset 0x%x already", probes.ErrExists, o.name, site.Offset)
 		}
 	}
@@ -262,39 +324,48 @@ func (t *Target) install(p *probe, spec string) error {
 		if err := site.Verdict.Err(); err != nil {
 			return err
 		}
-		if p.ev != nil && p.site.Offset == site.Offset {
+		if p.ev != nil && p.bin == bin && p.site.Offset == site.Offset {
 			return t.replaceAtSite(p, spec, sp, site)
 		}
 	}
-	return t.add(p, spec, sp, site)
+	return t.add(p, bin, spec, sp, site)
+}
+
+// list returns the probes; their installed fields may be read while
+// change is held.
+func (t *Target) list() []*probe {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Collect(maps.Values(t.probes))
 }
 
 // replaceAtSite replaces p's ptw probe with one at the same site. A
 // ptwrite kernel takes one probe a site, so the old probe goes first; when
 // the new one then fails, the old one is installed again.
 func (t *Target) replaceAtSite(p *probe, spec string, sp *probes.Spec, site *probes.Site) error {
-	oldSpec, oldSp, oldSite := p.spec, p.sp, p.site
+	oldSpec, oldSp, oldSite, bin := p.spec, p.sp, p.site, p.bin
 	if err := t.retire(p); err != nil {
 		return fmt.Errorf("removing the probe it replaces at the same site: %w", err)
 	}
-	err := t.add(p, spec, sp, site)
+	err := t.add(p, bin, spec, sp, site)
 	if err == nil {
 		return nil
 	}
-	if rerr := t.add(p, oldSpec, oldSp, oldSite); rerr != nil {
+	if rerr := t.add(p, bin, oldSpec, oldSp, oldSite); rerr != nil {
 		return errors.Join(err, fmt.Errorf("the replaced probe could not be installed again: %w", rerr))
 	}
 	return err
 }
 
-// add installs the probe of sp at site for p and starts reading it, then
-// retires p's previous probe, if any.
-func (t *Target) add(p *probe, spec string, sp *probes.Spec, site *probes.Site) error {
+// add installs the probe of sp at site of bin for p and starts reading it,
+// then retires p's previous probe, if any. The line names bin by its
+// descriptor, so the kernel probes the inode that was resolved.
+func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec, site *probes.Site) error {
 	ptw := t.s.mode == ModePTW
 	tevent := t.freeEvent(p.name)
-	line := probes.ClassicLine(t.group, tevent, t.path, site, sp)
-	if ptw {
-		line = probes.PTWLine(t.group, tevent, t.path, site, sp)
+	line, err := probes.Line(ptw, t.group, tevent, bin.FDPath(), site, sp)
+	if err != nil {
+		return err
 	}
 	if err := t.s.tfs.AddProbe(line); err != nil {
 		return err
@@ -328,7 +399,9 @@ func (t *Target) add(p *probe, spec string, sp *probes.Spec, site *probes.Site) 
 			logrus.WithError(rerr).WithField("probe", p.name).Warn("ptfs: removing the replaced probe")
 		}
 	}
-	p.spec, p.sp, p.site, p.ev, p.tevent, p.line = spec, sp, site, ev, tevent, line
+	t.mu.Lock()
+	p.spec, p.sp, p.bin, p.site, p.ev, p.tevent, p.line, p.stale = spec, sp, bin, site, ev, tevent, line, nil
+	t.mu.Unlock()
 	logrus.WithFields(logrus.Fields{"target": t.name, "probe": p.name, "line": line}).Debug("ptfs: probe installed")
 	return nil
 }
@@ -365,19 +438,26 @@ func (t *Target) retire(p *probe) error {
 	} else {
 		delete(t.events, p.tevent)
 	}
+	t.mu.Lock()
 	p.ev, p.sp, p.site = nil, nil, nil
+	t.mu.Unlock()
 	return err
 }
 
 // RemoveProbe removes probe name and its uprobe.
 func (t *Target) RemoveProbe(name string) error {
+	t.change.Lock()
+	defer t.change.Unlock()
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	p, ok := t.probes[name]
+	t.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("probe %s: %w", name, ErrNoProbe)
 	}
-	if err := t.retire(p); err != nil {
+	err := t.retire(p)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err != nil {
 		// The file stays and says why; a second rm removes it.
 		p.badSpec, p.err = p.spec, fmt.Errorf("removing: %w", err)
 		return fmt.Errorf("probe %s: %w", name, err)
@@ -386,20 +466,27 @@ func (t *Target) RemoveProbe(name string) error {
 	return nil
 }
 
-// close removes every probe and releases the binary.
+// close removes every probe and releases the binaries.
 func (t *Target) close() error {
+	t.change.Lock()
+	defer t.change.Unlock()
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed {
+		t.mu.Unlock()
 		return nil
 	}
 	t.closed = true
+	t.mu.Unlock()
+	// With closed set, nothing adds to probes any more.
+	bins := t.binaries()
 	var errs []error
 	for name, p := range t.probes {
 		if err := t.retire(p); err != nil {
 			errs = append(errs, fmt.Errorf("probe %s: %w", name, err))
 		}
 	}
-	errs = append(errs, t.bin.Close())
+	for _, b := range bins {
+		errs = append(errs, b.Close())
+	}
 	return errors.Join(errs...)
 }

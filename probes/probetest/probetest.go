@@ -123,12 +123,28 @@ func (r *refusal) Error() string { return r.msg }
 // error_log entry. A line for an existing event name is refused with
 // EEXIST (a real kernel appends a classic line with the same arguments to
 // the event as a second site; ptfs never asks for that).
+//
+// Like trace_parse_run_command, it reads what it is given as a C string
+// (up to a NUL), one command a line, each cut at a '#' (a comment): a
+// write that smuggles in a newline defines more than one probe here as in
+// the kernel.
 func (k *Kernel) Exec(cmd string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.cmds = append(k.cmds, cmd)
-	line := strings.TrimSpace(cmd)
-	if line == "" || line[0] == '#' {
+	cmd, _, _ = strings.Cut(cmd, "\x00")
+	for _, line := range strings.Split(cmd, "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		if err := k.exec(strings.TrimSpace(line)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// exec runs one command line without its comment.
+func (k *Kernel) exec(line string) error {
+	if line == "" {
 		return nil
 	}
 	var err error

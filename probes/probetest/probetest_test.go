@@ -191,11 +191,20 @@ func TestFormatLikeKernel(t *testing.T) {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
-	if err := real.AddProbe(line); err != nil {
+	// Written raw: the line has types and an argument count beyond what
+	// ptfs writes (AddProbe refuses them), to compare the simulator on all
+	// of them.
+	f, err := os.OpenFile(filepath.Join(real.Dir, "uprobe_events"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString(line + "\n")
+	f.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
 	k := New(t, Options{})
-	if err := k.Tracefs.AddProbe(line); err != nil {
+	if err := k.Exec(line); err != nil {
 		t.Fatal(err)
 	}
 	for _, tf := range []*probes.Tracefs{real, k.Tracefs} {
