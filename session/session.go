@@ -89,8 +89,13 @@ type Session struct {
 	// leftovers are tracefs events that could not be removed when their
 	// probe went; Close tries them again.
 	leftovers []leftover
-	closed    bool
+	// refused says why the last targets were refused, newest last.
+	refused []string
+	closed  bool
 }
+
+// keepRefused is how many refused targets the root status lists.
+const keepRefused = 4
 
 // leftover is a tracefs event whose removal failed.
 type leftover struct{ group, event string }
@@ -232,10 +237,14 @@ func (s *Session) Status() []byte {
 		c := t.counters()
 		sum.Add(&c)
 	}
+	refused := slices.Clone(s.refused)
 	s.mu.Unlock()
 	shared := s.src.shared()
 	sum.Add(&shared)
 	b = fmt.Appendf(b, "targets: %d\n", n)
+	for _, r := range refused {
+		b = fmt.Appendf(b, "refused target: %s\n", r)
+	}
 	b = s.src.appendStatus(b)
 	return decode.AppendSummary(b, &sum)
 }
@@ -261,12 +270,29 @@ func checkName(name string) error {
 }
 
 // AddTarget starts tracing the binary at path as target name.
+// A refusal is logged and listed in the root status: `ln -s` can only
+// show the errno ("Exec format error").
 func (s *Session) AddTarget(name, path string) (fs.Target, error) {
 	t, err := s.addTarget(name, path)
 	if err != nil {
+		if !errors.Is(err, ErrClosed) {
+			s.refuse(name, path, err)
+		}
 		return nil, err
 	}
 	return t, nil
+}
+
+// refuse logs why target name -> path was refused and keeps it for Status.
+func (s *Session) refuse(name, path string, err error) {
+	logrus.WithError(err).WithFields(logrus.Fields{"target": name, "path": path}).Warn("ptfs: target refused")
+	line := fmt.Sprintf("%q -> %q: %s", name, path, oneLine(err.Error()))
+	s.mu.Lock()
+	s.refused = append(s.refused, line)
+	if len(s.refused) > keepRefused {
+		s.refused = slices.Delete(s.refused, 0, len(s.refused)-keepRefused)
+	}
+	s.mu.Unlock()
 }
 
 func (s *Session) addTarget(name, path string) (*Target, error) {

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -78,4 +81,108 @@ func TestUnmountManyProbes(t *testing.T) {
 	if limit := n * 250 * time.Millisecond; took > limit {
 		t.Errorf("cleanup after umount with %d probes took %v, want under %v", n, took, limit)
 	}
+}
+
+// A refused `ln -s` says why in the root status and in the log at the
+// default level, beyond the errno that ln prints.
+func TestRefusedTargetSaysWhy(t *testing.T) {
+	needKernel(t)
+	bin := buildC(t, "target", "t")
+	elf, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elf[18], elf[19] = 183, 0                     // e_machine = EM_AARCH64
+	arm := filepath.Join(t.TempDir(), "arm\nbin") // a hostile name stays on one line
+	if err := os.WriteFile(arm, elf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := startMount(t)
+	if err := os.Symlink(arm, m.path("arm")); !errors.Is(err, syscall.ENOEXEC) {
+		t.Fatalf("ln -s of an AArch64 binary: %v, want ENOEXEC", err)
+	}
+	st := m.read("status")
+	want := fmt.Sprintf("refused target: \"arm\" -> %q: target arm: ", arm)
+	var line string
+	for _, l := range lines(st) {
+		if strings.HasPrefix(l, "refused target: ") {
+			line = l
+		}
+	}
+	if !strings.HasPrefix(line, want) || !strings.Contains(line, "EM_AARCH64, not x86-64") {
+		t.Errorf("status line %q, want %q... naming EM_AARCH64\n%s", line, want, st)
+	}
+	if !slices.ContainsFunc(lines(m.log.String()), func(l string) bool {
+		return strings.Contains(l, "level=warning") && strings.Contains(l, "target refused") && strings.Contains(l, "EM_AARCH64")
+	}) {
+		t.Errorf("no warning with the reason in the log:\n%s", m.log)
+	}
+}
+
+// A new mount detaches the dead mounts of killed ptfs processes wherever
+// they are, and leaves live mounts of other ptfs processes alone.
+func TestNewMountDetachesDeadMounts(t *testing.T) {
+	needKernel(t)
+	bin := buildC(t, "target", "t")
+	dead := filepath.Join(t.TempDir(), "dead dir") // escaped as \040 in mountinfo
+	if err := os.Mkdir(dead, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	live := startMount(t, "t="+bin)
+	killed := startMountAt(t, dead, "t="+bin)
+	killed.cmd.Process.Kill()
+	err := <-killed.done
+	killed.done <- err // for its cleanup, which then only detaches
+	var st syscall.Stat_t
+	if err := syscall.Stat(dead, &st); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("stat of the killed mount: %v, want ENOTCONN", err)
+	}
+	fresh := startMount(t, "t="+bin)
+	if mounted(t, dead) {
+		t.Errorf("%s is still mounted after a new mount elsewhere\n%s", dead, fresh.log)
+	}
+	if !strings.Contains(fresh.log.String(), "detached the dead mount") {
+		t.Errorf("the new mount did not say it detached a dead mount:\n%s", fresh.log)
+	}
+	if !mounted(t, live.dir) {
+		t.Fatalf("the live mount %s is gone", live.dir)
+	}
+	live.read("t", "status") // and still serves
+}
+
+// mounted tells whether dir is a mount point in /proc/self/mountinfo.
+func mounted(t *testing.T, dir string) bool {
+	t.Helper()
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.ContainsFunc(ptfsMounts(info), func(m ptfsMount) bool { return m.dir == dir })
+}
+
+func TestPtfsMounts(t *testing.T) {
+	info := `22 1 0:21 / /proc rw,nosuid - proc proc rw
+47 27 0:40 / /tmp/a rw,nosuid,nodev,relatime - fuse.ptfs ptfs:4711 rw,user_id=0,group_id=0
+48 27 0:41 / /tmp/dead\040dir\134x rw,relatime shared:7 master:2 - fuse.ptfs ptfs:99 rw
+49 27 0:42 / /tmp/old rw - fuse.ptfs ptfs rw
+50 27 0:43 / /tmp/other rw - fuse.sshfs ptfs:12 rw
+51 27 0:44 / /tmp/bad rw - fuse.ptfs ptfs:-3 rw
+52 27 0:45 / /tmp/short - fuse.ptfs
+53 27 0:46 / /tmp/\777 rw - fuse.ptfs ptfs:x rw
+`
+	want := []ptfsMount{{"/tmp/a", 4711}, {"/tmp/dead dir\\x", 99}, {"/tmp/old", 0}, {"/tmp/bad", 0}, {`/tmp/\777`, 0}}
+	if got := ptfsMounts([]byte(info)); !slices.Equal(got, want) {
+		t.Errorf("ptfsMounts = %+v, want %+v", got, want)
+	}
+}
+
+func FuzzPtfsMounts(f *testing.F) {
+	f.Add([]byte("48 27 0:41 / /tmp/d\\040x rw shared:7 - fuse.ptfs ptfs:99 rw\n"))
+	f.Fuzz(func(t *testing.T, info []byte) {
+		for _, m := range ptfsMounts(info) {
+			if m.pid < 0 {
+				t.Errorf("negative pid %d", m.pid)
+			}
+		}
+	})
 }
