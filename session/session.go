@@ -81,7 +81,10 @@ type Session struct {
 
 	// routes maps an event id to its probe; copied on write so that the
 	// record path reads it without a lock.
-	routes atomic.Pointer[map[uint16]*probe]
+	routes atomic.Pointer[map[uint16]*route]
+	// dups counts the second records of hits that both events of a probe
+	// replaced at its site recorded (see swap); only deliver writes it.
+	dups atomic.Uint64
 
 	mu      sync.Mutex // guards targets, groups, leftovers, closed and routes writes
 	targets map[string]*Target
@@ -149,7 +152,7 @@ func New(opts Options) (*Session, error) {
 		targets: map[string]*Target{},
 		groups:  map[string]bool{},
 	}
-	s.routes.Store(&map[uint16]*probe{})
+	s.routes.Store(&map[uint16]*route{})
 	if s.claim, err = probes.ClaimProbes(); err != nil {
 		return nil, err
 	}
@@ -199,30 +202,28 @@ func (s *Session) Mode() Mode { return s.mode }
 
 // deliver is the record source's sink: it routes a record to its target.
 func (s *Session) deliver(r *decode.Record) {
-	p := (*s.routes.Load())[r.Event.ID]
-	if p == nil {
+	rt := (*s.routes.Load())[r.Event.ID]
+	if rt == nil {
 		// Not ours: Remove delivers every record of an event before the
 		// route goes, and the source counts samples of unknown events.
 		return
 	}
-	p.target.emit(r)
+	if rt.swap != nil && rt.swap.drop(r) {
+		s.dups.Add(1)
+		return
+	}
+	rt.p.target.emit(r)
 }
 
 // setRoute adds (p != nil) or removes the route of id.
 func (s *Session) setRoute(id uint16, p *probe) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	old := *s.routes.Load()
-	m := make(map[uint16]*probe, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	if p != nil {
-		m[id] = p
-	} else {
-		delete(m, id)
-	}
-	s.routes.Store(&m)
+	s.updateRoutes(func(m map[uint16]*route) {
+		if p != nil {
+			m[id] = &route{p: p}
+		} else {
+			delete(m, id)
+		}
+	})
 }
 
 // Status returns the root status file.
@@ -242,6 +243,7 @@ func (s *Session) Status() []byte {
 	shared := s.src.shared()
 	sum.Add(&shared)
 	b = fmt.Appendf(b, "targets: %d\n", n)
+	b = fmt.Appendf(b, "replacement duplicates: %d (hits recorded by both events of a probe replaced at its site; one copy kept)\n", s.dups.Load())
 	for _, r := range refused {
 		b = fmt.Appendf(b, "refused target: %s\n", r)
 	}

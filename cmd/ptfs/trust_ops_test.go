@@ -186,3 +186,90 @@ func FuzzPtfsMounts(f *testing.F) {
 		}
 	})
 }
+
+// Overwriting a probe at its own site while the program hits it records
+// every hit exactly once: the old and the new event both record the hits
+// of the moment they overlap, and one copy is dropped.
+func TestOverwriteRecordsOnce(t *testing.T) {
+	needKernel(t)
+	const overwrites = 100
+	const rate = 50000 // hits/s, few enough that the kernel loses none
+	bin := buildC(t, "nop5", "t")
+	m := startMount(t, "--max-stream=1000000000", "t="+bin)
+	specs := []string{"hot %di", "hot i=%di"}
+	m.setProbe("t", "e", specs[0])
+	n := overwrites * rate / 10 // an overwrite costs ~85 ms
+	prog := exec.Command(bin, fmt.Sprint(n), fmt.Sprint(rate))
+	if err := prog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	progDone := make(chan error, 1)
+	go func() { progDone <- prog.Wait() }()
+	t.Cleanup(func() {
+		prog.Process.Kill()
+		<-progDone
+	})
+	start := time.Now()
+	done := 0
+loop:
+	for i := 1; ; i++ {
+		select {
+		case err := <-progDone:
+			progDone <- err
+			if err != nil {
+				t.Fatalf("%s: %v", bin, err)
+			}
+			break loop
+		default:
+		}
+		m.setProbe("t", "e", specs[i%2])
+		done++
+	}
+	t.Logf("%d overwrites in %v while %d hits", done, time.Since(start), n)
+	if done < overwrites/2 {
+		t.Fatalf("only %d overwrites while the program ran", done)
+	}
+	recs := m.waitLines(n, "t", "records")
+	seen := make([]int, n)
+	first := make([]string, n)
+	dups, other := 0, 0
+	for _, l := range recs {
+		mm := recordRE.FindStringSubmatch(l)
+		if mm == nil {
+			t.Fatalf("not a record line: %q", l)
+		}
+		var i int
+		if _, err := fmt.Sscanf(strings.TrimPrefix(mm[3], "i="), "%d", &i); err != nil || i < 0 || i >= n {
+			other++
+			continue
+		}
+		if seen[i]++; seen[i] == 2 {
+			dups++
+			if dups <= 3 {
+				t.Logf("recorded twice: %q and %q", first[i], l)
+			}
+		}
+		first[i] = l
+	}
+	missing := 0
+	for _, c := range seen {
+		if c == 0 {
+			missing++
+		}
+	}
+	st := m.read("status")
+	t.Logf("%d records: %d hits recorded twice, %d missing, %d others", len(recs), dups, missing, other)
+	if statusValue(st, "lost") != "0 (samples dropped by full kernel rings, all targets)" {
+		t.Fatalf("the kernel lost samples: nothing to conclude\n%s", st)
+	}
+	if dups != 0 || missing != 0 || other != 0 {
+		t.Errorf("%d hits recorded twice, %d not recorded, %d bad records\n%s", dups, missing, other, st)
+	}
+	// The hits that both events recorded: without any, the test proved
+	// nothing.
+	paired := statusValue(st, "replacement duplicates")
+	t.Logf("replacement duplicates: %s", paired)
+	if strings.HasPrefix(paired, "0 ") || paired == "" {
+		t.Errorf("no hit was recorded by both events of a replacement\n%s", st)
+	}
+}
