@@ -79,8 +79,9 @@ type Session struct {
 	claim *probes.Claim
 	src   source
 
-	// routes maps an event id to its probe; copied on write so that the
-	// record path reads it without a lock.
+	// routes maps an event id to its probe (and, while the probe is
+	// replaced at its site, the swap); copied on write so that the record
+	// path reads it without a lock.
 	routes atomic.Pointer[map[uint16]*route]
 	// dups counts the second records of hits that both events of a probe
 	// replaced at its site recorded (see swap); only deliver writes it.
