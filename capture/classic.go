@@ -270,7 +270,10 @@ func (c *Classic) Add(ev *decode.Event) error {
 // wrote are read first, and when Remove returns every record of the event
 // has reached the sink (records of other events held back for ordering go
 // out with them, early); a sample still being written on another CPU while
-// the event is disabled arrives later and counts as Unknown.
+// the event is disabled arrives later and counts as Unknown. Closing the
+// last perf event of a uprobe waits for the kernel to unregister it (RCU
+// grace periods, ~85 ms), so the fds are closed without the lock:
+// concurrent Removes overlap those waits.
 func (c *Classic) Remove(id uint16) error {
 	c.mu.Lock()
 	if c.closed {
@@ -286,8 +289,8 @@ func (c *Classic) Remove(id uint16) error {
 	c.drainLocked()
 	delete(c.events, id)
 	c.lastEv = nil
-	err = errors.Join(err, closeFDs(ce.fds))
 	c.mu.Unlock()
+	err = errors.Join(err, closeFDs(ce.fds))
 	// The reader delivers what is held back: the sink sees records from
 	// one goroutine only.
 	ack := make(chan struct{})

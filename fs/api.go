@@ -8,6 +8,7 @@ package fs
 import (
 	"errors"
 	"fmt"
+	"os"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -102,7 +103,7 @@ func Mount(dir string, t Tracer, opts Options) (*fuse.Server, error) {
 	server, err := gofs.Mount(dir, root, &gofs.Options{
 		MountOptions: fuse.MountOptions{
 			DirectMountStrict: true,
-			FsName:            "ptfs",
+			FsName:            fmt.Sprintf("ptfs:%d", os.Getpid()), // a later mount tells a dead one by its server
 			Name:              "ptfs",
 			AllowOther:        opts.AllowOther,
 			// The kernel checks the callers' credentials, with their

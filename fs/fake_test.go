@@ -20,6 +20,31 @@ type fakeTracer struct {
 	// added and removed record AddTarget and RemoveTarget calls.
 	added   []string
 	removed []string
+	// stall, when set, makes AddTarget and RemoveTarget send the name on
+	// entered and wait until stall is closed before doing anything, as a
+	// slow binary or probe removal would.
+	stall, entered chan string
+}
+
+// stallCalls makes the next AddTarget and RemoveTarget calls block until
+// the returned function is called (safe to call more than once).
+func (tr *fakeTracer) stallCalls() (entered <-chan string, release func()) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.stall, tr.entered = make(chan string), make(chan string, 16)
+	stall, once := tr.stall, sync.Once{}
+	return tr.entered, func() { once.Do(func() { close(stall) }) }
+}
+
+// wait blocks while calls are stalled.
+func (tr *fakeTracer) wait(name string) {
+	tr.mu.Lock()
+	stall, entered := tr.stall, tr.entered
+	tr.mu.Unlock()
+	if stall != nil {
+		entered <- name
+		<-stall
+	}
 }
 
 func newFakeTracer(targets ...*fakeTarget) *fakeTracer {
@@ -47,6 +72,7 @@ func (tr *fakeTracer) Targets() []Target {
 }
 
 func (tr *fakeTracer) AddTarget(name, path string) (Target, error) {
+	tr.wait(name)
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	tr.added = append(tr.added, name+"="+path)
@@ -59,6 +85,7 @@ func (tr *fakeTracer) AddTarget(name, path string) (Target, error) {
 }
 
 func (tr *fakeTracer) RemoveTarget(name string) error {
+	tr.wait(name)
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	tr.removed = append(tr.removed, name)

@@ -88,6 +88,10 @@ type rootNode struct {
 	mu      sync.Mutex
 	status  *gofs.Inode
 	targets map[string]*gofs.Inode
+	// busy holds the names being added or removed: the tracer call runs
+	// without mu (it parses ELF files and removes probes), so the name is
+	// reserved under mu first and published or released after.
+	busy map[string]bool
 }
 
 var (
@@ -109,6 +113,7 @@ const rootStatus = "status"
 func (r *rootNode) OnAdd(ctx context.Context) {
 	r.born = time.Now()
 	r.targets = make(map[string]*gofs.Inode)
+	r.busy = make(map[string]bool)
 	tracer := r.tracer
 	r.status = r.NewPersistentInode(ctx, &genNode{
 		perms:   r.perms,
@@ -167,17 +172,24 @@ func (r *rootNode) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
 // directory, but the kernel insists that the reply to a symlink request
 // describes a symlink (else ln fails with EIO). So the reply is a transient
 // symlink node with entry timeout 0: the next path walk looks the name up
-// again and gets the directory.
+// again and gets the directory. The name is reserved while the tracer
+// opens the binary, without the lock, so that lookups and `stat` answer
+// meanwhile and a second `ln -s` of the name gets EEXIST.
 func (r *rootNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if errno := r.perms.control(ctx, "add target", syscall.EPERM); errno != 0 {
 		return nil, errno
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if name == rootStatus || r.targets[name] != nil {
+	if name == rootStatus || r.targets[name] != nil || r.busy[name] {
+		r.mu.Unlock()
 		return nil, syscall.EEXIST
 	}
+	r.busy[name] = true
+	r.mu.Unlock()
 	t, err := r.tracer.AddTarget(name, target)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.busy, name)
 	if errno := toErrno("add target "+name, err); errno != 0 {
 		return nil, errno
 	}
@@ -216,12 +228,22 @@ func (r *rootNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 		return syscall.ENOTDIR
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	dir := r.targets[name]
-	if dir == nil {
+	if dir == nil || r.busy[name] {
+		r.mu.Unlock()
+		if dir != nil {
+			return syscall.EBUSY // a removal of it is under way
+		}
 		return syscall.ENOENT
 	}
-	if errno := toErrno("remove target "+name, r.tracer.RemoveTarget(name)); errno != 0 {
+	// The directory stays visible while its probes go.
+	r.busy[name] = true
+	r.mu.Unlock()
+	err := r.tracer.RemoveTarget(name)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.busy, name)
+	if errno := toErrno("remove target "+name, err); errno != 0 {
 		return errno
 	}
 	delete(r.targets, name)

@@ -73,9 +73,10 @@ func groupPID(group string) (int, bool) {
 	return pid, true
 }
 
-// ownerAlive tells whether process pid may still own its groups: it claims
-// them, or it lives and is named ptfs (comm or executable).
-func ownerAlive(pid int) bool {
+// OwnerAlive tells whether process pid may still own its groups and
+// mounts: it claims them, or it lives and is named ptfs (comm or
+// executable).
+func OwnerAlive(pid int) bool {
 	if c, err := net.Dial("unix", ownerSocket(pid)); err == nil {
 		c.Close()
 		return true
@@ -125,7 +126,7 @@ func (t *Tracefs) removeStale(self int, consider func(group string) bool) (remov
 		}
 		live, known := alive[pid]
 		if !known {
-			live = ownerAlive(pid)
+			live = OwnerAlive(pid)
 			alive[pid] = live
 		}
 		if live {

@@ -80,9 +80,13 @@ type Session struct {
 	src   source
 	watch *watcher // nil when inotify is unavailable
 
-	// routes maps an event id to its probe; copied on write so that the
-	// record path reads it without a lock.
-	routes atomic.Pointer[map[uint16]*probe]
+	// routes maps an event id to its probe (and, while the probe is
+	// replaced at its site, the swap); copied on write so that the record
+	// path reads it without a lock.
+	routes atomic.Pointer[map[uint16]*route]
+	// dups counts the second records of hits that both events of a probe
+	// replaced at its site recorded (see swap); only deliver writes it.
+	dups atomic.Uint64
 
 	mu      sync.Mutex // guards targets, groups, leftovers, closed and routes writes
 	targets map[string]*Target
@@ -90,8 +94,13 @@ type Session struct {
 	// leftovers are tracefs events that could not be removed when their
 	// probe went; Close tries them again.
 	leftovers []leftover
-	closed    bool
+	// refused says why the last targets were refused, newest last.
+	refused []string
+	closed  bool
 }
+
+// keepRefused is how many refused targets the root status lists.
+const keepRefused = 4
 
 // leftover is a tracefs event whose removal failed.
 type leftover struct{ group, event string }
@@ -145,7 +154,7 @@ func New(opts Options) (*Session, error) {
 		targets: map[string]*Target{},
 		groups:  map[string]bool{},
 	}
-	s.routes.Store(&map[uint16]*probe{})
+	s.routes.Store(&map[uint16]*route{})
 	if s.claim, err = probes.ClaimProbes(); err != nil {
 		return nil, err
 	}
@@ -198,30 +207,28 @@ func (s *Session) Mode() Mode { return s.mode }
 
 // deliver is the record source's sink: it routes a record to its target.
 func (s *Session) deliver(r *decode.Record) {
-	p := (*s.routes.Load())[r.Event.ID]
-	if p == nil {
+	rt := (*s.routes.Load())[r.Event.ID]
+	if rt == nil {
 		// Not ours: Remove delivers every record of an event before the
 		// route goes, and the source counts samples of unknown events.
 		return
 	}
-	p.target.emit(r)
+	if rt.swap != nil && rt.swap.drop(r) {
+		s.dups.Add(1)
+		return
+	}
+	rt.p.target.emit(r)
 }
 
 // setRoute adds (p != nil) or removes the route of id.
 func (s *Session) setRoute(id uint16, p *probe) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	old := *s.routes.Load()
-	m := make(map[uint16]*probe, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	if p != nil {
-		m[id] = p
-	} else {
-		delete(m, id)
-	}
-	s.routes.Store(&m)
+	s.updateRoutes(func(m map[uint16]*route) {
+		if p != nil {
+			m[id] = &route{p: p}
+		} else {
+			delete(m, id)
+		}
+	})
 }
 
 // Status returns the root status file.
@@ -236,10 +243,15 @@ func (s *Session) Status() []byte {
 		c := t.counters()
 		sum.Add(&c)
 	}
+	refused := slices.Clone(s.refused)
 	s.mu.Unlock()
 	shared := s.src.shared()
 	sum.Add(&shared)
 	b = fmt.Appendf(b, "targets: %d\n", n)
+	b = fmt.Appendf(b, "replacement duplicates: %d (hits recorded by both events of a probe replaced at its site; one copy kept)\n", s.dups.Load())
+	for _, r := range refused {
+		b = fmt.Appendf(b, "refused target: %s\n", r)
+	}
 	b = s.src.appendStatus(b)
 	return decode.AppendSummary(b, &sum)
 }
@@ -276,12 +288,29 @@ func (s *Session) targetList() []*Target {
 }
 
 // AddTarget starts tracing the binary at path as target name.
+// A refusal is logged and listed in the root status: `ln -s` can only
+// show the errno ("Exec format error").
 func (s *Session) AddTarget(name, path string) (fs.Target, error) {
 	t, err := s.addTarget(name, path)
 	if err != nil {
+		if !errors.Is(err, ErrClosed) {
+			s.refuse(name, path, err)
+		}
 		return nil, err
 	}
 	return t, nil
+}
+
+// refuse logs why target name -> path was refused and keeps it for Status.
+func (s *Session) refuse(name, path string, err error) {
+	logrus.WithError(err).WithFields(logrus.Fields{"target": name, "path": path}).Warn("ptfs: target refused")
+	line := fmt.Sprintf("%q -> %q: %s", name, path, oneLine(err.Error()))
+	s.mu.Lock()
+	s.refused = append(s.refused, line)
+	if len(s.refused) > keepRefused {
+		s.refused = slices.Delete(s.refused, 0, len(s.refused)-keepRefused)
+	}
+	s.mu.Unlock()
 }
 
 func (s *Session) addTarget(name, path string) (*Target, error) {

@@ -371,10 +371,18 @@ func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec,
 		return err
 	}
 	ev, err := t.s.tfs.Event(t.group, tevent, sp)
+	// A classic probe replaced at its own site: both events record the
+	// hits until the old one goes, one copy is kept (see swap). (A ptw
+	// probe at its own site went first: replaceAtSite.)
+	swapped := err == nil && p.ev != nil && p.site.Offset == site.Offset
 	if err == nil {
 		// Records show the mount's names; the tracefs names carry the PID.
 		ev.Group, ev.Name = "ptfs_"+t.name, p.name
-		t.s.setRoute(ev.ID, p)
+		if swapped {
+			t.s.beginSwap(p, p.ev.ID, ev.ID)
+		} else {
+			t.s.setRoute(ev.ID, p)
+		}
 		if err = t.s.src.Add(ev); err != nil {
 			t.s.setRoute(ev.ID, nil)
 		} else if ptw {
@@ -387,6 +395,9 @@ func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec,
 		}
 	}
 	if err != nil {
+		if swapped {
+			t.s.setRoute(p.ev.ID, p)
+		}
 		if rerr := t.s.tfs.RemoveProbe(t.group, tevent); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
@@ -397,6 +408,10 @@ func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec,
 		if rerr := t.retire(p); rerr != nil {
 			// The new probe works; the old one is retried at unmount.
 			logrus.WithError(rerr).WithField("probe", p.name).Warn("ptfs: removing the replaced probe")
+		}
+		if swapped {
+			// Every record of the old event has been delivered.
+			t.s.setRoute(ev.ID, p)
 		}
 	}
 	t.mu.Lock()

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -17,6 +19,7 @@ import (
 	"ptfs/capture"
 	"ptfs/cred"
 	"ptfs/fs"
+	"ptfs/probes"
 	"ptfs/session"
 )
 
@@ -90,7 +93,7 @@ func targetArg(a string) (name, path string) {
 }
 
 func mount(dir string, targets []string, so session.Options, opts fs.Options) error {
-	clearDeadMount(dir)
+	clearDeadMounts()
 	s, err := session.New(so)
 	if err != nil {
 		return err
@@ -136,17 +139,84 @@ func mount(dir string, targets []string, so session.Options, opts fs.Options) er
 	return s.Close()
 }
 
-// clearDeadMount detaches a FUSE mount at dir whose server died (SIGKILL):
-// its mount point answers ENOTCONN and would refuse a new mount. It asks
-// with statfs, which always reaches the server: stat may be answered from
-// attributes the kernel still caches (a path walk of the dead mount's last
-// second refreshed them for its permission checks).
-func clearDeadMount(dir string) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); errors.Is(err, unix.ENOTCONN) {
-		logrus.WithField("dir", dir).Info("ptfs: detaching the dead mount of a killed ptfs")
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			logrus.WithError(err).Warn("ptfs: detaching dead mount")
+// clearDeadMounts detaches every FUSE mount of ptfs whose server is gone
+// (SIGKILL), wherever it is: its mount point answers ENOTCONN, refuses a new
+// mount there and breaks tools that walk the tree. A mount whose source
+// names a live owner (ptfs:PID, see probes.OwnerAlive) is never touched, not
+// even stat'ed: a busy server could block the stat.
+func clearDeadMounts() {
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		logrus.WithError(err).Warn("ptfs: looking for dead mounts")
+		return
+	}
+	for _, m := range ptfsMounts(info) {
+		if m.pid > 0 && probes.OwnerAlive(m.pid) {
+			continue
 		}
+		// statfs always reaches the server; stat may be answered from
+		// attributes the kernel still caches for permission checks.
+		var st unix.Statfs_t
+		if err := unix.Statfs(m.dir, &st); !errors.Is(err, unix.ENOTCONN) {
+			continue
+		}
+		log := logrus.WithFields(logrus.Fields{"dir": m.dir, "pid": m.pid})
+		if err := unix.Unmount(m.dir, unix.MNT_DETACH); err != nil {
+			log.WithError(err).Warn("ptfs: detaching the dead mount of a killed ptfs")
+			continue
+		}
+		log.Info("ptfs: detached the dead mount of a killed ptfs")
 	}
 }
+
+// ptfsMount is a FUSE mount of ptfs in mountinfo: its mount point and the
+// PID its source names (0: none).
+type ptfsMount struct {
+	dir string
+	pid int
+}
+
+// ptfsMounts returns the ptfs mounts of a /proc/PID/mountinfo text: the
+// fields are "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] -
+// FSTYPE SOURCE SUPEROPTIONS", with spaces, tabs, newlines and backslashes
+// in names escaped as octal (\040).
+func ptfsMounts(info []byte) []ptfsMount {
+	var out []ptfsMount
+	for line := range strings.Lines(string(info)) {
+		f := strings.Fields(line)
+		if len(f) < 10 {
+			continue
+		}
+		sep := slices.Index(f[6:], "-") + 6 // after the optional fields
+		if sep < 6 || sep+2 >= len(f) || f[sep+1] != "fuse.ptfs" {
+			continue
+		}
+		m := ptfsMount{dir: unescapeOctal(f[4])}
+		if p, ok := strings.CutPrefix(f[sep+2], "ptfs:"); ok {
+			if pid, err := strconv.Atoi(p); err == nil && pid > 0 {
+				m.pid = pid
+			}
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// unescapeOctal undoes the kernel's \ooo escapes of mountinfo fields.
+func unescapeOctal(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) && s[i+1] <= '3' && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
+			b = append(b, (s[i+1]-'0')<<6|(s[i+2]-'0')<<3|(s[i+3]-'0'))
+			i += 3
+			continue
+		}
+		b = append(b, s[i])
+	}
+	return string(b)
+}
+
+func isOctal(c byte) bool { return c >= '0' && c <= '7' }

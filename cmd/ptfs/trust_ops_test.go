@@ -1,0 +1,275 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"ptfs/internal/testkit"
+)
+
+// manyFuncs writes and builds a C program with n functions f0..f(n-1),
+// each a distinct probe site, and returns the binary.
+func manyFuncs(t *testing.T, n int) string {
+	t.Helper()
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "__attribute__((noinline, noipa)) unsigned long f%d(unsigned long a) { asm volatile(\"\" ::: \"memory\"); return a + %d; }\n", i, i)
+	}
+	b.WriteString("int main(int argc, char **argv) { unsigned long acc = 0;\n")
+	for i := range n {
+		fmt.Fprintf(&b, "acc += f%d(argc);\n", i)
+	}
+	b.WriteString("return (int)(acc & 1); }\n")
+	src := filepath.Join(t.TempDir(), "many.c")
+	if err := os.WriteFile(src, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return testkit.BuildC(t, src)
+}
+
+// Unmounting removes every probe of the mount: 200 of them here. The
+// kernel makes this slow and nothing in ptfs can overlap it: closing the
+// last perf event of a uprobe event unregisters the uprobe and waits for
+// about five RCU grace periods (~80 ms measured here) while holding the
+// kernel-wide event_mutex, so removals are serial whoever asks for them.
+// The test bounds the cleanup by that cost with a margin, and checks that
+// umount itself answers at once and that no line of the mount is left.
+func TestUnmountManyProbes(t *testing.T) {
+	needKernel(t)
+	const n = 200
+	bin := manyFuncs(t, n)
+	m := startMount(t, "t="+bin)
+	start := time.Now()
+	script := fmt.Sprintf("for i in $(seq 0 %d); do echo \"f$i %%di\" > %s/p$i || exit 1; done", n-1, m.path("t", "probes"))
+	if out, err := shell(script); err != nil {
+		t.Fatalf("installing %d probes: %v\n%s\n%s", n, err, out, m.log)
+	}
+	t.Logf("%d probes installed in %v", n, time.Since(start))
+	if got := len(uprobeLines(t, m.group()+"t/")); got != n {
+		t.Fatalf("%d lines of the mount in uprobe_events, want %d", got, n)
+	}
+	start = time.Now()
+	if out, err := exec.Command("umount", m.dir).CombinedOutput(); err != nil {
+		t.Fatalf("umount: %v\n%s", err, out)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("umount(8) took %v", took)
+	}
+	select {
+	case err := <-m.done:
+		m.done <- err
+		if err != nil {
+			t.Fatalf("ptfs mount: %v\n%s", err, m.log)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("ptfs mount did not exit within 60 s of umount\n%s", m.log)
+	}
+	took := time.Since(start)
+	t.Logf("umount with %d probes: %v until ptfs exited", n, took)
+	if left := uprobeLines(t, m.group()); len(left) > 0 {
+		t.Fatalf("%d probes of the mount left in uprobe_events", len(left))
+	}
+	// Measured here: ~80 ms a probe, 16-17 s for 200.
+	if limit := n * 250 * time.Millisecond; took > limit {
+		t.Errorf("cleanup after umount with %d probes took %v, want under %v", n, took, limit)
+	}
+}
+
+// A refused `ln -s` says why in the root status and in the log at the
+// default level, beyond the errno that ln prints.
+func TestRefusedTargetSaysWhy(t *testing.T) {
+	needKernel(t)
+	bin := buildC(t, "target", "t")
+	elf, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elf[18], elf[19] = 183, 0                     // e_machine = EM_AARCH64
+	arm := filepath.Join(t.TempDir(), "arm\nbin") // a hostile name stays on one line
+	if err := os.WriteFile(arm, elf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := startMount(t)
+	if err := os.Symlink(arm, m.path("arm")); !errors.Is(err, syscall.ENOEXEC) {
+		t.Fatalf("ln -s of an AArch64 binary: %v, want ENOEXEC", err)
+	}
+	st := m.read("status")
+	want := fmt.Sprintf("refused target: \"arm\" -> %q: target arm: ", arm)
+	var line string
+	for _, l := range lines(st) {
+		if strings.HasPrefix(l, "refused target: ") {
+			line = l
+		}
+	}
+	if !strings.HasPrefix(line, want) || !strings.Contains(line, "EM_AARCH64, not x86-64") {
+		t.Errorf("status line %q, want %q... naming EM_AARCH64\n%s", line, want, st)
+	}
+	if !slices.ContainsFunc(lines(m.log.String()), func(l string) bool {
+		return strings.Contains(l, "level=warning") && strings.Contains(l, "target refused") && strings.Contains(l, "EM_AARCH64")
+	}) {
+		t.Errorf("no warning with the reason in the log:\n%s", m.log)
+	}
+}
+
+// A new mount detaches the dead mounts of killed ptfs processes wherever
+// they are, and leaves live mounts of other ptfs processes alone.
+func TestNewMountDetachesDeadMounts(t *testing.T) {
+	needKernel(t)
+	bin := buildC(t, "target", "t")
+	dead := filepath.Join(t.TempDir(), "dead dir") // escaped as \040 in mountinfo
+	if err := os.Mkdir(dead, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	live := startMount(t, "t="+bin)
+	killed := startMountAt(t, dead, "t="+bin)
+	killed.cmd.Process.Kill()
+	err := <-killed.done
+	killed.done <- err // for its cleanup, which then only detaches
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dead, &st); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("statfs of the killed mount: %v, want ENOTCONN", err)
+	}
+	fresh := startMount(t, "t="+bin)
+	if mounted(t, dead) {
+		t.Errorf("%s is still mounted after a new mount elsewhere\n%s", dead, fresh.log)
+	}
+	if !strings.Contains(fresh.log.String(), "detached the dead mount") {
+		t.Errorf("the new mount did not say it detached a dead mount:\n%s", fresh.log)
+	}
+	if !mounted(t, live.dir) {
+		t.Fatalf("the live mount %s is gone", live.dir)
+	}
+	live.read("t", "status") // and still serves
+}
+
+// mounted tells whether dir is a mount point in /proc/self/mountinfo.
+func mounted(t *testing.T, dir string) bool {
+	t.Helper()
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.ContainsFunc(ptfsMounts(info), func(m ptfsMount) bool { return m.dir == dir })
+}
+
+func TestPtfsMounts(t *testing.T) {
+	info := `22 1 0:21 / /proc rw,nosuid - proc proc rw
+47 27 0:40 / /tmp/a rw,nosuid,nodev,relatime - fuse.ptfs ptfs:4711 rw,user_id=0,group_id=0
+48 27 0:41 / /tmp/dead\040dir\134x rw,relatime shared:7 master:2 - fuse.ptfs ptfs:99 rw
+49 27 0:42 / /tmp/old rw - fuse.ptfs ptfs rw
+50 27 0:43 / /tmp/other rw - fuse.sshfs ptfs:12 rw
+51 27 0:44 / /tmp/bad rw - fuse.ptfs ptfs:-3 rw
+52 27 0:45 / /tmp/short - fuse.ptfs
+53 27 0:46 / /tmp/\777 rw - fuse.ptfs ptfs:x rw
+`
+	want := []ptfsMount{{"/tmp/a", 4711}, {"/tmp/dead dir\\x", 99}, {"/tmp/old", 0}, {"/tmp/bad", 0}, {`/tmp/\777`, 0}}
+	if got := ptfsMounts([]byte(info)); !slices.Equal(got, want) {
+		t.Errorf("ptfsMounts = %+v, want %+v", got, want)
+	}
+}
+
+func FuzzPtfsMounts(f *testing.F) {
+	f.Add([]byte("48 27 0:41 / /tmp/d\\040x rw shared:7 - fuse.ptfs ptfs:99 rw\n"))
+	f.Fuzz(func(t *testing.T, info []byte) {
+		for _, m := range ptfsMounts(info) {
+			if m.pid < 0 {
+				t.Errorf("negative pid %d", m.pid)
+			}
+		}
+	})
+}
+
+// Overwriting a probe at its own site while the program hits it records
+// every hit exactly once: the old and the new event both record the hits
+// of the moment they overlap, and one copy is dropped.
+func TestOverwriteRecordsOnce(t *testing.T) {
+	needKernel(t)
+	const overwrites = 100
+	const rate = 50000 // hits/s, few enough that the kernel loses none
+	bin := buildC(t, "nop5", "t")
+	m := startMount(t, "--max-stream=1000000000", "t="+bin)
+	specs := []string{"hot %di", "hot i=%di"}
+	m.setProbe("t", "e", specs[0])
+	n := overwrites * rate / 10 // an overwrite costs ~85 ms
+	prog := exec.Command(bin, fmt.Sprint(n), fmt.Sprint(rate))
+	if err := prog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	progDone := make(chan error, 1)
+	go func() { progDone <- prog.Wait() }()
+	t.Cleanup(func() {
+		prog.Process.Kill()
+		<-progDone
+	})
+	start := time.Now()
+	done := 0
+loop:
+	for i := 1; ; i++ {
+		select {
+		case err := <-progDone:
+			progDone <- err
+			if err != nil {
+				t.Fatalf("%s: %v", bin, err)
+			}
+			break loop
+		default:
+		}
+		m.setProbe("t", "e", specs[i%2])
+		done++
+	}
+	t.Logf("%d overwrites in %v while %d hits", done, time.Since(start), n)
+	if done < overwrites/2 {
+		t.Fatalf("only %d overwrites while the program ran", done)
+	}
+	recs := m.waitLines(n, "t", "records")
+	seen := make([]int, n)
+	first := make([]string, n)
+	dups, other := 0, 0
+	for _, l := range recs {
+		mm := recordRE.FindStringSubmatch(l)
+		if mm == nil {
+			t.Fatalf("not a record line: %q", l)
+		}
+		var i int
+		if _, err := fmt.Sscanf(strings.TrimPrefix(mm[3], "i="), "%d", &i); err != nil || i < 0 || i >= n {
+			other++
+			continue
+		}
+		if seen[i]++; seen[i] == 2 {
+			dups++
+			if dups <= 3 {
+				t.Logf("recorded twice: %q and %q", first[i], l)
+			}
+		}
+		first[i] = l
+	}
+	missing := 0
+	for _, c := range seen {
+		if c == 0 {
+			missing++
+		}
+	}
+	st := m.read("status")
+	t.Logf("%d records: %d hits recorded twice, %d missing, %d others", len(recs), dups, missing, other)
+	if statusValue(st, "lost") != "0 (samples dropped by full kernel rings, all targets)" {
+		t.Fatalf("the kernel lost samples: nothing to conclude\n%s", st)
+	}
+	if dups != 0 || missing != 0 || other != 0 {
+		t.Errorf("%d hits recorded twice, %d not recorded, %d bad records\n%s", dups, missing, other, st)
+	}
+	// The hits that both events recorded: without any, the test proved
+	// nothing.
+	paired := statusValue(st, "replacement duplicates")
+	t.Logf("replacement duplicates: %s", paired)
+	if strings.HasPrefix(paired, "0 ") || paired == "" {
+		t.Errorf("no hit was recorded by both events of a replacement\n%s", st)
+	}
+}
