@@ -66,7 +66,7 @@ func newTarget(s *Session, name, path, group string, bin *probes.Binary) *Target
 		path:   path,
 		group:  group,
 		bin:    bin,
-		recs:   stream.New(s.opts.StreamLimit),
+		recs:   stream.New(s.opts.Stream),
 		probes: map[string]*probe{},
 		events: map[string]bool{},
 	}
@@ -132,8 +132,7 @@ func (t *Target) Status() []byte {
 	}
 	b = fmt.Appendf(b, "probes: %d active, %d refused\ncapture: %s\n", active, refused, capture)
 	b = fmt.Appendf(b, "branches: unavailable: %s\n", t.s.caps.BranchesErr())
-	b = fmt.Appendf(b, "records file: %d bytes, limit %d, rotations %d, lines over the limit dropped %d\n",
-		t.recs.Size(), t.recs.Limit(), t.recs.Rotations(), t.recs.DroppedLines())
+	b = t.recs.AppendStatus(b, "records")
 	b = t.s.src.appendStatus(b)
 	c := t.counters()
 	// Losses and decoder counts that no event attributes to one target:
@@ -400,6 +399,6 @@ func (t *Target) close() error {
 			errs = append(errs, fmt.Errorf("probe %s: %w", name, err))
 		}
 	}
-	errs = append(errs, t.bin.Close())
+	errs = append(errs, t.bin.Close(), t.recs.Close())
 	return errors.Join(errs...)
 }
