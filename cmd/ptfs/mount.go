@@ -58,8 +58,10 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ptfs:", err)
 		return 2
 	}
-	if so.Stream.Limit <= 0 || so.Stream.HardLimit <= 0 {
-		fmt.Fprintln(stderr, "ptfs: --max-stream and --max-stream-hard must be positive")
+	// A bound of a few lines would make gap lines wait for the lines that
+	// cover them (DESIGN §2).
+	if so.Stream.Limit < minStream || so.Stream.HardLimit < minStream {
+		fmt.Fprintf(stderr, "ptfs: --max-stream and --max-stream-hard must be at least %d\n", minStream)
 		return 2
 	}
 	if err := checkStreamDir(so.Stream.Dir); err != nil {
@@ -73,6 +75,9 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 	}
 	return 0
 }
+
+// minStream is the smallest bound of a records file.
+const minStream = 4096
 
 // checkStreamDir makes sure that the spill files of the streams can be
 // made in dir: a directory, given by the user of a root program.
