@@ -87,6 +87,9 @@ type Stream struct {
 	dropped, spillLost atomic.Uint64
 }
 
+// spareSlots is how many free spill slots keep their disk space.
+const spareSlots = 2
+
 // chunk is a full chunk in the spill file.
 type chunk struct {
 	off   int64  // stream offset of its first byte
@@ -290,9 +293,6 @@ func (s *Stream) discard(unspilled bool) {
 	c := s.chunks[0]
 	s.chunks = slices.Delete(s.chunks, 0, 1)
 	s.start = c.end()
-	if c.slot >= 0 {
-		s.free = append(s.free, c.slot)
-	}
 	s.discarded.Add(c.lines)
 	if unspilled {
 		s.spillLost.Add(c.lines)
@@ -318,6 +318,20 @@ func (s *Stream) discard(unspilled bool) {
 		}
 	}
 	s.unread.Add(c.line + c.lines - from)
+	if c.slot >= 0 {
+		// Only now: the loop above reads the chunk.
+		s.free = append(s.free, c.slot)
+		if len(s.free) <= spareSlots {
+			return
+		}
+		// Give the disk back: a slow reader made the file bigger than
+		// the window needs. (The steady state frees and reuses a slot a
+		// chunk: punching those would double the cost of Append.)
+		if err := unix.Fallocate(int(s.file.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
+			int64(c.slot)*int64(s.chunkSize), int64(s.chunkSize)); err != nil {
+			logrus.WithError(err).Debug("ptfs: punching a discarded chunk out of the stream spill file")
+		}
+	}
 }
 
 // Size returns the file's size: the end of the content.

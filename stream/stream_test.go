@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // readAll reads r sequentially with buf-sized reads until io.EOF, checking
@@ -162,6 +164,29 @@ func TestReaderHoldsWindow(t *testing.T) {
 	slow.Close()
 	if st := s.Stats(); st.Size-st.Start > 16 || st.Unread != 0 || st.Readers != 0 {
 		t.Errorf("after close: window %d..%d, unread %d, readers %d", st.Start, st.Size, st.Unread, st.Readers)
+	}
+}
+
+// TestDiskReleased checks that discarded chunks give their disk space
+// back, so a burst that a slow reader held does not keep the disk.
+func TestDiskReleased(t *testing.T) {
+	s := newStream(t, 4096, 1<<20)
+	r := s.NewReader()
+	appendLines(s, strings.Repeat("d", 90), 0, 5000) // ~480 KB held by r
+	blocks := func() int64 {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(s.file.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks * 512
+	}
+	if held := blocks(); held < 400<<10 {
+		t.Fatalf("spill file holds %d bytes while a reader holds ~480 KB", held)
+	}
+	r.Close()
+	appendLines(s, "d", 0, 100) // fills the next chunk: discards down to the soft bound
+	if left := blocks(); left > 3*4096 {
+		t.Errorf("spill file still holds %d bytes after the reader left", left)
 	}
 }
 
@@ -496,7 +521,7 @@ func checkLines(out []byte, cuts map[int]bool, line func(int) string, first, tot
 			return fmt.Errorf("%q after a fragment, want a gap line", l)
 		}
 		if !strings.HasPrefix(want, l) || (len(l) < len(want) && !cut) {
-			return fmt.Errorf("line %q at byte %d, want %q", l, off, want)
+			return fmt.Errorf("line %q at byte %d, want %q, after %q", l, off, want, out[max(0, off-len(l)-200):off-len(l)-1])
 		}
 		if len(l) < len(want) {
 			// Only a cut may end a line early, and a gap line must say

@@ -60,8 +60,9 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 	}
 	// A bound of a few lines would make gap lines wait for the lines that
 	// cover them (DESIGN §2).
-	if so.Stream.Limit < minStream || so.Stream.HardLimit < minStream {
-		fmt.Fprintf(stderr, "ptfs: --max-stream and --max-stream-hard must be at least %d\n", minStream)
+	if so.Stream.Limit < minStream || so.Stream.HardLimit < so.Stream.Limit {
+		fmt.Fprintf(stderr, "ptfs: want %d <= --max-stream (%d) <= --max-stream-hard (%d)\n",
+			minStream, so.Stream.Limit, so.Stream.HardLimit)
 		return 2
 	}
 	if err := checkStreamDir(so.Stream.Dir); err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -305,5 +306,35 @@ func TestStreamGap(t *testing.T) {
 	}
 	if !strings.HasPrefix(statusValue(m.read("t", "status"), "records file"), "size=") {
 		t.Errorf("status has no records file line:\n%s", m.read("t", "status"))
+	}
+}
+
+// TestStreamFlags checks that bad bounds and stream directories are
+// refused before anything is mounted.
+func TestStreamFlags(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"soft bound too small", []string{"--max-stream=100"}, "--max-stream (100)"},
+		{"negative", []string{"--max-stream=-1"}, "--max-stream (-1)"},
+		{"hard below soft", []string{"--max-stream=8192", "--max-stream-hard=4096"}, "--max-stream-hard (4096)"},
+		{"not a number", []string{"--max-stream-hard=1G"}, "invalid value"},
+		{"no such dir", []string{"--stream-dir=/nonexistent/ptfs"}, "no such file"},
+		{"not a dir", []string{"--stream-dir=" + file}, "not a directory"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			mnt := t.TempDir()
+			if code := run(append(append([]string{"mount"}, tc.args...), mnt), &out, &errOut); code != 2 || !strings.Contains(errOut.String(), tc.want) {
+				t.Errorf("mount %v: exit %d, stderr %q; want 2 and %q", tc.args, code, errOut.String(), tc.want)
+			}
+		})
 	}
 }
