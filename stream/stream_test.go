@@ -245,6 +245,84 @@ func TestHardBound(t *testing.T) {
 	}
 }
 
+// TestSeveralReaders checks the discard rules with readers at different
+// places: nothing one has not read goes under the hard bound, past it the
+// slowest reader's loss is what status counts as unread, and every reader
+// sees or is told of every line.
+func TestSeveralReaders(t *testing.T) {
+	tests := []struct {
+		name     string
+		progress []int // lines each reader reads before the second batch
+		first    int   // lines appended before readers read
+		second   int   // lines appended after
+		unread   bool  // whether the hard bound must discard unread lines
+	}{
+		{"all keep up", []int{20, 20, 20}, 20, 20, false},
+		{"one behind, under the hard bound", []int{16, 16, 0}, 16, 4, false},
+		{"one behind, past the hard bound", []int{16, 16, 0}, 16, 200, true},
+		{"staggered, past the hard bound", []int{0, 5, 10, 16}, 16, 300, true},
+		{"none read", []int{0, 0}, 100, 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStream(t, 64, 1) // 8 lines a chunk, hard bound 192 bytes
+			line := func(i int) string { return fmt.Sprintf("l%06d", i) }
+			readers := make([]*Reader, len(tc.progress))
+			offs := make([]int64, len(tc.progress))
+			outs := make([][]byte, len(tc.progress))
+			for i := range readers {
+				readers[i] = s.NewReader()
+				defer readers[i].Close()
+			}
+			for i := range tc.first {
+				s.Append([]byte(line(i) + "\n"))
+			}
+			for i, n := range tc.progress {
+				if n == 0 {
+					continue
+				}
+				buf := make([]byte, 8*n) // n whole lines, in reads that end at chunks
+				for offs[i] < int64(len(buf)) {
+					k, err := readers[i].ReadAt(buf[offs[i]:], offs[i])
+					if err != nil {
+						t.Fatalf("reader %d at %d: %v", i, offs[i], err)
+					}
+					offs[i] += int64(k)
+				}
+				outs[i] = buf
+			}
+			for i := tc.first; i < tc.first+tc.second; i++ {
+				s.Append([]byte(line(i) + "\n"))
+			}
+			st := s.Stats()
+			if st.Size-st.Start > s.HardLimit() {
+				t.Errorf("window %d over the hard bound %d", st.Size-st.Start, s.HardLimit())
+			}
+			if (st.Unread > 0) != tc.unread {
+				t.Errorf("unread %d, want some: %v", st.Unread, tc.unread)
+			}
+			var worst uint64
+			for i, r := range readers {
+				rest, _ := readAll(t, r, offs[i], 13)
+				out := append(outs[i], rest...)
+				if err := checkLines(out, nil, line, 0, tc.first+tc.second); err != nil {
+					t.Errorf("reader %d: %v", i, err)
+				}
+				var missed uint64
+				for l := range strings.SplitSeq(string(out), "\n") {
+					if n, ok := gapCount(l); ok {
+						missed += n
+					}
+				}
+				worst = max(worst, missed)
+			}
+			if st.Unread != worst {
+				t.Errorf("status counts %d unread, the slowest reader missed %d", st.Unread, worst)
+			}
+		})
+	}
+}
+
 // gapCount parses a gap line.
 func gapCount(line string) (uint64, bool) {
 	rest, ok := strings.CutPrefix(line, "lost: records=")
