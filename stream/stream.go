@@ -54,9 +54,9 @@ type Options struct {
 // unlinked spill file (page cache) and reads of them pread it. Whole
 // chunks are discarded from the front when the window is over the soft
 // bound and every open Reader has read them, or when it is over the hard
-// bound whatever the readers (counted as Unread). A Reader whose next
-// byte was discarded reads a gap line (GapLine) instead. A line longer
-// than a chunk can never be kept: it is dropped and counted.
+// bound whatever the readers (counted in Stats.Unread). A Reader whose
+// next byte was discarded reads a gap line instead (see Reader). A line
+// longer than a chunk can never be kept: it is dropped and counted.
 //
 // One goroutine may Append while any number read; all methods are safe for
 // concurrent use. Reads never wait for data.
@@ -125,12 +125,6 @@ func New(o Options) *Stream {
 		readers:   map[*Reader]struct{}{},
 	}
 }
-
-// Limit returns the soft bound.
-func (s *Stream) Limit() int64 { return s.soft }
-
-// HardLimit returns the hard bound.
-func (s *Stream) HardLimit() int64 { return s.hard }
 
 // Append adds p, whole lines, at the end. A final line without '\n' gets
 // one. Append does not keep p and, once the chunk buffer exists, does not
@@ -422,10 +416,6 @@ func (s *Stream) Stats() Stats {
 	}
 	return st
 }
-
-// DroppedLines returns how many lines were dropped because each alone was
-// longer than a chunk.
-func (s *Stream) DroppedLines() uint64 { return s.dropped.Load() }
 
 // AppendStatus appends the stream's lines of a `status` file (DESIGN §5)
 // for the file called name.

@@ -95,8 +95,8 @@ func TestBounds(t *testing.T) {
 			if st.Discarded != tc.discarded || st.Unread != 0 || st.Dropped != tc.dropped {
 				t.Errorf("discarded %d unread %d dropped %d, want %d 0 %d", st.Discarded, st.Unread, st.Dropped, tc.discarded, tc.dropped)
 			}
-			if kept := st.Size - st.Start; kept > s.Limit() || int64(st.Memory)+st.Disk != kept {
-				t.Errorf("kept %d (memory %d disk %d) over the limit %d or not the window", kept, st.Memory, st.Disk, s.Limit())
+			if kept := st.Size - st.Start; kept > s.soft || int64(st.Memory)+st.Disk != kept {
+				t.Errorf("kept %d (memory %d disk %d) over the limit %d or not the window", kept, st.Memory, st.Disk, s.soft)
 			}
 		})
 	}
@@ -104,14 +104,14 @@ func TestBounds(t *testing.T) {
 
 func TestDefaults(t *testing.T) {
 	s := New(Options{})
-	if s.Limit() != DefaultLimit || s.HardLimit() != DefaultHardLimit {
-		t.Errorf("limits %d %d, want %d %d", s.Limit(), s.HardLimit(), DefaultLimit, DefaultHardLimit)
+	if s.soft != DefaultLimit || s.hard != DefaultHardLimit {
+		t.Errorf("limits %d %d, want %d %d", s.soft, s.hard, DefaultLimit, DefaultHardLimit)
 	}
-	if s := New(Options{Limit: 1000, HardLimit: 10}); s.HardLimit() != 2*1000+gapMax {
-		t.Errorf("hard limit below the soft one: %d, want two chunks and a gap line", s.HardLimit())
+	if s := New(Options{Limit: 1000, HardLimit: 10}); s.hard != 2*1000+gapMax {
+		t.Errorf("hard limit below the soft one: %d, want two chunks and a gap line", s.hard)
 	}
-	if s := New(Options{Limit: 64 << 20, HardLimit: 10}); s.HardLimit() != 64<<20 {
-		t.Errorf("hard limit below the soft one: %d, want the soft one", s.HardLimit())
+	if s := New(Options{Limit: 64 << 20, HardLimit: 10}); s.hard != 64<<20 {
+		t.Errorf("hard limit below the soft one: %d, want the soft one", s.hard)
 	}
 }
 
@@ -238,8 +238,8 @@ func TestHardBound(t *testing.T) {
 			if st.Unread != missed {
 				t.Errorf("stats unread %d, the reader missed %d", st.Unread, missed)
 			}
-			if st.Size-st.Start > s.HardLimit() {
-				t.Errorf("window %d over the hard bound %d", st.Size-st.Start, s.HardLimit())
+			if st.Size-st.Start > s.hard {
+				t.Errorf("window %d over the hard bound %d", st.Size-st.Start, s.hard)
 			}
 		})
 	}
@@ -295,8 +295,8 @@ func TestSeveralReaders(t *testing.T) {
 				s.Append([]byte(line(i) + "\n"))
 			}
 			st := s.Stats()
-			if st.Size-st.Start > s.HardLimit() {
-				t.Errorf("window %d over the hard bound %d", st.Size-st.Start, s.HardLimit())
+			if st.Size-st.Start > s.hard {
+				t.Errorf("window %d over the hard bound %d", st.Size-st.Start, s.hard)
 			}
 			if (st.Unread > 0) != tc.unread {
 				t.Errorf("unread %d, want some: %v", st.Unread, tc.unread)
@@ -362,8 +362,8 @@ func TestGapNeverAhead(t *testing.T) {
 	r := s.NewReader()
 	defer r.Close()
 	s.Append([]byte("a\nb\nc\n"))
-	if s.HardLimit() != 2*8+gapMax {
-		t.Fatalf("hard limit %d", s.HardLimit())
+	if s.hard != 2*8+gapMax {
+		t.Fatalf("hard limit %d", s.hard)
 	}
 	buf := make([]byte, 4)
 	n, _ := r.ReadAt(buf, 0) // "a\nb\n": stops 2 bytes before the chunk end
@@ -779,8 +779,8 @@ func fuzzStream(t *testing.T, dir string, limit, hard uint8, ops []byte) {
 				s.Truncate()
 				all = nil
 			}
-			if st := s.Stats(); st.Size-st.Start > s.HardLimit() {
-				t.Fatalf("window %d over the hard bound %d", st.Size-st.Start, s.HardLimit())
+			if st := s.Stats(); st.Size-st.Start > s.hard {
+				t.Fatalf("window %d over the hard bound %d", st.Size-st.Start, s.hard)
 			}
 		}
 		check()
