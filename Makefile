@@ -20,6 +20,7 @@ bench:
 	$(GO) test -run '^$$' -bench AppendRecord -benchmem ./decode
 	$(GO) test -run '^$$' -bench . -benchmem ./stream ./capture
 	$(GO) test -run '^$$' -bench Overhead -benchtime 200000x ./cmd/ptfs
+	$(GO) test -run '^$$' -bench StreamLoad -benchtime 1000000x ./cmd/ptfs
 
 # Each fuzz target for a short time (FUZZTIME=30s).
 FUZZTIME ?= 20s

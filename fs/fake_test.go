@@ -124,7 +124,7 @@ type fakeTarget struct {
 func newFakeTarget(name, path string) *fakeTarget {
 	return &fakeTarget{
 		name: name, path: path,
-		records:   stream.New(1 << 20),
+		records:   stream.New(stream.Options{Limit: 1 << 20}),
 		probes:    make(map[string]*fakeProbe),
 		symbolsOK: true,
 	}

@@ -2,6 +2,8 @@ package fs
 
 import (
 	"context"
+	"errors"
+	"io"
 	"sort"
 	"strings"
 	"sync"
@@ -98,9 +100,10 @@ func (g *genNode) Setattr(context.Context, gofs.FileHandle, *fuse.SetAttrIn, *fu
 
 // streamNode is a growing text file, `records` or `branches`. It reports
 // its true size with attribute timeout 0: GNU tail -f polls st_size of a
-// FUSE file and reads what it grew by. Reads go through the page cache
-// (not DIRECT_IO) because tail needs st_size; the cache is dropped when
-// the size or mtime changes (the kernel's auto_inval_data).
+// FUSE file and reads what it grew by. Reads are DIRECT_IO: each goes to
+// the open's stream.Reader at the file position, which returns whole
+// lines and gap lines (DESIGN §2, §5); the page cache would serve bytes
+// by size instead.
 type streamNode struct {
 	gofs.Inode
 	perms *perms
@@ -133,7 +136,10 @@ var (
 
 // streamHandle is one open of a streamNode.
 type streamHandle struct {
-	s       *stream.Stream
+	s *stream.Stream
+	// r reads for this open; nil for a write-only open (`: > records`),
+	// which must not hold back what the stream discards.
+	r       *stream.Reader
 	release func()
 }
 
@@ -150,14 +156,18 @@ func (n *streamNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 	if errno := toErrno("open stream", err); errno != 0 {
 		return nil, 0, errno
 	}
+	if flags&syscall.O_ACCMODE != syscall.O_WRONLY {
+		h.r = h.s.NewReader()
+	}
 	n.mu.Lock()
 	n.last = h.s
 	n.mu.Unlock()
-	return h, 0, 0
+	return h, fuse.FOPEN_DIRECT_IO, 0
 }
 
-// Read copies from the stream; at the end it returns no data at once
-// rather than waiting, so a reader never blocks in the file system.
+// Read returns whole lines from the open's reader; at the end it returns
+// no data at once rather than waiting, so a reader never blocks in the
+// file system.
 func (h *streamHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	if ctx.Err() != nil {
 		return nil, syscall.EINTR
@@ -165,9 +175,18 @@ func (h *streamHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.R
 	if off < 0 {
 		return nil, syscall.EINVAL
 	}
-	// With off >= 0 the only error left is io.EOF, which FUSE expresses
-	// as a short (here empty) read.
-	n, _ := h.s.ReadAt(dest, off)
+	if h.r == nil {
+		return nil, syscall.EBADF
+	}
+	n, err := h.r.ReadAt(dest, off)
+	switch {
+	case err == nil, errors.Is(err, io.EOF):
+		// FUSE expresses the end as a short (here empty) read.
+	case errors.Is(err, stream.ErrClosed):
+		// The target is gone: the file ends here.
+	default:
+		return nil, toErrno("read stream", err)
+	}
 	return fuse.ReadResultData(dest[:n]), 0
 }
 
@@ -176,8 +195,12 @@ func (h *streamHandle) Write(context.Context, []byte, int64) (uint32, syscall.Er
 	return 0, syscall.EPERM
 }
 
-// Release ends branch tracing for this open, if the engine asked to know.
+// Release lets the stream discard what this open held, and ends branch
+// tracing for this open if the engine asked to know.
 func (h *streamHandle) Release(context.Context) syscall.Errno {
+	if h.r != nil {
+		h.r.Close()
+	}
 	if h.release != nil {
 		h.release()
 	}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -529,37 +530,105 @@ func TestRecordsTail(t *testing.T) {
 	}
 }
 
-// TestRecordsRotation checks that a stream hitting its bound looks like a
-// truncated file to tail, which keeps following.
-func TestRecordsRotation(t *testing.T) {
-	ft := newFakeTarget("t", "/usr/bin/true")
-	ft.records = stream.New(64)
-	mnt := mountFake(t, newFakeTracer(ft))
+// testStream returns a stream with bounds limit and hard (0: default)
+// whose spill file is released when the test ends.
+func testStream(t testing.TB, limit, hard int64) *stream.Stream {
+	s := stream.New(stream.Options{Limit: limit, HardLimit: hard, Dir: t.TempDir()})
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
 
-	ft.records.Append([]byte("0123456789 first line of forty bytes..\n"))
-	_, out, errs := startTail(t, filepath.Join(mnt, "t/records"))
-	expectLines(t, out, "0123456789 first line of forty bytes..")
-	// tail detects truncation by a smaller size, so the line after the
-	// rotation is shorter than what tail had seen.
-	ft.records.Append([]byte("second line, does not fit\n"))
+// TestRecordsBound checks the bound with a real tail -f (DESIGN §2): what
+// an open reader has not read is kept beyond the soft bound, a new reader
+// gets the window, and past the hard bound tail prints a gap line that
+// counts exactly the records it missed, never a spliced line, and never
+// takes the gap for a truncation.
+func TestRecordsBound(t *testing.T) {
+	ft := newFakeTarget("t", "/usr/bin/true")
+	ft.records = testStream(t, 256, 1) // hard bound: 2*256+64 bytes
+	mnt := mountFake(t, newFakeTracer(ft))
+	records := filepath.Join(mnt, "t/records")
+	rec := func(i int) string { return fmt.Sprintf("record %d: event=ptfs_t/e args=[%d]", i, i) }
+
+	// Under the hard bound, tail -f misses nothing though its poll lags.
+	_, out, errs := startTail(t, records)
+	for wait := time.Now(); ft.records.Stats().Readers == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Since(wait) > 2*time.Second {
+			t.Fatal("tail did not open records within 2 s")
+		}
+	}
+	for i := 1; i <= 12; i++ {
+		ft.records.Append([]byte(rec(i) + "\n"))
+	}
+	for i := 1; i <= 12; i++ {
+		expectLines(t, out, rec(i))
+	}
+	if st := ft.records.Stats(); st.Size <= 256 || st.Unread != 0 {
+		t.Fatalf("setup: size %d, unread discarded %d", st.Size, st.Unread)
+	}
+	// A new reader gets a gap line for what went before the window, then
+	// the window's whole lines.
+	cat := mustSh(t, "cat "+records)
+	gap := fmt.Sprintf("lost: records=%d reason=bound\n", ft.records.Stats().Discarded)
+	if rest, ok := strings.CutPrefix(cat, gap); !ok || !strings.HasSuffix(cat, rec(12)+"\n") ||
+		!strings.HasPrefix(rest, "record ") || len(rest) > 256 {
+		t.Errorf("cat records = %q, want %q and the window's whole lines", cat, gap)
+	}
+
+	// Past the hard bound between two polls of tail: a gap line.
+	const total = 200
+	for i := 13; i <= total; i++ {
+		ft.records.Append([]byte(rec(i) + "\n"))
+	}
+	next, missed := 13, 0
+	deadline := time.After(5 * time.Second)
+	for next <= total {
+		select {
+		case l := <-out:
+			if n, ok := strings.CutPrefix(l, "lost: records="); ok {
+				v, err := strconv.Atoi(strings.TrimSuffix(n, " reason=bound"))
+				if err != nil {
+					t.Fatalf("gap line %q", l)
+				}
+				missed += v
+				next += v
+				continue
+			}
+			if l != rec(next) {
+				t.Fatalf("tail printed %q, want %q (a gap line must explain any jump)", l, rec(next))
+			}
+			next++
+		case msg := <-errs:
+			t.Fatalf("tail: %s", msg)
+		case <-deadline:
+			t.Fatalf("tail stopped at record %d of %d", next, total)
+		}
+	}
+	st := ft.records.Stats()
+	if missed == 0 || uint64(missed) != st.Unread {
+		t.Errorf("tail missed %d records, status counts %d unread", missed, st.Unread)
+	}
+	if next != total+1 {
+		t.Errorf("tail's lines and gaps end at record %d, want %d", next-1, total)
+	}
+	// The stream stops; tail must not take its position for a truncation.
 	select {
 	case msg := <-errs:
-		if !strings.Contains(msg, "file truncated") {
-			t.Errorf("tail stderr %q, want file truncated", msg)
-		}
-	case <-time.After(2 * time.Second):
-		t.Errorf("tail did not notice the rotation within 2 s")
-	}
-	expectLines(t, out, "second line, does not fit")
-	if ft.records.Rotations() != 1 {
-		t.Errorf("Rotations = %d, want 1", ft.records.Rotations())
+		t.Errorf("tail: %s", msg)
+	case l := <-out:
+		t.Errorf("tail printed %q after the end", l)
+	case <-time.After(1500 * time.Millisecond):
 	}
 }
 
 func TestBranches(t *testing.T) {
 	nopt := newFakeTarget("nopt", "/usr/bin/true")
 	pt := newFakeTarget("pt", "/usr/bin/env")
-	pt.branches = stream.New(1 << 10)
+	pt.branches = testStream(t, 1<<10, 0)
 	pt.branches.Append([]byte("branch: 0x1 [unknown] => 0x2 [unknown]\n"))
 	mnt := mountFake(t, newFakeTracer(nopt, pt))
 
@@ -592,7 +661,7 @@ func TestBranches(t *testing.T) {
 // that the mount still answers and unmounts.
 func TestKilledReader(t *testing.T) {
 	ft := newFakeTarget("t", "/usr/bin/true")
-	ft.records = stream.New(8 << 20)
+	ft.records = testStream(t, 8<<20, 0)
 	line := []byte(strings.Repeat("x", 99) + "\n")
 	for ft.records.Size()+100 <= 8<<20 {
 		ft.records.Append(line)
@@ -632,7 +701,7 @@ func TestKilledReader(t *testing.T) {
 // does, to measure the FUSE read path.
 func BenchmarkRecordsRead(b *testing.B) {
 	ft := newFakeTarget("t", "/usr/bin/true")
-	ft.records = stream.New(8 << 20)
+	ft.records = testStream(b, 8<<20, 0)
 	line := []byte(strings.Repeat("x", 99) + "\n")
 	for ft.records.Size()+100 <= 8<<20 {
 		ft.records.Append(line)

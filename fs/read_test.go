@@ -11,8 +11,9 @@ import (
 // TestReadHandles checks reads at every kind of offset, and that an
 // interrupted request (FUSE_INTERRUPT cancels its context) returns EINTR.
 func TestReadHandles(t *testing.T) {
-	s := stream.New(100)
-	s.Append([]byte("hello\n"))
+	s := stream.New(stream.Options{Limit: 100, Dir: t.TempDir()})
+	defer s.Close()
+	s.Append([]byte("hello\nworld\n"))
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	tests := []struct {
@@ -24,9 +25,10 @@ func TestReadHandles(t *testing.T) {
 		want   string
 		errno  syscall.Errno
 	}{
-		{"stream start", "stream", context.Background(), 0, 3, "hel", 0},
-		{"stream rest", "stream", context.Background(), 3, 100, "lo\n", 0},
-		{"stream at end", "stream", context.Background(), 6, 100, "", 0},
+		{"stream line longer than the buffer", "stream", context.Background(), 0, 3, "hel", 0},
+		{"stream whole lines only", "stream", context.Background(), 6, 9, "world\n", 0},
+		{"stream ends at the last line that fits", "stream", context.Background(), 0, 9, "hello\n", 0},
+		{"stream at end", "stream", context.Background(), 12, 100, "", 0},
 		{"stream past end", "stream", context.Background(), 60, 100, "", 0},
 		{"stream negative", "stream", context.Background(), -1, 100, "", syscall.EINVAL},
 		{"stream interrupted", "stream", cancelled, 0, 100, "", syscall.EINTR},
@@ -43,7 +45,9 @@ func TestReadHandles(t *testing.T) {
 			var errno syscall.Errno
 			switch tc.handle {
 			case "stream":
-				res, e := (&streamHandle{s: s}).Read(tc.ctx, dest, tc.off)
+				r := s.NewReader()
+				defer r.Close()
+				res, e := (&streamHandle{s: s, r: r}).Read(tc.ctx, dest, tc.off)
 				errno = e
 				if res != nil {
 					got, _ = res.Bytes(nil)

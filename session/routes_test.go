@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"ptfs/decode"
+	"ptfs/stream"
 )
 
 // TestSwapDrop feeds record sequences of a replacement at one site (old
@@ -57,7 +58,7 @@ func TestSwapDrop(t *testing.T) {
 // the emit it ends in, in the same run: the routing (and the swap check)
 // should cost nothing beside it.
 func BenchmarkDeliver(b *testing.B) {
-	s := &Session{opts: Options{StreamLimit: 1 << 20}}
+	s := &Session{opts: Options{Stream: stream.Options{Limit: 1 << 20}}}
 	tg := newTarget(s, "t", "/bin/t", "g", nil)
 	p := &probe{target: tg, name: "e"}
 	s.routes.Store(&map[uint16]*route{5: {p: p}})

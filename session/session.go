@@ -29,8 +29,9 @@ import (
 type Options struct {
 	// Mode is the wanted mode; ModeAuto picks the best the machine has.
 	Mode Mode
-	// StreamLimit bounds each records file in bytes (DefaultStreamLimit).
-	StreamLimit int
+	// Stream bounds each records file (zero values: the stream package's
+	// defaults).
+	Stream stream.Options
 	// RingPages is the per-CPU ring size of the classic record source, in
 	// pages.
 	RingPages int
@@ -51,8 +52,11 @@ type Options struct {
 	Trace capture.TraceSource
 }
 
-// DefaultStreamLimit is the default bound of a records file.
-const DefaultStreamLimit = stream.DefaultLimit
+// Default bounds of a records file (stream.Options).
+const (
+	DefaultStreamLimit     = stream.DefaultLimit
+	DefaultStreamHardLimit = stream.DefaultHardLimit
+)
 
 // Sentinel errors of the session.
 var (
@@ -124,9 +128,6 @@ func Detect() Caps {
 func New(opts Options) (*Session, error) {
 	if opts.Mode == "" {
 		opts.Mode = ModeAuto
-	}
-	if opts.StreamLimit <= 0 {
-		opts.StreamLimit = DefaultStreamLimit
 	}
 	r := defaultRoots
 	if opts.Sysfs != "" {

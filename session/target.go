@@ -86,7 +86,7 @@ func newTarget(s *Session, name, path, group string, bin *probes.Binary) *Target
 		path:   path,
 		group:  group,
 		bin:    bin,
-		recs:   stream.New(s.opts.StreamLimit),
+		recs:   stream.New(s.opts.Stream),
 		probes: map[string]*probe{},
 		events: map[string]bool{},
 	}
@@ -165,8 +165,7 @@ func (t *Target) Status() []byte {
 	b = fmt.Appendf(b, "file: %s\n", file)
 	b = fmt.Appendf(b, "probes: %d active, %d refused, %d stale\ncapture: %s\n", active, refused, stale, capture)
 	b = fmt.Appendf(b, "branches: unavailable: %s\n", t.s.caps.BranchesErr())
-	b = fmt.Appendf(b, "records file: %d bytes, limit %d, rotations %d, lines over the limit dropped %d\n",
-		t.recs.Size(), t.recs.Limit(), t.recs.Rotations(), t.recs.DroppedLines())
+	b = t.recs.AppendStatus(b, "records")
 	b = t.s.src.appendStatus(b)
 	c := t.counters()
 	// Losses and decoder counts that no event attributes to one target:
@@ -503,5 +502,6 @@ func (t *Target) close() error {
 	for _, b := range bins {
 		errs = append(errs, b.Close())
 	}
+	errs = append(errs, t.recs.Close())
 	return errors.Join(errs...)
 }

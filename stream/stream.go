@@ -1,186 +1,432 @@
-// Package stream holds a growing text file with bounded memory: the content
-// behind ptfs's `records` and `branches` files.
+// Package stream holds a growing text file of whole lines with bounded
+// memory and disk: the content behind ptfs's `records` and `branches`
+// files.
 package stream
 
 import (
 	"bytes"
 	"errors"
-	"io"
+	"fmt"
+	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 )
 
-// ErrNegativeOffset is returned by ReadAt for an offset below zero.
+// ErrNegativeOffset is returned by Reader.ReadAt for an offset below zero.
 var ErrNegativeOffset = errors.New("stream: negative offset")
 
-// DefaultLimit is the bound New uses when it is given no positive limit.
-const DefaultLimit = 64 << 20
+// ErrClosed is returned by reads of a closed Stream.
+var ErrClosed = errors.New("stream: closed")
 
-// Stream is a growing text file kept in memory.
+const (
+	// DefaultLimit is the soft bound New uses when given none.
+	DefaultLimit = 64 << 20
+	// DefaultHardLimit is the hard bound New uses when given none.
+	DefaultHardLimit = 1 << 30
+	// maxChunk is the largest chunk: the unit of spilling and discarding.
+	// Big enough that a FUSE read (up to 1 MiB) rarely spans two, small
+	// enough that memory stays a chunk.
+	maxChunk = 1 << 20
+)
+
+// Options configure a Stream.
+type Options struct {
+	// Limit is the soft bound in bytes: at most this much is kept for a
+	// reader that opens now (DefaultLimit when <= 0).
+	Limit int64
+	// HardLimit is the most kept in bytes while an open reader has not
+	// read it (DefaultHardLimit when <= 0; at least Limit and two chunks
+	// plus 64 bytes).
+	HardLimit int64
+	// Dir holds the unlinked spill file (os.TempDir() when empty).
+	Dir string
+}
+
+// Stream is an ever-growing text file of whole lines. Its size only grows,
+// except by Truncate, which empties it and restarts offsets at 0.
 //
-// Memory is bounded by the limit given to New. When appending a line would
-// make the content exceed the limit, the content is first emptied and the
-// file starts over at size 0, like logrotate's copytruncate: a reader that
-// polls the size (GNU tail -f) sees it shrink, reports "file truncated" and
-// keeps following from offset 0. Nothing else changes; Rotations counts how
-// often this happened. (tail infers truncation from a smaller size, so a
-// reader that polls less often than the content takes to grow past its old
-// size again misses the restart; with a limit of megabytes that needs
-// megabytes of trace between two polls.) A single line longer than the limit can never be
-// kept: it is dropped and counted by DroppedLines.
+// The content kept is a window [start, end) of whole chunks of whole
+// lines. Only the chunk being written is in memory; full chunks go to an
+// unlinked spill file (page cache) and reads of them pread it. Whole
+// chunks are discarded from the front when the window is over the soft
+// bound and every open Reader has read them, or when it is over the hard
+// bound whatever the readers (counted in Stats.Unread). A Reader whose
+// next byte was discarded reads a gap line instead (see Reader). A line
+// longer than a chunk can never be kept: it is dropped and counted.
 //
 // One goroutine may Append while any number read; all methods are safe for
-// concurrent use. Reads never block.
+// concurrent use. Reads never wait for data.
 type Stream struct {
-	mu sync.RWMutex
-	// The content is chunks laid end to end, every chunk but the last
-	// full: appending never moves what is there, and a reader copies out
-	// of stable memory.
-	chunks [][]byte
-	n      int      // content length
-	free   [][]byte // emptied chunks, reused before allocating
-	chunk  int      // chunk capacity
-	limit  int
+	soft, hard int64
+	chunkSize  int
+	dir        string
 
-	// size and resets are written under mu and read without it, so that
-	// polling the size (every stat of the file) never waits for a writer.
-	size      atomic.Int64
-	resets    atomic.Uint64
-	rotations atomic.Uint64
-	dropped   atomic.Uint64
+	mu     sync.Mutex
+	gen    uint64  // truncations: a reader of another generation restarts
+	start  int64   // window start
+	chunks []chunk // full chunks, oldest first, all in the spill file
+	cur    []byte  // the chunk being written, at curOff
+	curOff int64
+	// curLine and lines are line indexes since the last truncation: of
+	// cur's first line and of the next line to come.
+	curLine, lines uint64
+	readers        map[*Reader]struct{}
+	file           *os.File // the spill file, made at the first full chunk
+	free           []int    // spill slots to reuse
+	slots          int      // spill slots made
+	closed         bool
+	spillErr       error
+
+	size               atomic.Int64
+	resets             atomic.Uint64
+	discarded, unread  atomic.Uint64
+	dropped, spillLost atomic.Uint64
 }
 
-// maxChunk is the largest chunk: big enough that a FUSE read (128 KiB)
-// rarely spans two, small enough that a short stream stays small.
-const maxChunk = 1 << 20
+// spareSlots is how many free spill slots keep their disk space.
+const spareSlots = 2
 
-// New returns an empty Stream holding at most limit bytes; limit <= 0
-// selects DefaultLimit.
-func New(limit int) *Stream {
-	if limit <= 0 {
-		limit = DefaultLimit
+// chunk is a full chunk in the spill file.
+type chunk struct {
+	off   int64  // stream offset of its first byte
+	n     int    // bytes
+	line  uint64 // line index of its first line
+	lines uint64 // lines it holds
+	slot  int    // spill file slot
+}
+
+func (c *chunk) end() int64 { return c.off + int64(c.n) }
+
+// New returns an empty Stream. It makes no file until the first chunk is
+// full.
+func New(o Options) *Stream {
+	if o.Limit <= 0 {
+		o.Limit = DefaultLimit
 	}
-	return &Stream{limit: limit, chunk: min(limit, maxChunk)}
+	if o.HardLimit <= 0 {
+		o.HardLimit = DefaultHardLimit
+	}
+	chunkSize := min(o.Limit, maxChunk)
+	// After a forced discard the window keeps at least hard-2*chunkSize
+	// bytes: enough lines to cover a gap line (see Reader.makeGap).
+	o.HardLimit = max(o.HardLimit, o.Limit, 2*chunkSize+gapMax)
+	if o.Dir == "" {
+		o.Dir = os.TempDir()
+	}
+	return &Stream{
+		soft:      o.Limit,
+		hard:      o.HardLimit,
+		chunkSize: int(chunkSize),
+		dir:       o.Dir,
+		readers:   map[*Reader]struct{}{},
+	}
 }
 
-// Limit returns the bound on the content size.
-func (s *Stream) Limit() int { return s.limit }
-
-// Append adds p, which should be whole lines, at the end of the content.
-// A final line without '\n' is treated as a line. Append does not keep p.
+// Append adds p, whole lines, at the end. A final line without '\n' gets
+// one. Append does not keep p and, once the chunk buffer exists, does not
+// allocate; it writes to the spill file only when a chunk fills.
 func (s *Stream) Append(p []byte) {
 	if len(p) == 0 {
 		return
 	}
 	s.mu.Lock()
-	if s.n+len(p) <= s.limit {
-		// Common case: everything fits, no need to look for line ends.
-		s.put(p)
+	if len(s.cur)+len(p) <= s.chunkSize && p[len(p)-1] == '\n' && cap(s.cur) > 0 {
+		// Common case: one or more whole lines that fit the chunk.
+		s.cur = append(s.cur, p...)
+		s.lines += uint64(bytes.Count(p, newline))
 	} else {
 		s.appendLines(p)
 	}
-	s.size.Store(int64(s.n))
+	s.size.Store(s.curOff + int64(len(s.cur)))
 	s.mu.Unlock()
 }
 
-// appendLines adds p line by line, starting over whenever the next line
-// does not fit. Called with mu held.
+var newline = []byte{'\n'}
+
+// appendLines adds p line by line, sealing the chunk whenever the next
+// line does not fit. Called with mu held.
 func (s *Stream) appendLines(p []byte) {
+	if s.cur == nil {
+		s.cur = make([]byte, 0, s.chunkSize)
+	}
 	for len(p) > 0 {
 		n := bytes.IndexByte(p, '\n') + 1
-		if n == 0 {
+		nl := n > 0
+		if !nl {
 			n = len(p)
 		}
 		line := p[:n]
 		p = p[n:]
-		if len(line) > s.limit {
+		size := len(line)
+		if !nl {
+			size++
+		}
+		if size > s.chunkSize {
 			s.dropped.Add(1)
 			continue
 		}
-		if s.n+len(line) > s.limit {
-			s.empty()
-			s.rotations.Add(1)
+		if len(s.cur)+size > s.chunkSize {
+			s.seal()
 		}
-		s.put(line)
+		s.cur = append(s.cur, line...)
+		if !nl {
+			s.cur = append(s.cur, '\n')
+		}
+		s.lines++
 	}
 }
 
-// put appends p, which fits under the limit, filling the last chunk and
-// taking new ones from the free list or, until the limit is reached once,
-// from the allocator. Called with mu held.
-func (s *Stream) put(p []byte) {
-	for len(p) > 0 {
-		last := len(s.chunks) - 1
-		if last < 0 || len(s.chunks[last]) == cap(s.chunks[last]) {
-			var c []byte
-			if k := len(s.free); k > 0 {
-				c, s.free = s.free[k-1], s.free[:k-1]
-			} else {
-				c = make([]byte, 0, s.chunk)
+// seal moves the full chunk being written to the spill file and trims the
+// window. Called with mu held.
+func (s *Stream) seal() {
+	c := chunk{off: s.curOff, n: len(s.cur), line: s.curLine, lines: s.lines - s.curLine, slot: -1}
+	s.curOff += int64(len(s.cur))
+	s.curLine = s.lines
+	if err := s.spill(&c); err != nil {
+		// The chunk is lost, and with it everything before it: the
+		// window stays contiguous.
+		if s.spillErr == nil && !errors.Is(err, ErrClosed) {
+			logrus.WithError(err).Warn("ptfs: stream spill file failed; records are being discarded")
+		}
+		s.spillErr = err
+		for len(s.chunks) > 0 {
+			s.discard(false)
+		}
+		s.chunks = append(s.chunks, c)
+		s.discard(true)
+	} else {
+		s.chunks = append(s.chunks, c)
+	}
+	s.cur = s.cur[:0]
+	s.trim()
+}
+
+// spill writes cur to a free slot of the spill file, making the file
+// first if needed. Called with mu held.
+func (s *Stream) spill(c *chunk) error {
+	if s.closed {
+		return ErrClosed
+	}
+	if s.file == nil {
+		f, err := tempFile(s.dir)
+		if err != nil {
+			return err
+		}
+		s.file = f
+	}
+	slot := s.slots
+	if k := len(s.free); k > 0 {
+		slot, s.free = s.free[k-1], s.free[:k-1]
+	} else {
+		s.slots++
+	}
+	if _, err := s.file.WriteAt(s.cur, int64(slot)*int64(s.chunkSize)); err != nil {
+		s.free = append(s.free, slot)
+		return fmt.Errorf("write stream spill file: %w", err)
+	}
+	c.slot = slot
+	return nil
+}
+
+// tempFile makes an unlinked file in dir: O_TMPFILE where the file system
+// has it, else a named temporary file removed at once.
+func tempFile(dir string) (*os.File, error) {
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err == nil {
+		return os.NewFile(uintptr(fd), dir+"/(stream spill)"), nil
+	}
+	f, err2 := os.CreateTemp(dir, "ptfs-stream-*")
+	if err2 != nil {
+		return nil, fmt.Errorf("make stream spill file in %s: %w", dir, errors.Join(err, err2))
+	}
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("unlink stream spill file: %w", err)
+	}
+	return f, nil
+}
+
+// trim discards whole chunks from the front: while the window with a
+// whole chunk being written would be over the hard bound, or over the soft
+// bound and every open reader has read the front chunk. Reserving the
+// chunk being written keeps the window under the bounds between two
+// seals. Called with mu held.
+func (s *Stream) trim() {
+	for len(s.chunks) > 0 {
+		kept := s.curOff - s.start + int64(s.chunkSize)
+		switch {
+		case kept > s.hard:
+			s.discard(false)
+		case kept > s.soft && s.readAll(s.chunks[0].end()):
+			s.discard(false)
+		default:
+			return
+		}
+	}
+}
+
+// readAll reports whether every open reader is at or past off. Called
+// with mu held.
+func (s *Stream) readAll(off int64) bool {
+	for r := range s.readers {
+		if r.gen == s.gen && r.pos < off {
+			return false
+		}
+	}
+	return true
+}
+
+// discard drops the front chunk, counting its lines, of those the ones an
+// open reader had not read, and, if it could not be spilled, in spillLost.
+// Called with mu held.
+func (s *Stream) discard(unspilled bool) {
+	c := s.chunks[0]
+	s.chunks = slices.Delete(s.chunks, 0, 1)
+	s.start = c.end()
+	s.discarded.Add(c.lines)
+	if unspilled {
+		s.spillLost.Add(c.lines)
+	}
+	// The slowest reader in the chunk missed the lines from its own on.
+	from := c.line + c.lines
+	for r := range s.readers {
+		if r.gen != s.gen || r.pos >= c.end() {
+			continue
+		}
+		if r.midLine && !r.owedNL && r.pos >= c.off && c.slot >= 0 {
+			// A reader that stopped just before a line's '\n' has read
+			// the line: it is owed the '\n', not told it lost the line.
+			var nl [1]byte
+			if n, _ := s.file.ReadAt(nl[:], int64(c.slot)*int64(s.chunkSize)+r.pos-c.off); n == 1 && nl[0] == '\n' {
+				r.pos++
+				r.line++
+				r.owedNL = true
 			}
-			s.chunks = append(s.chunks, c)
-			last++
 		}
-		c := s.chunks[last]
-		k := min(len(p), cap(c)-len(c))
-		s.chunks[last] = append(c, p[:k]...)
-		s.n += k
-		p = p[k:]
+		if r.pos < c.end() {
+			from = min(from, max(r.line, c.line))
+		}
+	}
+	s.unread.Add(c.line + c.lines - from)
+	if c.slot >= 0 {
+		// Only now: the loop above reads the chunk.
+		s.free = append(s.free, c.slot)
+		if len(s.free) <= spareSlots {
+			return
+		}
+		// Give the disk back: a slow reader made the file bigger than
+		// the window needs. (The steady state frees and reuses a slot a
+		// chunk: punching those would double the cost of Append.)
+		if err := unix.Fallocate(int(s.file.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
+			int64(c.slot)*int64(s.chunkSize), int64(s.chunkSize)); err != nil {
+			logrus.WithError(err).Debug("ptfs: punching a discarded chunk out of the stream spill file")
+		}
 	}
 }
 
-// empty drops the content, keeping the chunks for reuse. Called with mu
-// held.
-func (s *Stream) empty() {
-	for _, c := range s.chunks {
-		s.free = append(s.free, c[:0])
-	}
-	clear(s.chunks)
+// Size returns the file's size: the end of the content.
+func (s *Stream) Size() int64 { return s.size.Load() }
+
+// Resets returns how often Truncate emptied the stream. A reader that
+// sees the same size but a different Resets knows the content changed.
+func (s *Stream) Resets() uint64 { return s.resets.Load() }
+
+// Truncate empties the stream (`: > records`): offsets and line indexes
+// restart at 0 and open readers start over from there.
+func (s *Stream) Truncate() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gen++
 	s.chunks = s.chunks[:0]
-	s.n = 0
+	s.free = s.free[:0]
+	s.slots = 0
+	s.cur = s.cur[:0]
+	s.start, s.curOff, s.curLine, s.lines = 0, 0, 0, 0
+	if s.file != nil {
+		// Give the disk back; the next spill starts at slot 0 again.
+		if err := s.file.Truncate(0); err != nil {
+			logrus.WithError(err).Debug("ptfs: truncating stream spill file")
+		}
+	}
 	s.size.Store(0)
 	s.resets.Add(1)
 }
 
-// Size returns the current size of the file as readers see it.
-func (s *Stream) Size() int64 { return s.size.Load() }
-
-// ReadAt copies content at off into p. At or past the end it returns
-// io.EOF; a read that reaches the end returns the bytes it got and nil.
-// It never blocks waiting for data.
-func (s *Stream) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 {
-		return 0, ErrNegativeOffset
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if off >= int64(s.n) {
-		return 0, io.EOF
-	}
-	got := 0
-	for i, o := int(off)/s.chunk, int(off)%s.chunk; got < len(p) && i < len(s.chunks); i, o = i+1, 0 {
-		got += copy(p[got:], s.chunks[i][o:])
-	}
-	return got, nil
-}
-
-// Truncate empties the content (`: > records`). The chunks are kept for
-// reuse, so the next appends do not allocate.
-func (s *Stream) Truncate() {
+// Close releases the spill file. Later appends keep only the chunk being
+// written; later reads fail with ErrClosed.
+func (s *Stream) Close() error {
 	s.mu.Lock()
-	s.empty()
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	s.chunks = nil
+	s.start = s.curOff
+	if s.file == nil {
+		return nil
+	}
+	err := s.file.Close()
+	s.file = nil
+	if err != nil {
+		return fmt.Errorf("close stream spill file: %w", err)
+	}
+	return nil
 }
 
-// Rotations returns how often the content was emptied because the limit
-// was reached.
-func (s *Stream) Rotations() uint64 { return s.rotations.Load() }
+// Stats is a snapshot of a Stream's bounds and counters.
+type Stats struct {
+	Size      int64  // end of the content: the file size
+	Start     int64  // start of the window kept
+	Memory    int    // bytes of the chunk being written
+	Disk      int64  // bytes of the window in the spill file
+	Limit     int64  // soft bound
+	HardLimit int64  // hard bound
+	Readers   int    // open readers
+	Discarded uint64 // lines discarded from the front, in total
+	Unread    uint64 // of those, lines an open reader had not read
+	SpillLost uint64 // of those, lines lost because the spill file failed
+	Dropped   uint64 // lines dropped because each alone was over a chunk
+	SpillErr  error  // the last spill file error, if any
+}
 
-// Resets returns how often the content started over at size 0, by
-// Truncate or by rotation. A reader that sees the same size but a
-// different Resets knows the content changed.
-func (s *Stream) Resets() uint64 { return s.resets.Load() }
+// Stats returns the current bounds and counters.
+func (s *Stream) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{
+		Size:      s.curOff + int64(len(s.cur)),
+		Start:     s.start,
+		Memory:    len(s.cur),
+		Limit:     s.soft,
+		HardLimit: s.hard,
+		Readers:   len(s.readers),
+		Discarded: s.discarded.Load(),
+		Unread:    s.unread.Load(),
+		SpillLost: s.spillLost.Load(),
+		Dropped:   s.dropped.Load(),
+		SpillErr:  s.spillErr,
+	}
+	for _, c := range s.chunks {
+		st.Disk += int64(c.n)
+	}
+	return st
+}
 
-// DroppedLines returns how many lines were dropped because each alone was
-// longer than the limit.
-func (s *Stream) DroppedLines() uint64 { return s.dropped.Load() }
+// AppendStatus appends the stream's lines of a `status` file (DESIGN §5)
+// for the file called name.
+func (s *Stream) AppendStatus(b []byte, name string) []byte {
+	st := s.Stats()
+	b = fmt.Appendf(b, "%s file: size=%d window=%d memory=%d disk=%d limit=%d hard-limit=%d readers=%d\n",
+		name, st.Size, st.Size-st.Start, st.Memory, st.Disk, st.Limit, st.HardLimit, st.Readers)
+	b = fmt.Appendf(b, "%s discarded: lines=%d unread=%d spill-failed=%d over-limit=%d\n",
+		name, st.Discarded, st.Unread, st.SpillLost, st.Dropped)
+	if st.SpillErr != nil {
+		b = fmt.Appendf(b, "%s spill error: %s\n", name, st.SpillErr)
+	}
+	return b
+}

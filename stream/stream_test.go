@@ -5,23 +5,24 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
-// content reads the whole current content through ReadAt in small chunks,
-// as a FUSE reader would.
-func content(t *testing.T, s *Stream) string {
+// readAll reads r sequentially with buf-sized reads until io.EOF, checking
+// that every read ends at a line end unless it filled buf.
+func readAll(t testing.TB, r *Reader, off int64, bufLen int) (string, int64) {
 	t.Helper()
 	var out []byte
-	buf := make([]byte, 3)
-	for off := int64(0); ; {
-		n, err := s.ReadAt(buf, off)
-		out = append(out, buf[:n]...)
-		off += int64(n)
+	buf := make([]byte, bufLen)
+	for {
+		n, err := r.ReadAt(buf, off)
 		if errors.Is(err, io.EOF) {
-			break
+			return string(out), off
 		}
 		if err != nil {
 			t.Fatalf("ReadAt(%d): %v", off, err)
@@ -29,186 +30,626 @@ func content(t *testing.T, s *Stream) string {
 		if n == 0 {
 			t.Fatalf("ReadAt(%d) returned 0, nil", off)
 		}
+		if buf[n-1] != '\n' && n != len(buf) {
+			t.Fatalf("ReadAt(%d) with %d bytes returned a partial line %q", off, len(buf), buf[:n])
+		}
+		out = append(out, buf[:n]...)
+		off += int64(n)
 	}
-	return string(out)
 }
 
-func TestAppendBound(t *testing.T) {
+// content reads the window, from its start.
+func content(t testing.TB, s *Stream) string {
+	t.Helper()
+	r := s.NewReader()
+	defer r.Close()
+	got, _ := readAll(t, r, s.Stats().Start, 3)
+	return got
+}
+
+func newStream(t testing.TB, limit, hard int64) *Stream {
+	s := New(Options{Limit: limit, HardLimit: hard, Dir: t.TempDir()})
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+func TestBounds(t *testing.T) {
 	tests := []struct {
-		name      string
-		limit     int
-		appends   []string
-		want      string
-		rotations uint64
-		dropped   uint64
+		name        string
+		limit, hard int64
+		appends     []string
+		want        string
+		size        int64
+		discarded   uint64
+		dropped     uint64
 	}{
-		{"empty", 10, nil, "", 0, 0},
-		{"fits", 10, []string{"ab\n", "cd\n"}, "ab\ncd\n", 0, 0},
-		{"exactly limit", 6, []string{"ab\n", "cd\n"}, "ab\ncd\n", 0, 0},
-		{"one over rotates", 6, []string{"ab\n", "cd\n", "e\n"}, "e\n", 1, 0},
-		{"rotates twice", 4, []string{"ab\n", "cd\n", "ef\n"}, "ef\n", 2, 0},
-		{"multi-line append rotates per line", 8, []string{"aaa\n", "bbb\nccc\n"}, "ccc\n", 1, 0},
-		{"multi-line append keeps what fits", 12, []string{"aaa\n", "bbb\nccc\nddd\n"}, "ddd\n", 1, 0},
-		{"line longer than limit dropped", 5, []string{"ab\n", "toolong\n", "c\n"}, "ab\nc\n", 0, 1},
-		{"long line inside batch", 4, []string{"ab\nxxxxxx\ncd\n"}, "cd\n", 1, 1},
-		{"no trailing newline", 10, []string{"abc"}, "abc", 0, 0},
-		{"empty append", 4, []string{"", "a\n", ""}, "a\n", 0, 0},
+		{"empty", 10, 0, nil, "", 0, 0, 0},
+		{"fits", 10, 0, []string{"ab\n", "cd\n"}, "ab\ncd\n", 6, 0, 0},
+		{"exactly a chunk", 6, 0, []string{"ab\n", "cd\n"}, "ab\ncd\n", 6, 0, 0},
+		{"next chunk discards the first", 6, 6, []string{"ab\n", "cd\n", "e\n"}, "e\n", 8, 2, 0},
+		{"soft bound keeps what fits", 4, 100, []string{"ab\n", "cd\n", "ef\n"}, "ef\n", 9, 2, 0},
+		{"multi-line append splits at lines", 8, 8, []string{"aaa\n", "bbb\nccc\n"}, "ccc\n", 12, 2, 0},
+		{"window of several chunks", 8, 100, []string{"aaa\nbbb\nccc\nddd\neee\n"}, "eee\n", 20, 4, 0},
+		{"line longer than a chunk dropped", 5, 0, []string{"ab\n", "toolong\n", "c\n"}, "ab\nc\n", 5, 0, 1},
+		{"long line inside batch", 4, 4, []string{"ab\nxxxxxx\ncd\n"}, "cd\n", 6, 1, 1},
+		{"no trailing newline gets one", 10, 0, []string{"abc"}, "abc\n", 4, 0, 0},
+		{"empty append", 4, 0, []string{"", "a\n", ""}, "a\n", 2, 0, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := New(tc.limit)
+			s := newStream(t, tc.limit, tc.hard)
 			for _, a := range tc.appends {
 				s.Append([]byte(a))
 			}
 			if got := content(t, s); got != tc.want {
 				t.Errorf("content = %q, want %q", got, tc.want)
 			}
-			if got := s.Size(); got != int64(len(tc.want)) {
-				t.Errorf("Size = %d, want %d", got, len(tc.want))
+			st := s.Stats()
+			if s.Size() != tc.size || st.Size != tc.size {
+				t.Errorf("Size = %d (stats %d), want %d", s.Size(), st.Size, tc.size)
 			}
-			if got := s.Rotations(); got != tc.rotations {
-				t.Errorf("Rotations = %d, want %d", got, tc.rotations)
+			if st.Discarded != tc.discarded || st.Unread != 0 || st.Dropped != tc.dropped {
+				t.Errorf("discarded %d unread %d dropped %d, want %d 0 %d", st.Discarded, st.Unread, st.Dropped, tc.discarded, tc.dropped)
 			}
-			if got := s.Resets(); got != tc.rotations {
-				t.Errorf("Resets = %d, want %d", got, tc.rotations)
-			}
-			if got := s.DroppedLines(); got != tc.dropped {
-				t.Errorf("DroppedLines = %d, want %d", got, tc.dropped)
-			}
-			if m := s.memory(); m > s.memoryBound() {
-				t.Errorf("memory %d exceeds the bound %d of limit %d", m, s.memoryBound(), tc.limit)
+			if kept := st.Size - st.Start; kept > s.soft || int64(st.Memory)+st.Disk != kept {
+				t.Errorf("kept %d (memory %d disk %d) over the limit %d or not the window", kept, st.Memory, st.Disk, s.soft)
 			}
 		})
 	}
 }
 
-func TestReadAt(t *testing.T) {
-	s := New(100)
-	s.Append([]byte("hello\nworld\n"))
+func TestDefaults(t *testing.T) {
+	s := New(Options{})
+	if s.soft != DefaultLimit || s.hard != DefaultHardLimit {
+		t.Errorf("limits %d %d, want %d %d", s.soft, s.hard, DefaultLimit, DefaultHardLimit)
+	}
+	if s := New(Options{Limit: 1000, HardLimit: 10}); s.hard != 2*1000+gapMax {
+		t.Errorf("hard limit below the soft one: %d, want two chunks and a gap line", s.hard)
+	}
+	if s := New(Options{Limit: 64 << 20, HardLimit: 10}); s.hard != 64<<20 {
+		t.Errorf("hard limit below the soft one: %d, want the soft one", s.hard)
+	}
+}
+
+// lines returns "prefix i\n" for i in [from, to).
+func lines(prefix string, from, to int) string {
+	var b strings.Builder
+	for i := from; i < to; i++ {
+		fmt.Fprintf(&b, "%s %d\n", prefix, i)
+	}
+	return b.String()
+}
+
+func appendLines(s *Stream, prefix string, from, to int) {
+	for i := from; i < to; i++ {
+		s.Append(fmt.Appendf(nil, "%s %d\n", prefix, i))
+	}
+}
+
+// TestReaderHoldsWindow checks that an open reader keeps what it has not
+// read, under the hard bound, and that the window shrinks back to the soft
+// bound once it has read it or closed.
+func TestReaderHoldsWindow(t *testing.T) {
+	s := newStream(t, 16, 1<<10)
+	slow := s.NewReader()
+	appendLines(s, "l", 0, 50) // 50 lines of 4-5 bytes: > 16
+	st := s.Stats()
+	if st.Discarded != 0 || st.Start != 0 {
+		t.Fatalf("discarded %d lines (start %d) that an open reader had not read", st.Discarded, st.Start)
+	}
+	got, off := readAll(t, slow, 0, 7)
+	if got != lines("l", 0, 50) {
+		t.Fatalf("slow reader read %q", got)
+	}
+	if off != s.Size() {
+		t.Errorf("file offset %d after reading all, size %d", off, s.Size())
+	}
+	// Having read it all, the reader lets the next chunk trim the window
+	// down to what it has not read.
+	appendLines(s, "l", 50, 60)
+	if st := s.Stats(); st.Start < off-16 || st.Start > off || st.Unread != 0 || st.Discarded == 0 {
+		t.Errorf("after reading: window %d..%d, discarded %d unread %d", st.Start, st.Size, st.Discarded, st.Unread)
+	}
+	// A second reader that never reads holds the window until it closes.
+	idle := s.NewReader()
+	appendLines(s, "m", 0, 40)
+	if st := s.Stats(); st.Size-st.Start <= 16 {
+		t.Errorf("window %d..%d trimmed past an idle reader", st.Start, st.Size)
+	}
+	idle.Close()
+	slow.Close()
+	if st := s.Stats(); st.Size-st.Start > 16 || st.Unread != 0 || st.Readers != 0 {
+		t.Errorf("after close: window %d..%d, unread %d, readers %d", st.Start, st.Size, st.Unread, st.Readers)
+	}
+}
+
+// TestDiskReleased checks that discarded chunks give their disk space
+// back, so a burst that a slow reader held does not keep the disk.
+func TestDiskReleased(t *testing.T) {
+	s := newStream(t, 4096, 1<<20)
+	r := s.NewReader()
+	appendLines(s, strings.Repeat("d", 90), 0, 5000) // ~480 KB held by r
+	blocks := func() int64 {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(s.file.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks * 512
+	}
+	if held := blocks(); held < 400<<10 {
+		t.Fatalf("spill file holds %d bytes while a reader holds ~480 KB", held)
+	}
+	r.Close()
+	appendLines(s, "d", 0, 100) // fills the next chunk: discards down to the soft bound
+	if left := blocks(); left > 3*4096 {
+		t.Errorf("spill file still holds %d bytes after the reader left", left)
+	}
+}
+
+// TestHardBound checks the gap line and the counters when the hard bound
+// discards what a reader has not read.
+func TestHardBound(t *testing.T) {
 	tests := []struct {
-		name    string
-		off     int64
-		bufLen  int
-		want    string
-		wantErr error
+		name        string
+		limit, hard int64
+		before      int // lines read before the flood
+		flood       int
+		bufLen      int
 	}{
-		{"start", 0, 5, "hello", nil},
-		{"middle", 6, 100, "world\n", nil},
-		{"last byte", 11, 4, "\n", nil},
-		{"at end", 12, 4, "", io.EOF},
-		{"past end", 50, 4, "", io.EOF},
-		{"negative", -1, 4, "", ErrNegativeOffset},
-		{"empty buffer", 0, 0, "", nil},
+		{"small chunks", 16, 32, 0, 100, 64},
+		{"reader read some first", 16, 48, 5, 200, 64},
+		{"one byte reads", 32, 64, 3, 100, 1},
+		{"big reads", 64, 256, 0, 1000, 1 << 20},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := make([]byte, tc.bufLen)
-			n, err := s.ReadAt(p, tc.off)
-			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
-				t.Fatalf("err = %v, want %v", err, tc.wantErr)
+			s := newStream(t, tc.limit, tc.hard)
+			r := s.NewReader()
+			defer r.Close()
+			appendLines(s, "x", 0, tc.before)
+			_, off := readAll(t, r, 0, tc.bufLen)
+			appendLines(s, "x", tc.before, tc.before+tc.flood)
+			got, end := readAll(t, r, off, tc.bufLen)
+			if end > s.Size() {
+				t.Errorf("file offset %d ran past the size %d", end, s.Size())
 			}
-			if got := string(p[:n]); got != tc.want {
-				t.Errorf("read %q, want %q", got, tc.want)
+			seen, missed := 0, uint64(0)
+			next := tc.before
+			for _, l := range strings.Split(strings.TrimSuffix(got, "\n"), "\n") {
+				if n, ok := gapCount(l); ok {
+					missed += n
+					next += int(n)
+					continue
+				}
+				if l != fmt.Sprintf("x %d", next) {
+					t.Fatalf("line %q, want x %d (after %d seen, %d missed)", l, next, seen, missed)
+				}
+				seen++
+				next++
+			}
+			st := s.Stats()
+			if seen+int(missed) != tc.flood || missed == 0 {
+				t.Errorf("seen %d + missed %d != %d appended (gap lines must say)", seen, missed, tc.flood)
+			}
+			if st.Unread != missed {
+				t.Errorf("stats unread %d, the reader missed %d", st.Unread, missed)
+			}
+			if st.Size-st.Start > s.hard {
+				t.Errorf("window %d over the hard bound %d", st.Size-st.Start, s.hard)
 			}
 		})
 	}
 }
 
-func TestTruncate(t *testing.T) {
-	s := New(100)
-	s.Append([]byte("one\ntwo\n"))
-	s.Truncate()
-	if s.Size() != 0 || s.Resets() != 1 || s.Rotations() != 0 {
-		t.Fatalf("after Truncate: size %d resets %d rotations %d, want 0 1 0",
-			s.Size(), s.Resets(), s.Rotations())
+// TestSeveralReaders checks the discard rules with readers at different
+// places: nothing one has not read goes under the hard bound, past it the
+// slowest reader's loss is what status counts as unread, and every reader
+// sees or is told of every line.
+func TestSeveralReaders(t *testing.T) {
+	tests := []struct {
+		name     string
+		progress []int // lines each reader reads before the second batch
+		first    int   // lines appended before readers read
+		second   int   // lines appended after
+		unread   bool  // whether the hard bound must discard unread lines
+	}{
+		{"all keep up", []int{20, 20, 20}, 20, 20, false},
+		{"one behind, under the hard bound", []int{16, 16, 0}, 16, 4, false},
+		{"one behind, past the hard bound", []int{16, 16, 0}, 16, 200, true},
+		{"staggered, past the hard bound", []int{0, 5, 10, 16}, 16, 300, true},
+		{"none read", []int{0, 0}, 100, 0, true},
 	}
-	if n, err := s.ReadAt(make([]byte, 4), 0); n != 0 || !errors.Is(err, io.EOF) {
-		t.Fatalf("ReadAt after Truncate = %d, %v; want 0, EOF", n, err)
-	}
-	s.Append([]byte("three\n"))
-	if got := content(t, s); got != "three\n" {
-		t.Fatalf("content after Truncate+Append = %q", got)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStream(t, 64, 1) // 8 lines a chunk, hard bound 192 bytes
+			line := func(i int) string { return fmt.Sprintf("l%06d", i) }
+			readers := make([]*Reader, len(tc.progress))
+			offs := make([]int64, len(tc.progress))
+			outs := make([][]byte, len(tc.progress))
+			for i := range readers {
+				readers[i] = s.NewReader()
+				defer readers[i].Close()
+			}
+			for i := range tc.first {
+				s.Append([]byte(line(i) + "\n"))
+			}
+			for i, n := range tc.progress {
+				if n == 0 {
+					continue
+				}
+				buf := make([]byte, 8*n) // n whole lines, in reads that end at chunks
+				for offs[i] < int64(len(buf)) {
+					k, err := readers[i].ReadAt(buf[offs[i]:], offs[i])
+					if err != nil {
+						t.Fatalf("reader %d at %d: %v", i, offs[i], err)
+					}
+					offs[i] += int64(k)
+				}
+				outs[i] = buf
+			}
+			for i := tc.first; i < tc.first+tc.second; i++ {
+				s.Append([]byte(line(i) + "\n"))
+			}
+			st := s.Stats()
+			if st.Size-st.Start > s.hard {
+				t.Errorf("window %d over the hard bound %d", st.Size-st.Start, s.hard)
+			}
+			if (st.Unread > 0) != tc.unread {
+				t.Errorf("unread %d, want some: %v", st.Unread, tc.unread)
+			}
+			var worst uint64
+			for i, r := range readers {
+				rest, _ := readAll(t, r, offs[i], 13)
+				out := append(outs[i], rest...)
+				if err := checkLines(out, nil, line, 0, tc.first+tc.second); err != nil {
+					t.Errorf("reader %d: %v", i, err)
+				}
+				var missed uint64
+				for l := range strings.SplitSeq(string(out), "\n") {
+					if n, ok := gapCount(l); ok {
+						missed += n
+					}
+				}
+				worst = max(worst, missed)
+			}
+			if st.Unread != worst {
+				t.Errorf("status counts %d unread, the slowest reader missed %d", st.Unread, worst)
+			}
+		})
 	}
 }
 
-func TestDefaultLimit(t *testing.T) {
-	for _, l := range []int{0, -5} {
-		if got := New(l).Limit(); got != DefaultLimit {
-			t.Errorf("New(%d).Limit() = %d, want %d", l, got, DefaultLimit)
+// gapCount parses a gap line.
+func gapCount(line string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(line, "lost: records=")
+	if !ok {
+		return 0, false
+	}
+	n, ok := strings.CutSuffix(rest, " reason=bound")
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(n, 10, 64)
+	return v, err == nil
+}
+
+// TestGapMidLine stops a reader inside a line, discards it, and checks that
+// the gap line ends the fragment instead of splicing it to the next line.
+func TestGapMidLine(t *testing.T) {
+	s := newStream(t, 16, 16)
+	r := s.NewReader()
+	defer r.Close()
+	s.Append([]byte("abcdefgh\n"))
+	buf := make([]byte, 3)
+	if n, err := r.ReadAt(buf, 0); n != 3 || err != nil || string(buf) != "abc" {
+		t.Fatalf("first read %q %v", buf[:n], err)
+	}
+	appendLines(s, "yy", 0, 40)
+	got, _ := readAll(t, r, 3, 5)
+	if !strings.HasPrefix(got, "\nlost: records=") {
+		t.Fatalf("after a discarded partial line: %q", got)
+	}
+}
+
+// TestGapNeverAhead checks that a gap line replaces at least its own length
+// when the reader stopped just before the end of a discarded chunk.
+func TestGapNeverAhead(t *testing.T) {
+	s := newStream(t, 8, 8)
+	r := s.NewReader()
+	defer r.Close()
+	s.Append([]byte("a\nb\nc\n"))
+	if s.hard != 2*8+gapMax {
+		t.Fatalf("hard limit %d", s.hard)
+	}
+	buf := make([]byte, 4)
+	n, _ := r.ReadAt(buf, 0) // "a\nb\n": stops 2 bytes before the chunk end
+	appendLines(s, "q", 0, 20)
+	got, off := readAll(t, r, int64(n), 64)
+	if off > s.Size() {
+		t.Fatalf("file offset %d past the size %d after %q", off, s.Size(), got)
+	}
+	if !strings.HasPrefix(got, "lost: records=") {
+		t.Fatalf("no gap line: %q", got)
+	}
+}
+
+// TestSeek reads at offsets other than where the reader stopped: they are
+// stream offsets.
+func TestSeek(t *testing.T) {
+	s := newStream(t, 32, 32)
+	appendLines(s, "s", 0, 100) // "s 0\n".. "s 99\n"
+	r := s.NewReader()
+	defer r.Close()
+	st := s.Stats()
+	tests := []struct {
+		name string
+		off  int64
+		want string
+	}{
+		{"window start", st.Start, "s "},
+		{"mid-line", st.Size - 2, "9\n"},
+		{"end", st.Size, ""},
+		{"past end", st.Size + 10, ""},
+		{"discarded", 0, fmt.Sprintf("lost: records=%d reason=bound\n", s.Stats().Discarded)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			buf := make([]byte, 64)
+			n, err := r.ReadAt(buf, tc.off)
+			if err != nil && !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(string(buf[:n]), tc.want) {
+				t.Errorf("ReadAt(%d) = %q, want prefix %q", tc.off, buf[:n], tc.want)
+			}
+		})
+	}
+	if _, err := r.ReadAt(make([]byte, 4), -1); !errors.Is(err, ErrNegativeOffset) {
+		t.Errorf("negative offset: %v", err)
+	}
+}
+
+// TestReadSizes reads lines of many lengths with every kind of buffer: the
+// concatenation is the content and no read ends inside a line that fits.
+func TestReadSizes(t *testing.T) {
+	s := newStream(t, 4<<20, 0)
+	var want strings.Builder
+	for i := range 3000 {
+		l := fmt.Sprintf("r%d %s\n", i, strings.Repeat("z", i*37%700))
+		want.WriteString(l)
+		s.Append([]byte(l))
+	}
+	long := strings.Repeat("L", 300<<10) + "\n" // longer than many buffers
+	s.Append([]byte(long))
+	want.WriteString(long)
+	for _, size := range []int{1, 2, 3, 7, 64, 100, 4096, 65536, 128 << 10, 1 << 20} {
+		r := s.NewReader()
+		got, _ := readAll(t, r, 0, size)
+		r.Close()
+		if got != want.String() {
+			t.Errorf("buffer %d: read %d bytes, differ from the %d appended", size, len(got), want.Len())
 		}
 	}
 }
 
-// TestSteadyStateNoAlloc checks the hot-path promise: once the buffer has
-// grown to the limit, appends and rotations do not allocate.
+func TestTruncate(t *testing.T) {
+	s := newStream(t, 16, 64)
+	r := s.NewReader()
+	defer r.Close()
+	appendLines(s, "t", 0, 10)
+	_, off := readAll(t, r, 0, 64)
+	before := s.Stats().Discarded
+	s.Truncate()
+	if s.Size() != 0 || s.Resets() != 1 {
+		t.Fatalf("after Truncate: size %d resets %d", s.Size(), s.Resets())
+	}
+	if got := content(t, s); got != "" {
+		t.Fatalf("content after Truncate = %q", got)
+	}
+	s.Append([]byte("after\n"))
+	// A reader that continues at its old offset reads past the new end;
+	// one that starts over (tail after "file truncated") reads the new
+	// content.
+	if n, err := r.ReadAt(make([]byte, 64), off); n != 0 || !errors.Is(err, io.EOF) {
+		t.Errorf("read at the old offset %d: %d %v", off, n, err)
+	}
+	if got, _ := readAll(t, r, 0, 64); got != "after\n" {
+		t.Errorf("read from 0 after truncation = %q", got)
+	}
+	if st := s.Stats(); st.Discarded != before || st.Disk != 0 {
+		t.Errorf("truncation counted: %+v", st)
+	}
+}
+
+// TestSpillFailure makes the spill file impossible: lines are discarded and
+// counted, and a reader sees the gap.
+func TestSpillFailure(t *testing.T) {
+	s := New(Options{Limit: 16, HardLimit: 1 << 10, Dir: "/nonexistent/ptfs"})
+	defer s.Close()
+	r := s.NewReader()
+	defer r.Close()
+	appendLines(s, "f", 0, 20)
+	st := s.Stats()
+	if st.SpillErr == nil || st.SpillLost == 0 || st.SpillLost != st.Discarded {
+		t.Fatalf("stats after spill failures: %+v", st)
+	}
+	got, _ := readAll(t, r, 0, 64)
+	if !strings.HasPrefix(got, "lost: records=") {
+		t.Errorf("reader after spill failure: %q", got)
+	}
+}
+
+func TestClose(t *testing.T) {
+	s := New(Options{Limit: 16, Dir: t.TempDir()})
+	r := s.NewReader()
+	appendLines(s, "c", 0, 20)
+	if s.Stats().Disk == 0 {
+		t.Fatal("nothing spilled")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.ReadAt(make([]byte, 8), 0); !errors.Is(err, ErrClosed) {
+		t.Errorf("read after Close: %v", err)
+	}
+	appendLines(s, "c", 20, 40) // must not panic; counted
+	if st := s.Stats(); st.Disk != 0 || st.SpillLost == 0 {
+		t.Errorf("after Close: %+v", st)
+	}
+}
+
+// TestSteadyStateNoAlloc checks the hot-path promise: appends, including
+// those that spill a chunk and discard one, do not allocate.
 func TestSteadyStateNoAlloc(t *testing.T) {
-	s := New(1 << 12)
+	s := newStream(t, 1<<12, 1<<13)
+	r := s.NewReader()
+	defer r.Close()
 	line := []byte("record 1: event=ptfs_t/e id=0x6c2 args=[1, 2] tid=1 cpu=0\n")
-	for range 200 { // fill to the limit and rotate at least once
+	for range 400 { // fill past the hard bound: spills and discards
 		s.Append(line)
 	}
-	if s.Rotations() == 0 {
-		t.Fatal("setup did not rotate")
+	if s.Stats().Unread == 0 {
+		t.Fatal("setup did not discard")
 	}
 	allocs := testing.AllocsPerRun(1000, func() { s.Append(line) })
 	if allocs != 0 {
 		t.Fatalf("Append allocates %.1f times per call in steady state", allocs)
 	}
+	buf := make([]byte, 4096)
+	var off int64
+	allocs = testing.AllocsPerRun(100, func() {
+		s.Append(line)
+		n, _ := r.ReadAt(buf, off)
+		off += int64(n)
+	})
+	if allocs != 0 {
+		t.Fatalf("sequential reads allocate %.1f times per call", allocs)
+	}
+}
+
+// follow reads r sequentially with buf-sized reads until stop is closed
+// and a read then finds nothing more. It returns what it read and the
+// offsets in it of each '\n' that a read began with right after a read
+// that ended inside a line: where a mid-line gap line may start.
+func follow(t testing.TB, r *Reader, size int, stop <-chan struct{}) ([]byte, map[int]bool) {
+	buf := make([]byte, size)
+	var out []byte
+	cuts := map[int]bool{}
+	var off int64
+	for stopped := false; ; {
+		n, err := r.ReadAt(buf, off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			t.Errorf("read at %d: %v", off, err)
+			return out, cuts
+		}
+		out = collect(out, cuts, buf[:n])
+		off += int64(n)
+		if n == 0 {
+			if stopped {
+				return out, cuts
+			}
+			select {
+			case <-stop:
+				stopped = true
+			default:
+			}
+		}
+	}
+}
+
+// collect appends what a read returned to out, noting in cuts a '\n' that
+// the read began with right after a read that ended inside a line.
+func collect(out []byte, cuts map[int]bool, got []byte) []byte {
+	if len(got) > 0 && got[0] == '\n' && len(out) > 0 && out[len(out)-1] != '\n' {
+		cuts[len(out)] = true
+	}
+	return append(out, got...)
+}
+
+// checkLines checks what a reader read against line(i) for i in
+// [first, total): every line whole and in order, each gap line's count
+// covering exactly the lines that are not there. A line ended by a cut
+// ('\n' of a mid-line gap line) is a fragment: a prefix of the line it
+// was, counted by the gap line that must follow it.
+func checkLines(out []byte, cuts map[int]bool, line func(int) string, first, total int) error {
+	next, off := first, 0
+	fragment := false
+	for len(out) > off {
+		j := bytes.IndexByte(out[off:], '\n')
+		if j < 0 {
+			return fmt.Errorf("unterminated last line %q", out[off:])
+		}
+		l := string(out[off : off+j])
+		cut := cuts[off+j]
+		off += j + 1
+		if next >= total {
+			return fmt.Errorf("line %q past the last line appended", l)
+		}
+		want := line(next)
+		if g, ok := gapCount(l); ok {
+			next += int(g)
+			fragment = false
+			continue
+		}
+		if fragment {
+			return fmt.Errorf("%q after a fragment, want a gap line", l)
+		}
+		if !strings.HasPrefix(want, l) || (len(l) < len(want) && !cut) {
+			return fmt.Errorf("line %q at byte %d, want %q, after %q", l, off, want, out[max(0, off-len(l)-200):off-len(l)-1])
+		}
+		if len(l) < len(want) {
+			// Only a cut may end a line early, and a gap line must say
+			// that the line was lost.
+			fragment = true
+			continue
+		}
+		next++
+	}
+	if fragment {
+		return fmt.Errorf("fragment at the end, without a gap line")
+	}
+	if next != total {
+		return fmt.Errorf("lines seen and reported missing end at %d, want %d", next, total)
+	}
+	return nil
 }
 
 // TestConcurrent runs one appender against several readers (meaningful
-// under -race) and checks every read sees whole lines of the expected form.
+// under -race): each reader sees whole lines in order, and its lines plus
+// the gap lines' counts make every line appended.
 func TestConcurrent(t *testing.T) {
-	s := New(1 << 10)
-	const lines = 5000
+	s := newStream(t, 1<<10, 4<<10)
+	const total = 20000
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
-	for r := 0; r < 3; r++ {
+	for i, size := range []int{1, 7, 100, 4096} {
+		r := s.NewReader()
 		wg.Go(func() {
-			buf := make([]byte, 256)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				_ = s.Size()
-				_ = s.Resets()
-				n, err := s.ReadAt(buf, 0)
-				if err != nil && !errors.Is(err, io.EOF) {
-					t.Errorf("ReadAt: %v", err)
-					return
-				}
-				// A read from offset 0 begins at a line start.
-				if n > 0 && !strings.HasPrefix(string(buf[:n]), "line ") {
-					t.Errorf("read from 0 starts mid-line: %q", buf[:n])
-					return
-				}
+			defer r.Close()
+			out, cuts := follow(t, r, size, stop)
+			name := func(i int) string { return fmt.Sprintf("line %d", i) }
+			if err := checkLines(out, cuts, name, 0, total); err != nil {
+				t.Errorf("reader %d (%d-byte reads): %v", i, size, err)
 			}
 		})
 	}
-	for i := range lines {
+	for i := range total {
 		s.Append(fmt.Appendf(nil, "line %d\n", i))
-		if i%1000 == 500 {
-			s.Truncate()
-		}
 	}
 	close(stop)
 	wg.Wait()
-	if s.Rotations() == 0 {
-		t.Errorf("expected rotations with limit 1 KiB and %d lines", lines)
-	}
-	got := content(t, s)
-	if !strings.HasSuffix(got, fmt.Sprintf("line %d\n", lines-1)) {
-		t.Errorf("content does not end with the last line: %q", got[max(0, len(got)-40):])
-	}
-	if !bytes.HasPrefix([]byte(got), []byte("line ")) {
-		t.Errorf("content does not start with a line: %q", got[:min(40, len(got))])
+	if s.Stats().Unread == 0 {
+		t.Log("no reader fell behind the hard bound this run")
 	}
 }
 
 func BenchmarkAppend(b *testing.B) {
-	s := New(1 << 20)
+	s := New(Options{Limit: 1 << 20, Dir: b.TempDir()})
+	defer s.Close()
 	line := []byte("record 12345: event=ptfs_t/e id=0x6c2 args=[1, 140728356930600] tid=4711 cpu=3 time=8061.235912410\n")
 	b.SetBytes(int64(len(line)))
 	b.ReportAllocs()
@@ -217,101 +658,131 @@ func BenchmarkAppend(b *testing.B) {
 	}
 }
 
-// FuzzAppend feeds arbitrary text, split into appends at 0xff bytes, and
-// compares with a line-at-a-time model of the documented bound.
-func FuzzAppend(f *testing.F) {
-	f.Add(uint8(8), []byte("ab\ncd\nef\n"))
-	f.Add(uint8(4), []byte("ab\n\xfftoolong\n\xffc\n"))
-	f.Add(uint8(1), []byte("\n\n\xff\n"))
-	f.Fuzz(func(t *testing.T, limit uint8, data []byte) {
-		s := New(int(limit) + 1)
-		var model []byte
-		var rotations, dropped uint64
-		for _, chunk := range bytes.Split(data, []byte{0xff}) {
-			s.Append(chunk)
-			for rest := chunk; len(rest) > 0; {
-				n := bytes.IndexByte(rest, '\n') + 1
-				if n == 0 {
-					n = len(rest)
+// BenchmarkFollow appends and reads back as a following reader does.
+func BenchmarkFollow(b *testing.B) {
+	s := New(Options{Limit: 1 << 20, Dir: b.TempDir()})
+	defer s.Close()
+	r := s.NewReader()
+	defer r.Close()
+	line := []byte("record 12345: event=ptfs_t/e id=0x6c2 args=[1, 140728356930600] tid=4711 cpu=3 time=8061.235912410\n")
+	buf := make([]byte, 128<<10)
+	var off int64
+	b.SetBytes(int64(len(line)))
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		s.Append(line)
+		if i%1000 == 999 {
+			for {
+				n, err := r.ReadAt(buf, off)
+				if err != nil {
+					break
 				}
-				line := rest[:n]
-				rest = rest[n:]
-				switch {
-				case len(line) > s.Limit():
-					dropped++
-				case len(model)+len(line) > s.Limit():
-					model = append(model[:0], line...)
-					rotations++
-				default:
-					model = append(model, line...)
-				}
+				off += int64(n)
 			}
 		}
-		if got := content(t, s); got != string(model) {
-			t.Fatalf("content %q, want %q", got, model)
-		}
-		if s.Size() > int64(s.Limit()) || s.memory() > s.memoryBound() {
-			t.Fatalf("size %d memory %d over limit %d", s.Size(), s.memory(), s.Limit())
-		}
-		if s.Rotations() != rotations || s.DroppedLines() != dropped {
-			t.Fatalf("rotations %d dropped %d, want %d %d", s.Rotations(), s.DroppedLines(), rotations, dropped)
-		}
-	})
+	}
 }
 
-// memory returns the bytes the stream holds allocated.
-func (s *Stream) memory() int {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	m := 0
-	for _, c := range s.chunks {
-		m += cap(c)
-	}
-	for _, c := range s.free {
-		m += cap(c)
-	}
-	return m
+// FuzzStream runs random sequences of appends, reads of every size by
+// several readers, reader opens and truncations, and checks what every
+// reader read: whole lines that were appended, in order, each at most
+// once, and gap lines that count exactly the lines it did not see.
+func FuzzStream(f *testing.F) {
+	f.Add(uint8(8), uint8(16), []byte{4, 0, 0, 5, 0, 7, 1, 9, 5, 1, 0, 3, 2, 60, 5, 3, 6, 0, 0, 1})
+	f.Add(uint8(30), uint8(0), []byte{4, 0, 3, 200, 5, 0, 6, 64, 7, 0, 0, 3, 4, 1, 5, 1})
+	f.Add(uint8(0), uint8(255), bytes.Repeat([]byte{0, 50, 4, 0, 5, 2, 3, 9}, 40))
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, limit, hard uint8, ops []byte) { fuzzStream(t, dir, limit, hard, ops) })
 }
 
-// memoryBound is the most memory a stream may hold: its limit rounded up
-// to whole chunks.
-func (s *Stream) memoryBound() int {
-	return (s.limit + s.chunk - 1) / s.chunk * s.chunk
-}
-
-// TestChunks reads across chunk boundaries and through a rotation of a
-// stream bigger than one chunk, against the same lines kept in one slice.
-func TestChunks(t *testing.T) {
-	s := New(3*maxChunk + 100)
-	var want []byte
-	for i := 0; len(want) < 2*maxChunk+maxChunk/2; i++ {
-		line := fmt.Appendf(nil, "record %d: %s\n", i, bytes.Repeat([]byte{'x'}, i%97))
-		s.Append(line)
-		want = append(want, line...)
-	}
-	if s.Size() != int64(len(want)) {
-		t.Fatalf("size %d, want %d", s.Size(), len(want))
-	}
-	buf := make([]byte, 128<<10)
-	for _, off := range []int{0, maxChunk - 10, maxChunk, 2*maxChunk - 1, len(want) - 5} {
-		n, err := s.ReadAt(buf, int64(off))
-		if err != nil {
-			t.Fatalf("ReadAt(%d): %v", off, err)
+// fuzzStream is FuzzStream's body.
+func fuzzStream(t *testing.T, dir string, limit, hard uint8, ops []byte) {
+	{
+		lim := int64(limit%64) + 8
+		s := New(Options{Limit: lim, HardLimit: lim + int64(hard), Dir: dir})
+		defer s.Close()
+		var all []string // lines since the last truncation
+		type reader struct {
+			r    *Reader
+			out  []byte
+			cuts map[int]bool
+			off  int64
 		}
-		if end := min(off+len(buf), len(want)); !bytes.Equal(buf[:n], want[off:end]) {
-			t.Fatalf("ReadAt(%d): %d bytes differ from the content", off, n)
+		var readers []*reader
+		// A gap line waits for the lines that cover it: a reader
+		// whose gap is still waiting must be in that state.
+		waiting := func(r *Reader) bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return r.pos < s.start && s.end()-s.start < gapMax
 		}
-	}
-	// Past the limit the stream starts over and reuses its chunks: a
-	// second round allocates nothing more.
-	for s.Rotations() == 0 {
-		s.Append(want[:maxChunk/4])
-	}
-	before := s.memory()
-	for s.Rotations() == 1 {
-		s.Append(want[:maxChunk/4])
-	}
-	if s.memory() != before || s.memory() > s.memoryBound() {
-		t.Errorf("memory %d after the second rotation, %d after the first, bound %d", s.memory(), before, s.memoryBound())
+		read := func(rd *reader, size int) bool {
+			buf := make([]byte, size)
+			n, err := rd.r.ReadAt(buf, rd.off)
+			if err != nil && !errors.Is(err, io.EOF) {
+				t.Fatalf("read: %v", err)
+			}
+			if n > 0 && buf[n-1] != '\n' && n != size {
+				t.Fatalf("read of %d returned a partial line %q", size, buf[:n])
+			}
+			rd.out = collect(rd.out, rd.cuts, buf[:n])
+			rd.off += int64(n)
+			return n > 0
+		}
+		check := func() {
+			for i, rd := range readers {
+				for read(rd, 13) {
+				}
+				if rd.off > s.Size() {
+					t.Fatalf("reader %d: file offset %d past the size %d", i, rd.off, s.Size())
+				}
+				total := len(all)
+				if waiting(rd.r) {
+					s.mu.Lock()
+					total = int(rd.r.line) // what it has been told of so far
+					s.mu.Unlock()
+				}
+				if err := checkLines(rd.out, rd.cuts, func(i int) string { return all[i] }, 0, total); err != nil {
+					t.Fatalf("reader %d, %d lines: %v\n%q", i, len(all), err, rd.out)
+				}
+				rd.r.Close()
+			}
+			readers = nil
+		}
+		line := func(arg byte) string {
+			l := strconv.Itoa(len(all)) + " "
+			return l + strings.Repeat("x", int(arg)%int(max(1, lim-int64(len(l)))))
+		}
+		for i := 0; i+1 < len(ops); i += 2 {
+			op, arg := ops[i], ops[i+1]
+			switch op % 8 {
+			case 0, 1, 2:
+				l := line(arg)
+				s.Append([]byte(l + "\n"))
+				all = append(all, l)
+			case 3: // several lines in one append
+				var b []byte
+				for range arg % 5 {
+					l := line(arg)
+					b = append(append(b, l...), '\n')
+					all = append(all, l)
+				}
+				s.Append(b)
+			case 4:
+				readers = append(readers, &reader{r: s.NewReader(), cuts: map[int]bool{}})
+			case 5, 6:
+				if len(readers) > 0 {
+					read(readers[int(arg)%len(readers)], int(arg)%70+1)
+				}
+			case 7:
+				check()
+				s.Truncate()
+				all = nil
+			}
+			if st := s.Stats(); st.Size-st.Start > s.hard {
+				t.Fatalf("window %d over the hard bound %d", st.Size-st.Start, s.hard)
+			}
+		}
+		check()
 	}
 }

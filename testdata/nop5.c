@@ -1,7 +1,9 @@
 /* nop5: calls hot(i, i+1) N times (argv[1]), as fast as it can or, with
- * argv[2], at that many calls per second (busy-waiting, so the rate holds
- * without sleeps). hot starts with a 5-byte NOP, the cheapest site for any
- * uprobe (and one that ptwrite uprobes always take). */
+ * argv[2] not 0, at that many calls per second (busy-waiting, so the rate
+ * holds without sleeps), in each of argv[3] threads (1 by default). hot
+ * starts with a 5-byte NOP, the cheapest site for any uprobe (and one that
+ * ptwrite uprobes always take). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -12,6 +14,8 @@ __attribute__((noinline, noipa)) unsigned long hot(unsigned long a, unsigned lon
 	return a * 31 + b;
 }
 
+static unsigned long n, rate;
+
 static unsigned long long now_ns(void)
 {
 	struct timespec ts;
@@ -20,10 +24,8 @@ static unsigned long long now_ns(void)
 	return ts.tv_sec * 1000000000ull + ts.tv_nsec;
 }
 
-int main(int argc, char **argv)
+static void *loop(void *arg)
 {
-	unsigned long n = argc > 1 ? strtoul(argv[1], 0, 0) : 100;
-	unsigned long rate = argc > 2 ? strtoul(argv[2], 0, 0) : 0;
 	unsigned long long start = now_ns();
 	unsigned long i, acc = 0;
 
@@ -33,6 +35,36 @@ int main(int argc, char **argv)
 				;
 		acc += hot(i, i + 1);
 	}
+	*(unsigned long *)arg = acc;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	unsigned long threads = argc > 3 ? strtoul(argv[3], 0, 0) : 1;
+	unsigned long i, acc = 0, *accs;
+	pthread_t *tids;
+
+	n = argc > 1 ? strtoul(argv[1], 0, 0) : 100;
+	rate = argc > 2 ? strtoul(argv[2], 0, 0) : 0;
+	if (threads < 1 || threads > 256) {
+		fprintf(stderr, "nop5: threads must be 1 to 256\n");
+		return 2;
+	}
+	accs = calloc(threads, sizeof(*accs));
+	tids = calloc(threads, sizeof(*tids));
+	if (!accs || !tids)
+		return 1;
+	for (i = 1; i < threads; i++)
+		if (pthread_create(&tids[i], 0, loop, &accs[i])) {
+			perror("nop5: pthread_create");
+			return 1;
+		}
+	loop(&accs[0]);
+	for (i = 1; i < threads; i++)
+		pthread_join(tids[i], 0);
+	for (i = 0; i < threads; i++)
+		acc += accs[i];
 	printf("acc=%lu\n", acc);
 	return 0;
 }

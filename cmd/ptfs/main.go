@@ -14,8 +14,9 @@ import (
 const usage = `usage: ptfs [-v] COMMAND [ARGS]
 
 commands:
-  mount [--mode auto|classic|ptw] [--max-stream BYTES] [--ring-pages N]
-        [--allow-other] [--readers GROUP] MOUNTPOINT [NAME=]BINARY...
+  mount [--mode auto|classic|ptw] [--max-stream BYTES] [--max-stream-hard BYTES]
+        [--stream-dir DIR] [--ring-pages N] [--allow-other] [--readers GROUP]
+        MOUNTPOINT [NAME=]BINARY...
         mount the tracing filesystem; runs until unmounted or signalled
   check print what this machine supports and which mode ptfs would use
   decode [--events DIR] [--packets] FILE...

@@ -29,7 +29,12 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 	fl := flag.NewFlagSet("mount", flag.ContinueOnError)
 	fl.SetOutput(stderr)
 	mode := fl.String("mode", "auto", "engine: auto, classic or ptw")
-	maxStream := fl.Int("max-stream", session.DefaultStreamLimit, "bound of each records file in bytes; past it the file starts over")
+	var so session.Options
+	fl.Int64Var(&so.Stream.Limit, "max-stream", session.DefaultStreamLimit,
+		"soft bound of each records file in bytes: what is kept for a reader that opens now")
+	fl.Int64Var(&so.Stream.HardLimit, "max-stream-hard", session.DefaultStreamHardLimit,
+		"hard bound of each records file in bytes, kept on disk while an open reader has not read it; past it the reader gets a gap line")
+	fl.StringVar(&so.Stream.Dir, "stream-dir", os.TempDir(), "directory of the unlinked files that hold the records beyond memory")
 	// 4 MiB a CPU: measured here, the 1 MiB rings lost 3-4% of the hits
 	// of a tight loop on a NOP site (~700,000 hits/s) and these none.
 	ringPages := fl.Int("ring-pages", 1024, "classic mode: per-CPU perf ring size in pages (a power of 2)")
@@ -58,6 +63,17 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ptfs:", err)
 		return 2
 	}
+	// A bound of a few lines would make gap lines wait for the lines that
+	// cover them (DESIGN §2).
+	if so.Stream.Limit < minStream || so.Stream.HardLimit < so.Stream.Limit {
+		fmt.Fprintf(stderr, "ptfs: want %d <= --max-stream (%d) <= --max-stream-hard (%d)\n",
+			minStream, so.Stream.Limit, so.Stream.HardLimit)
+		return 2
+	}
+	if err := checkStreamDir(so.Stream.Dir); err != nil {
+		fmt.Fprintln(stderr, "ptfs:", err)
+		return 2
+	}
 	// The mounting user owns the mount; the kernel has checked that it
 	// may mount, and tracing is its power (DESIGN §2, "Who may do what").
 	fo := fs.Options{
@@ -75,12 +91,28 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 		}
 		fo.GID, fo.GroupReads, fo.AllowOther = gid, true, true
 	}
-	so := session.Options{Mode: m, StreamLimit: *maxStream, RingPages: *ringPages, PT: pt}
+	so.Mode, so.RingPages, so.PT = m, *ringPages, pt
 	if err := mount(fl.Arg(0), fl.Args()[1:], so, fo); err != nil {
 		fmt.Fprintln(stderr, "ptfs:", err)
 		return 1
 	}
 	return 0
+}
+
+// minStream is the smallest bound of a records file.
+const minStream = 4096
+
+// checkStreamDir makes sure that the spill files of the streams can be
+// made in dir: a directory, given by the user of a root program.
+func checkStreamDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("--stream-dir: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("--stream-dir %s: %w", dir, syscall.ENOTDIR)
+	}
+	return nil
 }
 
 // targetArg splits a [NAME=]BINARY argument; the name defaults to the
