@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"ptfs/objfile"
@@ -257,4 +258,24 @@ func FuzzResolve(f *testing.F) {
 			b.Resolve(&Spec{Offset: fn.Offset})
 		}
 	})
+}
+
+// TestResolveAmbiguous: a name that functions at several addresses carry
+// (libc's memcpy: an IFUNC and an old version) is a spec error that names
+// two of them and says what to do instead.
+func TestResolveAmbiguous(t *testing.T) {
+	const libc = "/lib/x86_64-linux-gnu/libc.so.6"
+	if _, err := os.Stat(libc); err != nil {
+		t.Skipf("no libc: %v", err)
+	}
+	b := openBinary(t, libc)
+	_, err := b.Resolve(mustParse(t, "memcpy"))
+	want := regexp.MustCompile(`^bad probe spec: symbol "memcpy" names several functions \(at 0x[0-9a-f]+ and 0x[0-9a-f]+\): use a file offset$`)
+	var errno syscall.Errno
+	if !errors.Is(err, ErrSyntax) || !errors.As(err, &errno) || errno != syscall.EINVAL || !want.MatchString(err.Error()) {
+		t.Errorf("Resolve(memcpy) = %v, want ErrSyntax (EINVAL) matching %s", err, want)
+	}
+	if site, err := b.Resolve(mustParse(t, "strlen")); err != nil || site.Func != "strlen" || site.FuncOff != 0 {
+		t.Errorf("Resolve(strlen) = %+v, %v", site, err)
+	}
 }

@@ -37,7 +37,6 @@ func BenchmarkResolveLibc(b *testing.B) {
 	bin := openLibc(b)
 	fns := bin.Functions()
 	b.ReportAllocs()
-	b.ResetTimer()
 	for b.Loop() {
 		for i := range fns {
 			if _, err := bin.Resolve(&Spec{Offset: fns[i].Offset}); err != nil {
