@@ -5,15 +5,16 @@ import (
 	"bytes"
 	"debug/elf"
 	"errors"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+
+	"ptfs/objfile"
 )
 
 // builds are the flavours of testdata/sites.c the ELF tests run on.
@@ -25,7 +26,7 @@ var builds = []struct {
 	{"nopie", []string{"-fno-PIE", "-no-pie", "-fcf-protection=none"}},
 }
 
-func funcByName(t *testing.T, b *Binary, name string) Symbol {
+func funcByName(t *testing.T, b *Binary, name string) objfile.Symbol {
 	t.Helper()
 	for _, s := range b.Functions() {
 		if s.Name == name {
@@ -33,96 +34,7 @@ func funcByName(t *testing.T, b *Binary, name string) Symbol {
 		}
 	}
 	t.Fatalf("no function %q", name)
-	return Symbol{}
-}
-
-func TestFunctions(t *testing.T) {
-	for _, bd := range builds {
-		t.Run(bd.name, func(t *testing.T) {
-			path := buildC(t, "sites", bd.flags...)
-			b := openBinary(t, path)
-			fns := b.Functions()
-			if !sort.SliceIsSorted(fns, func(i, j int) bool { return fns[i].Addr < fns[j].Addr }) {
-				t.Error("functions not sorted by address")
-			}
-			seen := map[string]bool{}
-			for _, f := range fns {
-				k := f.Raw + "@" + strconv.FormatUint(f.Addr, 16)
-				if seen[k] {
-					t.Errorf("duplicate %s", k)
-				}
-				seen[k] = true
-			}
-			sites := funcByName(t, b, "sites")
-			if sites.Size != 45 || sites.Addr%4096 != 0 {
-				t.Errorf("sites = %+v, want size 45 at a page start", sites)
-			}
-			if pc := funcByName(t, b, "pagecross"); pc.Offset != sites.Offset+4093 || pc.Size != 4 {
-				t.Errorf("pagecross = %+v, sites at 0x%x", pc, sites.Offset)
-			}
-			if cxx := funcByName(t, b, "ns::fn(int)"); cxx.Raw != "_ZN2ns2fnEi" {
-				t.Errorf("ns::fn(int) raw name %q", cxx.Raw)
-			}
-			// The file offsets must agree with objdump's.
-			want := objdumpFuncOffsets(t, path)
-			for _, f := range fns {
-				off, ok := want[f.Raw]
-				if ok && off != f.Offset {
-					t.Errorf("%s: offset 0x%x, objdump says 0x%x", f.Raw, f.Offset, off)
-				}
-				delete(want, f.Raw)
-			}
-			for name := range want {
-				if !strings.HasPrefix(name, ".") && !strings.Contains(name, "@") {
-					t.Errorf("objdump lists function %s, Functions does not", name)
-				}
-			}
-		})
-	}
-}
-
-// objdumpFuncOffsets returns the file offset of every symbol that heads
-// disassembly in objdump -d -F output.
-func objdumpFuncOffsets(t *testing.T, path string) map[string]uint64 {
-	t.Helper()
-	out, err := exec.Command("objdump", "-d", "-F", path).Output()
-	if err != nil {
-		t.Skipf("objdump not usable for the cross-check: %v", err)
-	}
-	re := regexp.MustCompile(`^[0-9a-f]+ <([^>]+)> \(File Offset: 0x([0-9a-f]+)\):$`)
-	m := map[string]uint64{}
-	for _, l := range strings.Split(string(out), "\n") {
-		if g := re.FindStringSubmatch(l); g != nil {
-			off, _ := strconv.ParseUint(g[2], 16, 64)
-			m[g[1]] = off
-		}
-	}
-	if len(m) == 0 {
-		t.Fatal("objdump listed no functions")
-	}
-	return m
-}
-
-func TestAppendSymbols(t *testing.T) {
-	tests := []struct {
-		syms []Symbol
-		want string
-	}{
-		{nil, ""},
-		{[]Symbol{{Name: "main", Offset: 0x1040, Size: 37}}, "0x1040 37 main\n"},
-		{[]Symbol{{Name: "a", Offset: 0, Size: 0}, {Name: "ns::fn(int)", Raw: "_ZN2ns2fnEi", Offset: 0xabc, Size: 5}},
-			"0x0 0 a\n0xabc 5 ns::fn(int)\n"},
-	}
-	for _, tt := range tests {
-		if got := string(AppendSymbols([]byte("x"), tt.syms)); got != "x"+tt.want {
-			t.Errorf("AppendSymbols(%v) = %q, want %q", tt.syms, got, "x"+tt.want)
-		}
-	}
-	if n := testing.AllocsPerRun(100, func() {
-		AppendSymbols(make([]byte, 0, 256), tests[2].syms)
-	}); n > 1 {
-		t.Errorf("AppendSymbols allocates %v times into a big enough buffer", n)
-	}
+	return objfile.Symbol{}
 }
 
 func TestResolve(t *testing.T) {
@@ -194,7 +106,7 @@ func TestResolve(t *testing.T) {
 				}
 			}
 			// A non-executable PT_LOAD segment that lies after the text.
-			for _, p := range b.loads {
+			for _, p := range b.Segments() {
 				if p.Flags&elf.PF_X == 0 && p.Filesz > 0 && p.Off > sites.Offset {
 					_, err := b.Resolve(&Spec{Offset: p.Off + p.Filesz/2})
 					if !errors.Is(err, ErrBadSite) || !strings.Contains(err.Error(), "non-executable") {
@@ -316,42 +228,6 @@ func TestResolveBoundariesObjdump(t *testing.T) {
 	}
 }
 
-func TestOpenErrors(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name string, data []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	bin, err := os.ReadFile(buildC(t, "sites"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	i386 := append([]byte(nil), bin...)
-	i386[18] = byte(elf.EM_386) // e_machine
-	tests := []struct {
-		path string
-		want error
-	}{
-		{filepath.Join(dir, "missing"), fs.ErrNotExist},
-		{write("text", []byte("#!/bin/sh\necho hi\n")), ErrBadBinary},
-		{write("empty", nil), ErrBadBinary},
-		{write("truncated", bin[:100]), ErrBadBinary},
-		{write("i386", i386), ErrBadBinary},
-	}
-	for _, tt := range tests {
-		b, err := Open(tt.path)
-		if !errors.Is(err, tt.want) {
-			t.Errorf("Open(%s) = %v, %v; want %v", filepath.Base(tt.path), b, err, tt.want)
-		}
-		if b != nil {
-			b.Close()
-		}
-	}
-}
-
 // FuzzResolve opens mutated ELF files and resolves sites in them: bad input
 // must give errors, never a panic or a hang.
 func FuzzResolve(f *testing.F) {
@@ -376,10 +252,30 @@ func FuzzResolve(f *testing.F) {
 			return
 		}
 		defer b.Close()
-		AppendSymbols(nil, b.Functions())
+		objfile.AppendSymbols(nil, b.Functions())
 		b.Resolve(s)
 		for _, fn := range b.Functions() {
 			b.Resolve(&Spec{Offset: fn.Offset})
 		}
 	})
+}
+
+// TestResolveAmbiguous: a name that functions at several addresses carry
+// (libc's memcpy: an IFUNC and an old version) is a spec error that names
+// two of them and says what to do instead.
+func TestResolveAmbiguous(t *testing.T) {
+	const libc = "/lib/x86_64-linux-gnu/libc.so.6"
+	if _, err := os.Stat(libc); err != nil {
+		t.Skipf("no libc: %v", err)
+	}
+	b := openBinary(t, libc)
+	_, err := b.Resolve(mustParse(t, "memcpy"))
+	want := regexp.MustCompile(`^bad probe spec: symbol "memcpy" names several functions \(at 0x[0-9a-f]+ and 0x[0-9a-f]+\): use a file offset$`)
+	var errno syscall.Errno
+	if !errors.Is(err, ErrSyntax) || !errors.As(err, &errno) || errno != syscall.EINVAL || !want.MatchString(err.Error()) {
+		t.Errorf("Resolve(memcpy) = %v, want ErrSyntax (EINVAL) matching %s", err, want)
+	}
+	if site, err := b.Resolve(mustParse(t, "strlen")); err != nil || site.Func != "strlen" || site.FuncOff != 0 {
+		t.Errorf("Resolve(strlen) = %+v, %v", site, err)
+	}
 }

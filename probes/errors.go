@@ -1,10 +1,14 @@
 // Package probes turns probe specs into kernel uprobes: the spec grammar, the
-// ELF symbols and site checks of the probed binary, the ptwrite verdict of a
-// site, the tracefs lines of classic and ptwrite uprobes, and the tracefs
-// client that installs and removes them.
+// resolution and check of a site in the probed binary (on objfile and
+// x86insn), the ptwrite verdict of a site, the tracefs lines of classic and
+// ptwrite uprobes, and the tracefs client that installs and removes them.
 package probes
 
-import "syscall"
+import (
+	"syscall"
+
+	"ptfs/objfile"
+)
 
 // probeError is a sentinel error that also unwraps to the errno the FUSE
 // layer returns for it, so callers can use errors.Is with the sentinel and
@@ -25,8 +29,9 @@ var (
 	// ErrBadSite reports a site outside an executable segment, inside an
 	// instruction or beyond the file (EINVAL).
 	ErrBadSite error = &probeError{"bad probe site", syscall.EINVAL}
-	// ErrNoSymbol reports a symbol that the binary does not define (ENOENT).
-	ErrNoSymbol error = &probeError{"no such symbol", syscall.ENOENT}
+	// ErrNoSymbol reports a symbol that the binary does not define
+	// (ENOENT); it is objfile's.
+	ErrNoSymbol = objfile.ErrNoSymbol
 	// ErrRefused reports a site or probe that the kernel or the ptwrite site
 	// rules refuse (EOPNOTSUPP).
 	ErrRefused error = &probeError{"probe refused", syscall.EOPNOTSUPP}
@@ -40,9 +45,10 @@ var (
 	// the grammar ptfs writes (EINVAL); it is never written.
 	ErrBadLine error = &probeError{"refused tracefs command", syscall.EINVAL}
 	// ErrNotRegular reports a binary path that names something other than
-	// a regular file: a FIFO, socket, device or directory (EINVAL).
-	ErrNotRegular error = &probeError{"not a regular file", syscall.EINVAL}
+	// a regular file: a FIFO, socket, device or directory (EINVAL); it is
+	// objfile's.
+	ErrNotRegular = objfile.ErrNotRegular
 	// ErrBadBinary reports a file that is not an x86-64 ELF file or is
-	// malformed (ENOEXEC).
-	ErrBadBinary error = &probeError{"not a usable x86-64 ELF file", syscall.ENOEXEC}
+	// malformed (ENOEXEC); it is objfile's.
+	ErrBadBinary = objfile.ErrBadBinary
 )

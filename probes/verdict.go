@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"ptfs/x86insn"
 )
 
 // VerdictKind classifies a site for ptwrite uprobes.
@@ -71,54 +73,17 @@ func (v Verdict) Err() error {
 // pageSize is the granule that a 5-byte patch window must not cross.
 const pageSize = 4096
 
-// insn is one decoded instruction; x86asm leaves endbr64/endbr32 undecoded,
-// so those carry Op 0 and their own text.
-type insn struct {
-	inst x86asm.Inst
-	text string
-	len  int
-}
-
-// decodeInsn decodes the 64-bit instruction at the start of code, located at
-// virtual address pc.
-func decodeInsn(code []byte, pc uint64) (insn, error) {
-	if len(code) >= 4 && code[0] == 0xf3 && code[1] == 0x0f && code[2] == 0x1e && (code[3] == 0xfa || code[3] == 0xfb) {
-		name := "endbr64"
-		if code[3] == 0xfb {
-			name = "endbr32"
-		}
-		return insn{text: name, len: 4}, nil
-	}
-	in, err := x86asm.Decode(code, 64)
-	if err != nil {
-		return insn{}, fmt.Errorf("undecodable bytes % x", head(code, 4))
-	}
-	// A bare prefix decodes as Op 0 without an error: it is not an
-	// instruction we can reason about.
-	if in.Op == 0 || in.Len == 0 {
-		return insn{}, fmt.Errorf("unknown instruction % x", head(code, 4))
-	}
-	return insn{inst: in, text: x86asm.GNUSyntax(in, pc, nil), len: in.Len}, nil
-}
-
-func head(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[:n]
-	}
-	return b
-}
-
 // verdict classifies the site at virtual address addr holding in, with
 // code the bytes from the site on (at least five when the file has them).
-func verdict(multiNop bool, in insn, code []byte, addr uint64) Verdict {
-	v := Verdict{Insn: in.text}
+func verdict(multiNop bool, in x86insn.Inst, code []byte, addr uint64) Verdict {
+	v := Verdict{Insn: in.Text}
 	refuse := func(format string, a ...any) Verdict {
 		v.Kind, v.Reason = Refused, fmt.Sprintf(format, a...)
 		return v
 	}
 	if multiNop {
 		if len(code) < 5 || code[0] != 0x90 || code[1] != 0x90 || code[2] != 0x90 || code[3] != 0x90 || code[4] != 0x90 {
-			return refuse("%%multinop: the bytes at 0x%x are not five 1-byte nops (% x)", addr, head(code, 5))
+			return refuse("%%multinop: the bytes at 0x%x are not five 1-byte nops (% x)", addr, code[:min(len(code), 5)])
 		}
 		if addr%8 != 0 {
 			return refuse("%%multinop: address 0x%x is not 8-byte aligned (the site is patched with one 8-byte store)", addr)
@@ -132,7 +97,7 @@ func verdict(multiNop bool, in insn, code []byte, addr uint64) Verdict {
 	switch {
 	case multiNop:
 		v.Kind = MultiNop
-	case in.inst.Op == x86asm.NOP && in.len == 5:
+	case in.Op == x86asm.NOP && in.Len == 5:
 		v.Kind = Nop5
 	default:
 		v.Kind = Pun
@@ -141,28 +106,26 @@ func verdict(multiNop bool, in insn, code []byte, addr uint64) Verdict {
 }
 
 // refusedInsn returns why ptwrite uprobes refuse an instruction, or "".
-func refusedInsn(in insn) string {
-	i := in.inst
-	switch i.Op {
+func refusedInsn(in x86insn.Inst) string {
+	switch in.Op {
 	case x86asm.INT, x86asm.ICEBP, x86asm.INTO, x86asm.IRET, x86asm.IRETD, x86asm.IRETQ:
-		return in.text + " (a trap saves the IP)"
+		return in.Text + " (a trap saves the IP)"
 	case x86asm.SYSCALL, x86asm.SYSENTER, x86asm.SYSEXIT, x86asm.SYSRET:
-		return in.text + " (a system instruction saves the IP)"
+		return in.Text + " (a system instruction saves the IP)"
 	case x86asm.LJMP, x86asm.LCALL:
-		return in.text + " (far control flow)"
+		return in.Text + " (far control flow)"
 	}
-	if _, rel := i.Args[0].(x86asm.Rel); rel {
-		if i.Op == x86asm.CALL {
-			return "call rel32 (its return address would point into the stub)"
-		}
+	switch {
+	case in.Class == x86insn.Call:
+		return "call rel32 (its return address would point into the stub)"
+	case in.RelWidth != 0:
 		size := "rel32"
-		if i.PCRel == 1 {
+		if in.RelWidth == 1 {
 			size = "rel8"
 		}
-		return fmt.Sprintf("%s %s (relative branch: the stub may not reach its target)", in.text, size)
-	}
-	if i.Op == x86asm.CALL {
-		return in.text + " (indirect call: its return address would point into the stub)"
+		return fmt.Sprintf("%s %s (relative branch: the stub may not reach its target)", in.Text, size)
+	case in.Class == x86insn.IndirectCall:
+		return in.Text + " (indirect call: its return address would point into the stub)"
 	}
 	return ""
 }

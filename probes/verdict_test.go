@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"ptfs/x86insn"
 )
 
 func TestVerdict(t *testing.T) {
@@ -59,7 +61,7 @@ func TestVerdict(t *testing.T) {
 		{"pun at page start", []byte{0x55}, 0x3000, false, Pun, "pun"},
 	}
 	for _, tt := range tests {
-		in, err := decodeInsn(tt.code, tt.addr)
+		in, err := x86insn.Decode(tt.code, tt.addr)
 		if err != nil {
 			t.Errorf("%s: decode % x: %v", tt.name, tt.code, err)
 			continue
@@ -73,33 +75,6 @@ func TestVerdict(t *testing.T) {
 		}
 		if err := v.Err(); (err != nil) != (v.Kind == Refused) || err != nil && (!errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), v.Reason)) {
 			t.Errorf("%s: Err() = %v for %v", tt.name, err, v)
-		}
-	}
-}
-
-func TestDecodeInsnErrors(t *testing.T) {
-	for _, code := range [][]byte{
-		{},
-		{0xf3},             // a bare prefix: x86asm gives Op 0
-		{0xce},             // into: invalid in 64-bit mode
-		{0xea, 1, 2, 3, 4}, // far jmp ptr16:32: invalid in 64-bit mode
-		{0x0f, 0x1f},       // truncated
-		{0xf3, 0x0f, 0x1e}, // truncated endbr
-	} {
-		if in, err := decodeInsn(code, 0x1000); err == nil {
-			t.Errorf("decode % x = %q, want error", code, in.text)
-		}
-	}
-	for _, tt := range []struct {
-		code []byte
-		text string
-	}{
-		{[]byte{0xf3, 0x0f, 0x1e, 0xfa, 0x55}, "endbr64"},
-		{[]byte{0xf3, 0x0f, 0x1e, 0xfb}, "endbr32"},
-	} {
-		in, err := decodeInsn(tt.code, 0x1000)
-		if err != nil || in.text != tt.text || in.len != 4 {
-			t.Errorf("decode % x = %q/%d, %v; want %s/4", tt.code, in.text, in.len, err, tt.text)
 		}
 	}
 }

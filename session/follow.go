@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"ptfs/objfile"
 	"ptfs/probes"
 )
 
@@ -28,7 +29,7 @@ import (
 // an error only when the path names a file that cannot be used; the
 // probes then stay where they are. Called holding change.
 func (t *Target) follow() error {
-	id, err := probes.StatID(t.path)
+	id, err := objfile.StatID(t.path)
 	if err != nil {
 		state := "path gone: the probes stay on the file they were installed on"
 		if !errors.Is(err, fs.ErrNotExist) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"ptfs/internal/testkit"
+	"ptfs/objfile"
 	"ptfs/probes"
 	"ptfs/probes/probetest"
 )
@@ -56,7 +57,7 @@ func waitFor(t *testing.T, what string, cond func() (string, bool)) {
 // fileLine is the probe file's line naming the file at path.
 func fileLine(t *testing.T, path string) string {
 	t.Helper()
-	id, err := probes.StatID(path)
+	id, err := objfile.StatID(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,9 +144,9 @@ func TestFollowPath(t *testing.T) {
 	}
 
 	// A rewrite in place (same inode) with other content.
-	before, _ := probes.StatID(path)
+	before, _ := objfile.StatID(path)
 	copyFile(t, orig, path)
-	if after, _ := probes.StatID(path); !after.SameFile(before) {
+	if after, _ := objfile.StatID(path); !after.SameFile(before) {
 		t.Fatal("the rewrite made a new inode")
 	}
 	waitFor(t, "the probe to follow the rewrite in place", installedAt(offOrig))

@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"ptfs/decode"
+	"ptfs/objfile"
 	"ptfs/probes"
 	"ptfs/stream"
 )
@@ -115,7 +116,7 @@ func (t *Target) Symbols() ([]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.syms == nil {
-		t.syms = probes.AppendSymbols([]byte{}, t.bin.Functions())
+		t.syms = objfile.AppendSymbols([]byte{}, t.bin.Functions())
 	}
 	return t.syms, nil
 }

@@ -1,0 +1,58 @@
+// Package objfile reads object files: the x86-64 ELF images of executables
+// and shared libraries that ptfs probes and whose code it decodes. It opens
+// them without blocking, turns any panic of debug/elf into an error, maps
+// file offsets to addresses through the PT_LOAD segments, merges the
+// function symbols of .symtab and .dynsym, finds the function holding an
+// address by binary search, and reads code bytes. It knows nothing of
+// probes or traces.
+package objfile
+
+import (
+	"fmt"
+	"syscall"
+)
+
+// fileError is a sentinel error that also unwraps to the errno the FUSE
+// layer answers with, so callers use errors.Is with the sentinel and
+// errors.As with syscall.Errno on the same error.
+type fileError struct {
+	msg   string
+	errno syscall.Errno
+}
+
+func (e *fileError) Error() string { return e.msg }
+
+func (e *fileError) Unwrap() error { return e.errno }
+
+// Sentinel errors. Each unwraps to the errno named in its comment.
+var (
+	// ErrNotRegular reports a path that names something other than a
+	// regular file: a FIFO, socket, device or directory (EINVAL).
+	ErrNotRegular error = &fileError{"not a regular file", syscall.EINVAL}
+	// ErrBadBinary reports a file that is not an x86-64 ELF file or is
+	// malformed (ENOEXEC).
+	ErrBadBinary error = &fileError{"not a usable x86-64 ELF file", syscall.ENOEXEC}
+	// ErrNoSymbol reports a function name that the file does not define
+	// (ENOENT).
+	ErrNoSymbol error = &fileError{"no such symbol", syscall.ENOENT}
+	// ErrAmbiguous reports a name that several functions at different
+	// addresses carry (EINVAL).
+	ErrAmbiguous error = &fileError{"ambiguous symbol", syscall.EINVAL}
+	// ErrNoCode reports an address outside the file image of every
+	// PT_LOAD segment (EINVAL).
+	ErrNoCode error = &fileError{"address not in the file", syscall.EINVAL}
+)
+
+// ambiguousError is the error of a lookup by a name that several functions
+// carry: it wraps ErrAmbiguous, and its text names two of them by file
+// offset.
+type ambiguousError struct {
+	name string
+	a, b uint64
+}
+
+func (e *ambiguousError) Error() string {
+	return fmt.Sprintf("symbol %q names several functions (at 0x%x and 0x%x)", e.name, e.a, e.b)
+}
+
+func (e *ambiguousError) Unwrap() error { return ErrAmbiguous }
