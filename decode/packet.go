@@ -387,22 +387,12 @@ const (
 // the 0x02 escape at [256, 512).
 var ops = buildOps()
 
-// ipcInfo is the last-IP decompression of one IPBytes value: the last-IP
-// bits kept, and whether the payload is sign-extended from bit 47.
-var ipcInfo = [8]struct{ keep, sext uint64 }{
-	IPCUpdate16: {keep: ^uint64(0xffff)},
-	IPCUpdate32: {keep: ^uint64(0xffffffff)},
-	IPCSext48:   {sext: ^uint64(0)},
-	IPCUpdate48: {keep: ^uint64(0xffffffffffff)},
-}
-
 func buildOps() (t [512]opInfo) {
-	ipLen := [8]int{0, 2, 4, 6, 6, -1, 8, -1}
 	for b := 0; b < 256; b++ {
 		o := &t[b]
 		o.post = postBadOpc
 		ip := func(k Kind) {
-			n := ipLen[b>>5]
+			n := int(ipCompressions[b>>5].size)
 			if n < 0 {
 				*o = opInfo{kind: k, post: postBadPkt}
 				return
@@ -541,11 +531,14 @@ func buildFastTab() (t fastTables) {
 		t.sizeClass[i] = uint16(o.size)
 		f.mask = lowMask[o.plen&15]
 		f.pl8 = o.pl8
+		// ipTNT's masks are ipCompression.apply split by what fast needs:
+		// bits 47:0 of a sign-extended IP are the payload's already.
 		f.keep = ^uint64(0)
 		if o.ipSel != 0 {
+			c := &ipCompressions[o.ipc&7]
 			f.ipMask = ^uint64(0)
-			f.keep = ipcInfo[o.ipc&7].keep
-			f.sextHi = ipcInfo[o.ipc&7].sext &^ 0xffffffffffff
+			f.keep = c.keep
+			f.sextHi = c.sext &^ lowMask[6]
 		}
 		f.tntSel = o.tntSel
 		f.img[0] = uint64(o.flags)<<32 | uint64(o.kind)<<48 | uint64(o.size)<<56
@@ -775,8 +768,9 @@ type tntStop struct{ n, stop uint64 }
 // packet with payload v, and, for TNT packets, the stop bit (for the others
 // it is computed and dropped by the caller's masks).
 func (o *fastOp) ipTNT(v, last uint64) (uint64, tntStop) {
-	// No variable shifts: they need CX, and the register allocator
-	// spilled loop state to free it.
+	// ipCompression.apply by the masks buildFastTab takes from it. No
+	// variable shifts: they need CX, and the register allocator spilled
+	// loop state to free it.
 	ip := v&o.ipMask | last&o.keep | uint64(int64(v<<16)>>16)&o.sextHi
 	// n is the highest set bit, which the payload drops (BTR).
 	n := uint(bits.Len64(v|1) - 1)
@@ -836,9 +830,7 @@ func (d *PacketDecoder) one(p *Packet) error {
 	if v|^o.tntSel == 0 {
 		return d.fail(ErrBadPacket) // TNT without a stop bit
 	}
-	ic := &ipcInfo[o.ipc&7]
-	ip := v | last&ic.keep
-	ip = ip&^ic.sext | uint64(int64(v<<16)>>16)&ic.sext
+	ip := ipCompressions[o.ipc&7].apply(last, v)
 	n := bits.Len64(v|1) - 1
 	p.Offset, p.Payload, p.IP, p.Aux = uint64(pos), v&^(o.tntSel&(1<<uint(n))), ip&o.ipSel, 0
 	p.Flags, p.Kind, p.Size, p.Bits, p.IPC, p.Type = o.flags, o.kind, uint8(size), o.bits|uint8(n)&uint8(o.tntSel), o.ipc, 0

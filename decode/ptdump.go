@@ -531,42 +531,27 @@ func appendJoin(b []byte, on bool, s string) []byte {
 func appendIPPayload(b []byte, p *Packet) []byte {
 	b = append(b, byte('0'+p.IPC))
 	b = append(b, ": "...)
-	switch p.IPC {
-	case IPCSuppressed:
-		return append(b, "????????????????"...)
-	case IPCUpdate16:
-		b = append(b, "????????????"...)
-		return appendHex(b, p.Payload, 4)
-	case IPCUpdate32:
-		b = append(b, "????????"...)
-		return appendHex(b, p.Payload, 8)
-	case IPCUpdate48:
-		b = append(b, "????"...)
-		return appendHex(b, p.Payload, 12)
-	case IPCSext48:
-		return appendHex(b, uint64(int64(p.Payload<<16)>>16), 16)
+	// The digits the last IP would give are '?'; the rest is the IP with
+	// no last IP (a sign-extended payload prints extended).
+	c := &ipCompressions[p.IPC&7]
+	unknown := c.unknownDigits()
+	b = append(b, "????????????????"[:unknown]...)
+	if unknown == 16 {
+		return b
 	}
-	return appendHex(b, p.Payload, 16)
+	return appendHex(b, c.apply(0, p.Payload), 16-unknown)
 }
 
 // trackLastIP is libipt's pt_last_ip update and query, as ptdump uses them.
 func (l *Ptdump) trackLastIP(dst []byte, p *Packet) []byte {
 	l.id = append(l.id, "ip"...)
-	switch p.IPC {
-	case IPCSuppressed:
+	// The same rule as the decoder's; what differs is the state around it,
+	// as in libipt: l.ip survives a PSB (only Reset, after a decode
+	// error, clears it), and a suppressed IP leaves it but marks it suppressed.
+	l.ip = ipCompressions[p.IPC&7].apply(l.ip, p.Payload)
+	if p.IPC == IPCSuppressed {
 		l.suppressed = true
-	case IPCUpdate16:
-		l.ip = l.ip&^0xffff | p.Payload
-	case IPCUpdate32:
-		l.ip = l.ip&^0xffffffff | p.Payload
-	case IPCUpdate48:
-		l.ip = l.ip&^0xffffffffffff | p.Payload
-	case IPCSext48:
-		l.ip = uint64(int64(p.Payload<<16) >> 16)
-	default:
-		l.ip = p.Payload
-	}
-	if p.IPC != IPCSuppressed {
+	} else {
 		l.haveIP, l.suppressed = true, false
 	}
 	switch {

@@ -16,23 +16,20 @@ type ptTime struct {
 // tcalFCRShift is libipt's pt_tcal_fcr_shr: FCR values carry 8 fraction bits.
 const tcalFCRShift = 8
 
-// ctcDelta is the CTC distance, correcting one wrap-around.
-func ctcDelta(ctc, last uint32, o *PtdumpOptions) (uint32, ptErr) {
+// ctcDeltaFC is the distance from CTC last to ctc, correcting one
+// wrap-around, in fast-counter units (cpuid 0x15 ratio): libipt's
+// pt_time_ctc_delta then pt_time_ctc_fc, which it always calls in a pair.
+func ctcDeltaFC(ctc, last uint32, o *PtdumpOptions) (uint64, ptErr) {
 	if ctc < last {
 		ctc += 1 << (uint(o.MTCFreq) + 8)
 		if ctc < last {
 			return 0, pteBadPacket
 		}
 	}
-	return ctc - last, pteOK
-}
-
-// ctcFC converts CTC units to fast-counter units (cpuid 0x15 ratio).
-func ctcFC(ctc uint64, o *PtdumpOptions) (uint64, ptErr) {
 	if o.CPUID15EAX == 0 || o.CPUID15EBX == 0 {
 		return 0, pteBadConfig
 	}
-	return ctc * uint64(o.CPUID15EBX) / uint64(o.CPUID15EAX), pteOK
+	return uint64(ctc-last) * uint64(o.CPUID15EBX) / uint64(o.CPUID15EAX), pteOK
 }
 
 func (t *ptTime) updateTSC(tsc uint64) {
@@ -98,11 +95,7 @@ func (t *ptTime) updateMTC(payload uint64, o *PtdumpOptions) ptErr {
 		}
 		last |= hi
 	}
-	delta, e := ctcDelta(ctc, last, o)
-	if e != pteOK {
-		return e
-	}
-	tsc, e := ctcFC(uint64(delta), o)
+	tsc, e := ctcDeltaFC(ctc, last, o)
 	if e != pteOK {
 		return e
 	}
@@ -117,11 +110,7 @@ func (t *ptTime) adjustCYC(cyc uint64, o *PtdumpOptions, fcr uint64) (uint64, pt
 	if t.ctc == t.ctcCyc {
 		return cyc, pteOK
 	}
-	delta, e := ctcDelta(t.ctc, t.ctcCyc, o)
-	if e != pteOK {
-		return cyc, e
-	}
-	fc, e := ctcFC(uint64(delta), o)
+	fc, e := ctcDeltaFC(t.ctc, t.ctcCyc, o)
 	if e != pteOK {
 		return cyc, e
 	}
@@ -222,11 +211,7 @@ func (c *ptTcal) updateMTC(payload uint64, o *PtdumpOptions) ptErr {
 		return pteOK
 	}
 	c.cycMTC, c.ctc = 0, ctc
-	delta, e := ctcDelta(ctc, last, o)
-	if e != pteOK {
-		return e
-	}
-	fc, e := ctcFC(uint64(delta), o)
+	fc, e := ctcDeltaFC(ctc, last, o)
 	if e != pteOK {
 		return e
 	}

@@ -102,10 +102,6 @@ type Assembler struct {
 // maxPacket is the longest packet (PSB); a longer CYC is an error.
 const maxPacket = 16
 
-// ipPayloadSize maps an IP packet's IPBytes field to its payload size; -1 is
-// reserved.
-var ipPayloadSize = [8]int8{0, 2, 4, 6, 6, -1, 8, -1}
-
 // NewAssembler returns an assembler for one CPU's stream that looks event
 // ids up in events and writes to out. CPU and TID start unknown (-1).
 // The assembler keeps its own copy of the table; see SetEvents.
@@ -367,7 +363,7 @@ func (a *Assembler) scan(buf []byte, pos int) int {
 		case b&7 == 3: // one-byte CYC
 			pos++
 		case b&0x1f == 0x1d, b&0x1f == 0x0d, b&0x1f == 0x11, b&0x1f == 0x01: // FUP, TIP*
-			sz := int(ipPayloadSize[b>>5])
+			sz := int(ipCompressions[b>>5].size)
 			if sz < 0 || pos+1+sz > n {
 				return pos
 			}
@@ -585,13 +581,8 @@ func (a *Assembler) ip(ipc uint8, v uint64) uint64 {
 	if ipc == IPCSuppressed {
 		return 0
 	}
-	// By masks, as the packet decoder does: a switch on the compression
-	// mispredicts.
-	ic := &ipcInfo[ipc&7]
-	v |= a.lastIP & ic.keep
-	v = v&^ic.sext | uint64(int64(v<<16)>>16)&ic.sext
-	a.lastIP = v
-	return v
+	a.lastIP = ipCompressions[ipc&7].apply(a.lastIP, v)
+	return a.lastIP
 }
 
 // fup gives a manual ptwrite waiting for its FUP the FUP's IP.
