@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"ptfs/bind"
 	"ptfs/capture"
 	"ptfs/cred"
 	"ptfs/fs"
@@ -136,7 +137,7 @@ func mount(dir string, targets []string, so session.Options, opts fs.Options) er
 			return errors.Join(err, s.Close())
 		}
 	}
-	server, err := fs.Mount(dir, s, opts)
+	server, err := fs.Mount(dir, bind.Tracer[*session.Target](s), opts)
 	if err != nil {
 		return errors.Join(err, s.Close())
 	}
