@@ -24,6 +24,9 @@ import (
 	"ptfs/session"
 )
 
+// mountSynopsis is the first line of the mount usage.
+const mountSynopsis = "usage: ptfs mount [flags] MOUNTPOINT [NAME=]BINARY..."
+
 // runMount implements `ptfs mount`: it serves the mount until it is
 // unmounted or the process gets SIGINT/SIGTERM, then removes every probe.
 func runMount(args []string, stdout, stderr io.Writer) int {
@@ -49,6 +52,7 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 	readers := fl.String("readers", "", "group `GROUP` (name or gid) whose members may read records, branches and probes; implies --allow-other")
 	verbose := fl.Bool("v", false, "debug logging")
 	fuseDebug := fl.Bool("fuse-debug", false, "log every FUSE request")
+	fl.Usage = flagUsage(fl, mountSynopsis)
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
@@ -56,7 +60,7 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 		logrus.SetLevel(logrus.DebugLevel)
 	}
 	if fl.NArg() < 1 {
-		fmt.Fprintln(stderr, "usage: ptfs mount [flags] MOUNTPOINT [NAME=]BINARY...")
+		fmt.Fprintln(stderr, mountSynopsis)
 		return 2
 	}
 	m, err := session.ParseMode(*mode)
