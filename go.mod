@@ -1,6 +1,6 @@
 module ptfs
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/hanwen/go-fuse/v2 v2.12.1

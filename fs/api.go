@@ -1,7 +1,8 @@
 // Package fs presents a ptfs tracing engine as a FUSE file system (DESIGN §2).
 //
 // It only adapts to FUSE: the engine behind the Tracer and Target
-// interfaces installs probes and produces the text; this package maps file
+// interfaces (each composed of the small interfaces its nodes use)
+// installs probes and produces the text; this package maps file
 // operations onto those calls and their errors onto errnos.
 package fs
 
@@ -18,10 +19,19 @@ import (
 	"ptfs/stream"
 )
 
-// Tracer is the engine behind a mount.
-type Tracer interface {
-	// Status returns the content of the root `status` file.
+// The engine is seen through small interfaces, one for what each node
+// needs, so that a node depends on no more of the engine than it uses and
+// an engine (package session) satisfies them without importing fs.
+
+// Reporter makes the content of a `status` file: the root's or a
+// target's.
+type Reporter interface {
+	// Status returns the content of the `status` file.
 	Status() []byte
+}
+
+// TargetSet is the set of targets behind the root directory.
+type TargetSet interface {
 	// Targets returns the targets present at mount time.
 	Targets() []Target
 	// AddTarget starts tracing the binary at path as directory name
@@ -32,16 +42,26 @@ type Tracer interface {
 	RemoveTarget(name string) error
 }
 
-// Target is one traced binary, a directory of the mount.
-type Target interface {
-	// Name returns the directory name.
-	Name() string
+// Tracer is the engine behind a mount: the root `status` and the targets.
+type Tracer interface {
+	Reporter
+	TargetSet
+}
+
+// Exe is the binary behind the `exe` symlink.
+type Exe interface {
 	// Path returns the binary's path, the target of the `exe` symlink.
 	Path() string
-	// Status returns the content of the target's `status` file.
-	Status() []byte
+}
+
+// SymbolTable makes the content of the `symbols` file.
+type SymbolTable interface {
 	// Symbols returns the content of the `symbols` file.
 	Symbols() ([]byte, error)
+}
+
+// ProbeSet is a target's probes, the files of probes/.
+type ProbeSet interface {
 	// Probes returns the names in probes/.
 	Probes() []string
 	// ProbeText returns the content of probes/NAME: the spec line, then
@@ -57,14 +77,35 @@ type Target interface {
 	SetProbe(name, spec string) error
 	// RemoveProbe removes probe name (`rm probes/NAME`).
 	RemoveProbe(name string) error
+}
+
+// Recorder is the source of the `records` file.
+type Recorder interface {
 	// Records returns the stream behind the `records` file.
 	Records() *stream.Stream
+}
+
+// Brancher is the source of the `branches` file.
+type Brancher interface {
 	// Branches is called for each open of `branches` and returns its
 	// stream; without PT the error unwraps to EOPNOTSUPP.
 	Branches() (*stream.Stream, error)
 }
 
-// BranchesCloser is implemented by a Target that wants to know when an
+// Target is one traced binary, a directory of the mount: what each of its
+// nodes needs, composed.
+type Target interface {
+	// Name returns the directory name.
+	Name() string
+	Exe
+	Reporter
+	SymbolTable
+	ProbeSet
+	Recorder
+	Brancher
+}
+
+// BranchesCloser is implemented by a Brancher that wants to know when an
 // open of `branches` ends, because branch tracing runs only while the file
 // is open. CloseBranches is called once for every successful Branches call,
 // when that open file is released.

@@ -102,6 +102,20 @@ func (tr *fakeTracer) calls() (added, removed []string) {
 	return slices.Clone(tr.added), slices.Clone(tr.removed)
 }
 
+// The fakes implement each small interface the nodes use; the tests of a
+// single node use a fakeTarget as that interface alone.
+var (
+	_ Tracer         = (*fakeTracer)(nil)
+	_ Exe            = (*fakeTarget)(nil)
+	_ Reporter       = (*fakeTarget)(nil)
+	_ SymbolTable    = (*fakeTarget)(nil)
+	_ ProbeSet       = (*fakeTarget)(nil)
+	_ Recorder       = (*fakeTarget)(nil)
+	_ Brancher       = (*fakeTarget)(nil)
+	_ BranchesCloser = (*fakeTarget)(nil)
+	_ Target         = (*fakeTarget)(nil)
+)
+
 type fakeProbe struct {
 	spec    string // the working spec, "" if none
 	refused string // the last refused spec and why, "" if none

@@ -53,6 +53,11 @@ var (
 	_ gofs.FileReader    = (*genHandle)(nil)
 )
 
+// newStatusNode returns a `status` file, the root's or a target's.
+func newStatusNode(p *perms, born time.Time, r Reporter) *genNode {
+	return &genNode{perms: p, born: born, content: func() ([]byte, error) { return r.Status(), nil }}
+}
+
 // genHandle is one open of a genNode: the snapshot taken at open.
 type genHandle struct {
 	data []byte
@@ -133,6 +138,38 @@ var (
 	_ gofs.FileWriter    = (*streamHandle)(nil)
 	_ gofs.FileReleaser  = (*streamHandle)(nil)
 )
+
+// newRecordsNode returns the `records` file of r.
+func newRecordsNode(p *perms, born time.Time, r Recorder) *streamNode {
+	return &streamNode{
+		perms: p,
+		born:  born,
+		open:  func() (*streamHandle, error) { return &streamHandle{s: r.Records()}, nil },
+		// records exists before anyone opens it: stat and truncate
+		// work on the name alone.
+		last: r.Records(),
+	}
+}
+
+// newBranchesNode returns the `branches` file of b; each open asks b for
+// a stream, and tells it when the open ends if b is a BranchesCloser.
+func newBranchesNode(p *perms, born time.Time, b Brancher) *streamNode {
+	return &streamNode{
+		perms: p,
+		born:  born,
+		open: func() (*streamHandle, error) {
+			s, err := b.Branches()
+			if err != nil {
+				return nil, err
+			}
+			h := &streamHandle{s: s}
+			if c, ok := b.(BranchesCloser); ok {
+				h.release = c.CloseBranches
+			}
+			return h, nil
+		},
+	}
+}
 
 // streamHandle is one open of a streamNode.
 type streamHandle struct {
@@ -275,7 +312,7 @@ func (n *streamNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Se
 type probesDir struct {
 	gofs.Inode
 	refuseChanges
-	target Target
+	probes ProbeSet
 	perms  *perms
 	born   time.Time
 }
@@ -303,12 +340,12 @@ func (d *probesDir) node(ctx context.Context, name string) *gofs.Inode {
 	if ch := d.GetChild(name); ch != nil {
 		return ch
 	}
-	return d.NewInode(ctx, &probeNode{target: d.target, perms: d.perms, name: name, born: time.Now()}, gofs.StableAttr{Mode: syscall.S_IFREG})
+	return d.NewInode(ctx, &probeNode{probes: d.probes, perms: d.perms, name: name, born: time.Now()}, gofs.StableAttr{Mode: syscall.S_IFREG})
 }
 
 // Lookup finds a probe the engine knows.
 func (d *probesDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if _, ok := d.target.ProbeText(name); !ok {
+	if _, ok := d.probes.ProbeText(name); !ok {
 		// The engine may have dropped the probe on its own.
 		d.RmChild(name)
 		return nil, syscall.ENOENT
@@ -319,7 +356,7 @@ func (d *probesDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 
 // Readdir lists the engine's probes, sorted.
 func (d *probesDir) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
-	names := d.target.Probes()
+	names := d.probes.Probes()
 	sort.Strings(names)
 	entries := make([]fuse.DirEntry, len(names))
 	for i, n := range names {
@@ -333,7 +370,7 @@ func (d *probesDir) Create(ctx context.Context, name string, flags, _ uint32, ou
 	if errno := d.perms.control(ctx, "create probe", syscall.EACCES); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	if errno := toErrno("create probe "+name, d.target.CreateProbe(name)); errno != 0 {
+	if errno := toErrno("create probe "+name, d.probes.CreateProbe(name)); errno != 0 {
 		return nil, nil, 0, errno
 	}
 	ch := d.node(ctx, name)
@@ -353,12 +390,12 @@ func (d *probesDir) Unlink(ctx context.Context, name string) syscall.Errno {
 	if errno := d.perms.control(ctx, "remove probe", syscall.EPERM); errno != 0 {
 		return errno
 	}
-	return toErrno("remove probe "+name, d.target.RemoveProbe(name))
+	return toErrno("remove probe "+name, d.probes.RemoveProbe(name))
 }
 
 // Rmdir refuses: probes are files.
 func (d *probesDir) Rmdir(_ context.Context, name string) syscall.Errno {
-	if _, ok := d.target.ProbeText(name); ok {
+	if _, ok := d.probes.ProbeText(name); ok {
 		return syscall.ENOTDIR
 	}
 	return syscall.ENOENT
@@ -372,7 +409,7 @@ func (d *probesDir) Symlink(context.Context, string, string, *fuse.EntryOut) (*g
 // probeNode is probes/NAME.
 type probeNode struct {
 	gofs.Inode
-	target Target
+	probes ProbeSet
 	perms  *perms
 	name   string
 	born   time.Time
@@ -407,7 +444,7 @@ func (p *probeNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 			return nil, 0, errno
 		}
 	}
-	text, ok := p.target.ProbeText(p.name)
+	text, ok := p.probes.ProbeText(p.name)
 	if !ok {
 		return nil, 0, syscall.ENOENT
 	}
@@ -416,7 +453,7 @@ func (p *probeNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 
 // Getattr reports the size of the probe's text.
 func (p *probeNode) Getattr(_ context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	text, ok := p.target.ProbeText(p.name)
+	text, ok := p.probes.ProbeText(p.name)
 	if !ok {
 		h, open := f.(*probeHandle)
 		if !open {
@@ -492,7 +529,7 @@ func (h *probeHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 	}
 	copy(h.pending[off:], data)
 	spec := strings.TrimRight(string(h.pending), "\r\n")
-	if errno := toErrno("set probe "+h.probe.name, h.probe.target.SetProbe(h.probe.name, spec)); errno != 0 {
+	if errno := toErrno("set probe "+h.probe.name, h.probe.probes.SetProbe(h.probe.name, spec)); errno != 0 {
 		return 0, errno
 	}
 	return uint32(len(data)), 0

@@ -701,7 +701,7 @@ func TestKilledReader(t *testing.T) {
 // does, to measure the FUSE read path.
 func BenchmarkRecordsRead(b *testing.B) {
 	ft := newFakeTarget("t", "/usr/bin/true")
-	ft.records = testStream(b, 8<<20, 0)
+	ft.records = testStream(b, 16<<20, 16<<20)
 	line := []byte(strings.Repeat("x", 99) + "\n")
 	for ft.records.Size()+100 <= 8<<20 {
 		ft.records.Append(line)

@@ -115,11 +115,7 @@ func (r *rootNode) OnAdd(ctx context.Context) {
 	r.targets = make(map[string]*gofs.Inode)
 	r.busy = make(map[string]bool)
 	tracer := r.tracer
-	r.status = r.NewPersistentInode(ctx, &genNode{
-		perms:   r.perms,
-		born:    r.born,
-		content: func() ([]byte, error) { return tracer.Status(), nil },
-	}, gofs.StableAttr{Mode: syscall.S_IFREG})
+	r.status = r.NewPersistentInode(ctx, newStatusNode(r.perms, r.born, tracer), gofs.StableAttr{Mode: syscall.S_IFREG})
 	r.AddChild(rootStatus, r.status, true)
 	for _, t := range tracer.Targets() {
 		dir := newTargetDir(ctx, &r.Inode, t, r.perms, r.born)
@@ -267,38 +263,18 @@ var (
 	_ gofs.NodeSymlinker = (*targetNode)(nil)
 )
 
-// newTargetDir builds the persistent subtree of target t (DESIGN §2).
+// newTargetDir builds the persistent subtree of target t (DESIGN §2);
+// each node gets only the part of t it uses.
 func newTargetDir(ctx context.Context, parent *gofs.Inode, t Target, p *perms, born time.Time) *gofs.Inode {
 	dir := parent.NewPersistentInode(ctx, &targetNode{perms: p, born: born}, gofs.StableAttr{Mode: syscall.S_IFDIR})
 	add := func(name string, node gofs.InodeEmbedder, mode uint32) {
 		dir.AddChild(name, dir.NewPersistentInode(ctx, node, gofs.StableAttr{Mode: mode}), true)
 	}
 	add("exe", &linkNode{perms: p, path: t.Path(), born: born}, syscall.S_IFLNK)
-	add("probes", &probesDir{target: t, perms: p, born: born}, syscall.S_IFDIR)
-	add("records", &streamNode{
-		perms: p,
-		born:  born,
-		open:  func() (*streamHandle, error) { return &streamHandle{s: t.Records()}, nil },
-		// records exists before anyone opens it: stat and truncate
-		// work on the name alone.
-		last: t.Records(),
-	}, syscall.S_IFREG)
-	add("branches", &streamNode{
-		perms: p,
-		born:  born,
-		open: func() (*streamHandle, error) {
-			s, err := t.Branches()
-			if err != nil {
-				return nil, err
-			}
-			h := &streamHandle{s: s}
-			if c, ok := t.(BranchesCloser); ok {
-				h.release = c.CloseBranches
-			}
-			return h, nil
-		},
-	}, syscall.S_IFREG)
-	add("status", &genNode{perms: p, born: born, content: func() ([]byte, error) { return t.Status(), nil }}, syscall.S_IFREG)
+	add("probes", &probesDir{probes: t, perms: p, born: born}, syscall.S_IFDIR)
+	add("records", newRecordsNode(p, born, t), syscall.S_IFREG)
+	add("branches", newBranchesNode(p, born, t), syscall.S_IFREG)
+	add("status", newStatusNode(p, born, t), syscall.S_IFREG)
 	add("symbols", &genNode{perms: p, born: born, content: t.Symbols}, syscall.S_IFREG)
 	return dir
 }

@@ -39,7 +39,7 @@ func TestProbeWrite(t *testing.T) {
 			if err := ft.CreateProbe("p"); err != nil {
 				t.Fatal(err)
 			}
-			h := &probeHandle{probe: &probeNode{target: ft, perms: ownerPerms, name: "p"}, appendMode: tc.appendTo}
+			h := &probeHandle{probe: &probeNode{probes: ft, perms: ownerPerms, name: "p"}, appendMode: tc.appendTo}
 			var errno syscall.Errno
 			for _, op := range tc.ops {
 				var n uint32
@@ -73,7 +73,7 @@ func FuzzProbeWrite(f *testing.F) {
 		if err := ft.CreateProbe("p"); err != nil {
 			t.Fatal(err)
 		}
-		h := &probeHandle{probe: &probeNode{target: ft, perms: ownerPerms, name: "p"}, appendMode: appendMode}
+		h := &probeHandle{probe: &probeNode{probes: ft, perms: ownerPerms, name: "p"}, appendMode: appendMode}
 		var model []byte
 		for _, op := range []struct {
 			off  int64

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"ptfs/bind"
 	"ptfs/capture"
 	"ptfs/capture/capturetest"
 	"ptfs/decode/ptenc"
@@ -61,7 +62,7 @@ func mountSession(t *testing.T, s *Session) string {
 		t.Skipf("no /dev/fuse: %v", err)
 	}
 	dir := t.TempDir()
-	srv, err := ptfsfs.Mount(dir, s, ptfsfs.Options{})
+	srv, err := ptfsfs.Mount(dir, bind.Tracer[*Target](s), ptfsfs.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

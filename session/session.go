@@ -1,6 +1,8 @@
 // Package session is the tracing engine behind a mount: its targets, their
 // probes in tracefs, the record source, and the text streams the mount
-// serves. It implements fs.Tracer and fs.Target.
+// serves. It does not know the mount: its Session and Target have the
+// methods of fs.Tracer and fs.Target with their own types in the
+// signatures, and package bind makes them an fs.Tracer (DESIGN §4).
 package session
 
 import (
@@ -20,7 +22,6 @@ import (
 
 	"ptfs/capture"
 	"ptfs/decode"
-	"ptfs/fs"
 	"ptfs/probes"
 	"ptfs/stream"
 )
@@ -258,11 +259,11 @@ func (s *Session) Status() []byte {
 }
 
 // Targets returns the targets, sorted by name.
-func (s *Session) Targets() []fs.Target {
+func (s *Session) Targets() []*Target {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	names := slices.Sorted(maps.Keys(s.targets))
-	out := make([]fs.Target, len(names))
+	out := make([]*Target, len(names))
 	for i, n := range names {
 		out[i] = s.targets[n]
 	}
@@ -291,7 +292,7 @@ func (s *Session) targetList() []*Target {
 // AddTarget starts tracing the binary at path as target name.
 // A refusal is logged and listed in the root status: `ln -s` can only
 // show the errno ("Exec format error").
-func (s *Session) AddTarget(name, path string) (fs.Target, error) {
+func (s *Session) AddTarget(name, path string) (*Target, error) {
 	t, err := s.addTarget(name, path)
 	if err != nil {
 		if !errors.Is(err, ErrClosed) {

@@ -61,7 +61,7 @@ func TestLongNames(t *testing.T) {
 		if err != nil {
 			t.Fatalf("AddTarget(%s): %v", name, err)
 		}
-		groups = append(groups, tg.(*Target).group)
+		groups = append(groups, tg.group)
 	}
 	for i, g := range groups {
 		if len(g) > 63 {

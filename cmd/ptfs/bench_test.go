@@ -45,7 +45,7 @@ func timeProg(b *testing.B, bin string, n, rate int) time.Duration {
 
 func benchPtfs(b *testing.B, bin string, rate int) {
 	// A records file big enough for the whole run: no rotation.
-	m := startMount(b, "--max-stream=2000000000", "t="+bin)
+	m := startMount(b, "--max-stream=2000000000", "--max-stream-hard=2000000000", "t="+bin)
 	m.setProbe("t", "e", "hot %di %si")
 	f, err := os.Open(m.path("t", "records"))
 	if err != nil {

@@ -15,6 +15,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fl := flag.NewFlagSet("check", flag.ContinueOnError)
 	fl.SetOutput(stderr)
 	mode := fl.String("mode", "auto", "the mode to check for: auto, classic or ptw")
+	fl.Usage = flagUsage(fl, "usage: ptfs check [flags]")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,14 +16,17 @@ const usage = `usage: ptfs [-v] COMMAND [ARGS]
 
 commands:
   mount [--mode auto|classic|ptw] [--max-stream BYTES] [--max-stream-hard BYTES]
-        [--stream-dir DIR] [--ring-pages N] [--allow-other] [--readers GROUP]
-        MOUNTPOINT [NAME=]BINARY...
+        [--stream-dir DIR] [--ring-pages N] [--aux-pages N] [--data-pages N]
+        [--aux-watermark BYTES] [--pt-flush DURATION] [--allow-other]
+        [--readers GROUP] [--fuse-debug] [-v] MOUNTPOINT [NAME=]BINARY...
         mount the tracing filesystem; runs until unmounted or signalled
-  check print what this machine supports and which mode ptfs would use
+  check [--mode auto|classic|ptw]
+        print what this machine supports and which mode ptfs would use
   decode [--events DIR] [--packets] FILE...
         decode raw Intel PT bytes or a perf.data file
 
--v enables debug logging (on stderr).
+-v enables debug logging (on stderr). ptfs COMMAND --help describes the
+command's flags.
 `
 
 func main() {
@@ -54,5 +58,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 	default:
 		fmt.Fprintf(stderr, "ptfs: unknown command %q\n%s", cmd, usage)
 		return 2
+	}
+}
+
+// flagUsage returns the Usage of a command's flag set: the synopsis, then
+// every flag spelt as README spells it (--name VALUE), with its default.
+func flagUsage(fl *flag.FlagSet, synopsis string) func() {
+	return func() {
+		w := fl.Output()
+		fmt.Fprintf(w, "%s\n\nflags:\n", synopsis)
+		fl.VisitAll(func(f *flag.Flag) {
+			dash := "--"
+			if len(f.Name) == 1 {
+				dash = "-"
+			}
+			arg, help := flag.UnquoteUsage(f)
+			if arg != "" {
+				arg = " " + arg
+			}
+			switch f.DefValue {
+			case "", "0", "false", "0s":
+			default:
+				help += fmt.Sprintf(" (default %s)", f.DefValue)
+			}
+			fmt.Fprintf(w, "  %s%s%s\n    \t%s\n", dash, f.Name, arg, help)
+		})
 	}
 }

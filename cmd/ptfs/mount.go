@@ -16,12 +16,16 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"ptfs/bind"
 	"ptfs/capture"
 	"ptfs/cred"
 	"ptfs/fs"
 	"ptfs/probes"
 	"ptfs/session"
 )
+
+// mountSynopsis is the first line of the mount usage.
+const mountSynopsis = "usage: ptfs mount [flags] MOUNTPOINT [NAME=]BINARY..."
 
 // runMount implements `ptfs mount`: it serves the mount until it is
 // unmounted or the process gets SIGINT/SIGTERM, then removes every probe.
@@ -48,6 +52,7 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 	readers := fl.String("readers", "", "group `GROUP` (name or gid) whose members may read records, branches and probes; implies --allow-other")
 	verbose := fl.Bool("v", false, "debug logging")
 	fuseDebug := fl.Bool("fuse-debug", false, "log every FUSE request")
+	fl.Usage = flagUsage(fl, mountSynopsis)
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
@@ -55,7 +60,7 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 		logrus.SetLevel(logrus.DebugLevel)
 	}
 	if fl.NArg() < 1 {
-		fmt.Fprintln(stderr, "usage: ptfs mount [flags] MOUNTPOINT [NAME=]BINARY...")
+		fmt.Fprintln(stderr, mountSynopsis)
 		return 2
 	}
 	m, err := session.ParseMode(*mode)
@@ -136,7 +141,7 @@ func mount(dir string, targets []string, so session.Options, opts fs.Options) er
 			return errors.Join(err, s.Close())
 		}
 	}
-	server, err := fs.Mount(dir, s, opts)
+	server, err := fs.Mount(dir, bind.Tracer[*session.Target](s), opts)
 	if err != nil {
 		return errors.Join(err, s.Close())
 	}
