@@ -185,8 +185,15 @@ func TestFIFOTarget(t *testing.T) {
 	if !strings.Contains(out, "Invalid argument") {
 		t.Errorf("ln -s FIFO said %q, want Invalid argument", out)
 	}
-	if !strings.Contains(m.log.String(), "not a regular file") {
-		t.Errorf("the mount's log gives no reason:\n%s", m.log)
+	if st := m.read("status"); !strings.Contains(st, "not a regular file") {
+		t.Errorf("the root status gives no reason:\n%s", st)
+	}
+	// The log reaches the test through a pipe: wait for it, not a sleep.
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(m.log.String(), "not a regular file"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("the mount's log gives no reason:\n%s", m.log)
+			break
+		}
 	}
 	if _, err := os.Stat(m.path("status")); err != nil {
 		t.Errorf("stat status after the refusal: %v", err)
