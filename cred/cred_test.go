@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"ptfs/internal/testkit"
 )
 
 func TestCapEff(t *testing.T) {
@@ -66,7 +68,7 @@ func TestMayTrace(t *testing.T) {
 	// This process, judged by its own status file read independently.
 	status, err := os.ReadFile("/proc/self/status")
 	if err != nil {
-		t.Skipf("no /proc: %v", err)
+		testkit.Unavailable(t, "no /proc: %v", err)
 	}
 	caps, err := CapEff(status)
 	if err != nil {
@@ -84,7 +86,7 @@ func TestMayTrace(t *testing.T) {
 // root there, with every capability in CapEff.
 func TestMayTraceUserNS(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to judge a root child")
+		testkit.Unavailable(t, "needs root to judge a root child")
 	}
 	start := func(attr *syscall.SysProcAttr) uint32 {
 		t.Helper()

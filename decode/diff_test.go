@@ -22,10 +22,10 @@ import (
 func buildLibipt(t testing.TB, dir string) string {
 	t.Helper()
 	if _, err := os.Stat("/usr/include/intel-pt.h"); err != nil {
-		t.Skip("libipt header /usr/include/intel-pt.h missing: apt-get install libipt-dev")
+		testkit.Unavailable(t, "libipt header /usr/include/intel-pt.h missing: apt-get install libipt-dev")
 	}
 	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc missing: needed to build the libipt harness")
+		testkit.Unavailable(t, "gcc missing: needed to build the libipt harness")
 	}
 	bin := filepath.Join(dir, "ptpkt")
 	out, err := exec.Command("gcc", "-O2", "-Wall", "-o", bin, filepath.Join("testdata", "ptpkt.c"), "-lipt").CombinedOutput()

@@ -734,11 +734,11 @@ func TestLoadEventsTracefs(t *testing.T) {
 	tracefs := "/sys/kernel/tracing"
 	if _, err := os.Stat(filepath.Join(tracefs, "uprobe_events")); err != nil {
 		if os.Geteuid() != 0 {
-			t.Skipf("tracefs not mounted and not root: %v", err)
+			testkit.Unavailable(t, "tracefs not mounted and not root: %v", err)
 		}
 		dir := t.TempDir()
 		if out, err := exec.Command("mount", "-t", "tracefs", "nodev", dir).CombinedOutput(); err != nil {
-			t.Skipf("cannot mount tracefs: %v: %s", err, out)
+			testkit.Unavailable(t, "cannot mount tracefs: %v: %s", err, out)
 		}
 		t.Cleanup(func() { exec.Command("umount", dir).Run() })
 		tracefs = dir
@@ -755,7 +755,7 @@ func TestLoadEventsTracefs(t *testing.T) {
 		return errors.Join(err, f.Close())
 	}
 	if err := write(probe); err != nil {
-		t.Skipf("cannot install a classic uprobe here: %v", err)
+		testkit.Unavailable(t, "cannot install a classic uprobe here: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := write("-:" + group + "/e\n"); err != nil {

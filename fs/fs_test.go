@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"ptfs/internal/testkit"
 	"ptfs/stream"
 )
 
@@ -43,7 +44,7 @@ func requireFUSE(t testing.TB) {
 		f.Close()
 	})
 	if fuseReason != "" {
-		t.Skip(fuseReason)
+		testkit.Unavailable(t, "%s", fuseReason)
 	}
 }
 

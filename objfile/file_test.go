@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"ptfs/internal/testkit"
 )
 
 // builds are the flavours of testdata/sites.c the ELF tests run on.
@@ -85,7 +87,7 @@ func objdumpFuncOffsets(t *testing.T, path string) map[string]uint64 {
 	t.Helper()
 	out, err := exec.Command("objdump", "-d", "-F", path).Output()
 	if err != nil {
-		t.Skipf("objdump not usable for the cross-check: %v", err)
+		testkit.Unavailable(t, "objdump not usable for the cross-check: %v", err)
 	}
 	re := regexp.MustCompile(`^[0-9a-f]+ <([^>]+)> \(File Offset: 0x([0-9a-f]+)\):$`)
 	m := map[string]uint64{}

@@ -38,7 +38,7 @@ func openFile(t testing.TB, path string) *File {
 func openLibc(t testing.TB) *File {
 	t.Helper()
 	if _, err := os.Stat(libcPath); err != nil {
-		t.Skipf("no libc at %s: %v", libcPath, err)
+		testkit.Unavailable(t, "no libc at %s: %v", libcPath, err)
 	}
 	return openFile(t, libcPath)
 }
@@ -69,7 +69,7 @@ func forEachFile(t *testing.T, fn func(t *testing.T, name, path string, f *File)
 	for name, path := range files {
 		t.Run(name, func(t *testing.T) {
 			if _, err := os.Stat(path); err != nil {
-				t.Skipf("no %s: %v", path, err)
+				testkit.Unavailable(t, "no %s: %v", path, err)
 			}
 			fn(t, name, path, openFile(t, path))
 		})

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"ptfs/internal/testkit"
 )
 
 // TestSymbolAtTable checks SymbolAt on hand-made tables: nested functions,
@@ -92,7 +94,7 @@ func TestLibcSymbols(t *testing.T) {
 	f := openLibc(t)
 	out, err := exec.Command("readelf", "--dyn-syms", "-W", libcPath).Output()
 	if err != nil {
-		t.Skipf("readelf not usable for the cross-check: %v", err)
+		testkit.Unavailable(t, "readelf not usable for the cross-check: %v", err)
 	}
 	type entry struct {
 		size  uint64
@@ -159,7 +161,7 @@ func TestSegments(t *testing.T) {
 	forEachFile(t, func(t *testing.T, name, path string, f *File) {
 		out, err := exec.Command("readelf", "-lW", path).Output()
 		if err != nil {
-			t.Skipf("readelf not usable for the cross-check: %v", err)
+			testkit.Unavailable(t, "readelf not usable for the cross-check: %v", err)
 		}
 		var want []Segment
 		for _, l := range strings.Split(string(out), "\n") {

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"ptfs/internal/testkit"
-
 	"golang.org/x/sys/unix"
+
+	"ptfs/internal/testkit"
 )
 
 // The test binary doubles as ptfs: with PTFS_TEST_MAIN=1 it runs the command
@@ -31,13 +31,13 @@ func TestMain(m *testing.M) {
 func needKernel(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for FUSE mounts and uprobes")
+		testkit.Unavailable(t, "needs root for FUSE mounts and uprobes")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("needs /dev/fuse")
+		testkit.Unavailable(t, "needs /dev/fuse")
 	}
 	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("needs gcc to build the traced programs")
+		testkit.Unavailable(t, "needs gcc to build the traced programs")
 	}
 }
 

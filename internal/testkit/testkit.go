@@ -12,6 +12,17 @@ import (
 	"testing"
 )
 
+// Unavailable stops a test that lacks something of its environment (root,
+// FUSE, tracefs, gcc, libipt, the corpus): it skips, except when the CI
+// variable is set, where the run must not pass by skipping, so it fails.
+func Unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf("CI is set, so this cannot be skipped: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
 // Root returns the repository root: the nearest directory above the test's
 // working directory that holds go.mod.
 func Root(t testing.TB) string {
@@ -42,25 +53,25 @@ func CorpusPath(t testing.TB) string {
 	return filepath.Join(Root(t), "..", "shared", "corpus")
 }
 
-// Corpus returns the reference corpus directory (CorpusPath). It skips the
-// test when the directory is absent.
+// Corpus returns the reference corpus directory (CorpusPath). Without it, the
+// test is Unavailable.
 func Corpus(t testing.TB) string {
 	t.Helper()
 	dir := CorpusPath(t)
 	if _, err := os.Stat(dir); err != nil {
-		t.Skipf("corpus absent at %s (set PTFS_CORPUS): %v", dir, err)
+		Unavailable(t, "corpus absent at %s (set PTFS_CORPUS): %v", dir, err)
 	}
 	return dir
 }
 
 // BuildC compiles the C file src (relative to the test's directory) with
 // gcc -O2 and flags into the test's temp dir and returns the binary. It
-// skips the test when there is no gcc.
+// is Unavailable without gcc.
 func BuildC(t testing.TB, src string, flags ...string) string {
 	t.Helper()
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
-		t.Skip("gcc not found: cannot build the test program")
+		Unavailable(t, "gcc not found: cannot build the test program")
 	}
 	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c"))
 	args := append([]string{"-O2", "-o", out, src}, flags...)
