@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -43,7 +44,7 @@ func TestInjectionThroughTargetPath(t *testing.T) {
 	}
 	m.setProbe("t", "e", "target %di %si")
 	text := m.probeText("t", "e")
-	if !strings.Contains(text, "# state: installed") || !strings.Contains(text, fmt.Sprintf("/fd/")) {
+	if !strings.Contains(text, "# state: installed") || !strings.Contains(text, "/proc/"+strconv.Itoa(m.cmd.Process.Pid)+"/fd/") {
 		t.Fatalf("probe file:\n%s", text)
 	}
 	if l := uprobeLines(t, "evil"); len(l) != 0 {
