@@ -1,7 +1,6 @@
-// Package probes turns probe specs into kernel uprobes: the spec grammar, the
-// ELF symbols and site checks of the probed binary, the ptwrite verdict of a
-// site, the tracefs lines of classic and ptwrite uprobes, and the tracefs
-// client that installs and removes them.
+// Package probes turns probe specs into probe sites: the spec grammar, the
+// ELF symbols and site checks of the probed binary, and the ptwrite verdict
+// of a site. Package tracefs writes the resulting lines to the kernel.
 package probes
 
 import "syscall"
@@ -30,15 +29,6 @@ var (
 	// ErrRefused reports a site or probe that the kernel or the ptwrite site
 	// rules refuse (EOPNOTSUPP).
 	ErrRefused error = &probeError{"probe refused", syscall.EOPNOTSUPP}
-	// ErrExists reports a probe that already exists at that site or under
-	// that name (EEXIST).
-	ErrExists error = &probeError{"probe exists", syscall.EEXIST}
-	// ErrNoTracefs reports that no usable tracefs with uprobe_events was
-	// found or could be mounted (ENODEV).
-	ErrNoTracefs error = &probeError{"no tracefs with uprobe_events", syscall.ENODEV}
-	// ErrBadLine reports a tracefs command that is not exactly one line of
-	// the grammar ptfs writes (EINVAL); it is never written.
-	ErrBadLine error = &probeError{"refused tracefs command", syscall.EINVAL}
 	// ErrNotRegular reports a binary path that names something other than
 	// a regular file: a FIFO, socket, device or directory (EINVAL).
 	ErrNotRegular error = &probeError{"not a regular file", syscall.EINVAL}

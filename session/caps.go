@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"ptfs/probes"
+	"ptfs/tracefs"
 )
 
 // Mode is the engine a mount runs on.
@@ -70,7 +70,7 @@ func (r roots) intelPT() string {
 // tracefsErr saying why there is none. The kernel side of ptw support comes
 // from tfs.TrialPTW: the README, or a trial probe that leaves nothing
 // behind.
-func (r roots) detect(tfs *probes.Tracefs, tracefsErr error) Caps {
+func (r roots) detect(tfs *tracefs.Tracefs, tracefsErr error) Caps {
 	var c Caps
 	switch {
 	case tracefsErr != nil || tfs == nil:

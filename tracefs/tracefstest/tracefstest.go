@@ -1,11 +1,11 @@
-// Package probetest simulates the uprobe part of a tracefs kernel over a
-// temp dir, so that code driving probes.Tracefs can be tested against a
+// Package tracefstest simulates the uprobe part of a tracefs kernel over a
+// temp dir, so that code driving tracefs.Tracefs can be tested against a
 // ptwrite kernel, a stock kernel or one that refuses sites, none of which
 // this machine has. Reads stay plain file reads: the kernel keeps
 // uprobe_events, error_log, README and events/GRP/EVENT/{id,format,enable}
 // as files, laid out and worded like the real ones (6.18 and the ptwrite
-// uprobes RFC); commands reach it through probes.Tracefs.Exec.
-package probetest
+// uprobes RFC); commands reach it through tracefs.Tracefs.Exec.
+package tracefstest
 
 import (
 	"fmt"
@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"testing"
 
-	"ptfs/probes"
+	"ptfs/tracefs"
 )
 
 // Options says which kernel to simulate.
@@ -43,7 +43,7 @@ type Options struct {
 // concurrent use.
 type Kernel struct {
 	// Tracefs reads the kernel's tree and sends commands to Exec.
-	Tracefs *probes.Tracefs
+	Tracefs *tracefs.Tracefs
 
 	opts   Options
 	mu     sync.Mutex
@@ -96,7 +96,7 @@ func New(t testing.TB, opts Options) *Kernel {
 		t.Fatal(err)
 	}
 	k := &Kernel{opts: opts, nextID: 2326}
-	k.Tracefs = &probes.Tracefs{Dir: dir, Exec: k.Exec}
+	k.Tracefs = &tracefs.Tracefs{Dir: dir, Exec: k.Exec}
 	return k
 }
 
