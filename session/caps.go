@@ -82,7 +82,7 @@ func (r roots) detect(tfs *tracefs.Tracefs, tracefsErr error) Caps {
 		c.PTWErr = "no tracefs"
 	default:
 		c.Tracefs = tfs.Dir
-		if _, err := os.Stat(filepath.Join(tfs.Dir, "uprobe_events")); err != nil {
+		if !tfs.HasUprobes() {
 			c.UprobesErr = "no uprobe_events in tracefs (kernel without CONFIG_UPROBE_EVENTS)"
 			c.PTWErr = "no uprobe_events in tracefs"
 			break

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -112,41 +111,17 @@ func TestLoadEventsDir(t *testing.T) {
 	}
 }
 
-// TestLoadEventsTracefs installs a classic uprobe on /bin/true and loads
-// the real tracefs events tree.
+// TestLoadEventsTracefs installs a classic uprobe on /bin/true, loads the
+// real tracefs events tree, and checks that the live reader (Tracefs.Event)
+// gives the same event.
 func TestLoadEventsTracefs(t *testing.T) {
-	tracefs := "/sys/kernel/tracing"
-	if _, err := os.Stat(filepath.Join(tracefs, "uprobe_events")); err != nil {
-		if os.Geteuid() != 0 {
-			t.Skipf("tracefs not mounted and not root: %v", err)
-		}
-		dir := t.TempDir()
-		if out, err := exec.Command("mount", "-t", "tracefs", "nodev", dir).CombinedOutput(); err != nil {
-			t.Skipf("cannot mount tracefs: %v: %s", err, out)
-		}
-		t.Cleanup(func() { exec.Command("umount", dir).Run() })
-		tracefs = dir
+	tf := tracefsT(t)
+	group := testGroup(t, tf, "load")
+	spec := mustParse(t, `0x1000 %di b=%si:x32 \0x10:s32 c=+8(%sp):u32`)
+	if err := tf.AddProbe(ClassicLine(group, "e", "/bin/true", 0x1000, spec)); err != nil {
+		t.Fatal(err)
 	}
-	group := fmt.Sprintf("ptfs_decode_%d", os.Getpid())
-	probe := "p:" + group + "/e /bin/true:0x1000 %di b=%si:x32 \\0x10:s32 c=+8(%sp):u32\n"
-	ue := filepath.Join(tracefs, "uprobe_events")
-	write := func(s string) error {
-		f, err := os.OpenFile(ue, os.O_WRONLY|os.O_APPEND, 0)
-		if err != nil {
-			return err
-		}
-		_, err = f.WriteString(s)
-		return errors.Join(err, f.Close())
-	}
-	if err := write(probe); err != nil {
-		t.Skipf("cannot install a classic uprobe here: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := write("-:" + group + "/e\n"); err != nil {
-			t.Errorf("remove probe: %v", err)
-		}
-	})
-	evs, err := LoadEvents(os.DirFS(filepath.Join(tracefs, "events")))
+	evs, err := LoadEvents(os.DirFS(filepath.Join(tf.Dir, "events")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +134,7 @@ func TestLoadEventsTracefs(t *testing.T) {
 	if ev == nil {
 		t.Fatalf("%s/e not loaded (%d events)", group, len(evs))
 	}
-	idb, err := os.ReadFile(filepath.Join(tracefs, "events", group, "e", "id"))
+	idb, err := os.ReadFile(filepath.Join(tf.Dir, "events", group, "e", "id"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,6 +145,13 @@ func TestLoadEventsTracefs(t *testing.T) {
 		{Type: decode.S32, Offset: 28, Size: 4}, {Name: "c", Type: decode.U32, Offset: 32, Size: 4}}
 	if fmt.Sprint(ev.Args) != fmt.Sprint(want) {
 		t.Errorf("args %+v, want %+v", ev.Args, want)
+	}
+	live, err := tf.Event(group, "e", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(*live) != fmt.Sprint(*ev) {
+		t.Errorf("Tracefs.Event %+v, LoadEvents %+v", *live, *ev)
 	}
 }
 

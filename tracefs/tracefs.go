@@ -60,6 +60,10 @@ func hasUprobes(dir string) bool {
 	return err == nil
 }
 
+// HasUprobes tells whether the mount has uprobe_events (a kernel with
+// CONFIG_UPROBE_EVENTS).
+func (t *Tracefs) HasUprobes() bool { return hasUprobes(t.Dir) }
+
 func (t *Tracefs) path(name ...string) string {
 	return filepath.Join(append([]string{t.Dir}, name...)...)
 }
