@@ -345,8 +345,8 @@ func (t *Tracefs) Event(group, event string, s *probes.Spec) (*decode.Event, err
 	return ev, nil
 }
 
-// events is the events tree of the mount, in which fs.ValidPath keeps every
-// name a single path element below it.
+// events is the events tree of the mount; as an fs.FS it refuses names
+// that would leave the tree (fs.ValidPath: no "..", nothing absolute).
 func (t *Tracefs) events() fs.FS { return os.DirFS(t.path("events")) }
 
 // ReadmeMentionsPTW tells whether the tracefs README documents ptw probes,
