@@ -13,8 +13,8 @@ import (
 )
 
 // Sentinel errors (errno.New). Each unwraps to the errno named in its
-// comment, the one the FUSE layer returns for it. Probes
-// that the kernel refuses, and sites beyond their file, are reported with
+// comment, the one the FUSE layer returns for it. Probes that the kernel
+// refuses, and sites beyond their file, are reported with
 // probes.ErrRefused and probes.ErrBadSite, as the site checks do.
 var (
 	// ErrExists reports a probe that already exists at that site or under
