@@ -224,7 +224,7 @@ func perfAttr(typ uint32, config uint64) *unix.PerfEventAttr {
 
 // Add starts reading event ev: ev.ID is its tracefs id and ev.Args locate
 // its arguments in the raw sample data, as its tracefs format file says
-// (decode.ParseFormat). Its records point to ev, so ev must not change
+// (tracefs.ParseFormat). Its records point to ev, so ev must not change
 // afterwards.
 func (c *Classic) Add(ev *decode.Event) error {
 	if err := checkEvent(ev); err != nil {

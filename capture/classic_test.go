@@ -1,14 +1,12 @@
 package capture
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +16,7 @@ import (
 
 	"ptfs/decode"
 	"ptfs/internal/testkit"
+	"ptfs/tracefs"
 
 	"golang.org/x/sys/unix"
 )
@@ -89,16 +88,16 @@ func buildTarget(t *testing.T) (bin string, offs map[string]uint64) {
 // returns its event with ID and argument layout read from tracefs. The
 // probe is removed at cleanup, which must run after the Classic is closed:
 // call probe before NewClassic.
-func probe(t *testing.T, tracefs, bin string, off uint64, name, fetchargs string, types ...decode.ArgType) *decode.Event {
+func probe(t *testing.T, tfsDir, bin string, off uint64, name, fetchargs string, types ...decode.ArgType) *decode.Event {
 	t.Helper()
 	group := fmt.Sprintf("captest%d", os.Getpid())
-	writeEvents(t, tracefs, fmt.Sprintf("p:%s/%s %s:0x%x %s", group, name, bin, off, fetchargs))
+	writeEvents(t, tfsDir, fmt.Sprintf("p:%s/%s %s:0x%x %s", group, name, bin, off, fetchargs))
 	t.Cleanup(func() {
 		// The kernel refuses (EBUSY) while a perf event still uses the
 		// probe; the Classic closes first, but retry briefly anyway.
 		var err error
 		for range 50 {
-			if err = appendLine(tracefs, fmt.Sprintf("-:%s/%s", group, name)); !errors.Is(err, unix.EBUSY) {
+			if err = appendLine(tfsDir, fmt.Sprintf("-:%s/%s", group, name)); !errors.Is(err, unix.EBUSY) {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -107,24 +106,10 @@ func probe(t *testing.T, tracefs, bin string, off uint64, name, fetchargs string
 			t.Errorf("remove probe %s/%s: %v", group, name, err)
 		}
 	})
-	dir := filepath.Join(tracefs, "events", group, name)
-	format, err := os.ReadFile(filepath.Join(dir, "format"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev, err := decode.ParseFormat(bytes.NewReader(format))
+	ev, err := tracefs.ReadEvent(os.DirFS(filepath.Join(tfsDir, "events")), group, name)
 	if err != nil || ev == nil || len(ev.Args) != len(types) {
-		t.Fatalf("format of %s/%s: %v, %v\n%s", group, name, ev, err, format)
+		t.Fatalf("event %s/%s: %v, %v", group, name, ev, err)
 	}
-	id, err := os.ReadFile(filepath.Join(dir, "id"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.ParseUint(strings.TrimSpace(string(id)), 10, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev.ID, ev.Group, ev.Name = uint16(n), group, name
 	for i, typ := range types {
 		ev.Args[i].Type = typ
 	}

@@ -10,37 +10,28 @@ package objfile
 import (
 	"fmt"
 	"syscall"
+
+	"ptfs/internal/errno"
 )
 
-// fileError is a sentinel error that also unwraps to the errno the FUSE
-// layer answers with, so callers use errors.Is with the sentinel and
-// errors.As with syscall.Errno on the same error.
-type fileError struct {
-	msg   string
-	errno syscall.Errno
-}
-
-func (e *fileError) Error() string { return e.msg }
-
-func (e *fileError) Unwrap() error { return e.errno }
-
-// Sentinel errors. Each unwraps to the errno named in its comment.
+// Sentinel errors (errno.New). Each unwraps to the errno named in its
+// comment, the one the FUSE layer returns for it.
 var (
 	// ErrNotRegular reports a path that names something other than a
 	// regular file: a FIFO, socket, device or directory (EINVAL).
-	ErrNotRegular error = &fileError{"not a regular file", syscall.EINVAL}
+	ErrNotRegular = errno.New("not a regular file", syscall.EINVAL)
 	// ErrBadBinary reports a file that is not an x86-64 ELF file or is
 	// malformed (ENOEXEC).
-	ErrBadBinary error = &fileError{"not a usable x86-64 ELF file", syscall.ENOEXEC}
+	ErrBadBinary = errno.New("not a usable x86-64 ELF file", syscall.ENOEXEC)
 	// ErrNoSymbol reports a function name that the file does not define
 	// (ENOENT).
-	ErrNoSymbol error = &fileError{"no such symbol", syscall.ENOENT}
+	ErrNoSymbol = errno.New("no such symbol", syscall.ENOENT)
 	// ErrAmbiguous reports a name that several functions at different
 	// addresses carry (EINVAL).
-	ErrAmbiguous error = &fileError{"ambiguous symbol", syscall.EINVAL}
+	ErrAmbiguous = errno.New("ambiguous symbol", syscall.EINVAL)
 	// ErrNoCode reports an address outside the file image of every
 	// PT_LOAD segment (EINVAL).
-	ErrNoCode error = &fileError{"address not in the file", syscall.EINVAL}
+	ErrNoCode = errno.New("address not in the file", syscall.EINVAL)
 )
 
 // ambiguousError is the error of a lookup by a name that several functions

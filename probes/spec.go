@@ -101,7 +101,7 @@ func Parse(text string) (*Spec, error) {
 		if len(s.Args) == MaxArgs {
 			return nil, syntaxErr("too many arguments at %q (at most %d)", t, MaxArgs)
 		}
-		a, err := parseArg(t)
+		a, err := ParseArg(t)
 		if err != nil {
 			return nil, err
 		}
@@ -149,7 +149,7 @@ func (s *Spec) parseSite(site, tok string) error {
 		return syntaxErr("missing site (a file offset, SYMBOL or SYMBOL+OFFSET) before %q", "%")
 	}
 	if c := site[0]; c >= '0' && c <= '9' {
-		off, err := parseUint(site)
+		off, err := ParseUint(site)
 		if err != nil {
 			return syntaxErr("bad file offset %q: %v", site, err)
 		}
@@ -161,7 +161,7 @@ func (s *Spec) parseSite(site, tok string) error {
 	}
 	sym, off, ok := strings.Cut(site, "+")
 	if ok {
-		n, err := parseUint(off)
+		n, err := ParseUint(off)
 		if err != nil {
 			return syntaxErr("bad offset %q in site %q: %v", off, site, err)
 		}
@@ -171,9 +171,9 @@ func (s *Spec) parseSite(site, tok string) error {
 	return nil
 }
 
-// parseUint parses what tracefs parses for an offset, minus the octal that
+// ParseUint parses what tracefs parses for an offset, minus the octal that
 // kstrtoul's base 0 would make of a leading zero: decimal, or hex after 0x.
-func parseUint(t string) (uint64, error) {
+func ParseUint(t string) (uint64, error) {
 	if h, ok := strings.CutPrefix(t, "0x"); ok || strings.HasPrefix(t, "0X") {
 		if !ok {
 			h = t[2:]
@@ -220,7 +220,9 @@ func formatUint(v uint64, hex bool) string {
 
 func isHex(t string) bool { return strings.HasPrefix(t, "0x") || strings.HasPrefix(t, "0X") }
 
-func parseArg(t string) (Arg, error) {
+// ParseArg parses one fetch argument as a spec writes it:
+// [NAME=]FETCH[:TYPE]. Errors wrap ErrSyntax.
+func ParseArg(t string) (Arg, error) {
 	var a Arg
 	body := t
 	if n, rest, ok := strings.Cut(t, "="); ok {
@@ -274,7 +276,7 @@ func parseFetch(f string) (string, error) {
 	case f == "$stack":
 		return f, nil
 	case strings.HasPrefix(f, "$stack"):
-		n, err := parseUint(f[6:])
+		n, err := ParseUint(f[6:])
 		if err != nil || isHex(f[6:]) {
 			return "", fmt.Errorf("bad stack slot %q: want $stack or $stackN with decimal N", f)
 		}
@@ -291,7 +293,7 @@ func parseFetch(f string) (string, error) {
 func parseImm(v string) (string, error) {
 	neg := strings.HasPrefix(v, "-")
 	num := strings.TrimPrefix(v, "-")
-	n, err := parseUint(num)
+	n, err := ParseUint(num)
 	if err != nil {
 		return "", fmt.Errorf("bad immediate \\%s: %v", v, err)
 	}
@@ -318,7 +320,7 @@ func parseDeref(f string) (string, error) {
 	if !strings.HasPrefix(reg, "%") || !registers[reg[1:]] {
 		return "", fmt.Errorf("bad base register %q in %q", reg, f)
 	}
-	n, err := parseUint(disp)
+	n, err := ParseUint(disp)
 	if err != nil {
 		return "", fmt.Errorf("bad displacement %q in %q: %v", disp, f, err)
 	}
@@ -334,6 +336,20 @@ func parseDeref(f string) (string, error) {
 }
 
 // reservedNames are the field names that every uprobe event already has.
+// IsIdent tells whether s is a C identifier of at most max bytes, the
+// only names tracefs takes for groups, events and arguments.
+func IsIdent(s string, max int) bool {
+	if s == "" || len(s) > max || s[0] >= '0' && s[0] <= '9' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
 var reservedNames = map[string]bool{
 	"__probe_ip": true, "__probe_ret_ip": true, "__probe_func": true,
 }
@@ -345,7 +361,7 @@ func checkName(n, tok string) error {
 	if len(n) > maxArgName {
 		return syntaxErr("argument name %q too long (at most %d characters)", n, maxArgName)
 	}
-	if !isIdent(n, maxArgName) {
+	if !IsIdent(n, maxArgName) {
 		return syntaxErr("argument name %q is not a C identifier", n)
 	}
 	if strings.HasPrefix(n, "common_") || reservedNames[n] {
@@ -379,7 +395,7 @@ func (s *Spec) String() string {
 	if s.NoPace {
 		b.WriteString(" %nopace")
 	}
-	b.WriteString(argsText(s.Args))
+	b.WriteString(ArgsText(s.Args))
 	return b.String()
 }
 
@@ -393,9 +409,9 @@ func (s *Spec) siteText() string {
 	return s.Symbol + "+0x" + strconv.FormatUint(s.Offset, 16)
 }
 
-// argsText renders args as tracefs takes them, each with a leading space;
+// ArgsText renders args as tracefs takes them, each with a leading space;
 // u64 is the default type and is left out.
-func argsText(args []Arg) string {
+func ArgsText(args []Arg) string {
 	var b strings.Builder
 	for _, a := range args {
 		b.WriteByte(' ')

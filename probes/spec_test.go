@@ -174,8 +174,6 @@ func TestErrorsUnwrapToErrno(t *testing.T) {
 		{ErrBadSite, syscall.EINVAL},
 		{ErrNoSymbol, syscall.ENOENT},
 		{ErrRefused, syscall.EOPNOTSUPP},
-		{ErrExists, syscall.EEXIST},
-		{ErrNoTracefs, syscall.ENODEV},
 		{ErrBadBinary, syscall.ENOEXEC},
 	}
 	for _, tt := range tests {

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"ptfs/probes"
+	"ptfs/tracefs"
 )
 
 // Mode is the engine a mount runs on.
@@ -70,7 +70,7 @@ func (r roots) intelPT() string {
 // tracefsErr saying why there is none. The kernel side of ptw support comes
 // from tfs.TrialPTW: the README, or a trial probe that leaves nothing
 // behind.
-func (r roots) detect(tfs *probes.Tracefs, tracefsErr error) Caps {
+func (r roots) detect(tfs *tracefs.Tracefs, tracefsErr error) Caps {
 	var c Caps
 	switch {
 	case tracefsErr != nil || tfs == nil:
@@ -82,7 +82,7 @@ func (r roots) detect(tfs *probes.Tracefs, tracefsErr error) Caps {
 		c.PTWErr = "no tracefs"
 	default:
 		c.Tracefs = tfs.Dir
-		if _, err := os.Stat(filepath.Join(tfs.Dir, "uprobe_events")); err != nil {
+		if !tfs.HasUprobes() {
 			c.UprobesErr = "no uprobe_events in tracefs (kernel without CONFIG_UPROBE_EVENTS)"
 			c.PTWErr = "no uprobe_events in tracefs"
 			break

@@ -9,8 +9,8 @@ import (
 	"syscall"
 	"testing"
 
-	"ptfs/probes"
-	"ptfs/probes/probetest"
+	"ptfs/tracefs"
+	"ptfs/tracefs/tracefstest"
 )
 
 // tree writes files (path → content) below a new temp dir.
@@ -68,13 +68,13 @@ func without(m map[string]string, set map[string]string, drop ...string) map[str
 }
 
 func TestDetect(t *testing.T) {
-	ptwKernel := probetest.Options{PTW: true}
-	trialKernel := probetest.Options{PTW: true, QuietReadme: true}
-	stock := probetest.Options{Stock: true}
+	ptwKernel := tracefstest.Options{PTW: true}
+	trialKernel := tracefstest.Options{PTW: true, QuietReadme: true}
+	stock := tracefstest.Options{Stock: true}
 	cases := []struct {
 		name     string
 		sysfs    map[string]string
-		kernel   probetest.Options
+		kernel   tracefstest.Options
 		want     Mode
 		whyAuto  string
 		wantErr  []string // of --mode=ptw; none: it runs
@@ -105,13 +105,13 @@ func TestDetect(t *testing.T) {
 			want: ModePTW, whyAuto: "a trial ptw: probe was listed as ptw: (removed)",
 			wantText: []string{"ptw uprobes: yes (a trial ptw: probe was listed as ptw: (removed))"}},
 		{name: "everything, trial refused", sysfs: ptSysfs(),
-			kernel: probetest.Options{PTW: true, QuietReadme: true, Refuse: func(string) (syscall.Errno, string) { return syscall.EINVAL, "Invalid register name" }},
+			kernel: tracefstest.Options{PTW: true, QuietReadme: true, Refuse: func(string) (syscall.Errno, string) { return syscall.EINVAL, "Invalid register name" }},
 			want:   ModeClassic, wantErr: []string{"the kernel refused a trial ptw: line"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := roots{sysfs: tree(t, c.sysfs), dev: tree(t, map[string]string{"null": ""})}
-			k := probetest.New(t, c.kernel)
+			k := tracefstest.New(t, c.kernel)
 			caps := r.detect(k.Tracefs, nil)
 			got, why, err := caps.Choose(ModeAuto)
 			if err != nil || got != c.want || !strings.Contains(why, c.whyAuto) {
@@ -155,7 +155,7 @@ func TestDetect(t *testing.T) {
 		}
 	})
 	t.Run("tracefs without uprobes", func(t *testing.T) {
-		caps := roots{sysfs: tree(t, ptSysfs()), dev: t.TempDir()}.detect(&probes.Tracefs{Dir: t.TempDir()}, nil)
+		caps := roots{sysfs: tree(t, ptSysfs()), dev: t.TempDir()}.detect(&tracefs.Tracefs{Dir: t.TempDir()}, nil)
 		if _, _, err := caps.Choose(ModeAuto); err == nil || !strings.Contains(err.Error(), "CONFIG_UPROBE_EVENTS") {
 			t.Errorf("auto without uprobe_events: %v", err)
 		}
@@ -171,7 +171,7 @@ func TestDetectReal(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("tracefs uprobes need root")
 	}
-	tfs, err := probes.FindTracefs()
+	tfs, err := tracefs.FindTracefs()
 	if err != nil {
 		t.Fatalf("no tracefs on a machine that must have one: %v", err)
 	}
@@ -179,7 +179,7 @@ func TestDetectReal(t *testing.T) {
 		t.Skip("this machine has Intel PT: the test is about one without")
 	}
 	// Keep other packages' RemoveStale away from the trial probe.
-	if c, err := probes.ClaimProbes(); err == nil {
+	if c, err := tracefs.ClaimProbes(); err == nil {
 		t.Cleanup(func() { c.Close() })
 	}
 	caps := defaultRoots.detect(tfs, nil)

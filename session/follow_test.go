@@ -14,8 +14,8 @@ import (
 
 	"ptfs/internal/testkit"
 	"ptfs/objfile"
-	"ptfs/probes"
-	"ptfs/probes/probetest"
+	"ptfs/tracefs"
+	"ptfs/tracefs/tracefstest"
 )
 
 // buildMoved builds testdata/moved.c with flags.
@@ -72,7 +72,7 @@ func fileLine(t *testing.T, path string) string {
 // after a change installs it on the current file, and a path that goes
 // leaves the probe where it is.
 func TestFollowPath(t *testing.T) {
-	s, _, _, _ := newPTWSession(t, probetest.Options{PTW: true})
+	s, _, _, _ := newPTWSession(t, tracefstest.Options{PTW: true})
 	orig, padded, gone := buildMoved(t), buildMoved(t, "-DPAD"), buildMoved(t, "-DGONE")
 	offOrig, offPad := testkit.FuncOffset(t, orig, "work"), testkit.FuncOffset(t, padded, "work")
 	if offOrig == offPad {
@@ -195,7 +195,7 @@ func TestReadersDuringStalledInstall(t *testing.T) {
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
-	s, tg, _, _ := newPTWSession(t, probetest.Options{PTW: true, Refuse: func(line string) (syscall.Errno, string) {
+	s, tg, _, _ := newPTWSession(t, tracefstest.Options{PTW: true, Refuse: func(line string) (syscall.Errno, string) {
 		if strings.Contains(line, "/slow ") {
 			entered <- struct{}{}
 			<-release
@@ -276,7 +276,7 @@ func TestWatcherStops(t *testing.T) {
 // EINVAL and the reason; anything else is accepted and reaches tracefs
 // only as a sanitised C identifier, in exactly one line.
 func TestHostileNames(t *testing.T) {
-	s, _, k, _ := newPTWSession(t, probetest.Options{PTW: true})
+	s, _, k, _ := newPTWSession(t, tracefstest.Options{PTW: true})
 	bin := testkit.BuildC(t, filepath.Join("..", "testdata", "target.c"))
 	for _, name := range []string{"a\nb", "a\rb", "a\x00b", "\x7f", "a\tb"} {
 		if _, err := s.AddTarget(name, bin); !errors.Is(err, ErrBadName) || !errors.Is(err, syscall.EINVAL) || !strings.Contains(err.Error(), "control characters") {
@@ -305,7 +305,7 @@ func TestHostileNames(t *testing.T) {
 			t.Errorf("target %d %q: tracefs gained %q", i, name, l)
 			continue
 		}
-		if err := probes.CheckCommand(l[0]); err != nil {
+		if err := tracefs.CheckCommand(l[0]); err != nil {
 			t.Errorf("target %d %q: listed line %q: %v", i, name, l[0], err)
 		}
 	}

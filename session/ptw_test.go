@@ -22,7 +22,8 @@ import (
 	"ptfs/internal/testkit"
 	"ptfs/perfdata"
 	"ptfs/probes"
-	"ptfs/probes/probetest"
+	"ptfs/tracefs"
+	"ptfs/tracefs/tracefstest"
 )
 
 // fakeSysfs returns a sysfs root whose intel_pt PMU is the real tree of a
@@ -93,7 +94,7 @@ func readFile(t *testing.T, parts ...string) string {
 // counters after an overflow on one CPU, a truncated AUX record and a flush
 // on the other, and a header of an unknown event.
 func TestPTWMount(t *testing.T) {
-	s, tg, k, rep := newPTWSession(t, probetest.Options{PTW: true})
+	s, tg, k, rep := newPTWSession(t, tracefstest.Options{PTW: true})
 	bin := tg.path
 	// Lines name the binary by the session's descriptor of it.
 	fdPath := tg.bin.FDPath()
@@ -105,7 +106,7 @@ func TestPTWMount(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(probesDir, "b"), []byte("other %di:x32 %nopace\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	group := probes.GroupName(os.Getpid(), "t")
+	group := tracefs.GroupName(os.Getpid(), "t")
 	offA := testkit.FuncOffset(t, bin, "target")
 	offB := testkit.FuncOffset(t, bin, "other")
 	wantLines := map[string]string{
@@ -237,9 +238,9 @@ func TestPTWMount(t *testing.T) {
 
 // newPTWSession starts a ptw session on a simulated kernel and a replay,
 // with target t, closed at cleanup.
-func newPTWSession(t *testing.T, opts probetest.Options) (*Session, *Target, *probetest.Kernel, *capturetest.Replay) {
+func newPTWSession(t *testing.T, opts tracefstest.Options) (*Session, *Target, *tracefstest.Kernel, *capturetest.Replay) {
 	t.Helper()
-	k := probetest.New(t, opts)
+	k := tracefstest.New(t, opts)
 	rep, err := capturetest.NewReplay()
 	if err != nil {
 		t.Fatal(err)
@@ -267,7 +268,7 @@ func newPTWSession(t *testing.T, opts probetest.Options) (*Session, *Target, *pr
 // EOPNOTSUPP and the kernel's reason in the probe file, and leaves nothing
 // in tracefs; the capture never starts.
 func TestPTWKernelRefuses(t *testing.T) {
-	_, tg, k, rep := newPTWSession(t, probetest.Options{PTW: true, Refuse: func(line string) (syscall.Errno, string) {
+	_, tg, k, rep := newPTWSession(t, tracefstest.Options{PTW: true, Refuse: func(line string) (syscall.Errno, string) {
 		return syscall.EINVAL, "failed to install"
 	}})
 	err := tg.SetProbe("a", "target %di")
@@ -289,7 +290,7 @@ func TestPTWKernelRefuses(t *testing.T) {
 // A site that ptwrite uprobes can never take is refused before the kernel
 // sees it, with the site check's reason.
 func TestPTWRefusedSite(t *testing.T) {
-	_, tg, k, _ := newPTWSession(t, probetest.Options{PTW: true})
+	_, tg, k, _ := newPTWSession(t, tracefstest.Options{PTW: true})
 	// main calls target: a call rel32 somewhere in main is refused.
 	bin := tg.path
 	site := callSite(t, bin)
@@ -332,7 +333,7 @@ func callSite(t *testing.T, bin string) uint64 {
 // When the capture cannot start, the write fails, the probe is removed from
 // tracefs again, and a later write works.
 func TestPTWStartFails(t *testing.T) {
-	_, tg, k, rep := newPTWSession(t, probetest.Options{PTW: true})
+	_, tg, k, rep := newPTWSession(t, tracefstest.Options{PTW: true})
 	rep.FailNextStart(fmt.Errorf("perf_event_open intel_pt: %w", syscall.EBUSY))
 	if err := tg.SetProbe("a", "target %di"); !errors.Is(err, syscall.EBUSY) {
 		t.Fatalf("SetProbe: %v, want the source's EBUSY", err)
@@ -349,7 +350,7 @@ func TestPTWStartFails(t *testing.T) {
 }
 
 // commandHeads returns the kernel's commands up to their first space.
-func commandHeads(k *probetest.Kernel) []string {
+func commandHeads(k *tracefstest.Kernel) []string {
 	var heads []string
 	for _, c := range k.Commands() {
 		heads = append(heads, strings.Fields(c)[0])
@@ -361,7 +362,7 @@ func commandHeads(k *probetest.Kernel) []string {
 // new one beside it before the old one is disabled and removed; the capture
 // keeps running.
 func TestPTWReplace(t *testing.T) {
-	_, tg, k, rep := newPTWSession(t, probetest.Options{PTW: true})
+	_, tg, k, rep := newPTWSession(t, tracefstest.Options{PTW: true})
 	if err := tg.SetProbe("a", "target %di"); err != nil {
 		t.Fatal(err)
 	}
@@ -388,7 +389,7 @@ func TestPTWReplace(t *testing.T) {
 // removes the old probe first, and puts it back when the kernel refuses the
 // new one.
 func TestPTWReplaceSameSite(t *testing.T) {
-	_, tg, k, _ := newPTWSession(t, probetest.Options{PTW: true, Refuse: func(line string) (syscall.Errno, string) {
+	_, tg, k, _ := newPTWSession(t, tracefstest.Options{PTW: true, Refuse: func(line string) (syscall.Errno, string) {
 		if strings.Contains(line, "%ax") {
 			return syscall.EINVAL, "failed to install"
 		}

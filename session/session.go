@@ -24,6 +24,7 @@ import (
 	"ptfs/decode"
 	"ptfs/probes"
 	"ptfs/stream"
+	"ptfs/tracefs"
 )
 
 // Options configure a Session. Zero values select defaults.
@@ -45,7 +46,7 @@ type Options struct {
 
 	// Tracefs is the tracefs to install probes in; nil finds (and if need
 	// be mounts) the system's. Tests pass a simulated kernel.
-	Tracefs *probes.Tracefs
+	Tracefs *tracefs.Tracefs
 	// Sysfs is the root of sysfs for the capability checks; "" is /sys.
 	Sysfs string
 	// Trace is the PT trace source of ptw mode; nil opens Intel PT through
@@ -77,11 +78,11 @@ var (
 type Session struct {
 	opts  Options
 	pid   int
-	tfs   *probes.Tracefs
+	tfs   *tracefs.Tracefs
 	caps  Caps
 	mode  Mode
 	why   string
-	claim *probes.Claim
+	claim *tracefs.Claim
 	src   source
 	watch *watcher // nil when inotify is unavailable
 
@@ -119,7 +120,7 @@ func (s *Session) leave(group, event string) {
 
 // Detect reports the machine's capabilities, mounting tracefs if needed.
 func Detect() Caps {
-	tfs, err := probes.FindTracefs()
+	tfs, err := tracefs.FindTracefs()
 	return defaultRoots.detect(tfs, err)
 }
 
@@ -136,7 +137,7 @@ func New(opts Options) (*Session, error) {
 	}
 	tfs, terr := opts.Tracefs, error(nil)
 	if tfs == nil {
-		tfs, terr = probes.FindTracefs()
+		tfs, terr = tracefs.FindTracefs()
 	}
 	caps := r.detect(tfs, terr)
 	if terr != nil {
@@ -157,7 +158,7 @@ func New(opts Options) (*Session, error) {
 		groups:  map[string]bool{},
 	}
 	s.routes.Store(&map[uint16]*route{})
-	if s.claim, err = probes.ClaimProbes(); err != nil {
+	if s.claim, err = tracefs.ClaimProbes(); err != nil {
 		return nil, err
 	}
 	removed, err := tfs.RemoveStale(s.pid)
@@ -343,10 +344,10 @@ func (s *Session) addTarget(name, path string) (*Target, error) {
 		return nil, fmt.Errorf("target %s: %w", name, ErrTargetExists)
 	}
 	// Sanitising can map two target names to one group: number the later.
-	base := probes.GroupName(s.pid, name)
+	base := tracefs.GroupName(s.pid, name)
 	group := base
 	for i := 2; s.groups[group]; i++ {
-		group = probes.Numbered(base, i)
+		group = tracefs.Numbered(base, i)
 	}
 	s.groups[group] = true
 	t := newTarget(s, name, abs, group, bin)

@@ -17,6 +17,7 @@ import (
 	"ptfs/objfile"
 	"ptfs/probes"
 	"ptfs/stream"
+	"ptfs/tracefs"
 )
 
 // Target is one traced binary of a session.
@@ -315,7 +316,7 @@ func (t *Target) place(p *probe, spec string, sp *probes.Spec) error {
 	}
 	for _, o := range t.list() {
 		if o != p && o.ev != nil && o.bin == bin && o.site.Offset == site.Offset {
-			return fmt.Errorf("%w: probe %s is at file offset 0x%x already", probes.ErrExists, o.name, site.Offset)
+			return fmt.Errorf("%w: probe %s is at file offset 0x%x already", tracefs.ErrExists, o.name, site.Offset)
 		}
 	}
 	ptw := t.s.mode == ModePTW
@@ -363,7 +364,7 @@ func (t *Target) replaceAtSite(p *probe, spec string, sp *probes.Spec, site *pro
 func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec, site *probes.Site) error {
 	ptw := t.s.mode == ModePTW
 	tevent := t.freeEvent(p.name)
-	line, err := probes.Line(ptw, t.group, tevent, bin.FDPath(), site, sp)
+	line, err := tracefs.Line(ptw, t.group, tevent, bin.FDPath(), site.Offset, sp)
 	if err != nil {
 		return err
 	}
@@ -425,10 +426,10 @@ func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec,
 // of the target uses, so that a replacement can be installed beside the
 // probe it replaces.
 func (t *Target) freeEvent(probe string) string {
-	base := probes.EventName(probe)
+	base := tracefs.EventName(probe)
 	name := base
 	for i := 2; t.events[name]; i++ {
-		name = probes.Numbered(base, i)
+		name = tracefs.Numbered(base, i)
 	}
 	return name
 }

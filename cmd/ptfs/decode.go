@@ -11,6 +11,7 @@ import (
 
 	"ptfs/decode"
 	"ptfs/perfdata"
+	"ptfs/tracefs"
 )
 
 const decodeUsage = `usage: ptfs decode [--events DIR] FILE...
@@ -253,7 +254,7 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 	events := map[uint16]*decode.Event{}
 	if eventsDir != "" {
 		var err error
-		if events, err = decode.LoadEvents(os.DirFS(eventsDir)); err != nil {
+		if events, err = tracefs.LoadEvents(os.DirFS(eventsDir)); err != nil {
 			return fmt.Errorf("events %s: %w", eventsDir, err)
 		}
 	}

@@ -20,8 +20,8 @@ import (
 	"ptfs/capture"
 	"ptfs/cred"
 	"ptfs/fs"
-	"ptfs/probes"
 	"ptfs/session"
+	"ptfs/tracefs"
 )
 
 // mountSynopsis is the first line of the mount usage.
@@ -179,7 +179,7 @@ func mount(dir string, targets []string, so session.Options, opts fs.Options) er
 // clearDeadMounts detaches every FUSE mount of ptfs whose server is gone
 // (SIGKILL), wherever it is: its mount point answers ENOTCONN, refuses a new
 // mount there and breaks tools that walk the tree. A mount whose source
-// names a live owner (ptfs:PID, see probes.OwnerAlive) is never touched, not
+// names a live owner (ptfs:PID, see tracefs.OwnerAlive) is never touched, not
 // even stat'ed: a busy server could block the stat.
 func clearDeadMounts() {
 	info, err := os.ReadFile("/proc/self/mountinfo")
@@ -188,7 +188,7 @@ func clearDeadMounts() {
 		return
 	}
 	for _, m := range ptfsMounts(info) {
-		if m.pid > 0 && probes.OwnerAlive(m.pid) {
+		if m.pid > 0 && tracefs.OwnerAlive(m.pid) {
 			continue
 		}
 		// statfs always reaches the server; stat may be answered from

@@ -1,4 +1,4 @@
-package probetest
+package tracefstest
 
 import (
 	"errors"
@@ -10,14 +10,13 @@ import (
 	"syscall"
 	"testing"
 
-	"ptfs/decode"
-	"ptfs/probes"
+	"ptfs/tracefs"
 )
 
 func TestMain(m *testing.M) {
 	// Claim this process's groups so that RemoveStale in concurrently
 	// running tests of other packages leaves the real probe alone.
-	c, err := probes.ClaimProbes()
+	c, err := tracefs.ClaimProbes()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -178,12 +177,12 @@ func TestFormatLikeKernel(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("tracefs uprobes need root")
 	}
-	real, err := probes.FindTracefs()
+	real, err := tracefs.FindTracefs()
 	if err != nil {
 		t.Fatalf("no tracefs on a machine that must have one: %v", err)
 	}
 	path := target(t, "t")
-	group := probes.GroupName(os.Getpid(), "probetest")
+	group := tracefs.GroupName(os.Getpid(), "probetest")
 	args := ` %di a=%si:u32 b=+8(%sp):s32 c=%ax:x32 \0x2a $stack $stack2 d=%bx:u64 e=-16(%cx):x64 f=%dx:s64`
 	line := "p:" + group + "/e " + path + ":0x1180" + args
 	t.Cleanup(func() {
@@ -207,7 +206,7 @@ func TestFormatLikeKernel(t *testing.T) {
 	if err := k.Exec(line); err != nil {
 		t.Fatal(err)
 	}
-	for _, tf := range []*probes.Tracefs{real, k.Tracefs} {
+	for _, tf := range []*tracefs.Tracefs{real, k.Tracefs} {
 		lines, err := tf.Events()
 		if err != nil {
 			t.Fatal(err)
@@ -224,7 +223,7 @@ func TestFormatLikeKernel(t *testing.T) {
 	if got != want {
 		t.Errorf("listing\n%s\nwant (the kernel's)\n%s", got, want)
 	}
-	norm := func(tf *probes.Tracefs) string {
+	norm := func(tf *tracefs.Tracefs) string {
 		data, err := os.ReadFile(filepath.Join(tf.Dir, "events", group, "e", "format"))
 		if err != nil {
 			t.Fatal(err)
@@ -240,7 +239,7 @@ func TestFormatLikeKernel(t *testing.T) {
 	}
 }
 
-func listed(t *testing.T, tf *probes.Tracefs, group string) string {
+func listed(t *testing.T, tf *tracefs.Tracefs, group string) string {
 	t.Helper()
 	lines, err := tf.Events()
 	if err != nil {
@@ -276,7 +275,7 @@ func FuzzExec(f *testing.F) {
 				t.Fatal(err)
 			}
 			for _, l := range lines {
-				pl, err := probes.ParseLine(l)
+				pl, err := tracefs.ParseLine(l)
 				if err != nil {
 					t.Fatalf("listed %q: %v", l, err)
 				}
@@ -284,7 +283,7 @@ func FuzzExec(f *testing.F) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ev, err := decode.ParseFormat(f)
+				ev, err := tracefs.ParseFormat(f)
 				f.Close()
 				if err != nil || ev == nil {
 					t.Fatalf("format of %q: %v, %v", l, ev, err)

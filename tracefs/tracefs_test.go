@@ -1,4 +1,4 @@
-package probes
+package tracefs
 
 import (
 	"errors"
@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"ptfs/decode"
+	"ptfs/probes"
 )
 
 func TestMain(m *testing.M) {
@@ -120,7 +121,7 @@ func siteLines(t *testing.T, tf *Tracefs, path string, off uint64) []string {
 	return out
 }
 
-func resolve(t *testing.T, b *Binary, spec string) (*Spec, *Site) {
+func resolve(t *testing.T, b *probes.Binary, spec string) (*probes.Spec, *probes.Site) {
 	t.Helper()
 	s := mustParse(t, spec)
 	site, err := b.Resolve(s)
@@ -202,7 +203,7 @@ func TestAddRemoveProbe(t *testing.T) {
 	g := testGroup(t, tf, "add")
 
 	s, site := resolve(t, b, "target a=%di %si:u32 c=+0(%sp):s32")
-	line := ClassicLine(g, "tgt", path, site, s)
+	line := ClassicLine(g, "tgt", path, site.Offset, s)
 	if err := tf.AddProbe(line); err != nil {
 		t.Fatalf("AddProbe(%q): %v", line, err)
 	}
@@ -251,14 +252,14 @@ func TestAddRemoveProbe(t *testing.T) {
 	}
 	// A ptw probe at a used site is refused before the kernel sees it; a
 	// classic one shares the site, as the kernel allows.
-	ptw := PTWLine(g, "other", path, site, &Spec{})
+	ptw := PTWLine(g, "other", path, site.Offset, &probes.Spec{})
 	if err := tf.AddProbe(ptw); !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), g+"/tgt") {
 		t.Errorf("ptw AddProbe at a used site: %v, want ErrExists naming %s/tgt", err, g)
 	}
 	if l := groupLines(t, tf, g); len(l) != 1 {
 		t.Errorf("after refused adds, uprobe_events has %q", l)
 	}
-	other := ClassicLine(g, "other", path, site, &Spec{})
+	other := ClassicLine(g, "other", path, site.Offset, &probes.Spec{})
 	if err := tf.AddProbe(other); err != nil {
 		t.Errorf("classic AddProbe at a used site: %v", err)
 	}
@@ -293,7 +294,7 @@ func TestRemoveProbe(t *testing.T) {
 	b := openBinary(t, path)
 	g := testGroup(t, tf, "remove")
 	s, site := resolve(t, b, "sites+5 %di")
-	if err := tf.AddProbe(ClassicLine(g, "busy", path, site, s)); err != nil {
+	if err := tf.AddProbe(ClassicLine(g, "busy", path, site.Offset, s)); err != nil {
 		t.Fatal(err)
 	}
 	id, err := tf.EventID(g, "busy")
@@ -324,11 +325,16 @@ func TestAddProbeRefused(t *testing.T) {
 	b := openBinary(t, path)
 	g := testGroup(t, tf, "refused")
 	_, site := resolve(t, b, "sites+5")
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := st.Size()
 
 	// A bad offset never reaches the kernel: Resolve refuses it.
-	for _, off := range []uint64{site.Offset + 1, uint64(fileSize(t, path)) + 0x1000} {
-		if _, err := b.Resolve(&Spec{Offset: off}); !errors.Is(err, ErrBadSite) {
-			t.Errorf("Resolve(0x%x): %v, want ErrBadSite", off, err)
+	for _, off := range []uint64{site.Offset + 1, uint64(size) + 0x1000} {
+		if _, err := b.Resolve(&probes.Spec{Offset: off}); !errors.Is(err, probes.ErrBadSite) {
+			t.Errorf("Resolve(0x%x): %v, want probes.ErrBadSite", off, err)
 		}
 	}
 
@@ -344,7 +350,7 @@ func TestAddProbeRefused(t *testing.T) {
 		{"p:" + g + "/x " + path, ErrBadLine, "PATH:OFFSET"},
 		// The kernel's refusal comes with its reason from error_log.
 		{"p:" + g + "/nofile " + path + ".missing:0x10 %di", syscall.ENOENT, "Failed to find the given file"},
-		{"p:" + g + "/far " + path + ":0x7fffffff %di", ErrBadSite, "beyond the end"},
+		{"p:" + g + "/far " + path + ":0x7fffffff %di", probes.ErrBadSite, "beyond the end"},
 	}
 	for _, tt := range tests {
 		err := tf.AddProbe(tt.line)
@@ -367,15 +373,15 @@ func TestAddProbePTW(t *testing.T) {
 	b := openBinary(t, path)
 	g := testGroup(t, tf, "ptw")
 	s, site := resolve(t, b, "target %di %si")
-	err := tf.AddProbe(PTWLine(g, "e", path, site, s))
+	err := tf.AddProbe(PTWLine(g, "e", path, site.Offset, s))
 	if err == nil {
 		if l := groupLines(t, tf, g); len(l) != 1 || !strings.HasPrefix(l[0], "ptw:") {
 			t.Errorf("ptw probe listed as %q", l)
 		}
 		return
 	}
-	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "does not support ptw probes") {
-		t.Errorf("AddProbe(ptw) on a stock kernel: %v, want ErrRefused about ptw support", err)
+	if !errors.Is(err, probes.ErrRefused) || !strings.Contains(err.Error(), "does not support ptw probes") {
+		t.Errorf("AddProbe(ptw) on a stock kernel: %v, want probes.ErrRefused about ptw support", err)
 	}
 	if l := siteLines(t, tf, path, site.Offset); len(l) != 0 {
 		t.Errorf("stand-in left at the site: %q", l)
@@ -414,7 +420,7 @@ func TestRemoveStale(t *testing.T) {
 	for i, g := range groups {
 		for j, ev := range []string{"e1", "e2"} {
 			s, site := resolve(t, b, offs[2*i+j]+" %di")
-			if err := tf.AddProbe(ClassicLine(g, ev, path, site, s)); err != nil {
+			if err := tf.AddProbe(ClassicLine(g, ev, path, site.Offset, s)); err != nil {
 				t.Fatalf("AddProbe %s/%s: %v", g, ev, err)
 			}
 		}
@@ -504,7 +510,7 @@ func TestEnable(t *testing.T) {
 	b := openBinary(t, path)
 	g := testGroup(t, tf, "enable")
 	s, site := resolve(t, b, "sites %di")
-	if err := tf.AddProbe(ClassicLine(g, "on", path, site, s)); err != nil {
+	if err := tf.AddProbe(ClassicLine(g, "on", path, site.Offset, s)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tf.Enable(g, "on", false) })

@@ -1,11 +1,11 @@
-// Package probetest simulates the uprobe part of a tracefs kernel over a
-// temp dir, so that code driving probes.Tracefs can be tested against a
+// Package tracefstest simulates the uprobe part of a tracefs kernel over a
+// temp dir, so that code driving tracefs.Tracefs can be tested against a
 // ptwrite kernel, a stock kernel or one that refuses sites, none of which
 // this machine has. Reads stay plain file reads: the kernel keeps
 // uprobe_events, error_log, README and events/GRP/EVENT/{id,format,enable}
 // as files, laid out and worded like the real ones (6.18 and the ptwrite
-// uprobes RFC); commands reach it through probes.Tracefs.Exec.
-package probetest
+// uprobes RFC); commands reach it through tracefs.Tracefs.Exec.
+package tracefstest
 
 import (
 	"fmt"
@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"testing"
 
-	"ptfs/probes"
+	"ptfs/tracefs"
 )
 
 // Options says which kernel to simulate.
@@ -43,7 +43,7 @@ type Options struct {
 // concurrent use.
 type Kernel struct {
 	// Tracefs reads the kernel's tree and sends commands to Exec.
-	Tracefs *probes.Tracefs
+	Tracefs *tracefs.Tracefs
 
 	opts   Options
 	mu     sync.Mutex
@@ -80,7 +80,7 @@ const readmePTW = "  ptw[:[GRP/][EVENT]] PATH:OFFSET [FETCHARGS] : set a ptwrite
 func New(t testing.TB, opts Options) *Kernel {
 	t.Helper()
 	if opts.PTW && opts.Stock {
-		t.Fatal("probetest: a kernel is PTW or Stock, not both")
+		t.Fatal("tracefstest: a kernel is PTW or Stock, not both")
 	}
 	dir := t.TempDir()
 	readme := readmeHead
@@ -96,7 +96,7 @@ func New(t testing.TB, opts Options) *Kernel {
 		t.Fatal(err)
 	}
 	k := &Kernel{opts: opts, nextID: 2326}
-	k.Tracefs = &probes.Tracefs{Dir: dir, Exec: k.Exec}
+	k.Tracefs = &tracefs.Tracefs{Dir: dir, Exec: k.Exec}
 	return k
 }
 
@@ -177,7 +177,7 @@ func (k *Kernel) logError(line string, r *refusal) error {
 		f.Close()
 	}
 	if err != nil {
-		return fmt.Errorf("probetest: write error_log: %w", err)
+		return fmt.Errorf("tracefstest: write error_log: %w", err)
 	}
 	return nil
 }
@@ -204,13 +204,13 @@ func (k *Kernel) remove(name string) error {
 	dir := filepath.Join(k.Tracefs.Dir, "events", e.group, e.name)
 	on, err := os.ReadFile(filepath.Join(dir, "enable"))
 	if err != nil {
-		return fmt.Errorf("probetest: %w", err)
+		return fmt.Errorf("tracefstest: %w", err)
 	}
 	if strings.TrimSpace(string(on)) != "0" {
 		return &refusal{errno: syscall.EBUSY, col: -1}
 	}
 	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("probetest: %w", err)
+		return fmt.Errorf("tracefstest: %w", err)
 	}
 	// The group directory goes with its last event.
 	_ = os.Remove(filepath.Join(k.Tracefs.Dir, "events", e.group))
@@ -225,7 +225,7 @@ func (k *Kernel) list() error {
 		b.WriteString(e.listing + "\n")
 	}
 	if err := os.WriteFile(filepath.Join(k.Tracefs.Dir, "uprobe_events"), []byte(b.String()), 0o644); err != nil {
-		return fmt.Errorf("probetest: %w", err)
+		return fmt.Errorf("tracefstest: %w", err)
 	}
 	return nil
 }
@@ -370,7 +370,7 @@ func listing(kind, group, ev, path string, off uint64, multinop, nopace bool, ar
 func (k *Kernel) add(e *event) error {
 	dir := filepath.Join(k.Tracefs.Dir, "events", e.group, e.name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("probetest: %w", err)
+		return fmt.Errorf("tracefstest: %w", err)
 	}
 	id := k.nextID
 	k.nextID++
@@ -383,7 +383,7 @@ func (k *Kernel) add(e *event) error {
 	}
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-			return fmt.Errorf("probetest: %w", err)
+			return fmt.Errorf("tracefstest: %w", err)
 		}
 	}
 	k.events = append(k.events, e)

@@ -1,4 +1,4 @@
-package probes
+package tracefs
 
 import (
 	"errors"
@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+
+	"ptfs/probes"
 )
 
 // trialSeq numbers the trial probes of this process, so that concurrent
@@ -74,7 +76,7 @@ func (t *Tracefs) TrialPTW() (ok bool, why string, err error) {
 		return true, "a trial ptw: probe was listed as ptw: (removed)", nil
 	case len(made) > 0:
 		return false, fmt.Sprintf("the kernel turned a trial ptw: line into classic probe %s (removed): no ptwrite uprobes", strings.Join(made, ", ")), nil
-	case errors.Is(aerr, ErrRefused) || errors.Is(aerr, ErrExists):
+	case errors.Is(aerr, probes.ErrRefused) || errors.Is(aerr, ErrExists):
 		return false, fmt.Sprintf("the kernel refused a trial ptw: line (%v): no ptwrite uprobes", aerr), nil
 	}
 	return false, "", fmt.Errorf("ptw trial: %w", aerr)

@@ -1,18 +1,18 @@
-package probes
+package tracefs
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"ptfs/decode"
+	"ptfs/probes"
 )
 
 // Tracefs is a tracefs mount with uprobe_events.
@@ -59,6 +59,10 @@ func hasUprobes(dir string) bool {
 	_, err := os.Stat(filepath.Join(dir, "uprobe_events"))
 	return err == nil
 }
+
+// HasUprobes tells whether the mount has uprobe_events (a kernel with
+// CONFIG_UPROBE_EVENTS).
+func (t *Tracefs) HasUprobes() bool { return hasUprobes(t.Dir) }
 
 func (t *Tracefs) path(name ...string) string {
 	return filepath.Join(append([]string{t.Dir}, name...)...)
@@ -169,11 +173,11 @@ func sameSite(a, b ProbeLine) bool {
 // (ptwrite kernels refuse a second probe at one site). A kernel that accepts a line but creates
 // something else (a stock kernel turns a ptw: line into a classic probe
 // named uprobes/p_FILE_OFF) gets the stand-in removed and the line refused.
-// An offset beyond the end of the file is refused with ErrBadSite before
+// An offset beyond the end of the file is refused with probes.ErrBadSite before
 // the kernel sees it, and a line that CheckCommand refuses with
 // ErrBadLine. Kernel errors carry the reason from error_log: EEXIST
 // maps to ErrExists,
-// EINVAL, E2BIG, ERANGE and EOPNOTSUPP to ErrRefused, others stay errnos.
+// EINVAL, E2BIG, ERANGE and EOPNOTSUPP to probes.ErrRefused, others stay errnos.
 func (t *Tracefs) AddProbe(line string) error {
 	_, err := t.addProbe(line)
 	return err
@@ -195,7 +199,7 @@ func (t *Tracefs) addProbe(line string) (standIns []string, err error) {
 	// The kernel takes any offset and fails only when the probe is
 	// registered later: refuse one beyond the file now.
 	if st, err := os.Stat(pl.Path); err == nil && st.Mode().IsRegular() && pl.Offset >= uint64(st.Size()) {
-		return nil, fmt.Errorf("%w: file offset 0x%x is beyond the end of %s (%d bytes)", ErrBadSite, pl.Offset, pl.Path, st.Size())
+		return nil, fmt.Errorf("%w: file offset 0x%x is beyond the end of %s (%d bytes)", probes.ErrBadSite, pl.Offset, pl.Path, st.Size())
 	}
 	before, err := t.Events()
 	if err != nil {
@@ -248,10 +252,10 @@ func (t *Tracefs) addProbe(line string) (standIns []string, err error) {
 		}
 	}
 	if len(standIns) == 0 {
-		return nil, fmt.Errorf("%w: the kernel accepted %s:%s/%s but does not list it", ErrRefused, pl.Kind, pl.Group, pl.Event)
+		return nil, fmt.Errorf("%w: the kernel accepted %s:%s/%s but does not list it", probes.ErrRefused, pl.Kind, pl.Group, pl.Event)
 	}
 	err = fmt.Errorf("%w: the kernel accepted %s:%s/%s but created %s instead (removed): it does not support %s probes",
-		ErrRefused, pl.Kind, pl.Group, pl.Event, strings.Join(standIns, ", "), pl.Kind)
+		probes.ErrRefused, pl.Kind, pl.Group, pl.Event, strings.Join(standIns, ", "), pl.Kind)
 	return standIns, errors.Join(append([]error{err}, errs...)...)
 }
 
@@ -270,7 +274,7 @@ func (t *Tracefs) addError(pl ProbeLine, line string, err error) error {
 	case syscall.EEXIST:
 		return fmt.Errorf("%w: kernel: %s", ErrExists, reason)
 	case syscall.EINVAL, syscall.E2BIG, syscall.ERANGE, syscall.EOPNOTSUPP:
-		return fmt.Errorf("%w: kernel: %s", ErrRefused, reason)
+		return fmt.Errorf("%w: kernel: %s", probes.ErrRefused, reason)
 	}
 	return fmt.Errorf("add probe %s/%s: %w (kernel: %s)", pl.Group, pl.Event, errno, reason)
 }
@@ -318,68 +322,32 @@ func (t *Tracefs) Enable(group, event string, on bool) error {
 // EventID returns the tracefs id of GRP/EVENT: the perf tracepoint config
 // and the id in ptwrite headers.
 func (t *Tracefs) EventID(group, event string) (uint16, error) {
-	data, err := os.ReadFile(t.path("events", group, event, "id"))
-	if err != nil {
-		return 0, fmt.Errorf("event id of %s/%s: %w", group, event, err)
-	}
-	id, err := strconv.ParseUint(string(bytes.TrimSpace(data)), 10, 16)
-	if err != nil {
-		return 0, fmt.Errorf("event id of %s/%s: bad id %q: %w", group, event, bytes.TrimSpace(data), err)
-	}
-	return uint16(id), nil
+	return readID(t.events(), group, event)
 }
 
 // Event describes GRP/EVENT for the decoder: its id, and per argument of s
 // the name the spec gave, the type, and where a classic sample holds it.
 // The format file must list exactly the arguments of s, under their names
 // and with the sizes of their types.
-func (t *Tracefs) Event(group, event string, s *Spec) (*decode.Event, error) {
-	id, err := t.EventID(group, event)
+func (t *Tracefs) Event(group, event string, s *probes.Spec) (*decode.Event, error) {
+	ev, err := ReadEvent(t.events(), group, event)
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open(t.path("events", group, event, "format"))
-	if err != nil {
-		return nil, fmt.Errorf("format of %s/%s: %w", group, event, err)
-	}
-	defer f.Close()
-	ev, err := decode.ParseFormat(f)
-	if err == nil && ev == nil {
+	if ev == nil {
 		err = errors.New("no __probe_ip field: not a uprobe event")
-	}
-	if err == nil {
+	} else {
 		err = matchArgs(ev.Args, s)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("event %s/%s: %w", group, event, err)
 	}
-	ev.ID, ev.Group, ev.Name = id, group, event
 	return ev, nil
 }
 
-// matchArgs checks the argument fields of a format against the arguments
-// of s and gives them the spec's types (the format cannot tell u64 from
-// x64, nor always x32 from u32).
-func matchArgs(args []decode.Arg, s *Spec) error {
-	if len(args) != len(s.Args) {
-		return fmt.Errorf("format has %d arguments, the spec %d", len(args), len(s.Args))
-	}
-	for i := range args {
-		f, a := &args[i], &s.Args[i]
-		if f.Name != a.Name {
-			return fmt.Errorf("argument %d is %q in the format, %q in the spec", i+1, f.Name, a.EffectiveName(i))
-		}
-		want := 8
-		if a.Type != decode.U64 {
-			want = 4
-		}
-		if f.Size != want {
-			return fmt.Errorf("argument %q has size %d in the format, %d for type %v", a.EffectiveName(i), f.Size, want, a.Type)
-		}
-		f.Type = a.Type
-	}
-	return nil
-}
+// events is the events tree of the mount; as an fs.FS it refuses names
+// that would leave the tree (fs.ValidPath: no "..", nothing absolute).
+func (t *Tracefs) events() fs.FS { return os.DirFS(t.path("events")) }
 
 // ReadmeMentionsPTW tells whether the tracefs README documents ptw probes,
 // the kernel side of ptwrite uprobe support. A stock kernel may still

@@ -1,9 +1,11 @@
-package probes
+package tracefs
 
 import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"ptfs/probes"
 )
 
 // maxEventName is the longest group or event name tracefs accepts
@@ -41,20 +43,6 @@ func Numbered(name string, n int) string {
 	return cut(name, maxEventName-len(suffix)) + suffix
 }
 
-// isIdent tells whether s is a C identifier of at most max bytes, the
-// only names tracefs takes for groups, events and arguments.
-func isIdent(s string, max int) bool {
-	if s == "" || len(s) > max || s[0] >= '0' && s[0] <= '9' {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
-}
-
 func sanitize(s string) string {
 	b := []byte(s)
 	for i, c := range b {
@@ -72,23 +60,25 @@ func cut(s string, n int) string {
 	return s
 }
 
-// ClassicLine returns the uprobe_events line of a classic probe:
+// ClassicLine returns the uprobe_events line of a classic probe at file
+// offset off:
 // "p:GRP/EVENT PATH:0xOFF ARGS". Unnamed arguments stay unnamed (tracefs
 // calls them argN); u64 is the default type and is left out. The ptwrite
 // options of s do not apply and are left out.
-func ClassicLine(group, event, path string, site *Site, s *Spec) string {
-	return "p:" + group + "/" + event + " " + path + ":0x" + strconv.FormatUint(site.Offset, 16) + argsText(s.Args)
+func ClassicLine(group, event, path string, off uint64, s *probes.Spec) string {
+	return "p:" + group + "/" + event + " " + path + ":0x" + strconv.FormatUint(off, 16) + probes.ArgsText(s.Args)
 }
 
-// PTWLine returns the uprobe_events line of a ptwrite probe:
+// PTWLine returns the uprobe_events line of a ptwrite probe at file offset
+// off:
 // "ptw:GRP/EVENT PATH:0xOFF[%multinop] ARGS [%nopace]".
-func PTWLine(group, event, path string, site *Site, s *Spec) string {
+func PTWLine(group, event, path string, off uint64, s *probes.Spec) string {
 	var b strings.Builder
-	b.WriteString("ptw:" + group + "/" + event + " " + path + ":0x" + strconv.FormatUint(site.Offset, 16))
+	b.WriteString("ptw:" + group + "/" + event + " " + path + ":0x" + strconv.FormatUint(off, 16))
 	if s.MultiNop {
 		b.WriteString("%multinop")
 	}
-	b.WriteString(argsText(s.Args))
+	b.WriteString(probes.ArgsText(s.Args))
 	if s.NoPace {
 		b.WriteString(" %nopace")
 	}
@@ -111,7 +101,7 @@ const maxPath = 4095
 func CheckCommand(cmd string) error {
 	if rest, ok := strings.CutPrefix(cmd, "-:"); ok {
 		grp, ev, _ := strings.Cut(rest, "/")
-		if !isIdent(grp, maxEventName) || !isIdent(ev, maxEventName) {
+		if !probes.IsIdent(grp, maxEventName) || !probes.IsIdent(ev, maxEventName) {
 			return badLine(cmd, "want -:GRP/EVENT with C identifiers")
 		}
 		return nil
@@ -125,7 +115,7 @@ func CheckCommand(cmd string) error {
 		return badLine(cmd, "kind is not p or ptw")
 	}
 	grp, ev, _ := strings.Cut(name, "/")
-	if !isIdent(grp, maxEventName) || !isIdent(ev, maxEventName) {
+	if !probes.IsIdent(grp, maxEventName) || !probes.IsIdent(ev, maxEventName) {
 		return badLine(cmd, "group and event must be C identifiers of at most 63 bytes")
 	}
 	i := strings.LastIndexByte(toks[1], ':')
@@ -146,14 +136,14 @@ func CheckCommand(cmd string) error {
 	if kind == "ptw" && len(args) > 0 && args[len(args)-1] == "%nopace" {
 		args = args[:len(args)-1]
 	}
-	if len(args) > MaxArgs {
+	if len(args) > probes.MaxArgs {
 		return badLine(cmd, "too many arguments")
 	}
 	for _, tok := range args {
 		// An argument must be the spec parser's own text for it: that
 		// admits only names, registers, numbers and the fetch syntax.
-		a, err := parseArg(tok)
-		if err != nil || argsText([]Arg{a}) != " "+tok {
+		a, err := probes.ParseArg(tok)
+		if err != nil || probes.ArgsText([]probes.Arg{a}) != " "+tok {
 			return badLine(cmd, fmt.Sprintf("argument %q is not in canonical form", tok))
 		}
 	}
@@ -181,22 +171,22 @@ func badLine(cmd, why string) error {
 	return fmt.Errorf("%w: %q: %s", ErrBadLine, cmd, why)
 }
 
-// Line returns the checked uprobe_events line of probe s at site, as
+// Line returns the checked uprobe_events line of probe s at file offset off, as
 // group/event on the file path (a Binary's FDPath): PTWLine's when ptw is
 // set, else ClassicLine's. Every argument must be exactly what the spec
 // parser makes of its own text, so that no fragment carries a byte outside
 // the grammar nor splits into two arguments, and the whole line must pass
 // CheckCommand. Errors wrap ErrBadLine.
-func Line(ptw bool, group, event, path string, site *Site, s *Spec) (string, error) {
+func Line(ptw bool, group, event, path string, off uint64, s *probes.Spec) (string, error) {
 	for _, a := range s.Args {
-		text := argsText([]Arg{a})[1:]
-		if b, err := parseArg(text); err != nil || b != a {
+		text := probes.ArgsText([]probes.Arg{a})[1:]
+		if b, err := probes.ParseArg(text); err != nil || b != a {
 			return "", fmt.Errorf("%w: argument %q is not one canonical fetch argument", ErrBadLine, text)
 		}
 	}
-	line := ClassicLine(group, event, path, site, s)
+	line := ClassicLine(group, event, path, off, s)
 	if ptw {
-		line = PTWLine(group, event, path, site, s)
+		line = PTWLine(group, event, path, off, s)
 	}
 	if err := CheckCommand(line); err != nil {
 		return "", err
@@ -215,32 +205,32 @@ type ProbeLine struct {
 
 // ParseLine parses the kind, names and place of a uprobe_events line as the
 // kernel lists it or as ClassicLine and PTWLine write it. Errors wrap
-// ErrSyntax.
+// probes.ErrSyntax.
 func ParseLine(line string) (ProbeLine, error) {
 	var pl ProbeLine
 	f := strings.Fields(line)
 	if len(f) < 2 {
-		return pl, fmt.Errorf("%w: uprobe line %q: want KIND:GRP/EVENT PATH:OFFSET", ErrSyntax, line)
+		return pl, fmt.Errorf("%w: uprobe line %q: want KIND:GRP/EVENT PATH:OFFSET", probes.ErrSyntax, line)
 	}
 	kind, name, ok := strings.Cut(f[0], ":")
 	if !ok || (kind != "p" && kind != "r" && kind != "ptw") {
-		return pl, fmt.Errorf("%w: uprobe line %q: unknown kind %q", ErrSyntax, line, kind)
+		return pl, fmt.Errorf("%w: uprobe line %q: unknown kind %q", probes.ErrSyntax, line, kind)
 	}
 	grp, ev, ok := strings.Cut(name, "/")
 	if !ok || grp == "" || ev == "" {
-		return pl, fmt.Errorf("%w: uprobe line %q: want GRP/EVENT", ErrSyntax, line)
+		return pl, fmt.Errorf("%w: uprobe line %q: want GRP/EVENT", probes.ErrSyntax, line)
 	}
 	i := strings.LastIndexByte(f[1], ':')
 	if i <= 0 {
-		return pl, fmt.Errorf("%w: uprobe line %q: want PATH:OFFSET", ErrSyntax, line)
+		return pl, fmt.Errorf("%w: uprobe line %q: want PATH:OFFSET", probes.ErrSyntax, line)
 	}
 	off := f[1][i+1:]
 	if j := strings.IndexAny(off, "%("); j >= 0 {
 		off = off[:j] // %return, %multinop, (ref_ctr_offset)
 	}
-	n, err := parseUint(off)
+	n, err := probes.ParseUint(off)
 	if err != nil {
-		return pl, fmt.Errorf("%w: uprobe line %q: bad offset %q", ErrSyntax, line, off)
+		return pl, fmt.Errorf("%w: uprobe line %q: bad offset %q", probes.ErrSyntax, line, off)
 	}
 	return ProbeLine{Kind: kind, Group: grp, Event: ev, Path: f[1][:i], Offset: n}, nil
 }

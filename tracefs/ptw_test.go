@@ -1,4 +1,4 @@
-package probes_test
+package tracefs_test
 
 import (
 	"errors"
@@ -12,7 +12,8 @@ import (
 
 	"ptfs/decode"
 	"ptfs/probes"
-	"ptfs/probes/probetest"
+	"ptfs/tracefs"
+	"ptfs/tracefs/tracefstest"
 )
 
 // siteFile returns a file of 8 KiB to put probes on.
@@ -34,7 +35,7 @@ func spec(t *testing.T, s string) *probes.Spec {
 	return sp
 }
 
-func events(t *testing.T, tf *probes.Tracefs) []string {
+func events(t *testing.T, tf *tracefs.Tracefs) []string {
 	t.Helper()
 	l, err := tf.Events()
 	if err != nil {
@@ -48,7 +49,7 @@ func events(t *testing.T, tf *probes.Tracefs) []string {
 func TestAddProbePTWKernels(t *testing.T) {
 	path := siteFile(t)
 	s := spec(t, "0x1170 a=%di +8(%si):u32 c=$stack2:s32 \\0x2a:x32 %nopace")
-	line := probes.PTWLine("ptfs1_t", "e", path, &probes.Site{Offset: 0x1170}, s)
+	line := tracefs.PTWLine("ptfs1_t", "e", path, 0x1170, s)
 	installFailed := func(l string) (syscall.Errno, string) {
 		if strings.Contains(l, ":0x1170") {
 			return syscall.EOPNOTSUPP, "failed to install"
@@ -57,20 +58,20 @@ func TestAddProbePTWKernels(t *testing.T) {
 	}
 	tests := []struct {
 		name   string
-		opts   probetest.Options
+		opts   tracefstest.Options
 		err    error
 		reason string
 	}{
-		{"ptw kernel", probetest.Options{PTW: true}, nil, ""},
-		{"stock kernel", probetest.Options{Stock: true}, probes.ErrRefused, "kernel: Invalid register name"},
-		{"kernel that creates nothing", probetest.Options{}, probes.ErrRefused, "does not list it"},
-		{"punning failed", probetest.Options{PTW: true, Refuse: installFailed}, probes.ErrRefused, "kernel: failed to install"},
-		{"busy", probetest.Options{PTW: true, Refuse: func(string) (syscall.Errno, string) { return syscall.EBUSY, "no memory for the stub" }},
+		{"ptw kernel", tracefstest.Options{PTW: true}, nil, ""},
+		{"stock kernel", tracefstest.Options{Stock: true}, probes.ErrRefused, "kernel: Invalid register name"},
+		{"kernel that creates nothing", tracefstest.Options{}, probes.ErrRefused, "does not list it"},
+		{"punning failed", tracefstest.Options{PTW: true, Refuse: installFailed}, probes.ErrRefused, "kernel: failed to install"},
+		{"busy", tracefstest.Options{PTW: true, Refuse: func(string) (syscall.Errno, string) { return syscall.EBUSY, "no memory for the stub" }},
 			syscall.EBUSY, "kernel: no memory for the stub"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			k := probetest.New(t, tt.opts)
+			k := tracefstest.New(t, tt.opts)
 			err := k.Tracefs.AddProbe(line)
 			if tt.err == nil {
 				if err != nil {
@@ -105,8 +106,8 @@ func TestAddProbePTWKernels(t *testing.T) {
 	}
 	// Without options the stock kernel accepts the line and makes a
 	// classic stand-in, which AddProbe removes.
-	k := probetest.New(t, probetest.Options{Stock: true})
-	plain := probes.PTWLine("ptfs1_t", "e", path, &probes.Site{Offset: 0x1170}, spec(t, "0x1170 %di"))
+	k := tracefstest.New(t, tracefstest.Options{Stock: true})
+	plain := tracefs.PTWLine("ptfs1_t", "e", path, 0x1170, spec(t, "0x1170 %di"))
 	err := k.Tracefs.AddProbe(plain)
 	if !errors.Is(err, probes.ErrRefused) || !strings.Contains(err.Error(), "created p:uprobes/p_t_0x1170 instead (removed)") {
 		t.Errorf("AddProbe on a stock kernel: %v", err)
@@ -123,21 +124,21 @@ func TestTrialPTWKernels(t *testing.T) {
 	pid := strconv.Itoa(os.Getpid())
 	tests := []struct {
 		name   string
-		opts   probetest.Options
+		opts   tracefstest.Options
 		ok     bool
 		why    string
 		trials int // ptw: lines written
 	}{
-		{"README documents ptw", probetest.Options{PTW: true}, true, "README documents ptw", 0},
-		{"ptw kernel, quiet README", probetest.Options{PTW: true, QuietReadme: true}, true, "listed as ptw:", 1},
-		{"stock kernel", probetest.Options{Stock: true}, false, "the kernel turned a trial ptw: line into classic probe p:uprobes/p_ptfs" + pid + "_0x0 (removed): no ptwrite uprobes", 1},
-		{"kernel that creates nothing", probetest.Options{}, false, "does not list it", 1},
-		{"trial refused", probetest.Options{PTW: true, QuietReadme: true, Refuse: func(string) (syscall.Errno, string) { return syscall.EINVAL, "failed to install" }},
+		{"README documents ptw", tracefstest.Options{PTW: true}, true, "README documents ptw", 0},
+		{"ptw kernel, quiet README", tracefstest.Options{PTW: true, QuietReadme: true}, true, "listed as ptw:", 1},
+		{"stock kernel", tracefstest.Options{Stock: true}, false, "the kernel turned a trial ptw: line into classic probe p:uprobes/p_ptfs" + pid + "_0x0 (removed): no ptwrite uprobes", 1},
+		{"kernel that creates nothing", tracefstest.Options{}, false, "does not list it", 1},
+		{"trial refused", tracefstest.Options{PTW: true, QuietReadme: true, Refuse: func(string) (syscall.Errno, string) { return syscall.EINVAL, "failed to install" }},
 			false, "the kernel refused a trial ptw: line (probe refused: kernel: failed to install (at ", 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			k := probetest.New(t, tt.opts)
+			k := tracefstest.New(t, tt.opts)
 			ok, why, err := k.Tracefs.TrialPTW()
 			if err != nil || ok != tt.ok || !strings.Contains(why, tt.why) {
 				t.Errorf("TrialPTW = %v, %q, %v; want %v, %q", ok, why, err, tt.ok, tt.why)
@@ -149,7 +150,7 @@ func TestTrialPTWKernels(t *testing.T) {
 			for _, c := range k.Commands() {
 				if strings.HasPrefix(c, "ptw:") {
 					n++
-					if !strings.HasPrefix(c, "ptw:"+probes.GroupName(os.Getpid(), "check")+"/") {
+					if !strings.HasPrefix(c, "ptw:"+tracefs.GroupName(os.Getpid(), "check")+"/") {
 						t.Errorf("trial line %q is not in the check group", c)
 					}
 					f := strings.Fields(c)[1]
@@ -164,7 +165,7 @@ func TestTrialPTWKernels(t *testing.T) {
 		})
 	}
 	t.Run("no README", func(t *testing.T) {
-		k := probetest.New(t, probetest.Options{PTW: true})
+		k := tracefstest.New(t, tracefstest.Options{PTW: true})
 		if err := os.Remove(filepath.Join(k.Tracefs.Dir, "README")); err != nil {
 			t.Fatal(err)
 		}
@@ -180,14 +181,14 @@ func TestTrialPTWReal(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("tracefs uprobes need root")
 	}
-	tf, err := probes.FindTracefs()
+	tf, err := tracefs.FindTracefs()
 	if err != nil {
 		t.Fatalf("no tracefs on a machine that must have one: %v", err)
 	}
 	if doc, err := tf.ReadmeMentionsPTW(); err != nil || doc {
 		t.Skipf("this kernel documents ptw probes (%v, %v): not the stock kernel this test is about", doc, err)
 	}
-	group := probes.GroupName(os.Getpid(), "check")
+	group := tracefs.GroupName(os.Getpid(), "check")
 	// Lines of this process: the check group, or a stand-in on a trial
 	// file of this PID. Other packages' tests change uprobe_events
 	// concurrently, so only these are compared.
@@ -229,7 +230,7 @@ func TestRemoveStaleTrial(t *testing.T) {
 	}
 	f.Close()
 	t.Cleanup(func() { os.Remove(f.Name()) })
-	k := probetest.New(t, probetest.Options{Stock: true})
+	k := tracefstest.New(t, tracefstest.Options{Stock: true})
 	other := siteFile(t)
 	for _, c := range []string{"ptw:ptfs1_check/trial_1 " + f.Name() + ":0x0", "ptw:e " + other + ":0x0"} {
 		if err := k.Exec(c); err != nil {

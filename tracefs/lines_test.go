@@ -1,15 +1,18 @@
-package probes
+package tracefs
 
 import (
 	"errors"
+	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 
 	"ptfs/decode"
+	"ptfs/probes"
 )
 
 func TestLines(t *testing.T) {
-	site := &Site{Offset: 0x1189}
+	const off = 0x1189
 	tests := []struct {
 		spec, classic, ptw string
 	}{
@@ -24,10 +27,10 @@ func TestLines(t *testing.T) {
 	}
 	for _, tt := range tests {
 		s := mustParse(t, tt.spec)
-		if got := ClassicLine("G", "E", "/bin/t", site, s); got != tt.classic {
+		if got := ClassicLine("G", "E", "/bin/t", off, s); got != tt.classic {
 			t.Errorf("ClassicLine(%q) = %q, want %q", tt.spec, got, tt.classic)
 		}
-		if got := PTWLine("G", "E", "/bin/t", site, s); got != tt.ptw {
+		if got := PTWLine("G", "E", "/bin/t", off, s); got != tt.ptw {
 			t.Errorf("PTWLine(%q) = %q, want %q", tt.spec, got, tt.ptw)
 		}
 		for _, l := range []string{tt.classic, tt.ptw} {
@@ -65,8 +68,8 @@ func TestParseLine(t *testing.T) {
 	for _, tt := range tests {
 		got, err := ParseLine(tt.line)
 		if tt.err {
-			if !errors.Is(err, ErrSyntax) {
-				t.Errorf("ParseLine(%q) = %+v, %v; want ErrSyntax", tt.line, got, err)
+			if !errors.Is(err, probes.ErrSyntax) {
+				t.Errorf("ParseLine(%q) = %+v, %v; want probes.ErrSyntax", tt.line, got, err)
 			}
 			continue
 		}
@@ -162,7 +165,7 @@ print fmt: "(%lx) arg1=0x%Lx b=%d", REC->__probe_ip, REC->arg1, REC->b
 
 func TestMatchArgs(t *testing.T) {
 	parse := func() []decode.Arg {
-		ev, err := decode.ParseFormat(strings.NewReader(realFormat))
+		ev, err := ParseFormat(strings.NewReader(realFormat))
 		if err != nil || ev == nil {
 			t.Fatalf("ParseFormat: %v, %v", ev, err)
 		}
@@ -190,8 +193,8 @@ func FuzzParseLine(f *testing.F) {
 	f.Fuzz(func(t *testing.T, line string) {
 		pl, err := ParseLine(line)
 		if err != nil {
-			if !errors.Is(err, ErrSyntax) {
-				t.Fatalf("error %v is not ErrSyntax", err)
+			if !errors.Is(err, probes.ErrSyntax) {
+				t.Fatalf("error %v is not probes.ErrSyntax", err)
 			}
 			return
 		}
@@ -262,7 +265,7 @@ func TestPTWLine(t *testing.T) {
 	}
 	for _, tt := range tests {
 		s := mustParse(t, tt.spec)
-		got := PTWLine(tt.group, tt.event, tt.path, &Site{Offset: tt.off}, s)
+		got := PTWLine(tt.group, tt.event, tt.path, tt.off, s)
 		if got != tt.want {
 			t.Errorf("PTWLine(%q) = %q, want %q", tt.spec, got, tt.want)
 			continue
@@ -271,5 +274,31 @@ func TestPTWLine(t *testing.T) {
 		if err != nil || pl != (ProbeLine{"ptw", tt.group, tt.event, tt.path, tt.off}) {
 			t.Errorf("ParseLine(%q) = %+v, %v", got, pl, err)
 		}
+	}
+}
+
+// TestErrorsUnwrapToErrno: each sentinel matches itself and its errno
+// through a wrapped error, and no other sentinel.
+func TestErrorsUnwrapToErrno(t *testing.T) {
+	tests := []struct {
+		err   error
+		errno syscall.Errno
+	}{
+		{ErrExists, syscall.EEXIST},
+		{ErrNoTracefs, syscall.ENODEV},
+		{ErrBadLine, syscall.EINVAL},
+	}
+	for _, tt := range tests {
+		err := fmt.Errorf("context: %w", tt.err)
+		var errno syscall.Errno
+		if !errors.As(err, &errno) || errno != tt.errno {
+			t.Errorf("%v: errno %v, want %v", tt.err, errno, tt.errno)
+		}
+		if !errors.Is(err, tt.err) || !errors.Is(err, tt.errno) {
+			t.Errorf("%v: errors.Is fails on %v", tt.err, err)
+		}
+	}
+	if errors.Is(ErrBadLine, probes.ErrSyntax) {
+		t.Error("ErrBadLine matches probes.ErrSyntax")
 	}
 }
