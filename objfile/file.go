@@ -157,7 +157,7 @@ func NewFile(file *os.File, name string) (*File, error) {
 func (f *File) load() error {
 	ef, err := safeNewELF(f.file)
 	if err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrBadBinary, f.path, err)
+		return fmt.Errorf("%w: %s: %w", ErrBadBinary, f.path, err)
 	}
 	if ef.Class != elf.ELFCLASS64 || ef.Machine != elf.EM_X86_64 {
 		return fmt.Errorf("%w: %s is %v %v, not x86-64", ErrBadBinary, f.path, ef.Class, ef.Machine)
@@ -285,7 +285,7 @@ func (f *File) ReadCode(addr, n uint64) ([]byte, error) {
 	}
 	buf := make([]byte, n)
 	if _, err := f.file.ReadAt(buf, int64(addr-s.Vaddr+s.Off)); err != nil {
-		return nil, fmt.Errorf("%w: read code at 0x%x of %s: %v", ErrBadBinary, addr, f.path, err)
+		return nil, fmt.Errorf("%w: read code at 0x%x of %s: %w", ErrBadBinary, addr, f.path, err)
 	}
 	return buf, nil
 }

@@ -40,7 +40,7 @@ func (f *File) readSymbols(ef *elf.File) error {
 			return err
 		})
 		if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
-			return fmt.Errorf("%w: %s: symbols: %v", ErrBadBinary, f.path, err)
+			return fmt.Errorf("%w: %s: symbols: %w", ErrBadBinary, f.path, err)
 		}
 		for _, s := range syms {
 			t := elf.ST_TYPE(s.Info)

@@ -109,7 +109,7 @@ func (b *Binary) walk(seg objfile.Segment, start, addr uint64) (x86insn.Inst, []
 	for {
 		in, err := x86insn.Decode(buf[pc-start:], pc)
 		if err != nil {
-			return x86insn.Inst{}, nil, fmt.Errorf("%w: cannot decode the instruction at file offset 0x%x (%v) on the way to the site",
+			return x86insn.Inst{}, nil, fmt.Errorf("%w: cannot decode the instruction at file offset 0x%x (%w) on the way to the site",
 				ErrBadSite, pc-seg.Vaddr+seg.Off, err)
 		}
 		if pc == addr {

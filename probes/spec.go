@@ -295,7 +295,7 @@ func parseImm(v string) (string, error) {
 	num := strings.TrimPrefix(v, "-")
 	n, err := ParseUint(num)
 	if err != nil {
-		return "", fmt.Errorf("bad immediate \\%s: %v", v, err)
+		return "", fmt.Errorf("bad immediate \\%s: %w", v, err)
 	}
 	if neg && n > 1<<63 {
 		return "", fmt.Errorf("bad immediate \\%s: out of range", v)
@@ -322,7 +322,7 @@ func parseDeref(f string) (string, error) {
 	}
 	n, err := ParseUint(disp)
 	if err != nil {
-		return "", fmt.Errorf("bad displacement %q in %q: %v", disp, f, err)
+		return "", fmt.Errorf("bad displacement %q in %q: %w", disp, f, err)
 	}
 	// The stub encodes the displacement as a signed 32-bit value.
 	if (neg && n > 1<<31) || (!neg && n > 1<<31-1) {

@@ -17,10 +17,10 @@ import (
 )
 
 // ErrNegativeOffset is returned by Reader.ReadAt for an offset below zero.
-var ErrNegativeOffset = errors.New("stream: negative offset")
+var ErrNegativeOffset = errors.New("negative offset")
 
 // ErrClosed is returned by reads of a closed Stream.
-var ErrClosed = errors.New("stream: closed")
+var ErrClosed = errors.New("stream closed")
 
 const (
 	// DefaultLimit is the soft bound New uses when given none.
