@@ -422,3 +422,80 @@ func TestPTWReplaceSameSite(t *testing.T) {
 		t.Errorf("restored probe enable = %q", en)
 	}
 }
+
+// A ptwrite kernel that refuses typed fetchargs gets the probe untyped:
+// the probe file says so and shows the untyped line, and records print the
+// spec's u32/s32/x32 from the low 32 bits of the 8-byte payloads, byte for
+// byte as a typed install's records of the same hits (4-byte payloads).
+func TestPTWUntypedInstall(t *testing.T) {
+	const spec = "target a=%di:s32 %si:x32 c=+8(%sp):u32 d=%dx"
+	hits := [][]uint64{
+		{0xffff_ffff_ffff_fffe, 0x1234_5678_0000_beef, 0xdead_0000_0000_0009, 1 << 40},
+		{0x0000_0001_0000_0005, 0xffff_ffff_ffff_ffff, 0xffff_ffff_ffff_ffff, 3},
+	}
+	// Each kernel in a subtest of its own: one session a process at a
+	// time, closed at the subtest's end.
+	run := func(name string, opts tracefstest.Options, payload int) (records, probe string) {
+		t.Run(name, func(t *testing.T) { records, probe = runPTWHits(t, opts, spec, hits, payload) })
+		return records, probe
+	}
+	const note = "# ptw: the kernel refused typed fetchargs; installed untyped, ptfs formats u32/s32/x32\n"
+	typedRecs, typedProbe := run("typed", tracefstest.Options{PTW: true}, 4)
+	recs, probe := run("untyped", tracefstest.Options{PTW: true, RefuseTypes: true}, 8)
+	if strings.Contains(typedProbe, note) || !strings.Contains(typedProbe, " a=%di:s32 %si:x32 c=+8(%sp):u32 d=%dx\n") {
+		t.Errorf("typed probe file:\n%s", typedProbe)
+	}
+	if !strings.Contains(probe, note) || !strings.Contains(probe, " a=%di %si c=+8(%sp) d=%dx\n") {
+		t.Errorf("untyped probe file:\n%s\nwant the untyped tracefs line and %q", probe, note)
+	}
+	want := "args=[a=-2, 0xbeef, c=9, d=1099511627776]"
+	if recs != typedRecs || !strings.Contains(recs, want) || !strings.Contains(recs, "args=[a=5, 0xffffffff, c=4294967295, d=3]") {
+		t.Errorf("untyped records:\n%s\ntyped records:\n%s\nwant them equal, with %s", recs, typedRecs, want)
+	}
+}
+
+// runPTWHits mounts a ptw session on a kernel of opts, installs spec as
+// probe a through the mount, replays hits of it with payloads of that many
+// bytes (the last argument always 8), and returns records and the probe
+// file.
+func runPTWHits(t *testing.T, opts tracefstest.Options, spec string, hits [][]uint64, payload int) (records, probe string) {
+	t.Helper()
+	s, tg, _, rep := newPTWSession(t, opts)
+	dir := mountSession(t, s)
+	probeFile := filepath.Join(dir, "t", "probes", "a")
+	if err := os.WriteFile(probeFile, []byte(spec+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id, err := s.tfs.EventID(tg.group, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e ptenc.Encoder
+	e.PSB()
+	e.TSC(1000)
+	e.PSBEnd()
+	for _, h := range hits {
+		e.PTW(ptenc.Header(id, len(h)), 8, false)
+		for i, v := range h {
+			size := payload
+			if i == len(h)-1 {
+				size = 8 // d is u64 either way
+			}
+			if size == 4 {
+				v &= 0xffff_ffff
+			}
+			e.PTW(v, size, false)
+		}
+	}
+	tc := perfdata.TimeConv{Mult: 1, Zero: 5_000_000_000}
+	err = rep.Queue(capturetest.Batch{0: {capturetest.TimeConv(tc),
+		capturetest.Side(capture.SideEvent{Kind: capture.SideITraceStart, Time: 5_000_000_000, PID: 100, TID: 101}),
+		capturetest.Trace(e.Bytes())}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return readFile(t, dir, "t", "records"), readFile(t, probeFile)
+}

@@ -70,6 +70,9 @@ type probe struct {
 	ev     *decode.Event
 	tevent string // tracefs event name
 	line   string // tracefs line
+	// untyped: the kernel refused the spec's typed fetchargs, line has
+	// none, and the records format the spec's types (tracefs.Installed).
+	untyped bool
 
 	// stale says why spec, installed once, is not installed on the
 	// binary that the path names now (its symbol went, its site is
@@ -199,6 +202,9 @@ func (t *Target) ProbeText(name string) ([]byte, bool) {
 		b = fmt.Appendf(b, "# tracefs: %s\n", p.line)
 		b = fmt.Appendf(b, "# file: %s (%s)\n", p.bin.Path(), p.bin.ID())
 		b = appendSite(b, p.site)
+		if p.untyped {
+			b = append(b, "# ptw: the kernel refused typed fetchargs; installed untyped, ptfs formats u32/s32/x32\n"...)
+		}
 	} else if p.stale != nil {
 		b = fmt.Appendf(b, "%s\n", p.spec)
 		b = fmt.Appendf(b, "# state: stale: %s\n", oneLine(p.stale.Error()))
@@ -364,35 +370,30 @@ func (t *Target) replaceAtSite(p *probe, spec string, sp *probes.Spec, site *pro
 func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec, site *probes.Site) error {
 	ptw := t.s.mode == ModePTW
 	tevent := t.freeEvent(p.name)
-	line, err := tracefs.Line(ptw, t.group, tevent, bin.FDPath(), site.Offset, sp)
+	in, err := t.s.tfs.Install(ptw, t.group, tevent, bin.FDPath(), site.Offset, sp)
 	if err != nil {
 		return err
 	}
-	if err := t.s.tfs.AddProbe(line); err != nil {
-		return err
-	}
-	ev, err := t.s.tfs.Event(t.group, tevent, sp)
+	ev := in.Event
 	// A classic probe replaced at its own site: both events record the
 	// hits until the old one goes, one copy is kept (see swap). (A ptw
 	// probe at its own site went first: replaceAtSite.)
-	swapped := err == nil && p.ev != nil && p.site.Offset == site.Offset
-	if err == nil {
-		// Records show the mount's names; the tracefs names carry the PID.
-		ev.Group, ev.Name = "ptfs_"+t.name, p.name
-		if swapped {
-			t.s.beginSwap(p, p.ev.ID, ev.ID)
-		} else {
-			t.s.setRoute(ev.ID, p)
-		}
-		if err = t.s.src.Add(ev); err != nil {
+	swapped := p.ev != nil && p.site.Offset == site.Offset
+	// Records show the mount's names; the tracefs names carry the PID.
+	ev.Group, ev.Name = "ptfs_"+t.name, p.name
+	if swapped {
+		t.s.beginSwap(p, p.ev.ID, ev.ID)
+	} else {
+		t.s.setRoute(ev.ID, p)
+	}
+	if err = t.s.src.Add(ev); err != nil {
+		t.s.setRoute(ev.ID, nil)
+	} else if ptw {
+		// A ptw probe emits only while enabled, and the capture runs
+		// before it is: no hit is written into a trace nobody reads.
+		if err = t.s.tfs.Enable(t.group, tevent, true); err != nil {
+			err = errors.Join(err, t.s.src.Remove(ev.ID))
 			t.s.setRoute(ev.ID, nil)
-		} else if ptw {
-			// A ptw probe emits only while enabled, and the capture runs
-			// before it is: no hit is written into a trace nobody reads.
-			if err = t.s.tfs.Enable(t.group, tevent, true); err != nil {
-				err = errors.Join(err, t.s.src.Remove(ev.ID))
-				t.s.setRoute(ev.ID, nil)
-			}
 		}
 	}
 	if err != nil {
@@ -416,9 +417,9 @@ func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec,
 		}
 	}
 	t.mu.Lock()
-	p.spec, p.sp, p.bin, p.site, p.ev, p.tevent, p.line, p.stale = spec, sp, bin, site, ev, tevent, line, nil
+	p.spec, p.sp, p.bin, p.site, p.ev, p.tevent, p.line, p.untyped, p.stale = spec, sp, bin, site, ev, tevent, in.Line, in.Untyped, nil
 	t.mu.Unlock()
-	logrus.WithFields(logrus.Fields{"target": t.name, "probe": p.name, "line": line}).Debug("ptfs: probe installed")
+	logrus.WithFields(logrus.Fields{"target": t.name, "probe": p.name, "line": in.Line}).Debug("ptfs: probe installed")
 	return nil
 }
 

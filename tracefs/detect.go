@@ -28,11 +28,12 @@ var nop5 = []byte{0x0f, 0x1f, 0x44, 0x00, 0x00}
 
 // TrialPTW tells whether the kernel has ptwrite uprobes, with why as one
 // line that explains the verdict. When the tracefs README documents ptw
-// probes, that settles it. Otherwise it writes a trial ptw: probe on a
-// 5-byte NOP in a new file in os.TempDir() that nobody maps, in group
-// GroupName(pid, "check"), reads uprobe_events back, and removes whatever
-// the kernel created (a stock kernel makes a classic stand-in) and the
-// file before it returns. A kernel that refuses the line or creates
+// probes, that settles it. Otherwise it writes a trial ptw: probe with one
+// fetcharg (%di) on a 5-byte NOP in a new file in os.TempDir() that nobody
+// maps, in group GroupName(pid, "check"), reads uprobe_events back (the
+// probe counts when listed under its name, as ptw: or p:; AddProbe), and
+// removes whatever the kernel created (a stock kernel makes a classic
+// stand-in) and the file before it returns. A kernel that refuses the line or creates
 // something else gives ok false and a nil err; err reports what kept the
 // trial from finishing (tracefs not writable, a probe that would not go).
 func (t *Tracefs) TrialPTW() (ok bool, why string, err error) {
@@ -59,7 +60,9 @@ func (t *Tracefs) TrialPTW() (ok bool, why string, err error) {
 	}
 	group := GroupName(pid, "check")
 	event := "trial_" + strconv.FormatUint(trialSeq.Add(1), 10)
-	line := "ptw:" + group + "/" + event + " " + path + ":0x0"
+	// One fetcharg: the RFC takes 1 to 8, and a kernel that refuses a
+	// line without any must not read as one without ptwrite uprobes.
+	line := "ptw:" + group + "/" + event + " " + path + ":0x0 %di"
 	made, aerr := t.addProbe(line)
 	if aerr == nil {
 		if err := t.RemoveProbe(group, event); err != nil {
@@ -73,7 +76,7 @@ func (t *Tracefs) TrialPTW() (ok bool, why string, err error) {
 	}
 	switch {
 	case aerr == nil:
-		return true, "a trial ptw: probe was listed as ptw: (removed)", nil
+		return true, "a trial ptw: probe was listed under its own name (removed)", nil
 	case len(made) > 0:
 		return false, fmt.Sprintf("the kernel turned a trial ptw: line into classic probe %s (removed): no ptwrite uprobes", strings.Join(made, ", ")), nil
 	case errors.Is(aerr, probes.ErrRefused) || errors.Is(aerr, ErrExists):

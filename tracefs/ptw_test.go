@@ -61,13 +61,16 @@ func TestAddProbePTWKernels(t *testing.T) {
 		opts   tracefstest.Options
 		err    error
 		reason string
+		listed string // the listing's head, when installed
 	}{
-		{"ptw kernel", tracefstest.Options{PTW: true}, nil, ""},
-		{"stock kernel", tracefstest.Options{Stock: true}, probes.ErrRefused, "kernel: Invalid register name"},
-		{"kernel that creates nothing", tracefstest.Options{}, probes.ErrRefused, "does not list it"},
-		{"punning failed", tracefstest.Options{PTW: true, Refuse: installFailed}, probes.ErrRefused, "kernel: failed to install"},
+		{"ptw kernel", tracefstest.Options{PTW: true}, nil, "", "ptw:ptfs1_t/e " + path + ":0x1170 "},
+		{"ptw kernel listing ptw probes as p:", tracefstest.Options{PTW: true, ListPTWAsP: true}, nil, "",
+			"p:ptfs1_t/e " + path + ":0x0000000000001170 "},
+		{"stock kernel", tracefstest.Options{Stock: true}, probes.ErrRefused, "kernel: Invalid register name", ""},
+		{"kernel that creates nothing", tracefstest.Options{}, probes.ErrRefused, "does not list it", ""},
+		{"punning failed", tracefstest.Options{PTW: true, Refuse: installFailed}, probes.ErrRefused, "kernel: failed to install", ""},
 		{"busy", tracefstest.Options{PTW: true, Refuse: func(string) (syscall.Errno, string) { return syscall.EBUSY, "no memory for the stub" }},
-			syscall.EBUSY, "kernel: no memory for the stub"},
+			syscall.EBUSY, "kernel: no memory for the stub", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -77,8 +80,8 @@ func TestAddProbePTWKernels(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if l := events(t, k.Tracefs); len(l) != 1 || !strings.HasPrefix(l[0], "ptw:ptfs1_t/e "+path+":0x1170 ") {
-					t.Errorf("listed %q", l)
+				if l := events(t, k.Tracefs); len(l) != 1 || !strings.HasPrefix(l[0], tt.listed) {
+					t.Errorf("listed %q, want %q...", l, tt.listed)
 				}
 				ev, err := k.Tracefs.Event("ptfs1_t", "e", s)
 				if err != nil {
@@ -120,6 +123,144 @@ func TestAddProbePTWKernels(t *testing.T) {
 	}
 }
 
+// TestAddProbeStandInOnly removes, of what appeared in uprobe_events
+// during a ptw write, only the stand-in: a new line of the default group at
+// the write's file and offset. Lines that other writers added meanwhile (a
+// probe of their own group at the same site, an unnamed probe elsewhere)
+// stay.
+func TestAddProbeStandInOnly(t *testing.T) {
+	path, other := siteFile(t), siteFile(t)
+	theirs := []string{"p:theirs/same_site " + path + ":0x1170 %di", "p:uprobes/elsewhere " + other + ":0x1170 %di"}
+	for _, opts := range []tracefstest.Options{{Stock: true}, {}} {
+		k := tracefstest.New(t, opts)
+		tf := *k.Tracefs
+		// Another writer adds its probes right after ptfs's write.
+		tf.Exec = func(cmd string) error {
+			err := k.Exec(cmd)
+			if strings.HasPrefix(cmd, "ptw:") {
+				for _, c := range theirs {
+					if err := k.Exec(c); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			return err
+		}
+		err := tf.AddProbe(tracefs.PTWLine("ptfs1_t", "e", path, 0x1170, spec(t, "0x1170 %di")))
+		if !errors.Is(err, probes.ErrRefused) {
+			t.Errorf("stock %v: AddProbe = %v, want ErrRefused", opts.Stock, err)
+		}
+		l := events(t, k.Tracefs)
+		if len(l) != 2 || !strings.HasPrefix(l[0], "p:theirs/same_site ") || !strings.HasPrefix(l[1], "p:uprobes/elsewhere ") {
+			t.Errorf("stock %v: left %q, want the other writer's two probes", opts.Stock, l)
+		}
+		removed := 0
+		for _, c := range k.Commands() {
+			if strings.HasPrefix(c, "-:") {
+				removed++
+				if c != "-:uprobes/p_t_0x1170" {
+					t.Errorf("stock %v: removed %q", opts.Stock, c)
+				}
+			}
+		}
+		if want := map[bool]int{true: 1, false: 0}[opts.Stock]; removed != want {
+			t.Errorf("stock %v: %d removals, want %d", opts.Stock, removed, want)
+		}
+	}
+}
+
+// TestInstallUntyped installs typed ptw probes on a ptwrite kernel that
+// refuses typed fetchargs: the line goes in again without the types, the
+// event keeps the spec's types, and records print exactly as a typed
+// install's do. Nothing is retried where the types were not the problem.
+func TestInstallUntyped(t *testing.T) {
+	path := siteFile(t)
+	s := spec(t, "0x1170 a=%di +8(%si):u32 c=$stack2:s32 \\0x2a:x32 %nopace")
+	typedLine := tracefs.PTWLine("ptfs1_t", "e", path, 0x1170, s)
+	untypedLine := "ptw:ptfs1_t/e " + path + ":0x1170 a=%di +8(%si) c=$stack2 \\0x2a %nopace"
+
+	typed := tracefstest.New(t, tracefstest.Options{PTW: true})
+	tin, err := typed.Tracefs.Install(true, "ptfs1_t", "e", path, 0x1170, s)
+	if err != nil || tin.Untyped || tin.Line != typedLine {
+		t.Fatalf("Install on a kernel that takes types = %+v, %v", tin, err)
+	}
+
+	k := tracefstest.New(t, tracefstest.Options{PTW: true, RefuseTypes: true})
+	in, err := k.Tracefs.Install(true, "ptfs1_t", "e", path, 0x1170, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !in.Untyped || in.Line != untypedLine {
+		t.Errorf("Install = %+v, want untyped line %q", in, untypedLine)
+	}
+	if c := k.Commands(); len(c) != 2 || c[0] != typedLine || c[1] != untypedLine {
+		t.Errorf("commands %q, want the typed line, then the untyped one", c)
+	}
+	if l := events(t, k.Tracefs); len(l) != 1 || !strings.HasPrefix(l[0], "ptw:ptfs1_t/e ") {
+		t.Errorf("listed %q", l)
+	}
+	if len(in.Event.Args) != 4 {
+		t.Fatalf("event %+v", in.Event)
+	}
+	for i, want := range []decode.ArgType{decode.U64, decode.U32, decode.S32, decode.X32} {
+		if a := in.Event.Args[i]; a.Type != want || a.Size != 8 || a.Name != tin.Event.Args[i].Name {
+			t.Errorf("arg %d = %+v, want type %v in an 8-byte field named %q", i, a, want, tin.Event.Args[i].Name)
+		}
+	}
+	// A hit whose payloads carry high bits (an 8-byte load, a 64-bit
+	// register) prints as the typed probe's zero-extended 4-byte words.
+	wide := decode.Record{N: 4, Args: [8]uint64{1 << 40, 0xdead_beef_0000_0007, 0x1234_5678_ffff_fffe, 0xffff_ffff_0000_002a}, TID: 7, CPU: 1, Time: 5}
+	narrow := decode.Record{N: 4, Args: [8]uint64{1 << 40, 7, 0xffff_fffe, 0x2a}, TID: 7, CPU: 1, Time: 5}
+	wide.Event, narrow.Event = in.Event, tin.Event
+	in.Event.ID = tin.Event.ID
+	got, want := string(decode.AppendRecord(nil, 1, &wide)), string(decode.AppendRecord(nil, 1, &narrow))
+	if got != want || !strings.Contains(got, "args=[a=1099511627776, 7, c=-2, 0x2a]") {
+		t.Errorf("untyped install prints %q, typed %q", got, want)
+	}
+
+	// Refused for another reason too: the typed line's error, with the
+	// untyped line's reason, and nothing left behind.
+	k = tracefstest.New(t, tracefstest.Options{PTW: true, RefuseTypes: true, Refuse: func(string) (syscall.Errno, string) {
+		return syscall.EINVAL, "failed to install"
+	}})
+	_, err = k.Tracefs.Install(true, "ptfs1_t", "e", path, 0x1170, s)
+	if !errors.Is(err, probes.ErrRefused) || !strings.Contains(err.Error(), "Unknown type is specified") ||
+		!strings.Contains(err.Error(), "without types: probe refused: kernel: failed to install") {
+		t.Errorf("Install refused twice: %v", err)
+	}
+	if l := events(t, k.Tracefs); len(l) != 0 {
+		t.Errorf("left %q", l)
+	}
+	// No retry: an untyped spec, a classic line, a stock kernel's stand-in.
+	for _, tc := range []struct {
+		name string
+		opts tracefstest.Options
+		ptw  bool
+		spec string
+	}{
+		{"untyped spec", tracefstest.Options{PTW: true, Refuse: func(string) (syscall.Errno, string) { return syscall.EINVAL, "failed to install" }}, true, "0x1170 %di"},
+		{"classic line", tracefstest.Options{PTW: true, Refuse: func(string) (syscall.Errno, string) { return syscall.EINVAL, "failed to install" }}, false, "0x1170 %di:u32"},
+		{"stock kernel", tracefstest.Options{Stock: true}, true, "0x1170 %di:u32"},
+	} {
+		k := tracefstest.New(t, tc.opts)
+		if _, err := k.Tracefs.Install(tc.ptw, "ptfs1_t", "e", path, 0x1170, spec(t, tc.spec)); !errors.Is(err, probes.ErrRefused) {
+			t.Errorf("%s: Install = %v, want ErrRefused", tc.name, err)
+		}
+		n := 0
+		for _, c := range k.Commands() {
+			if !strings.HasPrefix(c, "-:") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("%s: commands %q, want one probe line", tc.name, k.Commands())
+		}
+		if l := events(t, k.Tracefs); len(l) != 0 {
+			t.Errorf("%s: left %q", tc.name, l)
+		}
+	}
+}
+
 func TestTrialPTWKernels(t *testing.T) {
 	pid := strconv.Itoa(os.Getpid())
 	tests := []struct {
@@ -130,9 +271,11 @@ func TestTrialPTWKernels(t *testing.T) {
 		trials int // ptw: lines written
 	}{
 		{"README documents ptw", tracefstest.Options{PTW: true}, true, "README documents ptw", 0},
-		{"ptw kernel, quiet README", tracefstest.Options{PTW: true, QuietReadme: true}, true, "listed as ptw:", 1},
+		{"ptw kernel, quiet README", tracefstest.Options{PTW: true, QuietReadme: true}, true, "listed under its own name", 1},
 		{"stock kernel", tracefstest.Options{Stock: true}, false, "the kernel turned a trial ptw: line into classic probe p:uprobes/p_ptfs" + pid + "_0x0 (removed): no ptwrite uprobes", 1},
 		{"kernel that creates nothing", tracefstest.Options{}, false, "does not list it", 1},
+		{"ptw kernel listing ptw probes as p:", tracefstest.Options{PTW: true, QuietReadme: true, ListPTWAsP: true}, true, "listed under its own name", 1},
+		{"ptw kernel refusing lines without fetchargs", tracefstest.Options{PTW: true, QuietReadme: true, RefuseNoArgs: true}, true, "listed under its own name", 1},
 		{"trial refused", tracefstest.Options{PTW: true, QuietReadme: true, Refuse: func(string) (syscall.Errno, string) { return syscall.EINVAL, "failed to install" }},
 			false, "the kernel refused a trial ptw: line (probe refused: kernel: failed to install (at ", 1},
 	}
@@ -152,6 +295,9 @@ func TestTrialPTWKernels(t *testing.T) {
 					n++
 					if !strings.HasPrefix(c, "ptw:"+tracefs.GroupName(os.Getpid(), "check")+"/") {
 						t.Errorf("trial line %q is not in the check group", c)
+					}
+					if !strings.HasSuffix(c, ":0x0 %di") {
+						t.Errorf("trial line %q: want one fetcharg, %%di", c)
 					}
 					f := strings.Fields(c)[1]
 					if _, err := os.Stat(strings.TrimSuffix(f, ":0x0")); !os.IsNotExist(err) {

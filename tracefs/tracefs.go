@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -165,19 +166,25 @@ func sameSite(a, b ProbeLine) bool {
 	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
 }
 
+// defaultGroup is the group of an event whose line names none: where a
+// stock kernel puts its stand-in for a ptw: line.
+const defaultGroup = "uprobes"
+
 // AddProbe installs the probe of one uprobe_events line (as ClassicLine or
-// PTWLine make it) and verifies that the kernel lists exactly that event
-// with that kind afterwards. It refuses with ErrExists an event name that
-// exists (the kernel would merge a second classic line of the same name
-// into one event) and a ptw probe at a site that another probe uses
-// (ptwrite kernels refuse a second probe at one site). A kernel that accepts a line but creates
-// something else (a stock kernel turns a ptw: line into a classic probe
-// named uprobes/p_FILE_OFF) gets the stand-in removed and the line refused.
-// An offset beyond the end of the file is refused with probes.ErrBadSite before
-// the kernel sees it, and a line that CheckCommand refuses with
-// ErrBadLine. Kernel errors carry the reason from error_log: EEXIST
-// maps to ErrExists,
-// EINVAL, E2BIG, ERANGE and EOPNOTSUPP to probes.ErrRefused, others stay errnos.
+// PTWLine make it) and verifies that the kernel lists the line's
+// GRP/EVENT at the line's file and offset afterwards, whatever kind it
+// lists it as: a ptwrite kernel may list a ptw probe as p:. It refuses
+// with ErrExists an event name that exists (the kernel would merge a
+// second classic line of the same name into one event) and a ptw probe at
+// a site that another probe uses (ptwrite kernels refuse a second probe at
+// one site). A kernel that accepts a ptw: line but creates another event
+// at its site instead (a stock kernel makes a classic probe named
+// uprobes/p_FILE_OFF) gets that stand-in removed and the line refused with
+// probes.ErrRefused. An offset beyond the end of the file is refused with
+// probes.ErrBadSite before the kernel sees it, and a line that
+// CheckCommand refuses with ErrBadLine. Kernel errors carry the reason
+// from error_log: EEXIST maps to ErrExists, EINVAL, E2BIG, ERANGE and
+// EOPNOTSUPP to probes.ErrRefused, others stay errnos.
 func (t *Tracefs) AddProbe(line string) error {
 	_, err := t.addProbe(line)
 	return err
@@ -215,7 +222,8 @@ func (t *Tracefs) addProbe(line string) (standIns []string, err error) {
 		}
 		// Only ptwrite uprobes refuse a second probe at a site; classic
 		// ones share it (another tool's probe, or the probe that this
-		// one replaces).
+		// one replaces). A ptw probe may be listed as p:, so a ptw line
+		// meets every kind.
 		if (pl.Kind == "ptw" || el.Kind == "ptw") && sameSite(el, pl) {
 			return nil, fmt.Errorf("%w: probe %s/%s is at %s:0x%x already", ErrExists, el.Group, el.Event, pl.Path, pl.Offset)
 		}
@@ -227,22 +235,9 @@ func (t *Tracefs) addProbe(line string) (standIns []string, err error) {
 	if err != nil {
 		return nil, err
 	}
-	old := make(map[string]bool, len(before))
-	for _, l := range before {
-		old[l] = true
-	}
-	var made []ProbeLine
-	for _, l := range after {
-		el, err := ParseLine(l)
-		if err != nil {
-			continue
-		}
-		if el.Group == pl.Group && el.Event == pl.Event && el.Kind == pl.Kind && sameSite(el, pl) {
-			return nil, nil
-		}
-		if !old[l] && (sameSite(el, pl) || el.Group == pl.Group && el.Event == pl.Event) {
-			made = append(made, el)
-		}
+	made, ok := created(pl, before, after)
+	if ok {
+		return nil, nil
 	}
 	var errs []error
 	for _, el := range made {
@@ -257,6 +252,110 @@ func (t *Tracefs) addProbe(line string) (standIns []string, err error) {
 	err = fmt.Errorf("%w: the kernel accepted %s:%s/%s but created %s instead (removed): it does not support %s probes",
 		probes.ErrRefused, pl.Kind, pl.Group, pl.Event, strings.Join(standIns, ", "), pl.Kind)
 	return standIns, errors.Join(append([]error{err}, errs...)...)
+}
+
+// created compares the uprobe_events lines before and after the write of
+// pl. ok says that the kernel lists pl's GRP/EVENT at pl's file and offset,
+// under any kind. Otherwise made is what the write created instead: pl's
+// GRP/EVENT at another place, and, for a ptw line, a new event of the
+// default group at pl's file and offset (the stand-in a stock kernel makes
+// of it: its name comes from the path, not the line). Lines of other
+// groups, and lines that were there before, are never counted: other
+// writers change uprobe_events meanwhile.
+func created(pl ProbeLine, before, after []string) (made []ProbeLine, ok bool) {
+	old := make(map[string]bool, len(before))
+	for _, l := range before {
+		old[l] = true
+	}
+	for _, l := range after {
+		el, err := ParseLine(l)
+		if err != nil || old[l] {
+			continue
+		}
+		switch {
+		case el.Group == pl.Group && el.Event == pl.Event:
+			if sameSite(el, pl) {
+				return nil, true
+			}
+			made = append(made, el)
+		case pl.Kind == "ptw" && el.Group == defaultGroup && sameSite(el, pl):
+			made = append(made, el)
+		}
+	}
+	return made, false
+}
+
+// Installed is a probe that Install added.
+type Installed struct {
+	// Line is the line the kernel took.
+	Line string
+	// Untyped says that a ptwrite kernel refused the spec's typed
+	// fetchargs and Line has the arguments without their types: each is
+	// a u64 payload (a memory argument an 8-byte load), and Event still
+	// has the spec's types, so that records print u32/s32/x32 from the
+	// low 32 bits as a typed probe's would.
+	Untyped bool
+	// Event is the probe's event for the decoder, as Event gives it.
+	Event *decode.Event
+}
+
+// Install adds probe s at file offset off of path (a Binary's FDPath) as
+// GRP/EVENT: Line's line, ptw choosing the kind, added by AddProbe, then its
+// event read back by Event; an event that cannot be read gets its probe
+// removed again. The kernel's document of ptwrite uprobes both describes
+// u32/s32/x32 fetchargs and says typed suffixes are rejected: when the
+// kernel refuses a ptw: line with typed arguments, Install writes it again
+// without the types, and the untyped line's success shows that the types
+// were what it refused. When that fails too, the error is the typed
+// line's, with the untyped line's reason when it differs.
+func (t *Tracefs) Install(ptw bool, group, event, path string, off uint64, s *probes.Spec) (*Installed, error) {
+	line, err := Line(ptw, group, event, path, off, s)
+	if err != nil {
+		return nil, err
+	}
+	in, ks := &Installed{Line: line}, s
+	standIns, err := t.addProbe(line)
+	if u := untyped(s); err != nil && ptw && u != nil && len(standIns) == 0 && errors.Is(err, probes.ErrRefused) {
+		uline, lerr := Line(ptw, group, event, path, off, u)
+		if lerr != nil {
+			return nil, errors.Join(err, lerr)
+		}
+		if _, uerr := t.addProbe(uline); uerr != nil {
+			if uerr.Error() != err.Error() {
+				err = fmt.Errorf("%w (without types: %v)", err, uerr)
+			}
+			return nil, err
+		}
+		in.Line, in.Untyped, ks, err = uline, true, u, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	ev, err := t.Event(group, event, ks)
+	if err != nil {
+		return nil, errors.Join(err, t.RemoveProbe(group, event))
+	}
+	// The kernel's fields are u64 when untyped; the records print the
+	// spec's types.
+	for i := range ev.Args {
+		ev.Args[i].Type = s.Args[i].Type
+	}
+	in.Event = ev
+	return in, nil
+}
+
+// untyped returns s with the types of its arguments left out (u64, the
+// kernel's default), or nil when none has another type.
+func untyped(s *probes.Spec) *probes.Spec {
+	if !slices.ContainsFunc(s.Args, func(a probes.Arg) bool { return a.Type != decode.U64 }) {
+		return nil
+	}
+	u := *s
+	u.Args = slices.Clone(s.Args)
+	for i := range u.Args {
+		u.Args[i].Type = decode.U64
+	}
+	return &u
 }
 
 // addError maps a failed uprobe_events write of line to the package's

@@ -388,6 +388,70 @@ func TestAddProbePTW(t *testing.T) {
 	}
 }
 
+// TestPTWStandInReal writes a ptw: line under ptfs's own group and event
+// to this machine's stock kernel and looks at uprobe_events right after the
+// write, before AddProbe reads it back: the kernel must have made its
+// stand-in in the default group, named after the file and offset, and
+// nothing under ptfs's name, which is what tells a stand-in from a ptw
+// probe however the kernel lists that one. AddProbe removes the stand-in
+// and refuses; Install does not retry a typed line that made a stand-in.
+func TestPTWStandInReal(t *testing.T) {
+	tf := tracefsT(t)
+	if doc, err := tf.ReadmeMentionsPTW(); err != nil || doc {
+		t.Skipf("this kernel documents ptw probes (%v, %v): not the stock kernel this test is about", doc, err)
+	}
+	// A base name of this process alone: the kernel names its stand-in
+	// after it, in a group that every writer shares.
+	base := "ptwstandin" + strconv.Itoa(os.Getpid())
+	path := filepath.Join(t.TempDir(), base)
+	if err := os.WriteFile(path, append(make([]byte, 0x1000), 0x0f, 0x1f, 0x44, 0x00, 0x00), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cleanPath(t, tf, path)
+	g := testGroup(t, tf, "standin")
+	var seen [][]string // the lines on path, and of g, right after each ptw write
+	hooked := &Tracefs{Dir: tf.Dir, Exec: func(cmd string) error {
+		err := tf.write(cmd)
+		if strings.HasPrefix(cmd, "ptw:") {
+			lines, lerr := tf.Events()
+			if lerr != nil {
+				t.Error(lerr)
+			}
+			var mine []string
+			for _, l := range lines {
+				if pl, err := ParseLine(l); err == nil && (pl.Path == path || pl.Group == g) {
+					mine = append(mine, l)
+				}
+			}
+			seen = append(seen, mine)
+		}
+		return err
+	}}
+	err := hooked.AddProbe(PTWLine(g, "e", path, 0x1000, mustParse(t, "0x1000 %di")))
+	standIn := "p:uprobes/p_" + base + "_0x1000 " + path + ":0x"
+	if len(seen) != 1 || len(seen[0]) != 1 || !strings.HasPrefix(seen[0][0], standIn) {
+		t.Fatalf("after the ptw write the kernel listed %q, want one line %q...", seen, standIn)
+	}
+	if !errors.Is(err, probes.ErrRefused) || !strings.Contains(err.Error(), "created p:uprobes/p_"+base+"_0x1000 instead (removed)") {
+		t.Errorf("AddProbe = %v, want the stand-in refused", err)
+	}
+	if l := siteLines(t, tf, path, 0x1000); len(l) != 0 {
+		t.Errorf("stand-in left: %q", l)
+	}
+	t.Logf("stock kernel's listing of a ptw: line: %s", seen[0][0])
+
+	seen = nil
+	if _, err := hooked.Install(true, g, "typed", path, 0x1000, mustParse(t, "0x1000 %di:u32")); !errors.Is(err, probes.ErrRefused) {
+		t.Errorf("Install of a typed ptw probe on a stock kernel = %v, want ErrRefused", err)
+	}
+	if len(seen) != 1 || len(seen[0]) != 1 || !strings.HasPrefix(seen[0][0], standIn) {
+		t.Errorf("typed ptw writes listed %q, want one stand-in and no untyped retry", seen)
+	}
+	if l := siteLines(t, tf, path, 0x1000); len(l) != 0 {
+		t.Errorf("stand-in left: %q", l)
+	}
+}
+
 func TestRemoveStale(t *testing.T) {
 	tf := tracefsT(t)
 	path := buildC(t, "sites", builds[0].flags...)

@@ -1,7 +1,8 @@
 // Package tracefstest simulates the uprobe part of a tracefs kernel over a
 // temp dir, so that code driving tracefs.Tracefs can be tested against a
-// ptwrite kernel, a stock kernel or one that refuses sites, none of which
-// this machine has. Reads stay plain file reads: the kernel keeps
+// ptwrite kernel (in the variants its document leaves open: listing its
+// probes as p:, refusing lines without fetchargs or with typed ones), a
+// stock kernel or one that refuses sites, none of which this machine has. Reads stay plain file reads: the kernel keeps
 // uprobe_events, error_log, README and events/GRP/EVENT/{id,format,enable}
 // as files, laid out and worded like the real ones (6.18 and the ptwrite
 // uprobes RFC); commands reach it through tracefs.Tracefs.Exec.
@@ -33,6 +34,17 @@ type Options struct {
 	// the ptw options. Without PTW or Stock, ptw: lines are accepted and
 	// create nothing.
 	Stock bool
+	// ListPTWAsP makes a PTW kernel list its ptw probes as classic ones
+	// ("p:GRP/EVENT PATH:0x%016x ARGS"): the RFC's document never shows
+	// how the kernel lists them.
+	ListPTWAsP bool
+	// RefuseNoArgs makes a PTW kernel refuse a ptw: line without fetchargs
+	// (the RFC says 1 to 8 payloads) with EINVAL.
+	RefuseNoArgs bool
+	// RefuseTypes makes a PTW kernel refuse a ptw: line with a typed
+	// fetcharg (":u32" and the like) with EINVAL, as the RFC's perf probe
+	// section says it does while its argument syntax documents the types.
+	RefuseTypes bool
 	// Refuse, when set, is asked about every probe line before it is
 	// created; a non-zero errno refuses the line with reason in error_log,
 	// as a ptwrite kernel does when punning fails ("failed to install").
@@ -81,6 +93,9 @@ func New(t testing.TB, opts Options) *Kernel {
 	t.Helper()
 	if opts.PTW && opts.Stock {
 		t.Fatal("tracefstest: a kernel is PTW or Stock, not both")
+	}
+	if !opts.PTW && (opts.ListPTWAsP || opts.RefuseNoArgs || opts.RefuseTypes) {
+		t.Fatal("tracefstest: ListPTWAsP, RefuseNoArgs and RefuseTypes are options of a PTW kernel")
 	}
 	dir := t.TempDir()
 	readme := readmeHead
@@ -310,12 +325,18 @@ func (k *Kernel) create(line string) error {
 			continue
 		}
 		a, r := parseArg(f, len(args)+1, ptw)
+		if r == nil && ptw && a.typ != "" && k.opts.RefuseTypes {
+			r = &refusal{syscall.EINVAL, "Unknown type is specified", len(f) - len(a.typ)}
+		}
 		if r != nil {
 			r.col += col
 			return r
 		}
 		args = append(args, a)
 		col += len(f) + 1
+	}
+	if ptw && len(args) == 0 && k.opts.RefuseNoArgs {
+		return &refusal{syscall.EINVAL, "ptwrite probes need 1 to 8 arguments", len(fields[0]) + 1}
 	}
 	if ptw && len(args) > 8 {
 		return &refusal{syscall.E2BIG, "Too many arguments are specified", len(fields[0]) + 1}
@@ -338,22 +359,27 @@ func (k *Kernel) create(line string) error {
 			return &refusal{errno, why, len(fields[0]) + 1}
 		}
 	}
+	listKind := kind
+	if ptw && k.opts.ListPTWAsP {
+		listKind = "p"
+	}
 	return k.add(&event{group: group, name: ev, path: path, offset: off, ptw: ptw,
-		listing: listing(kind, group, ev, path, off, multinop, nopace, args)})
+		listing: listing(listKind, group, ev, path, off, multinop, nopace, args)})
 }
 
 // listing is the uprobe_events line of a probe: as 6.18 prints classic
 // ones (zero-padded offset, every argument named), and for ptw ones the
-// "ptw:GRP/EVENT PATH:0xOFF ARGS" of the RFC with its options.
+// "ptw:GRP/EVENT PATH:0xOFF ARGS" of the RFC with its options, or, listed
+// as kind p (ListPTWAsP), the classic form with the options.
 func listing(kind, group, ev, path string, off uint64, multinop, nopace bool, args []arg) string {
 	var b strings.Builder
 	if kind == "ptw" {
 		fmt.Fprintf(&b, "ptw:%s/%s %s:0x%x", group, ev, path, off)
-		if multinop {
-			b.WriteString("%multinop")
-		}
 	} else {
 		fmt.Fprintf(&b, "%s:%s/%s %s:0x%016x", kind, group, ev, path, off)
+	}
+	if multinop {
+		b.WriteString("%multinop")
 	}
 	for _, a := range args {
 		b.WriteString(" " + a.name + "=" + a.fetch)
