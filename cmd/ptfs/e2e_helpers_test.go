@@ -150,9 +150,13 @@ func startMountAt(t testing.TB, dir string, args ...string) *mountProc {
 			}
 		}
 	})
+	// Up means serving and past go-fuse's start-up (its poll hack opens a
+	// file on the mount from the server's own process): a SIGKILL during
+	// that open would leave the process unable to exit, waiting on its own
+	// mount. "ptfs: mounted" is logged after it.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "status")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "status")); err == nil && strings.Contains(m.log.String(), "ptfs: mounted") {
 			return m
 		}
 		select {
