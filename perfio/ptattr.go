@@ -24,8 +24,9 @@ var (
 	// ErrNoPT reports a machine without the intel_pt PMU.
 	ErrNoPT = errors.New("perfio: no intel_pt PMU")
 	// ErrNoPTW reports an intel_pt PMU that cannot trace PTWRITE: the CPU
-	// lacks it (caps/ptwrite is 0) or the kernel's driver has no ptw or
-	// fup_on_ptw format.
+	// lacks it (caps/ptwrite is 0), the kernel does not say (no
+	// caps/ptwrite) or its driver has no ptw or fup_on_ptw format; see
+	// CheckPTWrite.
 	ErrNoPTW = errors.New("perfio: intel_pt cannot trace ptwrite")
 	// ErrPMUFormat reports a PMU sysfs file that cannot be parsed.
 	ErrPMUFormat = errors.New("perfio: bad PMU sysfs description")
@@ -71,21 +72,12 @@ func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 	if err != nil {
 		return nil, err
 	}
-	if caps, err := os.ReadFile(filepath.Join(dir, "caps", "ptwrite")); err == nil {
-		if v, perr := strconv.ParseUint(string(bytes.TrimSpace(caps)), 16, 32); perr != nil {
-			return nil, fmt.Errorf("%w: %s/caps/ptwrite: %q", ErrPMUFormat, dir, caps)
-		} else if v == 0 {
-			return nil, fmt.Errorf("%w: the CPU's Intel PT has no PTWRITE (%s/caps/ptwrite is 0)", ErrNoPTW, dir)
-		}
-	}
 	formats, err := readFormats(filepath.Join(dir, "format"))
 	if err != nil {
 		return nil, err
 	}
-	for _, name := range []string{"ptw", "fup_on_ptw"} {
-		if _, ok := formats[name]; !ok {
-			return nil, fmt.Errorf("%w: the kernel's intel_pt driver has no %q format (%s/format/%s missing)", ErrNoPTW, name, dir, name)
-		}
+	if _, err := CheckPTWrite(dir); err != nil {
+		return nil, err
 	}
 	attr := &unix.PerfEventAttr{
 		Type:        uint32(typ),
@@ -132,6 +124,48 @@ func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 		}
 	}
 	return attr, nil
+}
+
+// CheckPTWrite tells whether the intel_pt PMU described in dir can trace
+// PTWRITE: the CPU has it (caps/ptwrite is non-zero) and the driver has the
+// ptw and fup_on_ptw format bits. When it cannot, err wraps ErrNoPTW, or
+// ErrPMUFormat for a caps file that is no number, and why says what is
+// missing, for `ptfs check`.
+//
+// A missing caps/ptwrite counts as no PTWRITE: the kernel has exported it
+// since PTWRITE support came in (4.x), whenever the CPU enumerates
+// CPUID.(EAX=14H,ECX=0):EBX[4], so its absence means a kernel that predates
+// PTWRITE and whose driver cannot be told to use it; the format bits alone
+// would not show that the CPU executes PTWRITE at all.
+func CheckPTWrite(dir string) (why string, err error) {
+	caps, rerr := os.ReadFile(filepath.Join(dir, "caps", "ptwrite"))
+	if rerr != nil {
+		why = "intel_pt without caps/ptwrite (kernel too old to report PTWRITE)"
+		if !errors.Is(rerr, fs.ErrNotExist) {
+			why = fmt.Sprintf("intel_pt/caps/ptwrite unreadable: %v", rerr)
+		}
+		return why, fmt.Errorf("%w: %s: %s", ErrNoPTW, dir, why)
+	}
+	v, perr := strconv.ParseUint(string(bytes.TrimSpace(caps)), 16, 32)
+	if perr != nil {
+		why = fmt.Sprintf("intel_pt/caps/ptwrite is %q, not a number", bytes.TrimSpace(caps))
+		return why, fmt.Errorf("%w: %s: %s", ErrPMUFormat, dir, why)
+	}
+	if v == 0 {
+		why = "CPU without PTWRITE (intel_pt/caps/ptwrite is 0)"
+		return why, fmt.Errorf("%w: %s: %s", ErrNoPTW, dir, why)
+	}
+	var noBits []string
+	for _, f := range []string{"ptw", "fup_on_ptw"} {
+		if _, err := os.Stat(filepath.Join(dir, "format", f)); err != nil {
+			noBits = append(noBits, "format/"+f)
+		}
+	}
+	if len(noBits) > 0 {
+		why = "kernel without the intel_pt ptw format bits (" + strings.Join(noBits, ", ") + " missing)"
+		return why, fmt.Errorf("%w: %s: %s", ErrNoPTW, dir, why)
+	}
+	return "", nil
 }
 
 // maxMTCPeriod is the longest MTC period ptfs asks for: an MTC every 64

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -152,6 +153,7 @@ func TestPTAttrErrors(t *testing.T) {
 		{"no fup_on_ptw format", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "format/fup_on_ptw")) }, PTConfig{}, ErrNoPTW},
 		{"cpu without ptwrite", func(t *testing.T, dir string) { writePMUFile(t, dir, "caps/ptwrite", "0\n") }, PTConfig{}, ErrNoPTW},
 		{"bad caps", func(t *testing.T, dir string) { writePMUFile(t, dir, "caps/ptwrite", "yes\n") }, PTConfig{}, ErrPMUFormat},
+		{"no caps/ptwrite", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "caps/ptwrite")) }, PTConfig{}, ErrNoPTW},
 		{"no type", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "type")) }, PTConfig{}, ErrPMUFormat},
 		{"bad type", func(t *testing.T, dir string) { writePMUFile(t, dir, "type", "intel\n") }, PTConfig{}, ErrPMUFormat},
 		{"type too big", func(t *testing.T, dir string) { writePMUFile(t, dir, "type", "4294967296\n") }, PTConfig{}, ErrPMUFormat},
@@ -185,6 +187,44 @@ func TestPTAttrErrors(t *testing.T) {
 				t.Fatalf("PTAttr: %v (attr %v), want %v", err, attr, tc.want)
 			}
 			t.Log(err)
+		})
+	}
+}
+
+// TestCheckPTWrite covers the one PTWRITE capability check that PTAttr and
+// `ptfs check` share: the sentinel for callers and the reason for people.
+func TestCheckPTWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, dir string)
+		want   error
+		why    string
+	}{
+		{"ptwrite", nil, nil, ""},
+		{"caps 0", func(t *testing.T, dir string) { writePMUFile(t, dir, "caps/ptwrite", "0\n") }, ErrNoPTW,
+			"CPU without PTWRITE (intel_pt/caps/ptwrite is 0)"},
+		// Stricter than trusting the format bits: see CheckPTWrite.
+		{"no caps/ptwrite", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "caps/ptwrite")) }, ErrNoPTW,
+			"intel_pt without caps/ptwrite (kernel too old to report PTWRITE)"},
+		{"caps not a number", func(t *testing.T, dir string) { writePMUFile(t, dir, "caps/ptwrite", "yes\n") }, ErrPMUFormat,
+			`intel_pt/caps/ptwrite is "yes", not a number`},
+		{"no ptw format", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "format/ptw")) }, ErrNoPTW,
+			"kernel without the intel_pt ptw format bits (format/ptw missing)"},
+		{"no format dir", func(t *testing.T, dir string) { os.RemoveAll(filepath.Join(dir, "format")) }, ErrNoPTW,
+			"kernel without the intel_pt ptw format bits (format/ptw, format/fup_on_ptw missing)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := copyPMU(t)
+			if tc.change != nil {
+				tc.change(t, dir)
+			}
+			why, err := CheckPTWrite(dir)
+			if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) || why != tc.why {
+				t.Fatalf("CheckPTWrite: %q, %v; want %q, %v", why, err, tc.why, tc.want)
+			}
+			if err != nil && !strings.Contains(err.Error(), tc.why) {
+				t.Errorf("error %q does not say %q", err, tc.why)
+			}
 		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"ptfs/perfio"
 	"ptfs/probes"
 )
 
@@ -110,21 +111,9 @@ func (r roots) detect(tfs *probes.Tracefs, tracefsErr error) Caps {
 		return c
 	}
 	c.IntelPT = true
-	caps, err := os.ReadFile(filepath.Join(pt, "caps/ptwrite"))
-	var noBits []string
-	for _, f := range []string{"ptw", "fup_on_ptw"} {
-		if _, err := os.Stat(filepath.Join(pt, "format", f)); err != nil {
-			noBits = append(noBits, "format/"+f)
-		}
-	}
-	switch {
-	case err != nil:
-		c.PTWriteErr = "intel_pt without caps/ptwrite (kernel too old to report PTWRITE)"
-	case strings.TrimSpace(string(caps)) != "1":
-		c.PTWriteErr = "CPU without PTWRITE (intel_pt/caps/ptwrite is " + strings.TrimSpace(string(caps)) + ")"
-	case len(noBits) > 0:
-		c.PTWriteErr = "kernel without the intel_pt ptw format bits (" + strings.Join(noBits, ", ") + " missing)"
-	default:
+	if why, err := perfio.CheckPTWrite(pt); err != nil {
+		c.PTWriteErr = why
+	} else {
 		c.PTWrite = true
 	}
 	return c
