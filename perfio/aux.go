@@ -6,10 +6,10 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"ptfs/engine"
 	"ptfs/perfdata"
 
 	"golang.org/x/sys/unix"
-	"ptfs/engine"
 )
 
 // Layout of PERF_RECORD_AUX after the header: u64 aux_offset, aux_size,

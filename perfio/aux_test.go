@@ -11,10 +11,10 @@ import (
 	"testing"
 	"unsafe"
 
+	"ptfs/engine"
 	"ptfs/perfdata"
 
 	"golang.org/x/sys/unix"
-	"ptfs/engine"
 )
 
 // fakeAux is memory laid out like the perf mmap of an AUX event: control

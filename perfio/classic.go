@@ -11,10 +11,10 @@ import (
 	"unsafe"
 
 	"ptfs/decode"
+	"ptfs/engine"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
-	"ptfs/engine"
 )
 
 // ClassicOptions configure a Classic source. Zero values select defaults.

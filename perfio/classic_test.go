@@ -17,10 +17,10 @@ import (
 	"unsafe"
 
 	"ptfs/decode"
+	"ptfs/engine"
 	"ptfs/internal/testkit"
 
 	"golang.org/x/sys/unix"
-	"ptfs/engine"
 )
 
 // kernelEnv is what the kernel tests need: root, tracefs with uprobe_events,
@@ -573,5 +573,32 @@ func TestClassicErrors(t *testing.T) {
 	}
 	if got := countFDs(t); got != fds {
 		t.Errorf("%d fds after Close, %d before NewClassic", got, fds)
+	}
+}
+
+// TestClassicCloseWakes checks that Close wakes the idle reader at once
+// rather than leaving it to sleep out idleInterval (100 ms) first.
+func TestClassicCloseWakes(t *testing.T) {
+	needKernel(t)
+	var worst, total time.Duration
+	const runs = 5
+	for range runs {
+		c, err := NewClassic(ClassicOptions{}, func(*decode.Record) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		// Long enough for the reader to be asleep in its idle wait.
+		time.Sleep(20 * time.Millisecond)
+		start := time.Now()
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		d := time.Since(start)
+		worst, total = max(worst, d), total+d
+	}
+	t.Logf("Close: mean %v, worst %v over %d runs", total/runs, worst, runs)
+	if worst >= idleInterval/2 {
+		t.Errorf("Close took %v: the reader was not woken", worst)
 	}
 }

@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"ptfs/engine"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestPTOptions checks option validation and defaults.

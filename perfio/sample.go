@@ -6,9 +6,9 @@ import (
 	"fmt"
 
 	"ptfs/decode"
+	"ptfs/engine"
 
 	"golang.org/x/sys/unix"
-	"ptfs/engine"
 )
 
 // Perf record types Classic reads (include/uapi/linux/perf_event.h).

@@ -5,8 +5,9 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"golang.org/x/sys/unix"
 	"ptfs/engine"
+
+	"golang.org/x/sys/unix"
 )
 
 // sampleIDSize is the sample_id trailer that sample_id_all appends to every
