@@ -41,9 +41,9 @@ type Step struct {
 	Kind     StepKind
 	TimeConv perfdata.TimeConv // StepTimeConv
 	Data     []byte            // StepTrace
-	Loss     engine.LossKind  // StepLoss
+	Loss     engine.LossKind   // StepLoss
 	N        uint64            // StepLoss
-	Side     engine.SideEvent // StepSide
+	Side     engine.SideEvent  // StepSide
 }
 
 // TimeConv returns a step that passes tc.

@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"ptfs/engine"
 	"ptfs/decode"
 	"ptfs/decode/ptenc"
+	"ptfs/engine"
 	"ptfs/perfdata"
 )
 
