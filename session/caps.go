@@ -162,7 +162,7 @@ func (c *Caps) BranchesErr() string {
 	if !c.IntelPT {
 		return "branches need Intel PT: " + c.IntelPTErr
 	}
-	// The capture can trace branches (capture.PTOptions.Branch); what
+	// The capture can trace branches (perfio.PTOptions.Branch); what
 	// turns them into branch lines is not written yet.
 	return "this build of ptfs cannot reconstruct control flow from the PT stream yet"
 }
