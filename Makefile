@@ -18,7 +18,7 @@ test: vet
 bench:
 	$(GO) test -run '^$$' -bench 'Packets|Records|Libipt' -benchmem -benchtime 3x ./decode
 	$(GO) test -run '^$$' -bench AppendRecord -benchmem ./decode
-	$(GO) test -run '^$$' -bench . -benchmem ./stream ./capture
+	$(GO) test -run '^$$' -bench . -benchmem ./stream ./perfio ./engine
 	$(GO) test -run '^$$' -bench Overhead -benchtime 200000x ./cmd/ptfs
 	$(GO) test -run '^$$' -bench StreamLoad -benchtime 1000000x ./cmd/ptfs
 

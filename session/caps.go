@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"ptfs/perfio"
 	"ptfs/tracefs"
 )
 
@@ -110,21 +111,9 @@ func (r roots) detect(tfs *tracefs.Tracefs, tracefsErr error) Caps {
 		return c
 	}
 	c.IntelPT = true
-	caps, err := os.ReadFile(filepath.Join(pt, "caps/ptwrite"))
-	var noBits []string
-	for _, f := range []string{"ptw", "fup_on_ptw"} {
-		if _, err := os.Stat(filepath.Join(pt, "format", f)); err != nil {
-			noBits = append(noBits, "format/"+f)
-		}
-	}
-	switch {
-	case err != nil:
-		c.PTWriteErr = "intel_pt without caps/ptwrite (kernel too old to report PTWRITE)"
-	case strings.TrimSpace(string(caps)) != "1":
-		c.PTWriteErr = "CPU without PTWRITE (intel_pt/caps/ptwrite is " + strings.TrimSpace(string(caps)) + ")"
-	case len(noBits) > 0:
-		c.PTWriteErr = "kernel without the intel_pt ptw format bits (" + strings.Join(noBits, ", ") + " missing)"
-	default:
+	if why, err := perfio.CheckPTWrite(pt); err != nil {
+		c.PTWriteErr = why
+	} else {
 		c.PTWrite = true
 	}
 	return c
@@ -173,7 +162,7 @@ func (c *Caps) BranchesErr() string {
 	if !c.IntelPT {
 		return "branches need Intel PT: " + c.IntelPTErr
 	}
-	// The capture can trace branches (capture.PTOptions.Branch); what
+	// The capture can trace branches (perfio.PTOptions.Branch); what
 	// turns them into branch lines is not written yet.
 	return "this build of ptfs cannot reconstruct control flow from the PT stream yet"
 }

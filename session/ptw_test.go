@@ -15,9 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"ptfs/bind"
-	"ptfs/capture"
-	"ptfs/capture/capturetest"
 	"ptfs/decode/ptenc"
+	"ptfs/engine"
+	"ptfs/engine/enginetest"
 	ptfsfs "ptfs/fs"
 	"ptfs/internal/testkit"
 	"ptfs/perfdata"
@@ -27,12 +27,12 @@ import (
 )
 
 // fakeSysfs returns a sysfs root whose intel_pt PMU is the real tree of a
-// ptwrite-capable machine (capture/testdata/sysfs-intel_pt).
+// ptwrite-capable machine (perfio/testdata/sysfs-intel_pt).
 func fakeSysfs(t *testing.T) string {
 	t.Helper()
 	root := t.TempDir()
 	dst := filepath.Join(root, "bus/event_source/devices/intel_pt")
-	src := filepath.Join("..", "capture", "testdata", "sysfs-intel_pt")
+	src := filepath.Join("..", "perfio", "testdata", "sysfs-intel_pt")
 	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -165,15 +165,15 @@ func TestPTWMount(t *testing.T) {
 	cpu0b.PSBEnd()
 	cpu0b.Probe(ids["a"], stub, true, 60, 70)
 
-	side := func(time uint64, pid, tid int32) capturetest.Step {
-		return capturetest.Side(capture.SideEvent{Kind: capture.SideITraceStart, Time: time, PID: pid, TID: tid})
+	side := func(time uint64, pid, tid int32) enginetest.Step {
+		return enginetest.Side(engine.SideEvent{Kind: engine.SideITraceStart, Time: time, PID: pid, TID: tid})
 	}
-	err := rep.Queue(capturetest.Batch{
-		0: {capturetest.TimeConv(tc), side(5_000_000_000, 100, 101), capturetest.Trace(cpu0.Bytes()),
-			capturetest.Loss(capture.LossTruncated, 1)},
-		1: {capturetest.TimeConv(tc), side(5_000_000_000, 200, 201), capturetest.Trace(cpu1.Bytes())},
-	}, capturetest.Batch{
-		0: {capturetest.Loss(capture.LossFlush, 1), capturetest.Trace(cpu0b.Bytes())},
+	err := rep.Queue(enginetest.Batch{
+		0: {enginetest.TimeConv(tc), side(5_000_000_000, 100, 101), enginetest.Trace(cpu0.Bytes()),
+			enginetest.Loss(engine.LossTruncated, 1)},
+		1: {enginetest.TimeConv(tc), side(5_000_000_000, 200, 201), enginetest.Trace(cpu1.Bytes())},
+	}, enginetest.Batch{
+		0: {enginetest.Loss(engine.LossFlush, 1), enginetest.Trace(cpu0b.Bytes())},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -238,10 +238,10 @@ func TestPTWMount(t *testing.T) {
 
 // newPTWSession starts a ptw session on a simulated kernel and a replay,
 // with target t, closed at cleanup.
-func newPTWSession(t *testing.T, opts tracefstest.Options) (*Session, *Target, *tracefstest.Kernel, *capturetest.Replay) {
+func newPTWSession(t *testing.T, opts tracefstest.Options) (*Session, *Target, *tracefstest.Kernel, *enginetest.Replay) {
 	t.Helper()
 	k := tracefstest.New(t, opts)
-	rep, err := capturetest.NewReplay()
+	rep, err := enginetest.NewReplay()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,9 +488,9 @@ func runPTWHits(t *testing.T, opts tracefstest.Options, spec string, hits [][]ui
 		}
 	}
 	tc := perfdata.TimeConv{Mult: 1, Zero: 5_000_000_000}
-	err = rep.Queue(capturetest.Batch{0: {capturetest.TimeConv(tc),
-		capturetest.Side(capture.SideEvent{Kind: capture.SideITraceStart, Time: 5_000_000_000, PID: 100, TID: 101}),
-		capturetest.Trace(e.Bytes())}})
+	err = rep.Queue(enginetest.Batch{0: {enginetest.TimeConv(tc),
+		enginetest.Side(engine.SideEvent{Kind: engine.SideITraceStart, Time: 5_000_000_000, PID: 100, TID: 101}),
+		enginetest.Trace(e.Bytes())}})
 	if err != nil {
 		t.Fatal(err)
 	}

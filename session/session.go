@@ -20,8 +20,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"ptfs/capture"
 	"ptfs/decode"
+	"ptfs/engine"
+	"ptfs/perfio"
 	"ptfs/probes"
 	"ptfs/stream"
 	"ptfs/tracefs"
@@ -38,7 +39,7 @@ type Options struct {
 	// pages.
 	RingPages int
 	// PT configures the Intel PT capture of ptw mode.
-	PT capture.PTOptions
+	PT perfio.PTOptions
 	// Latency is how long records are held back so that records of other
 	// CPUs stamped earlier can go out before them (0: the source's
 	// default).
@@ -51,7 +52,7 @@ type Options struct {
 	Sysfs string
 	// Trace is the PT trace source of ptw mode; nil opens Intel PT through
 	// perf_event_open. Tests pass a replay.
-	Trace capture.TraceSource
+	Trace engine.TraceSource
 }
 
 // Default bounds of a records file (stream.Options).
@@ -183,7 +184,7 @@ func New(opts Options) (*Session, error) {
 // nothing is traced until the first probe is added.
 func (s *Session) newSource(r roots) (source, error) {
 	if s.mode != ModePTW {
-		c, err := capture.NewClassic(capture.ClassicOptions{RingPages: s.opts.RingPages, Latency: s.opts.Latency}, s.deliver)
+		c, err := perfio.NewClassic(perfio.ClassicOptions{RingPages: s.opts.RingPages, Latency: s.opts.Latency}, s.deliver)
 		if err != nil {
 			return nil, err
 		}
@@ -192,13 +193,13 @@ func (s *Session) newSource(r roots) (source, error) {
 	trace := s.opts.Trace
 	var timing decode.Timing
 	if trace == nil {
-		pt, err := capture.NewPT(r.intelPT(), s.opts.PT)
+		pt, err := perfio.NewPT(r.intelPT(), s.opts.PT)
 		if err != nil {
 			return nil, err
 		}
 		trace, timing = pt, pt.Timing()
 	}
-	w, err := capture.NewPTW(trace, capture.PTWOptions{Latency: s.opts.Latency, Timing: timing}, s.deliver)
+	w, err := engine.NewPTW(trace, engine.PTWOptions{Latency: s.opts.Latency, Timing: timing}, s.deliver)
 	if err != nil {
 		return nil, err
 	}

@@ -3,8 +3,9 @@ package session
 import (
 	"fmt"
 
-	"ptfs/capture"
 	"ptfs/decode"
+	"ptfs/engine"
+	"ptfs/perfio"
 )
 
 // source is the record source of a mode: classic uprobe samples or the
@@ -25,7 +26,7 @@ type source interface {
 }
 
 // classicSource reads classic uprobes through perf tracepoint rings.
-type classicSource struct{ *capture.Classic }
+type classicSource struct{ *perfio.Classic }
 
 func (c classicSource) shared() decode.Counters {
 	st := c.Stats()
@@ -42,7 +43,7 @@ func (c classicSource) appendStatus(b []byte) []byte {
 func (classicSource) running() string { return "running (classic uprobes, perf tracepoint rings)" }
 
 // ptwSource decodes ptwrite uprobe records from Intel PT.
-type ptwSource struct{ *capture.PTW }
+type ptwSource struct{ *engine.PTW }
 
 func (p ptwSource) shared() decode.Counters {
 	st := p.Stats()
@@ -57,7 +58,7 @@ func (p ptwSource) appendStatus(b []byte) []byte {
 	b = fmt.Appendf(b, "trace: %d bytes decoded\n", st.Bytes)
 	b = append(b, "trace losses:"...)
 	for k, n := range st.Losses {
-		b = fmt.Appendf(b, " %s=%d", capture.LossKind(k), n)
+		b = fmt.Appendf(b, " %s=%d", engine.LossKind(k), n)
 	}
 	b = append(b, '\n')
 	b = fmt.Appendf(b, "side band: itrace_start=%d switch_in=%d switch_out=%d comm=%d mmap2=%d exit=%d\n",

@@ -14,8 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"ptfs/capture"
 	"ptfs/internal/testkit"
+	"ptfs/perfio"
 )
 
 // BenchmarkOverhead runs a tight loop of b.N probe hits (hot %di %si, a
@@ -131,7 +131,7 @@ func benchReference(b *testing.B, bin string, off uint64) {
 	type ring struct {
 		fd  int
 		mem []byte
-		r   *capture.Ring
+		r   *perfio.Ring
 	}
 	var rings []ring
 	defer func() {
@@ -161,7 +161,7 @@ func benchReference(b *testing.B, bin string, off uint64) {
 			unix.Close(fd)
 			b.Fatal(err)
 		}
-		r, err := capture.NewDataRing(mem, page)
+		r, err := perfio.NewDataRing(mem, page)
 		if err != nil {
 			b.Fatal(err)
 		}

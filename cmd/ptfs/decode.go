@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"ptfs/decode"
+	"ptfs/engine"
 	"ptfs/perfdata"
 	"ptfs/tracefs"
 )
@@ -195,47 +196,44 @@ func listPackets(w io.Writer, files []string, ptArgs []string) error {
 
 // entry is one output line waiting for the merge.
 type entry struct {
-	time   uint64
 	rec    decode.Record
 	man    decode.Manual
 	manual bool
 }
 
-// cursor decodes one stream a piece at a time, so that the merge holds the
-// entries of at most feedSize bytes of trace per stream, not of the whole
-// trace (the Assembler completes a packet cut between two pieces).
+// cursor decodes one stream a piece at a time into its queue of the merge,
+// so that the merge holds the entries of at most feedSize bytes of trace per
+// stream, not of the whole trace (the Assembler completes a packet cut
+// between two pieces).
 type cursor struct {
-	a       *decode.Assembler
-	entries []entry
-	head    int
-	segs    [][]byte
-	gaps    []bool
-	done    bool
+	a    *decode.Assembler
+	m    *engine.Merger[entry]
+	q    int // the cursor's queue in m
+	segs [][]byte
+	gaps []bool
+	done bool
 }
 
 // feedSize is the most trace a cursor decodes at once.
 const feedSize = 1 << 20
 
 func (c *cursor) Record(r *decode.Record) {
-	c.entries = append(c.entries, entry{time: r.Time, rec: *r})
+	// Slots are reused: set all of the entry.
+	*c.m.Push(c.q, r.Time) = entry{rec: *r}
 }
 
 func (c *cursor) Manual(m *decode.Manual) {
-	c.entries = append(c.entries, entry{time: m.Time, man: *m, manual: true})
+	*c.m.Push(c.q, m.Time) = entry{man: *m, manual: true}
 }
 
-// peek returns the stream's next entry, decoding segments until there is
-// one; nil at the end of the stream.
-func (c *cursor) peek() *entry {
-	for c.head == len(c.entries) {
-		if c.done {
-			return nil
-		}
-		c.entries, c.head = c.entries[:0], 0
+// fill decodes segments until the stream has an entry in its queue or
+// ends.
+func (c *cursor) fill() {
+	for !c.done && c.m.QueueLen(c.q) == 0 {
 		if len(c.segs) == 0 {
 			c.a.End()
 			c.done = true
-			continue
+			return
 		}
 		if c.gaps[0] {
 			c.a.Gap()
@@ -247,7 +245,6 @@ func (c *cursor) peek() *entry {
 			c.segs, c.gaps = c.segs[1:], c.gaps[1:]
 		}
 	}
-	return &c.entries[c.head]
 }
 
 func decodeRecords(w io.Writer, files []string, eventsDir string) error {
@@ -261,6 +258,8 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 	var (
 		total   decode.Counters
 		cursors []*cursor
+		// Release's bound is not used: the merge pops.
+		merge = engine.NewMerger[entry](0, 0)
 	)
 	for _, name := range files {
 		streams, lost, err := input(name)
@@ -271,7 +270,7 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 		// AUXTRACE_ERROR, AUX truncation of an unknown buffer).
 		total.Errors += lost
 		for _, s := range streams {
-			c := &cursor{}
+			c := &cursor{m: &merge, q: merge.AddQueue()}
 			c.a = decode.NewAssembler(events, c)
 			c.a.SetCPU(s.cpu)
 			c.a.SetTID(s.tid)
@@ -286,30 +285,29 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 	}
 	var line []byte
 	var seq uint64
-	// A k-way merge by time: each stream is in time order. Ties and
-	// unknown times keep the earlier stream first.
+	// Each stream is in time order; the merge takes the earliest entry of
+	// all streams (ties and unknown times: the earlier stream first) while
+	// every stream that has not ended holds one: only the one popped from
+	// can run out.
+	for _, c := range cursors {
+		c.fill()
+	}
 	for {
-		var best *cursor
-		var be *entry
-		for _, c := range cursors {
-			if e := c.peek(); e != nil && (be == nil || e.time < be.time) {
-				best, be = c, e
-			}
-		}
-		if best == nil {
+		e, q, ok := merge.Pop()
+		if !ok {
 			break
 		}
 		line = line[:0]
-		if be.manual {
-			line = decode.AppendManual(line, be.man.Payload, be.man.IP, be.man.HasIP)
+		if e.manual {
+			line = decode.AppendManual(line, e.man.Payload, e.man.IP, e.man.HasIP)
 		} else {
 			seq++
-			line = decode.AppendRecord(line, seq, &be.rec)
+			line = decode.AppendRecord(line, seq, &e.rec)
 		}
 		if _, err := w.Write(line); err != nil {
 			return fmt.Errorf("write output: %w", err)
 		}
-		best.head++
+		cursors[q].fill()
 	}
 	for _, c := range cursors {
 		cs := c.a.Counters()

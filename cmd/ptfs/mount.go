@@ -17,9 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"ptfs/bind"
-	"ptfs/capture"
 	"ptfs/cred"
 	"ptfs/fs"
+	"ptfs/perfio"
 	"ptfs/session"
 	"ptfs/tracefs"
 )
@@ -42,11 +42,11 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 	// 4 MiB a CPU: measured here, the 1 MiB rings lost 3-4% of the hits
 	// of a tight loop on a NOP site (~700,000 hits/s) and these none.
 	ringPages := fl.Int("ring-pages", 1024, "classic mode: per-CPU perf ring size in pages (a power of 2)")
-	var pt capture.PTOptions
-	fl.IntVar(&pt.AuxPages, "aux-pages", capture.DefaultPTAuxPages, "ptw mode: per-CPU Intel PT AUX ring size in pages (a power of 2)")
-	fl.IntVar(&pt.DataPages, "data-pages", capture.DefaultPTDataPages, "ptw mode: per-CPU side-band ring size in pages (a power of 2)")
+	var pt perfio.PTOptions
+	fl.IntVar(&pt.AuxPages, "aux-pages", perfio.DefaultPTAuxPages, "ptw mode: per-CPU Intel PT AUX ring size in pages (a power of 2)")
+	fl.IntVar(&pt.DataPages, "data-pages", perfio.DefaultPTDataPages, "ptw mode: per-CPU side-band ring size in pages (a power of 2)")
 	fl.IntVar(&pt.AuxWatermark, "aux-watermark", 0, "ptw mode: bytes of trace after which the kernel publishes it (0: 64 KiB, or half the AUX ring if less)")
-	fl.DurationVar(&pt.FlushInterval, "pt-flush", capture.DefaultFlushInterval,
+	fl.DurationVar(&pt.FlushInterval, "pt-flush", perfio.DefaultFlushInterval,
 		"ptw mode: publish the trace of a CPU that published nothing for this long by stopping its tracing for a moment (counted as flush losses); negative: never")
 	allowOther := fl.Bool("allow-other", false, "let other users list the mount and read status and symbols (DESIGN §2)")
 	readers := fl.String("readers", "", "group `GROUP` (name or gid) whose members may read records, branches and probes; implies --allow-other")

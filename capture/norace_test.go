@@ -1,7 +1,0 @@
-//go:build !race
-
-package capture
-
-// raceDetector is true when the race detector, which slows the reader many
-// times over, is on.
-const raceDetector = false

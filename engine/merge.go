@@ -1,0 +1,141 @@
+package engine
+
+// Merger orders the items of several queues by time: the one merge of ptfs,
+// used by the classic source, PTW and `ptfs decode`. Each queue is in time
+// order (one CPU ring, one trace stream), so the merge takes the earliest
+// queue head each time, the lower queue first on equal times.
+//
+// A live stream cannot know whether another queue still gets an earlier
+// item, so Release holds each item back until a watermark passes its time;
+// the pending total is bounded by max: beyond it the oldest items go out
+// early. An offline reader that knows every queue's next item uses Pop.
+type Merger[T any] struct {
+	queues []queue[T]
+	n      int // items pending in all queues
+	max    int
+	last   uint64 // latest time taken out
+	late   uint64 // items taken out after a later one (order broken)
+}
+
+// queue is a FIFO of items that reuses its storage.
+type queue[T any] struct {
+	items []item[T]
+	start int // items[start:] are pending
+}
+
+// item is one queued value and the time it is merged by.
+type item[T any] struct {
+	time uint64
+	v    T
+}
+
+// NewMerger returns a merger of n queues holding at most max items for
+// Release.
+func NewMerger[T any](n, max int) Merger[T] {
+	return Merger[T]{queues: make([]queue[T], n), max: max}
+}
+
+// AddQueue adds an empty queue and returns its index, for sources whose
+// CPUs become known one by one.
+func (m *Merger[T]) AddQueue() int {
+	m.queues = append(m.queues, queue[T]{})
+	return len(m.queues) - 1
+}
+
+// Push returns a slot at the end of queue q for an item of the given time;
+// Drop undoes it when the caller cannot fill it. Slots are reused, so
+// steady state does not allocate.
+func (m *Merger[T]) Push(q int, time uint64) *T {
+	qu := &m.queues[q]
+	if len(qu.items) == cap(qu.items) && qu.start > 0 {
+		k := copy(qu.items, qu.items[qu.start:])
+		qu.items, qu.start = qu.items[:k], 0
+	}
+	if len(qu.items) < cap(qu.items) {
+		qu.items = qu.items[:len(qu.items)+1]
+	} else {
+		var zero item[T]
+		qu.items = append(qu.items, zero)
+	}
+	m.n++
+	it := &qu.items[len(qu.items)-1]
+	it.time = time
+	return &it.v
+}
+
+// Drop removes the slot that Push(q) returned last.
+func (m *Merger[T]) Drop(q int) {
+	qu := &m.queues[q]
+	qu.items = qu.items[:len(qu.items)-1]
+	m.n--
+}
+
+// Pending returns the number of items in all queues.
+func (m *Merger[T]) Pending() int { return m.n }
+
+// QueueLen returns the number of items in queue q.
+func (m *Merger[T]) QueueLen(q int) int {
+	qu := &m.queues[q]
+	return len(qu.items) - qu.start
+}
+
+// Late returns how many items were taken out after a later one.
+func (m *Merger[T]) Late() uint64 { return m.late }
+
+// head returns the index of the queue whose first item is the earliest, the
+// lower queue on equal times, or -1 when all are empty. The rule of the
+// merge.
+func (m *Merger[T]) head() int {
+	// Linear over the queues: few CPUs or streams hold items at once.
+	best := -1
+	var bt uint64
+	for i := range m.queues {
+		q := &m.queues[i]
+		if q.start < len(q.items) && (best < 0 || q.items[q.start].time < bt) {
+			best, bt = i, q.items[q.start].time
+		}
+	}
+	return best
+}
+
+// take removes the first item of q and returns it; it stays valid until
+// the next Push to q.
+func (m *Merger[T]) take(qi int) *T {
+	q := &m.queues[qi]
+	it := &q.items[q.start]
+	if it.time < m.last {
+		m.late++
+	} else {
+		m.last = it.time
+	}
+	m.n--
+	if q.start++; q.start == len(q.items) {
+		q.items, q.start = q.items[:0], 0
+	}
+	return &it.v
+}
+
+// Release appends to out, in time order, the pending items whose time is
+// at or before watermark, plus the oldest ones beyond max, and returns out.
+func (m *Merger[T]) Release(watermark uint64, out []T) []T {
+	for m.n > 0 {
+		best := m.head()
+		if q := &m.queues[best]; q.items[q.start].time > watermark && m.n <= m.max {
+			break
+		}
+		out = append(out, *m.take(best))
+	}
+	return out
+}
+
+// Pop takes out the earliest pending item, whatever its time, and returns
+// it with its queue; the item stays valid until the next Push to that
+// queue. ok is false when nothing is pending. The caller makes sure that
+// every queue that may still get items holds one.
+func (m *Merger[T]) Pop() (v *T, q int, ok bool) {
+	q = m.head()
+	if q < 0 {
+		return nil, -1, false
+	}
+	return m.take(q), q, true
+}

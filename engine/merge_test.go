@@ -1,0 +1,135 @@
+package engine
+
+import (
+	"slices"
+	"testing"
+
+	"ptfs/decode"
+)
+
+// pushTimes adds records with the given times on cpu, args[0] = time.
+func pushTimes(m *Merger[decode.Record], cpu int32, times ...uint64) {
+	for _, tm := range times {
+		r := m.Push(int(cpu), tm)
+		*r = decode.Record{CPU: cpu, Time: tm, N: 1, Args: [8]uint64{tm}}
+	}
+}
+
+func times(recs []decode.Record) []uint64 {
+	var out []uint64
+	for _, r := range recs {
+		out = append(out, r.Time)
+	}
+	return out
+}
+
+func TestMerger(t *testing.T) {
+	type round struct {
+		cpu0, cpu1 []uint64 // drained this round
+		watermark  uint64
+		want       []uint64 // released this round
+	}
+	for _, tc := range []struct {
+		name   string
+		max    int
+		rounds []round
+		late   uint64
+	}{
+		{name: "interleaved cpus", max: 100, rounds: []round{
+			{cpu0: []uint64{10, 30, 50}, cpu1: []uint64{20, 40}, watermark: 35, want: []uint64{10, 20, 30}},
+			{cpu0: []uint64{60}, cpu1: []uint64{45}, watermark: 100, want: []uint64{40, 45, 50, 60}},
+		}},
+		{name: "held back until the watermark", max: 100, rounds: []round{
+			{cpu0: []uint64{100, 200}, watermark: 99},
+			{cpu1: []uint64{150}, watermark: 150, want: []uint64{100, 150}},
+			{watermark: 1000, want: []uint64{200}},
+		}},
+		{name: "equal times keep ring order", max: 100, rounds: []round{
+			{cpu0: []uint64{5, 5}, cpu1: []uint64{5}, watermark: 5, want: []uint64{5, 5, 5}},
+		}},
+		{name: "flush", max: 100, rounds: []round{
+			{cpu0: []uint64{1, ^uint64(0) - 1}, watermark: ^uint64(0), want: []uint64{1, ^uint64(0) - 1}},
+		}},
+		{name: "bound releases the oldest early", max: 2, rounds: []round{
+			{cpu0: []uint64{1, 2, 3, 4, 5}, watermark: 0, want: []uint64{1, 2, 3}},
+			{watermark: 4, want: []uint64{4}},
+		}},
+		{name: "out of order within a ring counted", max: 100, late: 1, rounds: []round{
+			{cpu0: []uint64{10, 5, 20}, watermark: 30, want: []uint64{10, 5, 20}},
+		}},
+		{name: "late sample counted", max: 100, late: 1, rounds: []round{
+			{cpu0: []uint64{10, 20}, watermark: 30, want: []uint64{10, 20}},
+			{cpu1: []uint64{15}, watermark: 30, want: []uint64{15}},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMerger[decode.Record](2, tc.max)
+			for i, rd := range tc.rounds {
+				pushTimes(&m, 0, rd.cpu0...)
+				pushTimes(&m, 1, rd.cpu1...)
+				got := times(m.Release(rd.watermark, nil))
+				if len(got) != len(rd.want) {
+					t.Fatalf("round %d: released %v, want %v", i, got, rd.want)
+				}
+				for j := range got {
+					if got[j] != rd.want[j] {
+						t.Fatalf("round %d: released %v, want %v", i, got, rd.want)
+					}
+				}
+			}
+			if m.Late() != tc.late {
+				t.Errorf("late %d, want %d", m.Late(), tc.late)
+			}
+		})
+	}
+}
+
+// TestMergerReuse checks that queues reuse their storage: a steady flow
+// through a bounded backlog does not grow them.
+func TestMergerReuse(t *testing.T) {
+	m := NewMerger[decode.Record](1, 1000)
+	var out []decode.Record
+	for tm := range uint64(10000) {
+		pushTimes(&m, 0, tm)
+		out = m.Release(tm-min(tm, 50), out[:0])
+	}
+	if c := cap(m.queues[0].items); c > 128 {
+		t.Errorf("queue grew to %d slots for a backlog of 51", c)
+	}
+	if m.Pending() != 50 || m.QueueLen(0) != 50 || m.Late() != 0 {
+		t.Errorf("pending %d (queue %d) late %d", m.Pending(), m.QueueLen(0), m.Late())
+	}
+	m.Drop(0)
+	m.Push(0, 20000).Time = 20000
+	if out = m.Release(^uint64(0), out[:0]); len(out) != 50 || out[49].Time != 20000 {
+		t.Errorf("flush: %d records, last %+v", len(out), out[len(out)-1])
+	}
+}
+
+// TestMergerPop checks the offline merge: Pop takes the earliest head
+// whatever its time, the lower queue first on equal times, and says which
+// queue it came from so that the caller can refill it.
+func TestMergerPop(t *testing.T) {
+	m := NewMerger[decode.Record](3, 0)
+	pushTimes(&m, 0, 5, 9)
+	pushTimes(&m, 1, 5, 7)
+	pushTimes(&m, 2, 1)
+	var got []uint64
+	var qs []int
+	for {
+		r, q, ok := m.Pop()
+		if !ok {
+			break
+		}
+		got, qs = append(got, r.Time), append(qs, q)
+	}
+	if want := []uint64{1, 5, 5, 7, 9}; !slices.Equal(got, want) {
+		t.Errorf("popped times %v, want %v", got, want)
+	}
+	if want := []int{2, 0, 1, 1, 0}; !slices.Equal(qs, want) {
+		t.Errorf("popped queues %v, want %v", qs, want)
+	}
+	if m.Pending() != 0 || m.Late() != 0 {
+		t.Errorf("pending %d late %d after popping all", m.Pending(), m.Late())
+	}
+}

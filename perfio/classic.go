@@ -1,0 +1,466 @@
+package perfio
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"ptfs/decode"
+	"ptfs/engine"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+)
+
+// ClassicOptions configure a Classic source. Zero values select defaults.
+type ClassicOptions struct {
+	// RingPages is the size of each CPU's data ring in pages, a power of
+	// two; default 256.
+	RingPages int
+	// Latency is how long a sample is held back so that samples of other
+	// CPUs stamped earlier can still arrive and go out before it; default
+	// 50ms.
+	Latency time.Duration
+	// CPUs to trace; default all online CPUs.
+	CPUs []int
+}
+
+// Defaults of ClassicOptions.
+const (
+	DefaultRingPages = 256
+	DefaultLatency   = 50 * time.Millisecond
+)
+
+// maxRingPages bounds RingPages (4 GiB rings with 4 KiB pages).
+const maxRingPages = 1 << 20
+
+// pollInterval bounds how long the reader sleeps when no ring reaches its
+// wakeup watermark, so that held-back records go out soon after Latency.
+const pollInterval = 10 * time.Millisecond
+
+// idleInterval is how long the reader sleeps when it holds no record back:
+// a hit that does not fill a ring to its watermark is read this late at
+// most, while an idle mount wakes ten times a second instead of a hundred.
+const idleInterval = 100 * time.Millisecond
+
+// ClassicStats are the counters of a Classic source.
+type ClassicStats struct {
+	Records uint64 // records passed to the sink
+	Lost    uint64 // samples the kernel dropped because a ring was full
+	Unknown uint64 // samples of an event id not (or no longer) added
+	Errors  uint64 // malformed ring data or samples, skipped
+	Late    uint64 // times a record went out after a later one (order broken)
+}
+
+// Classic reads classic uprobe events: one tracepoint perf event per event
+// and CPU, all events of a CPU writing into one ring owned by a dummy event,
+// read by one goroutine that merges the CPUs in time order.
+type Classic struct {
+	sink    engine.Sink
+	latency uint64 // ns
+
+	mu     sync.Mutex // guards the fields below and the rings
+	cpus   []*cpuRing
+	events map[uint16]*classicEvent
+	// lastEv caches the event of the previous sample; reset on Remove.
+	lastEv *classicEvent
+	merge  engine.Merger[decode.Record]
+	closed bool
+
+	// poll is where the reader sleeps; Remove and Close wake it so that it
+	// flushes or stops at once instead of at its next poll.
+	poll      *poller
+	flushReq  chan chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+
+	records, lost, unknown, errs atomic.Uint64
+}
+
+// cpuRing is the ring of one CPU: anchor is the dummy event that owns the
+// mmap; every tracepoint event of that CPU redirects its output there.
+type cpuRing struct {
+	cpu    int
+	anchor *fd
+	mem    []byte
+	ring   *Ring
+	// ringErrs is the part of ring.Errors already added to Classic.errs.
+	ringErrs uint64
+}
+
+// classicEvent is one added event and its perf fds, one per CPU.
+type classicEvent struct {
+	ev  *decode.Event
+	fds []int
+}
+
+// NewClassic opens the per-CPU rings and starts the reader goroutine, which
+// passes records to sink. Close releases everything.
+func NewClassic(opts ClassicOptions, sink engine.Sink) (*Classic, error) {
+	if sink == nil {
+		return nil, fmt.Errorf("%w: nil sink", engine.ErrOptions)
+	}
+	if opts.RingPages == 0 {
+		opts.RingPages = DefaultRingPages
+	}
+	if opts.RingPages < 0 || opts.RingPages&(opts.RingPages-1) != 0 || opts.RingPages > maxRingPages {
+		return nil, fmt.Errorf("%w: ring pages %d is not a power of two up to %d", engine.ErrOptions, opts.RingPages, maxRingPages)
+	}
+	if opts.Latency == 0 {
+		opts.Latency = DefaultLatency
+	}
+	if opts.Latency < 0 {
+		return nil, fmt.Errorf("%w: negative latency %v", engine.ErrOptions, opts.Latency)
+	}
+	cpus, err := traceCPUs(opts.CPUs)
+	if err != nil {
+		return nil, err
+	}
+	poll, err := newPoller()
+	if err != nil {
+		return nil, err
+	}
+	c := &Classic{
+		sink:     sink,
+		latency:  uint64(opts.Latency),
+		events:   make(map[uint16]*classicEvent),
+		poll:     poll,
+		flushReq: make(chan chan struct{}),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	for _, cpu := range cpus {
+		cr, err := openCPURing(cpu, opts.RingPages)
+		if err == nil {
+			c.cpus = append(c.cpus, cr)
+			if err = c.poll.add(cr.anchor.n); err != nil {
+				err = fmt.Errorf("perfio: cpu %d: %w", cpu, err)
+			}
+		}
+		if err != nil {
+			close(c.done) // no reader goroutine to wait for
+			return nil, errors.Join(err, c.Close())
+		}
+	}
+	c.merge = engine.NewMerger[decode.Record](len(c.cpus), engine.MaxPending)
+	go c.run()
+	return c, nil
+}
+
+// openCPURing opens the dummy event that owns cpu's ring and maps the ring.
+func openCPURing(cpu, pages int) (*cpuRing, error) {
+	pageSize := os.Getpagesize()
+	attr := perfAttr(unix.PERF_TYPE_SOFTWARE, unix.PERF_COUNT_SW_DUMMY)
+	// Wake the reader when a quarter of the ring is full; the poll
+	// interval covers slower streams.
+	attr.Bits |= unix.PerfBitWatermark
+	attr.Wakeup = uint32(pages * pageSize / 4)
+	fd, err := unix.PerfEventOpen(attr, -1, cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("perfio: perf_event_open dummy on cpu %d: %w", cpu, err)
+	}
+	mem, err := unix.Mmap(fd, 0, (1+pages)*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("perfio: mmap %d pages of cpu %d ring: %w", pages, cpu, err)
+	}
+	ring, err := NewDataRing(mem, pageSize)
+	if err != nil {
+		unix.Munmap(mem)
+		unix.Close(fd)
+		return nil, fmt.Errorf("perfio: cpu %d: %w", cpu, err)
+	}
+	return &cpuRing{cpu: cpu, anchor: newFD(fd), mem: mem, ring: ring}, nil
+}
+
+// perfAttr returns the attributes shared by the ring owners and the
+// tracepoint events: SET_OUTPUT requires the same clock on both.
+func perfAttr(typ uint32, config uint64) *unix.PerfEventAttr {
+	return &unix.PerfEventAttr{
+		Type:        typ,
+		Size:        uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
+		Config:      config,
+		Sample:      1,
+		Sample_type: classicSampleType,
+		Bits:        unix.PerfBitDisabled | unix.PerfBitUseClockID,
+		Clockid:     unix.CLOCK_MONOTONIC,
+	}
+}
+
+// Add starts reading event ev: ev.ID is its tracefs id and ev.Args locate
+// its arguments in the raw sample data, as its tracefs format file says
+// (tracefs.ParseFormat). Its records point to ev, so ev must not change
+// afterwards.
+func (c *Classic) Add(ev *decode.Event) error {
+	if err := checkEvent(ev); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return engine.ErrClosed
+	}
+	if _, ok := c.events[ev.ID]; ok {
+		return fmt.Errorf("%w: id %d (%s/%s)", engine.ErrExists, ev.ID, ev.Group, ev.Name)
+	}
+	ce := &classicEvent{ev: ev}
+	for _, cr := range c.cpus {
+		fd, err := unix.PerfEventOpen(perfAttr(unix.PERF_TYPE_TRACEPOINT, uint64(ev.ID)), -1, cr.cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
+		if err != nil {
+			closeFDs(ce.fds)
+			return fmt.Errorf("perfio: perf_event_open tracepoint %d (%s/%s) on cpu %d: %w", ev.ID, ev.Group, ev.Name, cr.cpu, err)
+		}
+		ce.fds = append(ce.fds, fd)
+		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_SET_OUTPUT, cr.anchor.n); err != nil {
+			closeFDs(ce.fds)
+			return fmt.Errorf("perfio: redirect event %d to cpu %d ring: %w", ev.ID, cr.cpu, err)
+		}
+	}
+	// Known before enabled, so that no sample of ev counts as unknown.
+	c.events[ev.ID] = ce
+	for i, fd := range ce.fds {
+		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
+			disableFDs(ce.fds)
+			c.drainLocked()
+			closeFDs(ce.fds)
+			delete(c.events, ev.ID)
+			c.lastEv = nil
+			return fmt.Errorf("perfio: enable event %d on cpu %d: %w", ev.ID, c.cpus[i].cpu, err)
+		}
+	}
+	return nil
+}
+
+// Remove stops reading event id and closes its fds. Samples it already
+// wrote are read first, and when Remove returns every record of the event
+// has reached the sink (records of other events held back for ordering go
+// out with them, early); a sample still being written on another CPU while
+// the event is disabled arrives later and counts as Unknown. Closing the
+// last perf event of a uprobe waits for the kernel to unregister it (RCU
+// grace periods, ~85 ms), so the fds are closed without the lock:
+// concurrent Removes overlap those waits.
+func (c *Classic) Remove(id uint16) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return engine.ErrClosed
+	}
+	ce, ok := c.events[id]
+	if !ok {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: id %d", engine.ErrNotFound, id)
+	}
+	err := disableFDs(ce.fds)
+	c.drainLocked()
+	delete(c.events, id)
+	c.lastEv = nil
+	c.mu.Unlock()
+	err = errors.Join(err, closeFDs(ce.fds))
+	// The reader delivers what is held back: the sink sees records from
+	// one goroutine only.
+	ack := make(chan struct{})
+	if werr := c.poll.wake(); werr != nil {
+		return errors.Join(err, werr)
+	}
+	select {
+	case c.flushReq <- ack:
+		<-ack
+	case <-c.done:
+	}
+	return err
+}
+
+// Stats returns all counters.
+func (c *Classic) Stats() ClassicStats {
+	c.mu.Lock()
+	late := c.merge.Late()
+	c.mu.Unlock()
+	return ClassicStats{
+		Records: c.records.Load(),
+		Lost:    c.lost.Load(),
+		Unknown: c.unknown.Load(),
+		Errors:  c.errs.Load(),
+		Late:    late,
+	}
+}
+
+// Close stops the events, passes every record still in the rings to the
+// sink, stops the reader and releases all fds and mappings. It is
+// idempotent; later calls return the first result.
+func (c *Classic) Close() error {
+	c.closeOnce.Do(func() {
+		var errs []error
+		c.mu.Lock()
+		c.closed = true
+		for _, ce := range c.events {
+			errs = append(errs, disableFDs(ce.fds))
+		}
+		c.mu.Unlock()
+		// The reader drains and flushes everything once more, then exits;
+		// woken, it does so now rather than at the end of its sleep.
+		close(c.stop)
+		werr := c.poll.wake()
+		<-c.done
+		errs = append(errs, werr)
+		for id, ce := range c.events {
+			errs = append(errs, closeFDs(ce.fds))
+			delete(c.events, id)
+		}
+		for _, cr := range c.cpus {
+			if err := unix.Munmap(cr.mem); err != nil {
+				errs = append(errs, fmt.Errorf("perfio: munmap cpu %d ring: %w", cr.cpu, err))
+			}
+			if err := cr.anchor.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("perfio: close cpu %d ring: %w", cr.cpu, err))
+			}
+		}
+		c.cpus = nil
+		errs = append(errs, c.poll.close())
+		c.closeErr = errors.Join(errs...)
+	})
+	return c.closeErr
+}
+
+// run is the reader goroutine: wait for a ring (or the poll interval), take
+// the time, drain all rings, and pass on what the watermark releases.
+func (c *Classic) run() {
+	defer close(c.done)
+	var out []decode.Record
+	held := false // records held back for ordering: wake to release them
+	for {
+		final := false
+		select {
+		case <-c.stop:
+			final = true
+		default:
+			wait := idleInterval
+			if held {
+				wait = pollInterval
+			}
+			if err := c.poll.wait(wait); err != nil {
+				c.errs.Add(1)
+				logrus.WithError(err).Debug("perfio: classic reader")
+				time.Sleep(pollInterval)
+			}
+		}
+		var ack chan struct{}
+		select {
+		case ack = <-c.flushReq:
+			c.poll.reset()
+		default:
+		}
+		// now is taken before draining: every sample stamped up to now -
+		// latency is either in the rings now or counted Late later. A flush
+		// releases everything.
+		watermark := ^uint64(0)
+		if !final && ack == nil {
+			watermark = monotonicNow()
+			watermark -= min(watermark, c.latency)
+		}
+		c.mu.Lock()
+		c.drainLocked()
+		out = c.merge.Release(watermark, out[:0])
+		held = c.merge.Pending() > 0
+		c.mu.Unlock()
+		for i := range out {
+			c.sink(&out[i])
+		}
+		c.records.Add(uint64(len(out)))
+		if ack != nil {
+			close(ack)
+		}
+		if final {
+			return
+		}
+	}
+}
+
+// monotonicNow returns CLOCK_MONOTONIC in ns, the clock of the samples.
+func monotonicNow() uint64 {
+	var ts unix.Timespec
+	// clock_gettime(CLOCK_MONOTONIC) cannot fail with a valid pointer.
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
+
+// drainLocked moves every record in the rings into the merger.
+func (c *Classic) drainLocked() {
+	for q, cr := range c.cpus {
+		r := cr.ring
+		r.Begin()
+		for {
+			typ, _, rec, ok := r.Next()
+			if !ok {
+				break
+			}
+			switch typ {
+			case recordSample:
+				c.addSample(q, rec)
+			case recordLost:
+				// struct { header; u64 id; u64 lost; }
+				if len(rec) < headerSize+16 {
+					c.errs.Add(1)
+					continue
+				}
+				c.lost.Add(binary.LittleEndian.Uint64(rec[headerSize+8:]))
+			}
+		}
+		r.End()
+		if e := r.Errors(); e != cr.ringErrs {
+			c.errs.Add(e - cr.ringErrs)
+			cr.ringErrs = e
+		}
+	}
+}
+
+// addSample parses one sample record of ring q into the merger, counting
+// what it cannot use.
+func (c *Classic) addSample(q int, rec []byte) {
+	var s sample
+	if err := parseSample(rec, &s); err != nil {
+		c.errs.Add(1)
+		return
+	}
+	id := rawEventID(s.raw)
+	// Hits come in runs of one event: skip the map lookup for those.
+	if c.lastEv == nil || c.lastEv.ev.ID != id {
+		c.lastEv = c.events[id]
+		if c.lastEv == nil {
+			c.unknown.Add(1)
+			return
+		}
+	}
+	if err := fillRecord(c.lastEv.ev, &s, c.merge.Push(q, s.time)); err != nil {
+		c.merge.Drop(q)
+		c.errs.Add(1)
+	}
+}
+
+// disableFDs stops the events of fds.
+func disableFDs(fds []int) error {
+	var errs []error
+	for _, fd := range fds {
+		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_DISABLE, 0); err != nil {
+			errs = append(errs, fmt.Errorf("perfio: disable perf event: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// closeFDs closes fds.
+func closeFDs(fds []int) error {
+	var errs []error
+	for _, fd := range fds {
+		if err := unix.Close(fd); err != nil {
+			errs = append(errs, fmt.Errorf("perfio: close perf event: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,589 @@
+package perfio
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"ptfs/decode"
+	"ptfs/engine"
+	"ptfs/internal/testkit"
+	"ptfs/tracefs"
+
+	"golang.org/x/sys/unix"
+)
+
+// kernelEnv is what the kernel tests need: root, tracefs with uprobe_events,
+// perf events, and gcc. Checked once.
+var kernelEnv struct {
+	once    sync.Once
+	skip    string
+	tracefs string
+}
+
+// needKernel skips the test, with the reason, when the kernel features are
+// absent, and returns the tracefs directory.
+func needKernel(t *testing.T) string {
+	t.Helper()
+	kernelEnv.once.Do(func() {
+		if os.Geteuid() != 0 {
+			kernelEnv.skip = "needs root for uprobes and perf events"
+			return
+		}
+		if _, err := exec.LookPath("gcc"); err != nil {
+			kernelEnv.skip = "needs gcc to build the test program"
+			return
+		}
+		for _, dir := range []string{"/sys/kernel/tracing", "/sys/kernel/debug/tracing"} {
+			if _, err := os.Stat(filepath.Join(dir, "uprobe_events")); err == nil {
+				kernelEnv.tracefs = dir
+				return
+			}
+		}
+	})
+	if kernelEnv.skip != "" {
+		t.Skip(kernelEnv.skip)
+	}
+	if kernelEnv.tracefs == "" {
+		// Not mounted anywhere: mount a private instance for this test.
+		dir := t.TempDir()
+		if err := unix.Mount("nodev", dir, "tracefs", 0, ""); err != nil {
+			t.Skipf("cannot mount tracefs: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+				t.Errorf("unmount tracefs %s: %v", dir, err)
+			}
+		})
+		if _, err := os.Stat(filepath.Join(dir, "uprobe_events")); err != nil {
+			t.Skipf("kernel without uprobe events: %v", err)
+		}
+		return dir
+	}
+	return kernelEnv.tracefs
+}
+
+// buildTarget compiles testdata/target.c into a temp dir and returns the
+// binary and the file offsets of its functions target, target2 and
+// target_nop.
+func buildTarget(t *testing.T) (bin string, offs map[string]uint64) {
+	t.Helper()
+	bin = testkit.BuildC(t, "testdata/target.c", "-O1")
+	offs = make(map[string]uint64)
+	for _, f := range []string{"target", "target2", "target_nop"} {
+		offs[f] = testkit.FuncOffset(t, bin, f)
+	}
+	return bin, offs
+}
+
+// probe creates a classic uprobe GRP/name at bin:off with fetchargs and
+// returns its event with ID and argument layout read from tracefs. The
+// probe is removed at cleanup, which must run after the Classic is closed:
+// call probe before NewClassic.
+func probe(t *testing.T, tfsDir, bin string, off uint64, name, fetchargs string, types ...decode.ArgType) *decode.Event {
+	t.Helper()
+	group := fmt.Sprintf("captest%d", os.Getpid())
+	writeEvents(t, tfsDir, fmt.Sprintf("p:%s/%s %s:0x%x %s", group, name, bin, off, fetchargs))
+	t.Cleanup(func() {
+		// The kernel refuses (EBUSY) while a perf event still uses the
+		// probe; the Classic closes first, but retry briefly anyway.
+		var err error
+		for range 50 {
+			if err = appendLine(tfsDir, fmt.Sprintf("-:%s/%s", group, name)); !errors.Is(err, unix.EBUSY) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			t.Errorf("remove probe %s/%s: %v", group, name, err)
+		}
+	})
+	ev, err := tracefs.ReadEvent(os.DirFS(filepath.Join(tfsDir, "events")), group, name)
+	if err != nil || ev == nil || len(ev.Args) != len(types) {
+		t.Fatalf("event %s/%s: %v, %v", group, name, ev, err)
+	}
+	for i, typ := range types {
+		ev.Args[i].Type = typ
+	}
+	return ev
+}
+
+func writeEvents(t *testing.T, tracefs, line string) {
+	t.Helper()
+	if err := appendLine(tracefs, line); err != nil {
+		t.Fatalf("uprobe_events %q: %v", line, err)
+	}
+}
+
+func appendLine(tracefs, line string) error {
+	f, err := os.OpenFile(filepath.Join(tracefs, "uprobe_events"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(line + "\n")
+	return errors.Join(err, f.Close())
+}
+
+// maxDelay bounds the time from a hit to its sink call in live tests: the
+// contract says well within a second; the race detector slows the reader
+// many times over.
+func maxDelay() time.Duration {
+	if testkit.Race {
+		return 5 * time.Second
+	}
+	return 500 * time.Millisecond
+}
+
+// collector is an engine.Sink that keeps copies of the records.
+type collector struct {
+	mu   sync.Mutex
+	recs []decode.Record
+	// calls detects concurrent sink calls, which the contract forbids.
+	calls int
+	bad   bool
+	// maxDelay is the longest time from a hit to its sink call.
+	maxDelay time.Duration
+	// stall makes the first sink call sleep, so that the rings overrun.
+	stall time.Duration
+}
+
+func (c *collector) sink(r *decode.Record) {
+	if d := time.Duration(monotonicNow() - r.Time); d > c.maxDelay {
+		c.maxDelay = d
+	}
+	if c.stall > 0 {
+		time.Sleep(c.stall)
+		c.stall = 0
+	}
+	c.mu.Lock()
+	c.calls++
+	if c.calls != 1 {
+		c.bad = true
+	}
+	c.recs = append(c.recs, *r)
+	c.calls--
+	c.mu.Unlock()
+}
+
+func (c *collector) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.recs)
+}
+
+// wait waits until n records arrived or the timeout passed.
+func (c *collector) wait(n int, timeout time.Duration) []decode.Record {
+	deadline := time.Now().Add(timeout)
+	for c.len() < n && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]decode.Record(nil), c.recs...)
+}
+
+// newClassic starts a Classic that is closed at cleanup, before the probes
+// created earlier are removed.
+func newClassic(t *testing.T, opts ClassicOptions, col *collector) *Classic {
+	t.Helper()
+	c, err := NewClassic(opts, col.sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return c
+}
+
+// run runs the target program with args and returns its pid.
+func run(t *testing.T, bin string, args ...string) int {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", bin, args, err, out)
+	}
+	return cmd.ProcessState.Pid()
+}
+
+// TestClassicRecords checks two events with plain and typed arguments: every
+// hit arrives once, live (without Close), in order, with its context.
+func TestClassicRecords(t *testing.T) {
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	e1 := probe(t, tracefs, bin, offs["target"], "e1", "%di %si", decode.U64, decode.U64)
+	e2 := probe(t, tracefs, bin, offs["target2"], "e2", `%di:s32 +0(%si):u32 +4(%si):x32 \0x42 %di`,
+		decode.S32, decode.U32, decode.X32, decode.U64, decode.U64)
+	if e1.ID == e2.ID {
+		t.Fatalf("two events with id %d", e1.ID)
+	}
+	col := &collector{}
+	c := newClassic(t, ClassicOptions{}, col)
+	for _, ev := range []*decode.Event{e1, e2} {
+		if err := c.Add(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Add(e1); !errors.Is(err, engine.ErrExists) {
+		t.Errorf("second Add: %v, want engine.ErrExists", err)
+	}
+	const n = 1000
+	start := monotonicNow()
+	pid := run(t, bin, fmt.Sprint(n), "0")
+	end := monotonicNow()
+	recs := col.wait(2*n, 5*time.Second)
+	if len(recs) != 2*n {
+		t.Fatalf("%d records, want %d; stats %+v", len(recs), 2*n, c.Stats())
+	}
+	prev := start
+	for k, r := range recs {
+		i := uint64(k / 2)
+		neg := uint64(-int64(i))
+		want := decode.Record{Event: e1, N: 2, Args: [8]uint64{i, i + 1}, TID: int32(pid), CPU: 0, Time: r.Time}
+		if k%2 == 1 {
+			want = decode.Record{Event: e2, N: 5, Args: [8]uint64{neg & 0xffffffff, 7 * i, 0xdead0000 + i, 0x42, neg},
+				TID: int32(pid), CPU: 0, Time: r.Time}
+		}
+		if r != want {
+			t.Fatalf("record %d:\n got %+v\nwant %+v", k, r, want)
+		}
+		if r.Time < prev || r.Time > end {
+			t.Fatalf("record %d: time %d outside [%d, %d]", k, r.Time, prev, end)
+		}
+		prev = r.Time
+	}
+	line := decode.AppendRecord(nil, 1, &recs[3])
+	if !strings.Contains(string(line), "args=[-1, 7, 0xdead0001, 66, 18446744073709551615]") {
+		t.Errorf("record line %q", line)
+	}
+	if s := c.Stats(); s.Records != 2*n || s.Lost != 0 || s.Unknown != 0 || s.Errors != 0 || s.Late != 0 {
+		t.Errorf("stats %+v", s)
+	}
+	if col.bad {
+		t.Error("sink called concurrently")
+	}
+	// Live delivery: the hold-back is Latency plus a poll interval.
+	t.Logf("max delay from hit to sink: %v", col.maxDelay)
+	if col.maxDelay > maxDelay() {
+		t.Errorf("a record took %v to reach the sink", col.maxDelay)
+	}
+}
+
+// TestClassicMerge runs the program on two CPUs at once: the records of both
+// come out as one stream in time order.
+func TestClassicMerge(t *testing.T) {
+	tracefs := needKernel(t)
+	cpus, err := onlineCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cpus) < 2 {
+		t.Skip("needs two online CPUs")
+	}
+	bin, offs := buildTarget(t)
+	ev := probe(t, tracefs, bin, offs["target"], "m", "%di %si", decode.U64, decode.U64)
+	col := &collector{}
+	c := newClassic(t, ClassicOptions{CPUs: cpus[:2]}, col)
+	if err := c.Add(ev); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20000
+	var wg sync.WaitGroup
+	pids := make([]int, 2)
+	for k := range 2 {
+		wg.Go(func() { pids[k] = run(t, bin, fmt.Sprint(n), fmt.Sprint(cpus[k])) })
+	}
+	wg.Wait()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	recs := col.wait(2*n, 0)
+	if len(recs) != 2*n {
+		t.Fatalf("%d records, want %d; stats %+v", len(recs), 2*n, c.Stats())
+	}
+	next := map[int32]uint64{}
+	switches := 0
+	for k, r := range recs {
+		if k > 0 && r.Time < recs[k-1].Time {
+			t.Fatalf("record %d: time %d before %d", k, r.Time, recs[k-1].Time)
+		}
+		if k > 0 && r.CPU != recs[k-1].CPU {
+			switches++
+		}
+		cpu := -1
+		for j, pid := range pids {
+			if r.TID == int32(pid) {
+				cpu = cpus[j]
+			}
+		}
+		if int(r.CPU) != cpu {
+			t.Fatalf("record %d: tid %d on cpu %d, want %d", k, r.TID, r.CPU, cpu)
+		}
+		i := next[r.TID]
+		if r.Args[0] != i || r.Args[1] != i+1 {
+			t.Fatalf("record %d of tid %d: args %v, want %d %d", k, r.TID, r.Args[:2], i, i+1)
+		}
+		next[r.TID] = i + 1
+	}
+	t.Logf("%d records, %d cpu switches in the merged stream", len(recs), switches)
+	if s := c.Stats(); s.Lost != 0 || s.Unknown != 0 || s.Errors != 0 || s.Late != 0 {
+		t.Errorf("stats %+v", s)
+	}
+	if col.bad {
+		t.Error("sink called concurrently")
+	}
+}
+
+// TestClassicLost overruns a one-page ring: the kernel drops samples and
+// reports how many, so records plus lost equals hits.
+func TestClassicLost(t *testing.T) {
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	ev := probe(t, tracefs, bin, offs["target_nop"], "l", "%di %si", decode.U64, decode.U64)
+	// The first sink call stalls the reader while the program runs.
+	col := &collector{stall: 300 * time.Millisecond}
+	c := newClassic(t, ClassicOptions{RingPages: 1, CPUs: []int{0}, Latency: time.Millisecond}, col)
+	if err := c.Add(ev); err != nil {
+		t.Fatal(err)
+	}
+	const n = 100000
+	run(t, bin, fmt.Sprint(n), "0")
+	// The kernel reports a loss with the next sample that fits: after
+	// the reader emptied the ring, one more hit on the same CPU.
+	waitRingsEmpty(t, c)
+	run(t, bin, "1", "0")
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s := c.Stats()
+	t.Logf("stats %+v", s)
+	if s.Lost == 0 {
+		t.Errorf("no loss reported with a one-page ring and %d hits", n)
+	}
+	if got := uint64(col.len()); got != s.Records || got+s.Lost != n+1 {
+		t.Errorf("records %d (counted %d) + lost %d != %d hits", got, s.Records, s.Lost, n+1)
+	}
+	if s.Errors != 0 || s.Unknown != 0 || s.Late != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// waitRingsEmpty waits until the reader has consumed all that the kernel
+// wrote into c's rings.
+func waitRingsEmpty(t *testing.T, c *Classic) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		empty := true
+		c.mu.Lock()
+		for _, cr := range c.cpus {
+			p := (*unix.PerfEventMmapPage)(unsafe.Pointer(&cr.mem[0]))
+			if atomic.LoadUint64(&p.Data_head) != atomic.LoadUint64(&p.Data_tail) {
+				empty = false
+			}
+		}
+		c.mu.Unlock()
+		if empty {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rings not emptied within 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestClassicRate checks that the default ring loses nothing with a steady
+// 100,000 hits/s on one CPU, at the cheapest probe site.
+func TestClassicRate(t *testing.T) {
+	if testkit.Race {
+		t.Skip("rate test: the race detector slows the reader below the rate")
+	}
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	ev := probe(t, tracefs, bin, offs["target_nop"], "rate", "%di %si", decode.U64, decode.U64)
+	col := &collector{}
+	c := newClassic(t, ClassicOptions{}, col)
+	if err := c.Add(ev); err != nil {
+		t.Fatal(err)
+	}
+	const n, rate = 100000, 100000
+	start := time.Now()
+	run(t, bin, fmt.Sprint(n), "0", fmt.Sprint(rate))
+	elapsed := time.Since(start)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s := c.Stats()
+	t.Logf("%d hits in %v: %.0f hits/s on one CPU; stats %+v", n, elapsed, n/elapsed.Seconds(), s)
+	if s.Lost != 0 || s.Records != n || uint64(col.len()) != n {
+		t.Errorf("records %d (sink %d), lost %d of %d hits", s.Records, col.len(), s.Lost, n)
+	}
+	if col.maxDelay > maxDelay() {
+		t.Errorf("a record took %v to reach the sink", col.maxDelay)
+	}
+}
+
+// TestClassicRemove checks that records written before Remove still arrive,
+// that a removed event writes no more, and that Close releases every fd.
+func TestClassicRemove(t *testing.T) {
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	ev := probe(t, tracefs, bin, offs["target"], "r", "%di", decode.U64)
+	fds := countFDs(t)
+	col := &collector{}
+	c, err := NewClassic(ClassicOptions{Latency: time.Second}, col.sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Add(ev); err != nil {
+		t.Fatal(err)
+	}
+	const n = 100
+	run(t, bin, fmt.Sprint(n))
+	// With a one second latency nothing has gone out yet: the records are
+	// in the ring or held back when Remove runs.
+	if err := c.Remove(ev.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Remove(ev.ID); !errors.Is(err, engine.ErrNotFound) {
+		t.Errorf("second Remove: %v, want engine.ErrNotFound", err)
+	}
+	run(t, bin, fmt.Sprint(n))
+	if recs := col.wait(n, 3*time.Second); len(recs) != n {
+		t.Errorf("%d records after Remove, want %d", len(recs), n)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if err := c.Add(ev); !errors.Is(err, engine.ErrClosed) {
+		t.Errorf("Add after Close: %v, want engine.ErrClosed", err)
+	}
+	if got := countFDs(t); got != fds {
+		t.Errorf("%d fds after Close, %d before", got, fds)
+	}
+	if s := c.Stats(); s.Records != n || s.Unknown != 0 || s.Errors != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// countFDs counts this process's open fds.
+func countFDs(t *testing.T) int {
+	t.Helper()
+	runtime.GC() // finalizers of earlier tests' files close their fds
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// TestClassicOptions checks option validation.
+func TestClassicOptions(t *testing.T) {
+	sink := func(*decode.Record) {}
+	for _, tc := range []struct {
+		name string
+		opts ClassicOptions
+		sink engine.Sink
+	}{
+		{"nil sink", ClassicOptions{}, nil},
+		{"pages not power of two", ClassicOptions{RingPages: 3}, sink},
+		{"negative pages", ClassicOptions{RingPages: -4}, sink},
+		{"negative latency", ClassicOptions{Latency: -time.Millisecond}, sink},
+		{"pages too many", ClassicOptions{RingPages: 1 << 21}, sink},
+		{"cpu twice", ClassicOptions{CPUs: []int{0, 0}}, sink},
+		{"negative cpu", ClassicOptions{CPUs: []int{-1}}, sink},
+	} {
+		if c, err := NewClassic(tc.opts, tc.sink); !errors.Is(err, engine.ErrOptions) {
+			if c != nil {
+				c.Close()
+			}
+			t.Errorf("%s: %v, want engine.ErrOptions", tc.name, err)
+		}
+	}
+}
+
+// TestClassicErrors checks that failures are reported and release what
+// they opened.
+func TestClassicErrors(t *testing.T) {
+	needKernel(t)
+	fds := countFDs(t)
+	if c, err := NewClassic(ClassicOptions{CPUs: []int{0, 4095}}, func(*decode.Record) {}); err == nil {
+		c.Close()
+		t.Error("NewClassic on cpu 4095 succeeded")
+	} else {
+		t.Log(err)
+	}
+	if got := countFDs(t); got != fds {
+		t.Errorf("%d fds after a failed NewClassic, %d before", got, fds)
+	}
+	c, err := NewClassic(ClassicOptions{RingPages: 1}, func(*decode.Record) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	opened := countFDs(t)
+	if err := c.Add(&decode.Event{ID: 1, Args: []decode.Arg{{Offset: 16, Size: 3}}}); !errors.Is(err, engine.ErrBadEvent) {
+		t.Errorf("Add of a bad layout: %v, want engine.ErrBadEvent", err)
+	}
+	// No tracepoint has id 65535 (ids count up from a few hundred).
+	if err := c.Add(&decode.Event{ID: 65535, Group: "none", Name: "none"}); err == nil {
+		t.Error("Add of a missing tracepoint succeeded")
+	} else {
+		t.Log(err)
+	}
+	if got := countFDs(t); got != opened {
+		t.Errorf("%d fds after failed Adds, %d before", got, opened)
+	}
+	if err := c.Remove(65535); !errors.Is(err, engine.ErrNotFound) {
+		t.Errorf("Remove of a failed Add: %v, want engine.ErrNotFound", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := countFDs(t); got != fds {
+		t.Errorf("%d fds after Close, %d before NewClassic", got, fds)
+	}
+}
+
+// TestClassicCloseWakes checks that Close wakes the idle reader at once
+// rather than leaving it to sleep out idleInterval (100 ms) first.
+func TestClassicCloseWakes(t *testing.T) {
+	needKernel(t)
+	var worst, total time.Duration
+	const runs = 5
+	for range runs {
+		c, err := NewClassic(ClassicOptions{}, func(*decode.Record) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		// Long enough for the reader to be asleep in its idle wait.
+		time.Sleep(20 * time.Millisecond)
+		start := time.Now()
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		d := time.Since(start)
+		worst, total = max(worst, d), total+d
+	}
+	t.Logf("Close: mean %v, worst %v over %d runs", total/runs, worst, runs)
+	if worst >= idleInterval/2 {
+		t.Errorf("Close took %v: the reader was not woken", worst)
+	}
+}

@@ -1,0 +1,120 @@
+package perfio
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"ptfs/decode"
+	"ptfs/engine"
+
+	"golang.org/x/sys/unix"
+)
+
+// Perf record types Classic reads (include/uapi/linux/perf_event.h).
+const (
+	recordLost   = unix.PERF_RECORD_LOST
+	recordSample = unix.PERF_RECORD_SAMPLE
+)
+
+// classicSampleType is the sample layout Classic asks the kernel for; the
+// parser below reads exactly this layout.
+const classicSampleType = unix.PERF_SAMPLE_TID | unix.PERF_SAMPLE_TIME | unix.PERF_SAMPLE_CPU | unix.PERF_SAMPLE_RAW
+
+// Offsets in a PERF_RECORD_SAMPLE of classicSampleType, header included.
+const (
+	sampleTIDOff  = headerSize     // u32 pid, u32 tid
+	sampleTimeOff = headerSize + 8 // u64 time
+	sampleCPUOff  = headerSize + 16
+	sampleRawOff  = headerSize + 24 // u32 size, then the raw bytes
+	sampleMinSize = sampleRawOff + 4
+)
+
+// rawArgsOff is where arguments may start in a uprobe's raw data: after the
+// 8 bytes of common fields and the u64 __probe_ip.
+const rawArgsOff = 16
+
+// Sentinel errors of this file.
+var (
+	// ErrMalformed reports a perf record that does not match its layout.
+	ErrMalformed = errors.New("perfio: malformed perf record")
+)
+
+// sample is the decoded fixed part of a classic sample; raw aliases the ring.
+type sample struct {
+	tid  uint32
+	cpu  uint32
+	time uint64
+	raw  []byte
+}
+
+// parseSample decodes rec, a whole PERF_RECORD_SAMPLE record of
+// classicSampleType, into s.
+func parseSample(rec []byte, s *sample) error {
+	if len(rec) < sampleMinSize {
+		return fmt.Errorf("%w: sample of %d bytes", ErrMalformed, len(rec))
+	}
+	s.tid = binary.LittleEndian.Uint32(rec[sampleTIDOff+4:])
+	s.time = binary.LittleEndian.Uint64(rec[sampleTimeOff:])
+	s.cpu = binary.LittleEndian.Uint32(rec[sampleCPUOff:])
+	n := uint64(binary.LittleEndian.Uint32(rec[sampleRawOff:]))
+	if n < rawArgsOff || n > uint64(len(rec)-sampleMinSize) {
+		return fmt.Errorf("%w: raw size %d in a %d-byte sample", ErrMalformed, n, len(rec))
+	}
+	s.raw = rec[sampleMinSize : sampleMinSize+n]
+	return nil
+}
+
+// rawEventID returns common_type, the tracefs event id, of raw data that
+// parseSample accepted.
+func rawEventID(raw []byte) uint16 { return binary.LittleEndian.Uint16(raw) }
+
+// fillRecord sets r from the sample s of event ev. ev must have passed
+// checkEvent; a raw area too short for its arguments is an error.
+func fillRecord(ev *decode.Event, s *sample, r *decode.Record) error {
+	r.Event = ev
+	r.TID = int32(s.tid)
+	r.CPU = int32(s.cpu)
+	r.Time = s.time
+	r.N = len(ev.Args)
+	// Slots are reused: clear what a longer record left behind.
+	clear(r.Args[r.N:])
+	for i := range ev.Args {
+		a := &ev.Args[i]
+		if a.Offset+a.Size > len(s.raw) {
+			return fmt.Errorf("%w: argument %d at %d+%d beyond %d raw bytes of event %d",
+				ErrMalformed, i, a.Offset, a.Size, len(s.raw), ev.ID)
+		}
+		b := s.raw[a.Offset:]
+		switch a.Size {
+		case 1:
+			r.Args[i] = uint64(b[0])
+		case 2:
+			r.Args[i] = uint64(binary.LittleEndian.Uint16(b))
+		case 4:
+			r.Args[i] = uint64(binary.LittleEndian.Uint32(b))
+		default:
+			r.Args[i] = binary.LittleEndian.Uint64(b)
+		}
+	}
+	return nil
+}
+
+// checkEvent verifies that ev's arguments can be read from raw sample data.
+func checkEvent(ev *decode.Event) error {
+	if len(ev.Args) > len(decode.Record{}.Args) {
+		return fmt.Errorf("%w: event %s/%s has %d arguments, at most %d", engine.ErrBadEvent,
+			ev.Group, ev.Name, len(ev.Args), len(decode.Record{}.Args))
+	}
+	for i, a := range ev.Args {
+		switch a.Size {
+		case 1, 2, 4, 8:
+		default:
+			return fmt.Errorf("%w: event %s/%s argument %d has size %d", engine.ErrBadEvent, ev.Group, ev.Name, i, a.Size)
+		}
+		if a.Offset < rawArgsOff || a.Offset > maxRecord {
+			return fmt.Errorf("%w: event %s/%s argument %d at offset %d", engine.ErrBadEvent, ev.Group, ev.Name, i, a.Offset)
+		}
+	}
+	return nil
+}
