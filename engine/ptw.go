@@ -200,7 +200,7 @@ func (p *PTW) Add(ev *decode.Event) error {
 		delete(p.events, ev.ID)
 		p.setEventsLocked()
 		p.mu.Unlock()
-		return fmt.Errorf("engine: start pt trace for event %d (%s/%s): %w", ev.ID, ev.Group, ev.Name, err)
+		return fmt.Errorf("start pt trace for event %d (%s/%s): %w", ev.ID, ev.Group, ev.Name, err)
 	}
 	p.running = true
 	return nil
@@ -228,7 +228,7 @@ func (p *PTW) Remove(id uint16) error {
 		if last {
 			err = p.stop()
 		} else if ferr := p.src.Flush(); ferr != nil {
-			err = fmt.Errorf("engine: flush pt trace: %w", ferr)
+			err = fmt.Errorf("flush pt trace: %w", ferr)
 		}
 	}
 	// Removed even when the flush failed: the caller's probe is gone.
@@ -268,7 +268,7 @@ func (p *PTW) stop() error {
 	}
 	p.mu.Unlock()
 	if err != nil {
-		return fmt.Errorf("engine: stop pt trace: %w", err)
+		return fmt.Errorf("stop pt trace: %w", err)
 	}
 	return nil
 }

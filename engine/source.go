@@ -19,14 +19,14 @@ const MaxPending = 1 << 16
 // Sentinel errors of the record sources (PTW here, perfio.Classic).
 var (
 	// ErrClosed reports a call after Close.
-	ErrClosed = errors.New("engine: source closed")
+	ErrClosed = errors.New("source closed")
 	// ErrExists reports Add of an event id already added.
-	ErrExists = errors.New("engine: event already added")
+	ErrExists = errors.New("event already added")
 	// ErrNotFound reports Remove of an event id not added.
-	ErrNotFound = errors.New("engine: no such event")
+	ErrNotFound = errors.New("no such event")
 	// ErrBadEvent reports an Event that is nil or whose argument layout
 	// cannot be read.
-	ErrBadEvent = errors.New("engine: bad event layout")
+	ErrBadEvent = errors.New("bad event layout")
 	// ErrOptions reports invalid options of a source or a nil Sink.
-	ErrOptions = errors.New("engine: bad options")
+	ErrOptions = errors.New("bad options")
 )

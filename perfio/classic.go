@@ -13,7 +13,6 @@ import (
 	"ptfs/decode"
 	"ptfs/engine"
 
-	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
 
@@ -141,7 +140,7 @@ func NewClassic(opts ClassicOptions, sink engine.Sink) (*Classic, error) {
 		if err == nil {
 			c.cpus = append(c.cpus, cr)
 			if err = c.poll.add(cr.anchor.n); err != nil {
-				err = fmt.Errorf("perfio: cpu %d: %w", cpu, err)
+				err = fmt.Errorf("cpu %d: %w", cpu, err)
 			}
 		}
 		if err != nil {
@@ -164,18 +163,18 @@ func openCPURing(cpu, pages int) (*cpuRing, error) {
 	attr.Wakeup = uint32(pages * pageSize / 4)
 	fd, err := unix.PerfEventOpen(attr, -1, cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("perfio: perf_event_open dummy on cpu %d: %w", cpu, err)
+		return nil, fmt.Errorf("perf_event_open dummy on cpu %d: %w", cpu, err)
 	}
 	mem, err := unix.Mmap(fd, 0, (1+pages)*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("perfio: mmap %d pages of cpu %d ring: %w", pages, cpu, err)
+		return nil, fmt.Errorf("mmap %d pages of cpu %d ring: %w", pages, cpu, err)
 	}
 	ring, err := NewDataRing(mem, pageSize)
 	if err != nil {
 		unix.Munmap(mem)
 		unix.Close(fd)
-		return nil, fmt.Errorf("perfio: cpu %d: %w", cpu, err)
+		return nil, fmt.Errorf("cpu %d: %w", cpu, err)
 	}
 	return &cpuRing{cpu: cpu, anchor: newFD(fd), mem: mem, ring: ring}, nil
 }
@@ -215,12 +214,12 @@ func (c *Classic) Add(ev *decode.Event) error {
 		fd, err := unix.PerfEventOpen(perfAttr(unix.PERF_TYPE_TRACEPOINT, uint64(ev.ID)), -1, cr.cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
 		if err != nil {
 			closeFDs(ce.fds)
-			return fmt.Errorf("perfio: perf_event_open tracepoint %d (%s/%s) on cpu %d: %w", ev.ID, ev.Group, ev.Name, cr.cpu, err)
+			return fmt.Errorf("perf_event_open tracepoint %d (%s/%s) on cpu %d: %w", ev.ID, ev.Group, ev.Name, cr.cpu, err)
 		}
 		ce.fds = append(ce.fds, fd)
 		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_SET_OUTPUT, cr.anchor.n); err != nil {
 			closeFDs(ce.fds)
-			return fmt.Errorf("perfio: redirect event %d to cpu %d ring: %w", ev.ID, cr.cpu, err)
+			return fmt.Errorf("redirect event %d to cpu %d ring: %w", ev.ID, cr.cpu, err)
 		}
 	}
 	// Known before enabled, so that no sample of ev counts as unknown.
@@ -232,7 +231,7 @@ func (c *Classic) Add(ev *decode.Event) error {
 			closeFDs(ce.fds)
 			delete(c.events, ev.ID)
 			c.lastEv = nil
-			return fmt.Errorf("perfio: enable event %d on cpu %d: %w", ev.ID, c.cpus[i].cpu, err)
+			return fmt.Errorf("enable event %d on cpu %d: %w", ev.ID, c.cpus[i].cpu, err)
 		}
 	}
 	return nil
@@ -315,10 +314,10 @@ func (c *Classic) Close() error {
 		}
 		for _, cr := range c.cpus {
 			if err := unix.Munmap(cr.mem); err != nil {
-				errs = append(errs, fmt.Errorf("perfio: munmap cpu %d ring: %w", cr.cpu, err))
+				errs = append(errs, fmt.Errorf("munmap cpu %d ring: %w", cr.cpu, err))
 			}
 			if err := cr.anchor.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("perfio: close cpu %d ring: %w", cr.cpu, err))
+				errs = append(errs, fmt.Errorf("close cpu %d ring: %w", cr.cpu, err))
 			}
 		}
 		c.cpus = nil
@@ -346,7 +345,6 @@ func (c *Classic) run() {
 			}
 			if err := c.poll.wait(wait); err != nil {
 				c.errs.Add(1)
-				logrus.WithError(err).Debug("perfio: classic reader")
 				time.Sleep(pollInterval)
 			}
 		}
@@ -448,7 +446,7 @@ func disableFDs(fds []int) error {
 	var errs []error
 	for _, fd := range fds {
 		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_DISABLE, 0); err != nil {
-			errs = append(errs, fmt.Errorf("perfio: disable perf event: %w", err))
+			errs = append(errs, fmt.Errorf("disable perf event: %w", err))
 		}
 	}
 	return errors.Join(errs...)
@@ -459,7 +457,7 @@ func closeFDs(fds []int) error {
 	var errs []error
 	for _, fd := range fds {
 		if err := unix.Close(fd); err != nil {
-			errs = append(errs, fmt.Errorf("perfio: close perf event: %w", err))
+			errs = append(errs, fmt.Errorf("close perf event: %w", err))
 		}
 	}
 	return errors.Join(errs...)

@@ -12,7 +12,7 @@ import (
 )
 
 // ErrCPUList reports a malformed CPU list such as /sys/devices/system/cpu/online.
-var ErrCPUList = errors.New("perfio: bad cpu list")
+var ErrCPUList = errors.New("bad cpu list")
 
 // maxCPU bounds CPU numbers so that a bad list cannot ask for huge ranges.
 const maxCPU = 1 << 16
@@ -21,7 +21,7 @@ const maxCPU = 1 << 16
 func onlineCPUs() ([]int, error) {
 	b, err := os.ReadFile("/sys/devices/system/cpu/online")
 	if err != nil {
-		return nil, fmt.Errorf("perfio: online cpus: %w", err)
+		return nil, fmt.Errorf("online cpus: %w", err)
 	}
 	return parseCPUList(b)
 }

@@ -44,16 +44,16 @@ type poller struct {
 func newPoller() (*poller, error) {
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("perfio: epoll_create1: %w", err)
+		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
 	p := &poller{epoll: newFD(ep)}
 	ev, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("perfio: wake eventfd: %w", err), p.close())
+		return nil, errors.Join(fmt.Errorf("wake eventfd: %w", err), p.close())
 	}
 	p.event = newFD(ev)
 	if err := p.add(ev); err != nil {
-		return nil, errors.Join(fmt.Errorf("perfio: wake eventfd: %w", err), p.close())
+		return nil, errors.Join(fmt.Errorf("wake eventfd: %w", err), p.close())
 	}
 	return p, nil
 }
@@ -63,7 +63,7 @@ func newPoller() (*poller, error) {
 func (p *poller) add(fd int) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
 	if err := unix.EpollCtl(p.epoll.n, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
-		return fmt.Errorf("perfio: epoll add fd %d: %w", fd, err)
+		return fmt.Errorf("epoll add fd %d: %w", fd, err)
 	}
 	p.evs = append(p.evs, unix.EpollEvent{})
 	return nil
@@ -75,7 +75,7 @@ func (p *poller) add(fd int) error {
 func (p *poller) wait(d time.Duration) error {
 	ms := max(0, int((d+time.Millisecond-1)/time.Millisecond))
 	if _, err := unix.EpollWait(p.epoll.n, p.evs, ms); err != nil && !errors.Is(err, unix.EINTR) {
-		return fmt.Errorf("perfio: epoll_wait: %w", err)
+		return fmt.Errorf("epoll_wait: %w", err)
 	}
 	return nil
 }
@@ -90,7 +90,7 @@ func (p *poller) wake() error {
 	}
 	one := [8]byte{1}
 	if _, err := unix.Write(p.event.n, one[:]); err != nil && !errors.Is(err, unix.EAGAIN) {
-		return fmt.Errorf("perfio: wake reader: %w", err)
+		return fmt.Errorf("wake reader: %w", err)
 	}
 	return nil
 }
@@ -111,7 +111,7 @@ func (p *poller) close() error {
 	for _, f := range []*fd{p.event, p.epoll} {
 		if f != nil {
 			if err := f.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("perfio: close reader fd: %w", err))
+				errs = append(errs, fmt.Errorf("close reader fd: %w", err))
 			}
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"ptfs/decode"
@@ -63,9 +62,9 @@ const (
 // Sentinel errors of PT.
 var (
 	// ErrStarted reports Start of a PT source that runs.
-	ErrStarted = errors.New("perfio: pt source already started")
+	ErrStarted = errors.New("pt source already started")
 	// ErrNotStarted reports Flush or Stop of a PT source that does not run.
-	ErrNotStarted = errors.New("perfio: pt source not started")
+	ErrNotStarted = errors.New("pt source not started")
 )
 
 // PTStats are the counters of a PT source, summed over all its runs.
@@ -198,7 +197,7 @@ func (p *PT) Start(sink engine.TraceSink) error {
 	}
 	for _, c := range r.cpus {
 		if err := unix.IoctlSetInt(c.fd.n, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
-			err = fmt.Errorf("perfio: enable intel_pt on cpu %d: %w", c.cpu, err)
+			err = fmt.Errorf("enable intel_pt on cpu %d: %w", c.cpu, err)
 			return errors.Join(err, r.disableAll(), r.release())
 		}
 	}
@@ -228,7 +227,7 @@ func (p *PT) open() (*ptRun, error) {
 		}
 		r.cpus = append(r.cpus, c)
 		if err := r.poll.add(c.fd.n); err != nil {
-			return fail(fmt.Errorf("perfio: cpu %d: %w", cpu, err))
+			return fail(fmt.Errorf("cpu %d: %w", cpu, err))
 		}
 	}
 	return r, nil
@@ -243,21 +242,21 @@ func (p *PT) openCPU(cpu int) (*ptCPU, error) {
 	attr := p.attr // the kernel may write the size back
 	fd, err := unix.PerfEventOpen(&attr, -1, cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("perfio: perf_event_open intel_pt on cpu %d: %w (%s)", cpu, err, openHint(err))
+		return nil, fmt.Errorf("perf_event_open intel_pt on cpu %d: %w (%s)", cpu, err, openHint(err))
 	}
 	c := &ptCPU{cpu: cpu, fd: newFD(fd)}
 	size := (1 + p.opts.DataPages) * p.pageSize
 	if c.mem, err = unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
-		return nil, errors.Join(fmt.Errorf("perfio: mmap %d data pages of cpu %d: %w (%s)", p.opts.DataPages, cpu, err, mmapHint(err)), c.close())
+		return nil, errors.Join(fmt.Errorf("mmap %d data pages of cpu %d: %w (%s)", p.opts.DataPages, cpu, err, mmapHint(err)), c.close())
 	}
 	page := (*unix.PerfEventMmapPage)(unsafe.Pointer(&c.mem[0]))
 	auxSize := p.opts.AuxPages * p.pageSize
 	page.Aux_offset, page.Aux_size = uint64(size), uint64(auxSize)
 	if c.aux, err = unix.Mmap(fd, int64(size), auxSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
-		return nil, errors.Join(fmt.Errorf("perfio: mmap %d aux pages of cpu %d: %w (%s)", p.opts.AuxPages, cpu, err, mmapHint(err)), c.close())
+		return nil, errors.Join(fmt.Errorf("mmap %d aux pages of cpu %d: %w (%s)", p.opts.AuxPages, cpu, err, mmapHint(err)), c.close())
 	}
 	if c.rd, err = newAuxReader(cpu, c.mem, c.aux, p.pageSize, &p.cnt); err != nil {
-		return nil, errors.Join(fmt.Errorf("perfio: cpu %d: %w", cpu, err), c.close())
+		return nil, errors.Join(fmt.Errorf("cpu %d: %w", cpu, err), c.close())
 	}
 	return c, nil
 }
@@ -294,13 +293,13 @@ func (c *ptCPU) close() error {
 	for _, m := range [][]byte{c.aux, c.mem} {
 		if m != nil {
 			if err := unix.Munmap(m); err != nil {
-				errs = append(errs, fmt.Errorf("perfio: munmap cpu %d ring: %w", c.cpu, err))
+				errs = append(errs, fmt.Errorf("munmap cpu %d ring: %w", c.cpu, err))
 			}
 		}
 	}
 	c.aux, c.mem = nil, nil
 	if err := c.fd.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("perfio: close cpu %d intel_pt: %w", c.cpu, err))
+		errs = append(errs, fmt.Errorf("close cpu %d intel_pt: %w", c.cpu, err))
 	}
 	return errors.Join(errs...)
 }
@@ -381,7 +380,6 @@ func (r *ptRun) loop(sink engine.TraceSink) {
 		}
 		if err := r.poll.wait(wait); err != nil {
 			r.p.cnt.errors.Add(1)
-			logrus.WithError(err).Debug("perfio: pt reader")
 			time.Sleep(ptRetryWait)
 		}
 		var ack chan struct{}
@@ -473,11 +471,10 @@ func (r *ptRun) flushAll(sink engine.TraceSink) {
 }
 
 // ioctl runs an enable or disable ioctl in the reader, which has no caller
-// to return an error to: a failure is counted and logged.
+// to return an error to: a failure is counted (status shows the count).
 func (r *ptRun) ioctl(c *ptCPU, req uint) {
 	if err := unix.IoctlSetInt(c.fd.n, req, 0); err != nil {
 		r.p.cnt.errors.Add(1)
-		logrus.WithError(err).WithField("cpu", c.cpu).Debug("perfio: intel_pt ioctl")
 	}
 }
 
@@ -486,7 +483,7 @@ func (r *ptRun) disableAll() error {
 	var errs []error
 	for _, c := range r.cpus {
 		if err := unix.IoctlSetInt(c.fd.n, unix.PERF_EVENT_IOC_DISABLE, 0); err != nil {
-			errs = append(errs, fmt.Errorf("perfio: disable intel_pt on cpu %d: %w", c.cpu, err))
+			errs = append(errs, fmt.Errorf("disable intel_pt on cpu %d: %w", c.cpu, err))
 		}
 	}
 	return errors.Join(errs...)

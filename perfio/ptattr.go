@@ -22,16 +22,16 @@ const PTSysfsDir = "/sys/bus/event_source/devices/intel_pt"
 // Sentinel errors of the Intel PT attributes.
 var (
 	// ErrNoPT reports a machine without the intel_pt PMU.
-	ErrNoPT = errors.New("perfio: no intel_pt PMU")
+	ErrNoPT = errors.New("no intel_pt PMU")
 	// ErrNoPTW reports an intel_pt PMU that cannot trace PTWRITE: the CPU
 	// lacks it (caps/ptwrite is 0), the kernel does not say (no
 	// caps/ptwrite) or its driver has no ptw or fup_on_ptw format; see
 	// CheckPTWrite.
-	ErrNoPTW = errors.New("perfio: intel_pt cannot trace ptwrite")
+	ErrNoPTW = errors.New("intel_pt cannot trace ptwrite")
 	// ErrPMUFormat reports a PMU sysfs file that cannot be parsed.
-	ErrPMUFormat = errors.New("perfio: bad PMU sysfs description")
+	ErrPMUFormat = errors.New("bad PMU sysfs description")
 	// ErrPTConfig reports a PTConfig the PMU does not support.
-	ErrPTConfig = errors.New("perfio: unsupported intel_pt configuration")
+	ErrPTConfig = errors.New("unsupported intel_pt configuration")
 )
 
 // PTConfig selects what PTAttr asks of Intel PT.
@@ -66,7 +66,7 @@ func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("%w: %s does not exist (the CPU has no Intel PT, a hypervisor hides it, or the kernel lacks CONFIG_PERF_EVENTS_INTEL_PT)", ErrNoPT, dir)
 		}
-		return nil, fmt.Errorf("perfio: intel_pt pmu: %w", err)
+		return nil, fmt.Errorf("intel_pt pmu: %w", err)
 	}
 	typ, err := readSysfsUint(filepath.Join(dir, "type"), 10, 32)
 	if err != nil {
@@ -103,7 +103,7 @@ func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 			return nil, fmt.Errorf("%w: %s/format/%s missing", ErrPTConfig, dir, f.name)
 		}
 		if err := fm.set(attr, f.v); err != nil {
-			return nil, fmt.Errorf("perfio: intel_pt %s: %w", f.name, err)
+			return nil, fmt.Errorf("intel_pt %s: %w", f.name, err)
 		}
 	}
 	if o.PSBPeriod != 0 {
@@ -117,7 +117,7 @@ func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 			return nil, fmt.Errorf("%w: %s/format/mtc missing", ErrPTConfig, dir)
 		}
 		if err := fm.set(attr, 1); err != nil {
-			return nil, fmt.Errorf("perfio: intel_pt mtc: %w", err)
+			return nil, fmt.Errorf("intel_pt mtc: %w", err)
 		}
 		if err := setPeriod(dir, formats, attr, "mtc_period", o.MTCPeriod); err != nil {
 			return nil, err
@@ -228,7 +228,7 @@ func setPeriod(dir string, formats map[string]pmuFormat, attr *unix.PerfEventAtt
 		return fmt.Errorf("%w: %s %d not in caps/%s %#x", ErrPTConfig, field, p, caps, allowed)
 	}
 	if err := fm.set(attr, uint64(p)); err != nil {
-		return fmt.Errorf("perfio: intel_pt %s: %w", field, err)
+		return fmt.Errorf("intel_pt %s: %w", field, err)
 	}
 	return nil
 }

@@ -17,7 +17,7 @@ const headerSize = 8
 const maxRecord = 1 << 16
 
 // ErrRingLayout reports a memory area that is not laid out like a perf mmap.
-var ErrRingLayout = errors.New("perfio: bad perf ring layout")
+var ErrRingLayout = errors.New("bad perf ring layout")
 
 // Ring reads the records of one perf ring buffer: a data area whose size is a
 // power of two, written by the kernel up to *head and released by the reader

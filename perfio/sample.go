@@ -37,7 +37,7 @@ const rawArgsOff = 16
 // Sentinel errors of this file.
 var (
 	// ErrMalformed reports a perf record that does not match its layout.
-	ErrMalformed = errors.New("perfio: malformed perf record")
+	ErrMalformed = errors.New("malformed perf record")
 )
 
 // sample is the decoded fixed part of a classic sample; raw aliases the ring.
