@@ -2,6 +2,7 @@ package enginetest
 
 import (
 	"testing"
+	"time"
 
 	"ptfs/decode"
 	"ptfs/decode/ptenc"
@@ -111,7 +112,20 @@ func TestPTWNoTimeConv(t *testing.T) {
 		t.Fatal(err)
 	}
 	var col collector
-	p := newPTW(t, r, &col, evA)
+	// A latency no loaded machine reaches between two rounds: the timed
+	// record must be held until the flush.
+	p, err := engine.NewPTW(r, engine.PTWOptions{Latency: time.Hour}, col.sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	if err := p.Add(evA); err != nil {
+		t.Fatal(err)
+	}
 	err = r.Queue(Batch{
 		0: {
 			sw(engine.SideITraceStart, 10, 100, 0),
@@ -129,7 +143,7 @@ func TestPTWNoTimeConv(t *testing.T) {
 	if err := r.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	// The timed record is held back (Latency 1 s); the untimed ones are
+	// The timed record is held back; the untimed ones are
 	// not held behind it.
 	checkLines(t, col.take(),
 		"record 1: event=ptfs_t/a id=0x6c2 args=[x=0, y=1] cpu=0",
