@@ -600,14 +600,29 @@ func fuzzPTW(t *testing.T, plan, data []byte) {
 	if st.Records != uint64(len(got)) || st.Records != st.Decode.Records {
 		t.Fatalf("%d delivered, stats %+v", len(got), st)
 	}
-	var late uint64
-	for i := 1; i < len(got); i++ {
-		if got[i].Time < got[i-1].Time {
+	// Records without time go out by arrival: order is of the timed ones.
+	var late, last, untimed, unattr uint64
+	for _, r := range got {
+		if r.TID < 0 {
+			unattr++
+		}
+		if r.Time == 0 {
+			untimed++
+			if r.TID >= 0 {
+				t.Fatalf("record without time has tid %d", r.TID)
+			}
+			continue
+		}
+		if r.Time < last {
 			late++
 		}
+		last = max(last, r.Time)
 	}
 	if late > st.Late {
 		t.Fatalf("%d records out of order, %d counted late", late, st.Late)
+	}
+	if untimed != st.Untimed || unattr != st.Unattributed {
+		t.Fatalf("%d records without time, %d without tid; stats %+v", untimed, unattr, st)
 	}
 }
 
