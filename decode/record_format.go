@@ -84,6 +84,10 @@ func (c *Counters) Add(o *Counters) {
 // with its trailing newline, in the format of DESIGN §5:
 //
 //	record N: event=GRP/EVENT id=0xID args=[A, name=B] tid=T cpu=C time=SEC.NSEC
+//
+// Only known context is printed: no tid= for a negative TID (ptw mode: the
+// side band did not say which thread ran), no cpu= for a negative CPU, no
+// time= for Time 0 (no TSC conversion): never a guessed value.
 func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 	dst = append(dst, "record "...)
 	dst = appendDec(dst, seq)

@@ -20,6 +20,10 @@ func TestAppendRecord(t *testing.T) {
 			"record 7: event=ptfs_t/e id=0x6c2 args=[a=1, 5, n=-2, 0x2a, 18446744073709551615] tid=4711 cpu=3 time=8061.235912410\n"},
 		{"more words than declared args", Record{Event: ev, N: 6, Args: [8]uint64{0, 0, 0, 0, 0, 9}, TID: 0, CPU: 0, Time: 5},
 			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0, 0, n=0, 0x0, 0, 9] tid=0 cpu=0 time=0.000000005\n"},
+		{"thread unknown (no side band), time known", Record{Event: ev, N: 1, TID: -1, CPU: 2, Time: 5_000000001},
+			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] cpu=2 time=5.000000001\n"},
+		{"no time (no TSC conversion) and so no thread", Record{Event: ev, N: 1, TID: -1, CPU: 2},
+			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] cpu=2\n"},
 		{"time with whole seconds", Record{Event: ev, N: 1, TID: -1, CPU: -1, Time: 12_000000000},
 			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] time=12.000000000\n"},
 	}

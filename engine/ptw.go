@@ -55,9 +55,19 @@ type PTWStats struct {
 	// Manual counts PTWRITEs outside a probe record (also counted in
 	// Decode.Stray): no target owns them, so they are dropped.
 	Manual uint64
-	// NoTID counts records whose thread the side band did not tell; they
-	// go out with TID -1.
-	NoTID uint64
+	// Unattributed counts records whose thread the side band did not tell
+	// (before a CPU's first ITRACE_START or switch, after lost side band
+	// until the next switch, or a record without time); they go out with
+	// TID -1, never with a guessed thread.
+	Unattributed uint64
+	// Untimed counts records without time (Time 0): their CPU had no
+	// TimeConv (no cap_user_time_zero, as under kvm-clock) or no TSC
+	// packet yet. They go out in arrival order, held back at most until
+	// the records already released, and are not counted Late.
+	Untimed uint64
+	// CPUs counts the CPUs that passed trace; NoTimeConv those of them
+	// that passed it without a TimeConv, whose records have no time.
+	CPUs, NoTimeConv int
 	// Decode sums the counters of every CPU's record assembler. Its
 	// Records are those completed, held back or not; its Errors include
 	// one per gap (every Loss that breaks the trace), every side-band
@@ -74,6 +84,8 @@ type SideStats struct {
 	// maxTimeline of them pending; records stamped before the oldest kept
 	// one get TID -1.
 	Dropped uint64
+	// Lost counts SideLost events.
+	Lost uint64
 }
 
 // PTW is the record source of ptw mode: it consumes the raw PT trace of a
@@ -118,7 +130,8 @@ type PTW struct {
 	losses  [NumLossKinds]uint64
 	side    SideStats
 	manual  uint64
-	noTID   uint64
+	unattr  uint64
+	untimed uint64
 	bytes   uint64
 	badCPU  uint64
 
@@ -137,6 +150,7 @@ type ptwCPU struct {
 	tc     perfdata.TimeConv
 	conv   func(uint64) uint64 // tc.NS, bound once so that TimeConv does not allocate
 	haveTC bool
+	traced bool // Trace was called
 	tl     timeline
 }
 
@@ -278,18 +292,25 @@ func (p *PTW) Stats() PTWStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := PTWStats{
-		Records: p.records.Load(),
-		Late:    p.merge.Late(),
-		Bytes:   p.bytes,
-		Losses:  p.losses,
-		Side:    p.side,
-		Manual:  p.manual,
-		NoTID:   p.noTID,
+		Records:      p.records.Load(),
+		Late:         p.merge.Late(),
+		Bytes:        p.bytes,
+		Losses:       p.losses,
+		Side:         p.side,
+		Manual:       p.manual,
+		Unattributed: p.unattr,
+		Untimed:      p.untimed,
 	}
 	for _, c := range p.cpus {
 		if c != nil {
 			cc := c.asm.Counters()
 			st.Decode.Add(&cc)
+			if c.traced {
+				st.CPUs++
+				if !c.haveTC {
+					st.NoTimeConv++
+				}
+			}
 		}
 	}
 	st.Decode.Errors += p.losses[LossSideBand] + p.badCPU
@@ -328,14 +349,24 @@ func (p *PTW) cpuLocked(cpu int) *ptwCPU {
 }
 
 // Record queues a record the assembler completed, with the thread that
-// ran on the CPU at its time.
+// ran on the CPU at its time. A record without time cannot be placed in
+// the timeline (no thread) nor among other CPUs' records: it is merged at
+// the latest time released, so it goes out by arrival, behind what its
+// CPU queued before, without holding anything back or counting as late.
 func (c *ptwCPU) Record(r *decode.Record) {
 	p := c.p
-	s := p.merge.Push(c.q, r.Time)
+	at, tid := r.Time, int32(-1)
+	if at == 0 {
+		p.untimed++
+		at = p.merge.last
+	} else {
+		tid = c.tl.at(r.Time)
+	}
+	s := p.merge.Push(c.q, at)
 	*s = *r
-	s.TID = c.tl.at(r.Time)
-	if s.TID < 0 {
-		p.noTID++
+	s.TID = tid
+	if tid < 0 {
+		p.unattr++
 	}
 	p.maxSeen = max(p.maxSeen, r.Time)
 }
@@ -366,6 +397,7 @@ func (s *ptwSink) Trace(cpu int, data []byte) {
 	p := (*PTW)(s)
 	p.mu.Lock()
 	if c := p.cpuLocked(cpu); c != nil {
+		c.traced = true
 		c.tl.trace()
 		p.bytes += uint64(len(data))
 		c.asm.Feed(data)
@@ -380,8 +412,18 @@ func (s *ptwSink) Loss(cpu int, why LossKind, n uint64) {
 	defer p.mu.Unlock()
 	switch why {
 	case LossSideBand:
-		// Not per CPU: counted even when cpu is out of range.
+		// Counted even when cpu is out of range; then no CPU's thread is
+		// known any more.
 		p.losses[LossSideBand] += n
+		if cpu >= 0 && cpu < maxCPUs {
+			p.cpuLocked(cpu).tl.lost()
+			return
+		}
+		for _, c := range p.cpus {
+			if c != nil {
+				c.tl.lost()
+			}
+		}
 		return
 	case LossFlush:
 		p.losses[LossFlush]++
@@ -427,6 +469,9 @@ func (s *ptwSink) Side(cpu int, ev *SideEvent) {
 		st.Mmap2++
 	case SideExit:
 		st.Exit++
+	case SideLost:
+		st.Lost++
+		st.Dropped += c.tl.lost()
 	default:
 		st.Other++
 	}
@@ -490,7 +535,8 @@ func (w *watermark) update(now time.Duration, seen uint64, lat time.Duration) ui
 }
 
 // timeline is which thread ran on one CPU from when, from the side band
-// (ITRACE_START, SWITCH in and out), in time order. Records of a CPU come
+// (ITRACE_START, SWITCH in and out), in time order; an entry of TID -1
+// marks where side band was lost and the thread is unknown. Records of a CPU come
 // in time order, so a cursor moves forward through it. What is behind the
 // cursor is pruned, and so is what came before the previous Trace but the
 // last such entry: side band and AUX records share the data ring, in the
@@ -529,6 +575,19 @@ func (t *timeline) add(time uint64, tid int32) uint64 {
 	}
 	t.ent = append(t.ent, tlEntry{time: time, tid: tid})
 	return dropped
+}
+
+// lost makes the thread unknown from the last entry's time on, and
+// returns what add dropped: the side band that went missing came after that
+// entry and may have held a switch, so neither that entry's thread nor any
+// other is known until the next entry. An empty timeline knows nothing
+// already.
+func (t *timeline) lost() uint64 {
+	n := len(t.ent)
+	if n == 0 || t.ent[n-1].tid < 0 {
+		return 0
+	}
+	return t.add(t.ent[n-1].time, -1)
 }
 
 // cut drops the first k entries.

@@ -276,12 +276,14 @@ func TestTimeline(t *testing.T) {
 	type op struct {
 		add   bool // else lookup
 		trace bool
+		lost  bool
 		time  uint64
 		tid   int32 // added, or wanted
 	}
 	add := func(tm uint64, tid int32) op { return op{add: true, time: tm, tid: tid} }
 	at := func(tm uint64, want int32) op { return op{time: tm, tid: want} }
 	trace := op{trace: true}
+	lost := op{lost: true}
 	for _, tc := range []struct {
 		name string
 		ops  []op
@@ -297,12 +299,20 @@ func TestTimeline(t *testing.T) {
 		{"prune behind the cursor",
 			[]op{add(10, 1), add(20, 2), add(30, 3), at(35, 3), trace}, 1},
 		{"nothing to prune", []op{trace, add(10, 1), trace, at(10, 1)}, 1},
+		{"lost: unknown from the last switch on", []op{add(10, 1), add(20, 2), lost, at(15, 1), at(20, -1), at(99, -1)}, 3},
+		{"lost, then a switch", []op{add(10, 1), lost, add(30, 3), at(25, -1), at(30, 3)}, 3},
+		{"lost on an empty timeline", []op{lost, at(5, -1)}, 0},
+		{"lost twice", []op{add(10, 1), lost, lost, at(10, -1)}, 2},
 	} {
 		var tl timeline
 		for i, o := range tc.ops {
 			switch {
 			case o.trace:
 				tl.trace()
+			case o.lost:
+				if d := tl.lost(); d != 0 {
+					t.Errorf("%s: op %d dropped %d", tc.name, i, d)
+				}
 			case o.add:
 				if d := tl.add(o.time, o.tid); d != 0 {
 					t.Errorf("%s: op %d dropped %d", tc.name, i, d)
@@ -590,14 +600,29 @@ func fuzzPTW(t *testing.T, plan, data []byte) {
 	if st.Records != uint64(len(got)) || st.Records != st.Decode.Records {
 		t.Fatalf("%d delivered, stats %+v", len(got), st)
 	}
-	var late uint64
-	for i := 1; i < len(got); i++ {
-		if got[i].Time < got[i-1].Time {
+	// Records without time go out by arrival: order is of the timed ones.
+	var late, last, untimed, unattr uint64
+	for _, r := range got {
+		if r.TID < 0 {
+			unattr++
+		}
+		if r.Time == 0 {
+			untimed++
+			if r.TID >= 0 {
+				t.Fatalf("record without time has tid %d", r.TID)
+			}
+			continue
+		}
+		if r.Time < last {
 			late++
 		}
+		last = max(last, r.Time)
 	}
 	if late > st.Late {
 		t.Fatalf("%d records out of order, %d counted late", late, st.Late)
+	}
+	if untimed != st.Untimed || unattr != st.Unattributed {
+		t.Fatalf("%d records without time, %d without tid; stats %+v", untimed, unattr, st)
 	}
 }
 

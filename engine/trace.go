@@ -59,7 +59,9 @@ const (
 	// LossHole: the AUX offsets skip bytes the reader never saw.
 	LossHole
 	// LossSideBand: PERF_RECORD_LOST; n side-band records (switches,
-	// comms, AUX records) were dropped by a full data ring.
+	// comms, AUX records) were dropped by a full data ring. The thread of
+	// cpu (of every CPU when cpu is out of range) is unknown from its last
+	// known switch until its next one.
 	LossSideBand
 	// LossFlush: tracing was stopped for a moment, at this point of the
 	// stream, to push buffered trace out; it resumes with a PSB+.
@@ -104,6 +106,11 @@ const (
 	SideMmap2
 	// SideExit: thread PID/TID exited.
 	SideExit
+	// SideLost: side-band records were lost on this CPU: attribution is
+	// unknown until the next switch or ITRACE_START. The source reports
+	// the lost records themselves with Loss(LossSideBand, n); either call
+	// makes the CPU's thread unknown.
+	SideLost
 )
 
 // SideEvent is one side-band record. Time is perf time in nanoseconds.

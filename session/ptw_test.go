@@ -204,6 +204,11 @@ func TestPTWMount(t *testing.T) {
 		if !strings.Contains(st, "aux truncated=1") || !strings.Contains(st, "flush=1") {
 			t.Errorf("status:\n%s\nwant the truncated AUX record and the flush counted", st)
 		}
+		for _, line := range []string{"time: perf time (TSC converted by the mmap page)\n", "\nunattributed: 0 ", "\nuntimed: 0 "} {
+			if !strings.Contains(st, line) {
+				t.Errorf("status:\n%s\nwant %q", st, line)
+			}
+		}
 	}
 
 	// Removing the probes disables them before they go; the last one

@@ -61,10 +61,27 @@ func (p ptwSource) appendStatus(b []byte) []byte {
 		b = fmt.Appendf(b, " %s=%d", engine.LossKind(k), n)
 	}
 	b = append(b, '\n')
-	b = fmt.Appendf(b, "side band: itrace_start=%d switch_in=%d switch_out=%d comm=%d mmap2=%d exit=%d\n",
-		sd.ITraceStart, sd.SwitchIn, sd.SwitchOut, sd.Comm, sd.Mmap2, sd.Exit)
+	b = fmt.Appendf(b, "side band: itrace_start=%d switch_in=%d switch_out=%d comm=%d mmap2=%d exit=%d lost=%d\n",
+		sd.ITraceStart, sd.SwitchIn, sd.SwitchOut, sd.Comm, sd.Mmap2, sd.Exit, sd.Lost)
+	b = appendTimeStatus(b, &st)
 	return fmt.Appendf(b, "manual ptwrites: %d (no target owns them; counted as stray)\n"+
-		"records without thread: %d\nlate: %d (records out of time order)\n", st.Manual, st.NoTID, st.Late)
+		"unattributed: %d (records without tid: the side band did not say which thread ran)\n"+
+		"untimed: %d (records without time and tid)\nlate: %d (records out of time order)\n",
+		st.Manual, st.Unattributed, st.Untimed, st.Late)
+}
+
+// appendTimeStatus appends the `time:` line: where record times come from.
+// Whether the kernel converts TSC to perf time (cap_user_time_zero of the
+// mmap page) is known only once a CPU passes trace.
+func appendTimeStatus(b []byte, st *engine.PTWStats) []byte {
+	switch {
+	case st.CPUs == 0:
+		return append(b, "time: not known until a CPU passes trace (cap_user_time_zero of its mmap page)\n"...)
+	case st.NoTimeConv == 0:
+		return append(b, "time: perf time (TSC converted by the mmap page)\n"...)
+	}
+	return fmt.Appendf(b, "time: none on %d of %d CPUs: the kernel gave no TSC conversion (cap_user_time_zero clear, "+
+		"as under kvm-clock); their records have no time= and no tid=\n", st.NoTimeConv, st.CPUs)
 }
 
 func (ptwSource) running() string { return "running (ptwrite uprobes, Intel PT)" }
