@@ -44,7 +44,8 @@ func (f *fakeAux) trailer(pid, tid uint32) []byte {
 	b = binary.LittleEndian.AppendUint32(b, tid)
 	b = binary.LittleEndian.AppendUint64(b, f.now)
 	b = binary.LittleEndian.AppendUint32(b, f.cpu)
-	return binary.LittleEndian.AppendUint32(b, 0)
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	return binary.LittleEndian.AppendUint64(b, 77) // the event's id
 }
 
 // record writes a record with its sample_id trailer into the data ring.

@@ -16,6 +16,7 @@ import (
 // TestPTOptions checks option validation and defaults.
 func TestPTOptions(t *testing.T) {
 	dir := copyPMU(t)
+	env := testEnv(t, "0-1", privileged)
 	for _, tc := range []struct {
 		name string
 		o    PTOptions
@@ -24,27 +25,31 @@ func TestPTOptions(t *testing.T) {
 		{"aux pages not power of two", PTOptions{AuxPages: 1000}},
 		{"negative aux pages", PTOptions{AuxPages: -2}},
 		{"too many pages", PTOptions{AuxPages: 1 << 21}},
-		{"watermark beyond ring", PTOptions{AuxPages: 1, AuxWatermark: 1 << 20}},
+		{"aux ring below 8 KiB", PTOptions{AuxPages: 1}},
+		{"watermark beyond ring", PTOptions{AuxPages: 2, AuxWatermark: 1 << 20}},
 		{"negative watermark", PTOptions{AuxWatermark: -1}},
 		{"cpu twice", PTOptions{CPUs: []int{1, 1}}},
 		{"negative cpu", PTOptions{CPUs: []int{-1}}},
 	} {
-		if _, err := NewPT(dir, tc.o); !errors.Is(err, engine.ErrOptions) {
+		if _, err := newPT(dir, tc.o, env); !errors.Is(err, engine.ErrOptions) {
 			t.Errorf("%s: %v, want engine.ErrOptions", tc.name, err)
 		}
 	}
-	p, err := NewPT(dir, PTOptions{})
+	if _, err := newPT(dir, PTOptions{AuxPages: 1}, env); err == nil || !strings.Contains(err.Error(), "at least 8 KiB") {
+		t.Errorf("--aux-pages 1: %v, want the 8 KiB reason", err)
+	}
+	p, err := newPT(dir, PTOptions{}, env)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := PTOptions{DataPages: DefaultPTDataPages, AuxPages: DefaultPTAuxPages, AuxWatermark: DefaultAuxWatermark, FlushInterval: DefaultFlushInterval}
+	want := PTOptions{DataPages: DefaultPTDataPages, AuxPages: privAuxBytes / os.Getpagesize(), AuxWatermark: DefaultAuxWatermark, FlushInterval: DefaultFlushInterval}
 	if o := p.opts; o.DataPages != want.DataPages || o.AuxPages != want.AuxPages || o.AuxWatermark != want.AuxWatermark || o.FlushInterval != want.FlushInterval {
 		t.Errorf("defaults %+v, want %+v", o, want)
 	}
-	if len(p.cpus) == 0 || p.attr.Aux_watermark != DefaultAuxWatermark {
-		t.Errorf("cpus %v, aux watermark %d", p.cpus, p.attr.Aux_watermark)
+	if p.attr.Aux_watermark != DefaultAuxWatermark {
+		t.Errorf("aux watermark %d", p.attr.Aux_watermark)
 	}
-	small, err := NewPT(dir, PTOptions{AuxPages: 2})
+	small, err := newPT(dir, PTOptions{AuxPages: 2}, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +180,7 @@ func fakePTRun(t *testing.T, p *PT, fakes ...*fakeAux) *ptRun {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.cpus = append(r.cpus, &ptCPU{cpu: i, fd: newFD(fd), rd: rd})
+		r.cpus = append(r.cpus, &ptCPU{cpu: i, fd: newFD(fd), op: p.op, rd: rd})
 	}
 	return r
 }
@@ -199,7 +204,7 @@ func TestPTReader(t *testing.T) {
 	fds := countFDs(t)
 	f0, f1 := newFakeAux(4096, 256), newFakeAux(4096, 256)
 	f1.cpu = 1
-	p := &PT{opts: PTOptions{FlushInterval: 20 * time.Millisecond}}
+	p := &PT{opts: PTOptions{FlushInterval: 20 * time.Millisecond}, op: kernelOpener{}, cpuDir: cpuSysDir}
 	s := newAuxLogSink(t)
 	r := fakePTRun(t, p, f0, f1)
 	p.run = r
@@ -257,7 +262,7 @@ func TestPTReader(t *testing.T) {
 func TestPTFlushIdle(t *testing.T) {
 	f0, f1 := newFakeAux(4096, 64), newFakeAux(4096, 64)
 	f1.cpu = 1
-	p := &PT{}
+	p := &PT{op: kernelOpener{}}
 	r := fakePTRun(t, p, f0, f1)
 	defer r.release()
 	s := newAuxLogSink(t)
