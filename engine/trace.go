@@ -59,7 +59,10 @@ const (
 	// LossHole: the AUX offsets skip bytes the reader never saw.
 	LossHole
 	// LossSideBand: PERF_RECORD_LOST; n side-band records (switches,
-	// comms, AUX records) were dropped by a full data ring.
+	// comms, AUX records) were dropped by a full data ring. Which thread
+	// runs on the CPU is unknown from here until the next switch or
+	// ITRACE_START. The trace itself is intact: perfio reads it up to
+	// aux_head whether or not its AUX records arrived.
 	LossSideBand
 	// LossFlush: tracing was stopped for a moment, at this point of the
 	// stream, to push buffered trace out; it resumes with a PSB+.

@@ -54,12 +54,15 @@ const (
 const maxPTPages = 1 << 20
 
 // ptIdleWait is the longest the reader sleeps without a wakeup; ptRetryWait
-// how soon it comes back for a record that waits for aux_head;
-// hotplugInterval how often it looks for CPUs gone offline.
+// how soon it comes back for a record that waits for aux_head or an event
+// to enable again; hotplugInterval how often it looks for CPUs gone
+// offline; reenablePasses how many read passes enable an event again after
+// a truncation, until it publishes trace.
 const (
 	ptIdleWait      = 100 * time.Millisecond
 	ptRetryWait     = time.Millisecond
 	hotplugInterval = time.Second
+	reenablePasses  = 10
 )
 
 // Sentinel errors of PT.
@@ -291,8 +294,12 @@ type ptCPU struct {
 	mem, aux []byte
 	rd       *auxReader
 	lastHead uint64 // aux_head at the last flush check
-	reenable bool   // the kernel disabled the event on a full AUX ring
-	gone     bool   // the CPU went offline
+	// reenable counts the read passes that still enable the event after
+	// the kernel disabled it on a full AUX ring; truncHead is aux_head
+	// then: once it moves, the event runs again.
+	reenable  int
+	truncHead uint64
+	gone      bool // the CPU went offline
 }
 
 // Timing returns what the decoder needs to time records between TSC
@@ -558,7 +565,7 @@ func (r *ptRun) loop(sink engine.TraceSink) {
 			wait = min(wait, time.Until(nextCheck))
 		}
 		for _, c := range r.cpus {
-			if c.rd.stalled {
+			if c.rd.stalled || c.reenable > 0 {
 				wait = min(wait, ptRetryWait)
 			}
 		}
@@ -602,23 +609,28 @@ func (r *ptRun) loop(sink engine.TraceSink) {
 // disables the event then, and reenableAll enables it again.
 func (r *ptRun) drainCPU(sink engine.TraceSink, c *ptCPU) {
 	if res := c.rd.drain(sink); res.truncated {
-		c.reenable = true
+		c.reenable, c.truncHead = reenablePasses, atomic.LoadUint64(&c.rd.page.Aux_head)
 	}
 }
 
 // reenableAll enables the events that a truncation disabled, at the end of
-// a read pass as perf does: the kernel disables the event from irq work
-// after the truncation, and on kernels before the 2025 fix of that flow
-// ("perf/aux: Properly launch pending disable flow") an enable that came
-// before the work ran would be undone; enabling again after every pass
-// that saw the truncation (an enabled event ignores it) wins that race
-// without a timer.
+// a read pass as perf does, when the pass made room. The kernel disables
+// the event from irq work after the truncation, and on kernels before the
+// 2025 fix of that flow ("perf/aux: Properly launch pending disable flow")
+// an enable that came before the work ran is undone; so the passes after
+// it enable the event again (an enabled event ignores that) until its
+// aux_head moves, at most reenablePasses times.
 func (r *ptRun) reenableAll() {
 	for _, c := range r.cpus {
-		if c.reenable && !c.gone {
-			c.reenable = false
-			r.ioctl(c, unix.PERF_EVENT_IOC_ENABLE)
+		if c.reenable == 0 || c.gone {
+			continue
 		}
+		if atomic.LoadUint64(&c.rd.page.Aux_head) != c.truncHead {
+			c.reenable = 0
+			continue
+		}
+		c.reenable--
+		r.ioctl(c, unix.PERF_EVENT_IOC_ENABLE)
 	}
 }
 
@@ -636,7 +648,7 @@ func (r *ptRun) flushCPU(sink engine.TraceSink, c *ptCPU) {
 	r.ioctl(c, unix.PERF_EVENT_IOC_DISABLE)
 	r.drainCPU(sink, c)
 	c.rd.loss(sink, engine.LossFlush, 1)
-	c.reenable = false
+	c.reenable = 0
 	r.ioctl(c, unix.PERF_EVENT_IOC_ENABLE)
 }
 
@@ -666,7 +678,7 @@ func (r *ptRun) flushAll(sink engine.TraceSink) {
 	}
 	sink.Round(true)
 	for _, c := range r.cpus {
-		c.reenable = false
+		c.reenable = 0
 		r.ioctl(c, unix.PERF_EVENT_IOC_ENABLE)
 		c.lastHead = atomic.LoadUint64(&c.rd.page.Aux_head)
 	}

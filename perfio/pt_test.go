@@ -279,10 +279,60 @@ func TestPTFlushIdle(t *testing.T) {
 	}
 	f0.trace(make([]byte, 100), 0)
 	r.drainCPU(s, r.cpus[0])
-	if !r.cpus[0].reenable || r.cpus[1].reenable {
+	if r.cpus[0].reenable != reenablePasses || r.cpus[1].reenable != 0 {
 		t.Errorf("after a truncation on cpu 0: reenable %v %v", r.cpus[0].reenable, r.cpus[1].reenable)
 	}
 	if got := atomic.LoadUint64(&f0.page.Aux_tail); got != 3+64 {
 		t.Errorf("aux_tail %d", got)
+	}
+}
+
+// TestPTReenable checks the enables after a truncation: one at the end of
+// each read pass, so that one after the kernel's pending disable wins, until
+// the event publishes trace again or reenablePasses passes went by; a flush
+// ends them.
+func TestPTReenable(t *testing.T) {
+	f0 := newFakeAux(4096, 64)
+	fo := newFakeOpener()
+	p := &PT{op: fo}
+	r := fakePTRun(t, p, f0)
+	defer r.release()
+	s := newAuxLogSink(t)
+	enables := func() int {
+		n := 0
+		for _, c := range fo.take() {
+			if c.op == "ioctl" && c.req == unix.PERF_EVENT_IOC_ENABLE && c.fd == r.cpus[0].fd.n {
+				n++
+			}
+		}
+		return n
+	}
+	pass := func() { r.drainAll(s); r.reenableAll() }
+
+	f0.trace(make([]byte, 100), 0) // truncated: the kernel disables the event
+	for range reenablePasses + 5 {
+		pass()
+	}
+	if n := enables(); n != reenablePasses {
+		t.Errorf("%d enables after a truncation and no trace since, want %d", n, reenablePasses)
+	}
+
+	f0.trace(make([]byte, 100), 0)
+	pass()
+	pass()
+	f0.trace([]byte("running"), 0) // the event runs again
+	for range 5 {
+		pass()
+	}
+	if n := enables(); n != 2 {
+		t.Errorf("%d enables, want 2: none once aux_head moved", n)
+	}
+
+	f0.trace(make([]byte, 100), 0)
+	pass()
+	r.flushCPU(s, r.cpus[0])
+	pass()
+	if n := enables(); n != 2 {
+		t.Errorf("%d enables, want 2: the pass's and the flush's", n)
 	}
 }
