@@ -140,6 +140,16 @@ func testEnv(t *testing.T, online string, lim mlockLimits) ptEnv {
 		memlock: func() (uint64, error) { return lim.memlock, nil }}
 }
 
+// failingEnv is testEnv with privileged limits whose fake opener fails
+// the CPUs of fail.
+func failingEnv(t *testing.T, online string, fail map[int]error) (ptEnv, *fakeOpener) {
+	t.Helper()
+	env := testEnv(t, online, privileged)
+	fo := env.op.(*fakeOpener)
+	fo.fail = fail
+	return env, fo
+}
+
 // setOnline rewrites the online list of env's cpu tree.
 func setOnline(t *testing.T, env ptEnv, online string) {
 	t.Helper()
@@ -156,10 +166,7 @@ func setOnline(t *testing.T, env ptEnv, online string) {
 // disable the dummy, the per-CPU status, hotplug, and the release.
 func TestPTEvents(t *testing.T) {
 	fds := countFDs(t)
-	env := testEnv(t, "0-3", privileged)
-	fo := env.op.(*fakeOpener)
-	fo.fail[1] = unix.ENODEV
-	fo.fail[2] = unix.EBUSY
+	env, fo := failingEnv(t, "0-3", map[int]error{1: unix.ENODEV, 2: unix.EBUSY})
 	p, err := newPT(copyPMU(t), PTOptions{AuxPages: 4, DataPages: 2, FlushInterval: -1}, env)
 	if err != nil {
 		t.Fatal(err)
@@ -315,10 +322,7 @@ func cpuStates(p *PT) string {
 // listed in PTOptions.CPUs but offline is never opened.
 func TestPTNoCPU(t *testing.T) {
 	fds := countFDs(t)
-	env := testEnv(t, "0-1", privileged)
-	fo := env.op.(*fakeOpener)
-	fo.fail[0] = unix.ENODEV
-	fo.fail[1] = unix.EBUSY
+	env, fo := failingEnv(t, "0-1", map[int]error{0: unix.ENODEV, 1: unix.EBUSY})
 	p, err := newPT(copyPMU(t), PTOptions{AuxPages: 2, DataPages: 1, CPUs: []int{0, 1, 5}}, env)
 	if err != nil {
 		t.Fatal(err)
