@@ -32,9 +32,11 @@ type fakeCall struct {
 type fakeOpener struct {
 	mu    sync.Mutex
 	calls []fakeCall
-	fail  map[int]error    // cpu → error of open
-	cpuOf map[int]int      // fd → cpu
-	rings map[int]*fakeAux // cpu → its PT event's memory
+	fail  map[int]error // cpu → error of open
+	// failEnable: cpu → error of PERF_EVENT_IOC_ENABLE
+	failEnable map[int]error
+	cpuOf      map[int]int      // fd → cpu
+	rings      map[int]*fakeAux // cpu → its PT event's memory
 }
 
 func newFakeOpener() *fakeOpener {
@@ -63,6 +65,9 @@ func (f *fakeOpener) ioctl(fd int, req uint, arg int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, fakeCall{op: "ioctl", cpu: f.cpuOf[fd], fd: fd, req: req, arg: arg})
+	if req == unix.PERF_EVENT_IOC_ENABLE {
+		return f.failEnable[f.cpuOf[fd]]
+	}
 	return nil
 }
 
@@ -352,6 +357,42 @@ func TestPTNoCPU(t *testing.T) {
 	}
 	if n := countFDs(t); n != fds {
 		t.Errorf("%d fds after a failed Start, %d before", n, fds)
+	}
+}
+
+// TestPTEnableFails checks a CPU whose side-band event cannot be enabled:
+// it is closed at once (no ioctl on its PT event), shown as an error, and
+// the other CPU traces.
+func TestPTEnableFails(t *testing.T) {
+	fds := countFDs(t)
+	env, fo := failingEnv(t, "0-1", nil)
+	fo.failEnable = map[int]error{1: unix.EIO}
+	p, err := newPT(copyPMU(t), PTOptions{AuxPages: 2, DataPages: 1}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(newAuxLogSink(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop() })
+	var enables []int
+	for _, c := range fo.take() {
+		if c.op == "ioctl" && c.req == unix.PERF_EVENT_IOC_ENABLE {
+			enables = append(enables, c.cpu)
+		}
+	}
+	if !slices.Equal(enables, []int{0, 0, 1}) {
+		t.Errorf("enables on cpus %v, want [0 0 1]: both events of cpu 0, then cpu 1's side band, which fails", enables)
+	}
+	st := p.Status().CPUs
+	if len(st) != 2 || st[0].State != CPUTracing || st[1].State != CPUError || !errors.Is(st[1].Err, unix.EIO) {
+		t.Errorf("status %+v", st)
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := countFDs(t); n != fds {
+		t.Errorf("%d fds after Stop, %d before", n, fds)
 	}
 }
 

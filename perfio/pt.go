@@ -369,8 +369,9 @@ func (p *PT) open() (*ptRun, error) {
 			// The side band first, so that the switch of the thread
 			// that runs when tracing starts is not missed.
 			for _, f := range []*fd{c.side, c.fd} {
-				if e := p.op.ioctl(f.n, unix.PERF_EVENT_IOC_ENABLE, 0); e != nil && err == nil {
+				if e := p.op.ioctl(f.n, unix.PERF_EVENT_IOC_ENABLE, 0); e != nil {
 					err = errors.Join(fmt.Errorf("enable events of cpu %d: %w", cpu, e), c.close())
+					break
 				}
 			}
 		}
