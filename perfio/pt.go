@@ -359,22 +359,7 @@ func (p *PT) open() (*ptRun, error) {
 			states = append(states, CPUStatus{CPU: cpu, State: CPUOffline})
 			continue
 		}
-		c, err := p.openCPU(cpu)
-		if err == nil {
-			if err = r.poll.add(c.fd.n); err != nil {
-				err = errors.Join(fmt.Errorf("cpu %d: %w", cpu, err), c.close())
-			}
-		}
-		if err == nil {
-			// The side band first, so that the switch of the thread
-			// that runs when tracing starts is not missed.
-			for _, f := range []*fd{c.side, c.fd} {
-				if e := p.op.ioctl(f.n, unix.PERF_EVENT_IOC_ENABLE, 0); e != nil {
-					err = errors.Join(fmt.Errorf("enable events of cpu %d: %w", cpu, e), c.close())
-					break
-				}
-			}
-		}
+		c, err := p.startCPU(r.poll, cpu)
 		if err != nil {
 			states = append(states, CPUStatus{CPU: cpu, State: openState(err), Err: err})
 			errs = append(errs, err)
@@ -391,6 +376,26 @@ func (p *PT) open() (*ptRun, error) {
 		return nil, errors.Join(append([]error{err}, append(errs, r.release())...)...)
 	}
 	return r, nil
+}
+
+// startCPU opens cpu's events, adds the PT event to poll and enables the
+// side-band event, then the PT event, or closes what it opened.
+func (p *PT) startCPU(poll *poller, cpu int) (*ptCPU, error) {
+	c, err := p.openCPU(cpu)
+	if err != nil {
+		return nil, err
+	}
+	if err := poll.add(c.fd.n); err != nil {
+		return nil, errors.Join(fmt.Errorf("cpu %d: %w", cpu, err), c.close())
+	}
+	// The side band first, so that the switch of the thread that runs
+	// when tracing starts is not missed.
+	for _, f := range []*fd{c.side, c.fd} {
+		if err := p.op.ioctl(f.n, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
+			return nil, errors.Join(fmt.Errorf("enable events of cpu %d: %w", cpu, err), c.close())
+		}
+	}
+	return c, nil
 }
 
 // openState is the state of a CPU whose events failed to open with err.
