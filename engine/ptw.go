@@ -84,8 +84,6 @@ type SideStats struct {
 	// maxTimeline of them pending; records stamped before the oldest kept
 	// one get TID -1.
 	Dropped uint64
-	// Lost counts SideLost events.
-	Lost uint64
 }
 
 // PTW is the record source of ptw mode: it consumes the raw PT trace of a
@@ -469,9 +467,6 @@ func (s *ptwSink) Side(cpu int, ev *SideEvent) {
 		st.Mmap2++
 	case SideExit:
 		st.Exit++
-	case SideLost:
-		st.Lost++
-		st.Dropped += c.tl.lost()
 	default:
 		st.Other++
 	}

@@ -61,7 +61,9 @@ const (
 	// LossSideBand: PERF_RECORD_LOST; n side-band records (switches,
 	// comms, AUX records) were dropped by a full data ring. The thread of
 	// cpu (of every CPU when cpu is out of range) is unknown from its last
-	// known switch until its next one.
+	// known switch until its next one or ITRACE_START. The trace itself is
+	// intact: perfio reads it up to aux_head whether or not its AUX
+	// records arrived.
 	LossSideBand
 	// LossFlush: tracing was stopped for a moment, at this point of the
 	// stream, to push buffered trace out; it resumes with a PSB+.
@@ -106,11 +108,6 @@ const (
 	SideMmap2
 	// SideExit: thread PID/TID exited.
 	SideExit
-	// SideLost: side-band records were lost on this CPU: attribution is
-	// unknown until the next switch or ITRACE_START. The source reports
-	// the lost records themselves with Loss(LossSideBand, n); either call
-	// makes the CPU's thread unknown.
-	SideLost
 )
 
 // SideEvent is one side-band record. Time is perf time in nanoseconds.

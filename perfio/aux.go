@@ -35,10 +35,13 @@ type ptCounters struct {
 
 // auxReader reads one CPU's perf mmap of an AUX event: mem is the control
 // page and the data ring, aux the AUX ring at the page's aux_offset. It
-// passes the PT bytes that PERF_RECORD_AUX records announce straight from
-// aux (never copied), the losses, and the side band, then releases the AUX
-// space through aux_tail. The same code serves the real mmaps and, in tests,
-// plain memory laid out like them.
+// passes the PT bytes up to aux_head straight from aux (never copied), as
+// perf's auxtrace reader does, the losses the PERF_RECORD_AUX flags report,
+// and the side band, then releases the AUX space through aux_tail. The AUX
+// records serve for their flags and to place them in the stream, not to
+// announce the bytes: a record lost to a full data ring loses no trace. The
+// same code serves the real mmaps and, in tests, plain memory laid out like
+// them.
 //
 // An auxReader is not safe for concurrent use.
 type auxReader struct {
@@ -47,8 +50,8 @@ type auxReader struct {
 	ring *Ring
 	aux  []byte
 	mask uint64
-	// pos is the AUX position up to which the bytes were passed on (or
-	// skipped); it is what aux_tail gets.
+	// pos is the AUX position up to which the bytes were passed on; it is
+	// what aux_tail gets.
 	pos uint64
 	// stalled is set when a record pointed past aux_head and was left in
 	// the ring for the next drain; stallAt is its ring position.
@@ -95,7 +98,12 @@ type drainResult struct {
 }
 
 // drain passes everything in the rings to sink: TimeConv first when the
-// page's conversion is new, then each record in order.
+// page's conversion is new, then each record in order, the bytes up to each
+// AUX record's end before its flags, and last the bytes up to aux_head that
+// no record read yet announced. aux_head is loaded after data_head: the
+// kernel writes the record before it publishes aux_head, so every record
+// whose bytes it passed is either read now or comes later with its bytes
+// already passed, and then gives only its flags.
 func (r *auxReader) drain(sink engine.TraceSink) drainResult {
 	var res drainResult
 	r.timeConv(sink)
@@ -138,6 +146,7 @@ func (r *auxReader) drain(sink engine.TraceSink) drainResult {
 	}
 	r.ring.End()
 	r.ringErrors()
+	r.passTo(head, sink)
 	return res
 }
 
@@ -155,14 +164,15 @@ func (r *auxReader) loss(sink engine.TraceSink, why engine.LossKind, n uint64) {
 	sink.Loss(r.cpu, why, n)
 }
 
-// auxRecord handles one PERF_RECORD_AUX. It returns false, without doing
-// anything, when the record points past *head for the first time: the kernel
-// writes the record before it publishes aux_head, so a reader can see the
-// record first.
+// auxRecord handles one PERF_RECORD_AUX: it passes the bytes up to the
+// record's end (those of records lost before it too) and reports its flags. It returns false, without doing anything, when the record points
+// past *head for the first time: the kernel writes the record before it
+// publishes aux_head, so a reader can see the record first. A record that
+// cannot be right is counted as an error and ignored: the bytes are read up
+// to aux_head all the same.
 func (r *auxReader) auxRecord(rec []byte, head *uint64, sink engine.TraceSink, res *drainResult) bool {
 	if len(rec) < auxRecordSize {
 		r.cnt.errors.Add(1)
-		r.loss(sink, engine.LossHole, 1)
 		return true
 	}
 	off := binary.LittleEndian.Uint64(rec[headerSize:])
@@ -173,10 +183,8 @@ func (r *auxReader) auxRecord(rec []byte, head *uint64, sink engine.TraceSink, r
 	switch {
 	case flags&unix.PERF_AUX_FLAG_OVERWRITE != 0, // only in a read-only (snapshot) mapping, which we never make
 		size > ringSize, end < off, // larger than the ring, or wrapping the u64
-		off < r.pos,          // behind what was already passed on
-		end-r.pos > ringSize: // beyond what the ring can hold after aux_tail
+		end > r.pos && end-r.pos > ringSize: // beyond what the ring can hold after aux_tail
 		r.cnt.errors.Add(1)
-		r.loss(sink, engine.LossHole, 1)
 		return true
 	}
 	if end > *head {
@@ -191,39 +199,55 @@ func (r *auxReader) auxRecord(rec []byte, head *uint64, sink engine.TraceSink, r
 		// Still past aux_head a drain later: not the publication race.
 		r.stalled = false
 		r.cnt.errors.Add(1)
-		r.loss(sink, engine.LossHole, 1)
 		return true
 	}
 	r.stalled = false
-	if off > r.pos {
-		r.loss(sink, engine.LossHole, 1)
-		r.pos = off
-	}
+	// Bytes before the record (their record was lost) go first; a gap
+	// inside the record's own bytes comes before them, a truncation after
+	// them. When a pass up to aux_head took the record's bytes already,
+	// its flags follow them.
+	r.passTo(off, sink)
 	if flags&unix.PERF_AUX_FLAG_PARTIAL != 0 {
 		r.loss(sink, engine.LossPartial, 1)
 	}
 	if flags&unix.PERF_AUX_FLAG_COLLISION != 0 {
 		r.loss(sink, engine.LossCollision, 1)
 	}
-	if size > 0 {
-		start := off & r.mask
-		if first := ringSize - start; size > first {
-			sink.Trace(r.cpu, r.aux[start:ringSize:ringSize])
-			sink.Trace(r.cpu, r.aux[:size-first:size-first])
-		} else {
-			sink.Trace(r.cpu, r.aux[start:start+size:start+size])
-		}
-		r.cnt.bytes.Add(size)
-		r.pos = end
-	}
-	// The atomic store orders the reads above before the kernel may
-	// overwrite the space (its smp_mb before reading aux_tail).
-	atomic.StoreUint64(&r.page.Aux_tail, r.pos)
+	r.passTo(end, sink)
 	if flags&unix.PERF_AUX_FLAG_TRUNCATED != 0 {
 		r.loss(sink, engine.LossTruncated, 1)
 		res.truncated = true
 	}
 	return true
+}
+
+// passTo passes the AUX bytes from pos up to end, if any, and releases them.
+// A head more than a ring ahead of aux_tail is corrupt: counted, and skipped
+// as a hole.
+func (r *auxReader) passTo(end uint64, sink engine.TraceSink) {
+	if r.stalled || end <= r.pos {
+		return
+	}
+	size, ringSize := end-r.pos, uint64(len(r.aux))
+	if size > ringSize {
+		r.cnt.errors.Add(1)
+		r.loss(sink, engine.LossHole, 1)
+		r.pos = end
+		atomic.StoreUint64(&r.page.Aux_tail, r.pos)
+		return
+	}
+	start := r.pos & r.mask
+	if first := ringSize - start; size > first {
+		sink.Trace(r.cpu, r.aux[start:ringSize:ringSize])
+		sink.Trace(r.cpu, r.aux[:size-first:size-first])
+	} else {
+		sink.Trace(r.cpu, r.aux[start:start+size:start+size])
+	}
+	r.cnt.bytes.Add(size)
+	r.pos = end
+	// The atomic store orders the reads above before the kernel may
+	// overwrite the space (its smp_mb before reading aux_tail).
+	atomic.StoreUint64(&r.page.Aux_tail, r.pos)
 }
 
 // timeConv passes the page's TSC conversion to sink when the kernel offers

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"ptfs/engine"
 	"slices"
 	"strconv"
@@ -17,9 +18,16 @@ var ErrCPUList = errors.New("bad cpu list")
 // maxCPU bounds CPU numbers so that a bad list cannot ask for huge ranges.
 const maxCPU = 1 << 16
 
+// cpuSysDir is where the kernel lists the CPUs.
+const cpuSysDir = "/sys/devices/system/cpu"
+
 // onlineCPUs returns the CPUs the kernel lists as online.
-func onlineCPUs() ([]int, error) {
-	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+func onlineCPUs() ([]int, error) { return onlineCPUsIn(cpuSysDir) }
+
+// onlineCPUsIn returns the CPUs listed in dir/online, dir being cpuSysDir
+// or, in tests, a tree made like it.
+func onlineCPUsIn(dir string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "online"))
 	if err != nil {
 		return nil, fmt.Errorf("online cpus: %w", err)
 	}
@@ -78,10 +86,18 @@ func traceCPUs(want []int) ([]int, error) {
 	if len(want) == 0 {
 		return onlineCPUs()
 	}
-	for i, cpu := range want {
-		if cpu < 0 || slices.Contains(want[:i], cpu) {
-			return nil, fmt.Errorf("%w: cpu %d in %v", engine.ErrOptions, cpu, want)
-		}
+	if err := checkCPUs(want); err != nil {
+		return nil, err
 	}
 	return slices.Clone(want), nil
+}
+
+// checkCPUs refuses a negative CPU or one listed twice.
+func checkCPUs(want []int) error {
+	for i, cpu := range want {
+		if cpu < 0 || cpu >= maxCPU || slices.Contains(want[:i], cpu) {
+			return fmt.Errorf("%w: cpu %d in %v", engine.ErrOptions, cpu, want)
+		}
+	}
+	return nil
 }

@@ -16,6 +16,7 @@ import (
 // TestPTOptions checks option validation and defaults.
 func TestPTOptions(t *testing.T) {
 	dir := copyPMU(t)
+	env := testEnv(t, "0-1", privileged)
 	for _, tc := range []struct {
 		name string
 		o    PTOptions
@@ -24,27 +25,31 @@ func TestPTOptions(t *testing.T) {
 		{"aux pages not power of two", PTOptions{AuxPages: 1000}},
 		{"negative aux pages", PTOptions{AuxPages: -2}},
 		{"too many pages", PTOptions{AuxPages: 1 << 21}},
-		{"watermark beyond ring", PTOptions{AuxPages: 1, AuxWatermark: 1 << 20}},
+		{"aux ring below 8 KiB", PTOptions{AuxPages: 1}},
+		{"watermark beyond ring", PTOptions{AuxPages: 2, AuxWatermark: 1 << 20}},
 		{"negative watermark", PTOptions{AuxWatermark: -1}},
 		{"cpu twice", PTOptions{CPUs: []int{1, 1}}},
 		{"negative cpu", PTOptions{CPUs: []int{-1}}},
 	} {
-		if _, err := NewPT(dir, tc.o); !errors.Is(err, engine.ErrOptions) {
+		if _, err := newPT(dir, tc.o, env); !errors.Is(err, engine.ErrOptions) {
 			t.Errorf("%s: %v, want engine.ErrOptions", tc.name, err)
 		}
 	}
-	p, err := NewPT(dir, PTOptions{})
+	if _, err := newPT(dir, PTOptions{AuxPages: 1}, env); err == nil || !strings.Contains(err.Error(), "at least 8 KiB") {
+		t.Errorf("--aux-pages 1: %v, want the 8 KiB reason", err)
+	}
+	p, err := newPT(dir, PTOptions{}, env)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := PTOptions{DataPages: DefaultPTDataPages, AuxPages: DefaultPTAuxPages, AuxWatermark: DefaultAuxWatermark, FlushInterval: DefaultFlushInterval}
+	want := PTOptions{DataPages: DefaultPTDataPages, AuxPages: privAuxBytes / os.Getpagesize(), AuxWatermark: DefaultAuxWatermark, FlushInterval: DefaultFlushInterval}
 	if o := p.opts; o.DataPages != want.DataPages || o.AuxPages != want.AuxPages || o.AuxWatermark != want.AuxWatermark || o.FlushInterval != want.FlushInterval {
 		t.Errorf("defaults %+v, want %+v", o, want)
 	}
-	if len(p.cpus) == 0 || p.attr.Aux_watermark != DefaultAuxWatermark {
-		t.Errorf("cpus %v, aux watermark %d", p.cpus, p.attr.Aux_watermark)
+	if p.attr.Aux_watermark != DefaultAuxWatermark {
+		t.Errorf("aux watermark %d", p.attr.Aux_watermark)
 	}
-	small, err := NewPT(dir, PTOptions{AuxPages: 2})
+	small, err := newPT(dir, PTOptions{AuxPages: 2}, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +180,7 @@ func fakePTRun(t *testing.T, p *PT, fakes ...*fakeAux) *ptRun {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.cpus = append(r.cpus, &ptCPU{cpu: i, fd: newFD(fd), rd: rd})
+		r.cpus = append(r.cpus, &ptCPU{cpu: i, fd: newFD(fd), op: p.op, rd: rd})
 	}
 	return r
 }
@@ -199,7 +204,7 @@ func TestPTReader(t *testing.T) {
 	fds := countFDs(t)
 	f0, f1 := newFakeAux(4096, 256), newFakeAux(4096, 256)
 	f1.cpu = 1
-	p := &PT{opts: PTOptions{FlushInterval: 20 * time.Millisecond}}
+	p := &PT{opts: PTOptions{FlushInterval: 20 * time.Millisecond}, op: kernelOpener{}, cpuDir: cpuSysDir}
 	s := newAuxLogSink(t)
 	r := fakePTRun(t, p, f0, f1)
 	p.run = r
@@ -257,7 +262,7 @@ func TestPTReader(t *testing.T) {
 func TestPTFlushIdle(t *testing.T) {
 	f0, f1 := newFakeAux(4096, 64), newFakeAux(4096, 64)
 	f1.cpu = 1
-	p := &PT{}
+	p := &PT{op: kernelOpener{}}
 	r := fakePTRun(t, p, f0, f1)
 	defer r.release()
 	s := newAuxLogSink(t)
@@ -274,10 +279,60 @@ func TestPTFlushIdle(t *testing.T) {
 	}
 	f0.trace(make([]byte, 100), 0)
 	r.drainCPU(s, r.cpus[0])
-	if !r.cpus[0].reenable || r.cpus[1].reenable {
+	if r.cpus[0].reenable != reenablePasses || r.cpus[1].reenable != 0 {
 		t.Errorf("after a truncation on cpu 0: reenable %v %v", r.cpus[0].reenable, r.cpus[1].reenable)
 	}
 	if got := atomic.LoadUint64(&f0.page.Aux_tail); got != 3+64 {
 		t.Errorf("aux_tail %d", got)
+	}
+}
+
+// TestPTReenable checks the enables after a truncation: one at the end of
+// each read pass, so that one after the kernel's pending disable wins, until
+// the event publishes trace again or reenablePasses passes went by; a flush
+// ends them.
+func TestPTReenable(t *testing.T) {
+	f0 := newFakeAux(4096, 64)
+	fo := newFakeOpener()
+	p := &PT{op: fo}
+	r := fakePTRun(t, p, f0)
+	defer r.release()
+	s := newAuxLogSink(t)
+	enables := func() int {
+		n := 0
+		for _, c := range fo.take() {
+			if c.op == "ioctl" && c.req == unix.PERF_EVENT_IOC_ENABLE && c.fd == r.cpus[0].fd.n {
+				n++
+			}
+		}
+		return n
+	}
+	pass := func() { r.drainAll(s); r.reenableAll() }
+
+	f0.trace(make([]byte, 100), 0) // truncated: the kernel disables the event
+	for range reenablePasses + 5 {
+		pass()
+	}
+	if n := enables(); n != reenablePasses {
+		t.Errorf("%d enables after a truncation and no trace since, want %d", n, reenablePasses)
+	}
+
+	f0.trace(make([]byte, 100), 0)
+	pass()
+	pass()
+	f0.trace([]byte("running"), 0) // the event runs again
+	for range 5 {
+		pass()
+	}
+	if n := enables(); n != 2 {
+		t.Errorf("%d enables, want 2: none once aux_head moved", n)
+	}
+
+	f0.trace(make([]byte, 100), 0)
+	pass()
+	r.flushCPU(s, r.cpus[0])
+	pass()
+	if n := enables(); n != 2 {
+		t.Errorf("%d enables, want 2: the pass's and the flush's", n)
 	}
 }

@@ -53,14 +53,45 @@ type PTConfig struct {
 	MTCPeriod int
 }
 
-// ptSampleType is the sample_id layout of the side-band records that
-// sideband.go parses: pid/tid, time, cpu.
-const ptSampleType = unix.PERF_SAMPLE_TID | unix.PERF_SAMPLE_TIME | unix.PERF_SAMPLE_CPU
+// ptSampleType is the sample_id layout of every record in a PT data ring,
+// the PT event's own (ITRACE_START, AUX, LOST) and those of the side-band
+// event that writes into it: pid/tid, time, cpu and, last, the id, as perf
+// uses when events share a ring. Both events have it, so that one trailer
+// layout (sampleIDSize) parses every record.
+const ptSampleType = unix.PERF_SAMPLE_TID | unix.PERF_SAMPLE_TIME | unix.PERF_SAMPLE_CPU | unix.PERF_SAMPLE_IDENTIFIER
+
+// ptBits are the flag bits of the PT event: no side band of its own, since
+// the kernel sends side band only to an enabled event and every flush
+// disables it (see SideBandAttr).
+const ptBits = unix.PerfBitDisabled | unix.PerfBitExcludeKernel | unix.PerfBitExcludeHv | unix.PerfBitSampleIDAll
+
+// sideBandBits are the flag bits of the side-band event: the PT event's,
+// and the records that attribute trace to threads and code.
+const sideBandBits = ptBits | unix.PerfBitComm | unix.PerfBitCommExec | unix.PerfBitTask |
+	unix.PerfBitMmap | unix.PerfBitMmap2 | unix.PerfBitContextSwitch
+
+// SideBandAttr returns the attributes of the per-CPU event that carries the
+// side band of PT, as perf's tracking event for intel_pt//: a software dummy
+// event (it counts nothing) with comm, task, mmap and context switches, the
+// PT event's sample_type and exclusions. Its records go into the PT event's
+// data ring (PERF_EVENT_IOC_SET_OUTPUT), and it stays enabled while the PT
+// event is stopped for flushes and truncations, so no switch is missed.
+func SideBandAttr() unix.PerfEventAttr {
+	return unix.PerfEventAttr{
+		Type:        unix.PERF_TYPE_SOFTWARE,
+		Config:      unix.PERF_COUNT_SW_DUMMY,
+		Size:        uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
+		Sample:      1,
+		Sample_type: ptSampleType,
+		Bits:        sideBandBits,
+	}
+}
 
 // PTAttr builds the attributes of a system-wide, user-mode Intel PT event
 // with PTWRITE tracing from the PMU description in dir (PTSysfsDir on a real
 // machine): the type from dir/type and every config bit where dir/format/
-// says, never hard-coded.
+// says, never hard-coded. It asks for no side band: SideBandAttr's event
+// carries it.
 func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 	if _, err := os.Stat(dir); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -80,12 +111,10 @@ func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 		return nil, err
 	}
 	attr := &unix.PerfEventAttr{
-		Type:        uint32(typ),
-		Size:        uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
-		Sample_type: ptSampleType,
-		Bits: unix.PerfBitDisabled | unix.PerfBitExcludeKernel | unix.PerfBitExcludeHv |
-			unix.PerfBitSampleIDAll | unix.PerfBitComm | unix.PerfBitCommExec | unix.PerfBitTask |
-			unix.PerfBitMmap | unix.PerfBitMmap2 | unix.PerfBitContextSwitch,
+		Type:          uint32(typ),
+		Size:          uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
+		Sample_type:   ptSampleType,
+		Bits:          ptBits,
 		Aux_watermark: o.AuxWatermark,
 	}
 	branch := uint64(0)

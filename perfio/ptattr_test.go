@@ -126,12 +126,11 @@ func TestPTAttr(t *testing.T) {
 			if attr.Type != 8 || attr.Size != uint32(unsafe.Sizeof(unix.PerfEventAttr{})) || attr.Aux_watermark != 4096 {
 				t.Errorf("type %d size %d aux_watermark %d", attr.Type, attr.Size, attr.Aux_watermark)
 			}
-			if attr.Sample_type != unix.PERF_SAMPLE_TID|unix.PERF_SAMPLE_TIME|unix.PERF_SAMPLE_CPU {
+			if attr.Sample_type != unix.PERF_SAMPLE_TID|unix.PERF_SAMPLE_TIME|unix.PERF_SAMPLE_CPU|unix.PERF_SAMPLE_IDENTIFIER {
 				t.Errorf("sample type %#x", attr.Sample_type)
 			}
-			wantBits := unix.PerfBitDisabled | unix.PerfBitExcludeKernel | unix.PerfBitExcludeHv |
-				unix.PerfBitSampleIDAll | unix.PerfBitComm | unix.PerfBitCommExec | unix.PerfBitTask |
-				unix.PerfBitMmap | unix.PerfBitMmap2 | unix.PerfBitContextSwitch
+			// No side band on the PT event: the dummy carries it.
+			wantBits := unix.PerfBitDisabled | unix.PerfBitExcludeKernel | unix.PerfBitExcludeHv | unix.PerfBitSampleIDAll
 			if attr.Bits != wantBits {
 				t.Errorf("bits %#x, want %#x", attr.Bits, wantBits)
 			}

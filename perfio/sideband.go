@@ -11,8 +11,9 @@ import (
 )
 
 // sampleIDSize is the sample_id trailer that sample_id_all appends to every
-// side-band record with ptSampleType: u32 pid, tid; u64 time; u32 cpu, res.
-const sampleIDSize = 24
+// record of a PT data ring with ptSampleType: u32 pid, tid; u64 time; u32
+// cpu, res; u64 id (PERF_SAMPLE_IDENTIFIER).
+const sampleIDSize = 32
 
 // Body sizes (after the header, before the trailer) of the fixed parts of
 // the side-band records (include/uapi/linux/perf_event.h).

@@ -192,9 +192,10 @@ func (s *Session) newSource(r roots) (source, error) {
 	}
 	trace := s.opts.Trace
 	var timing decode.Timing
+	var pt *perfio.PT
 	if trace == nil {
-		pt, err := perfio.NewPT(r.intelPT(), s.opts.PT)
-		if err != nil {
+		var err error
+		if pt, err = perfio.NewPT(r.intelPT(), s.opts.PT); err != nil {
 			return nil, err
 		}
 		trace, timing = pt, pt.Timing()
@@ -203,7 +204,7 @@ func (s *Session) newSource(r roots) (source, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ptwSource{w}, nil
+	return ptwSource{w, pt}, nil
 }
 
 // Mode returns the mode the session runs in.

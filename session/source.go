@@ -42,8 +42,12 @@ func (c classicSource) appendStatus(b []byte) []byte {
 
 func (classicSource) running() string { return "running (classic uprobes, perf tracepoint rings)" }
 
-// ptwSource decodes ptwrite uprobe records from Intel PT.
-type ptwSource struct{ *engine.PTW }
+// ptwSource decodes ptwrite uprobe records from Intel PT; pt is the kernel
+// side, nil when a replayed trace stands in for it.
+type ptwSource struct {
+	*engine.PTW
+	pt *perfio.PT
+}
 
 func (p ptwSource) shared() decode.Counters {
 	st := p.Stats()
@@ -61,13 +65,17 @@ func (p ptwSource) appendStatus(b []byte) []byte {
 		b = fmt.Appendf(b, " %s=%d", engine.LossKind(k), n)
 	}
 	b = append(b, '\n')
-	b = fmt.Appendf(b, "side band: itrace_start=%d switch_in=%d switch_out=%d comm=%d mmap2=%d exit=%d lost=%d\n",
-		sd.ITraceStart, sd.SwitchIn, sd.SwitchOut, sd.Comm, sd.Mmap2, sd.Exit, sd.Lost)
+	b = fmt.Appendf(b, "side band: itrace_start=%d switch_in=%d switch_out=%d comm=%d mmap2=%d exit=%d\n",
+		sd.ITraceStart, sd.SwitchIn, sd.SwitchOut, sd.Comm, sd.Mmap2, sd.Exit)
 	b = appendTimeStatus(b, &st)
-	return fmt.Appendf(b, "manual ptwrites: %d (no target owns them; counted as stray)\n"+
+	b = fmt.Appendf(b, "manual ptwrites: %d (no target owns them; counted as stray)\n"+
 		"unattributed: %d (records without tid: the side band did not say which thread ran)\n"+
 		"untimed: %d (records without time and tid)\nlate: %d (records out of time order)\n",
 		st.Manual, st.Unattributed, st.Untimed, st.Late)
+	if p.pt != nil {
+		b = appendPTStatus(b, p.pt.Status(), p.pt.Stats())
+	}
+	return b
 }
 
 // appendTimeStatus appends the `time:` line: where record times come from.
@@ -82,6 +90,30 @@ func appendTimeStatus(b []byte, st *engine.PTWStats) []byte {
 	}
 	return fmt.Appendf(b, "time: none on %d of %d CPUs: the kernel gave no TSC conversion (cap_user_time_zero clear, "+
 		"as under kvm-clock); their records have no time= and no tid=\n", st.NoTimeConv, st.CPUs)
+}
+
+// appendPTStatus appends the kernel side of ptw mode: ring sizes and why,
+// the CPUs traced and each one that is not, with its reason.
+func appendPTStatus(b []byte, st perfio.PTStatus, cnt perfio.PTStats) []byte {
+	b = fmt.Appendf(b, "pt buffers: aux=%d pages data=%d pages (%s)\n", st.AuxPages, st.DataPages, st.Buffers)
+	tracing := 0
+	for _, c := range st.CPUs {
+		if c.State == perfio.CPUTracing {
+			tracing++
+		}
+	}
+	b = fmt.Appendf(b, "pt cpus: %d of %d tracing\n", tracing, len(st.CPUs))
+	for _, c := range st.CPUs {
+		if c.State == perfio.CPUTracing {
+			continue
+		}
+		b = fmt.Appendf(b, "pt cpu %d: %s", c.CPU, c.State)
+		if c.State == perfio.CPUError && c.Err != nil {
+			b = fmt.Appendf(b, ": %v", c.Err)
+		}
+		b = append(b, '\n')
+	}
+	return fmt.Appendf(b, "pt reader: records=%d errors=%d (malformed records, failed ioctls)\n", cnt.Records, cnt.Errors)
 }
 
 func (ptwSource) running() string { return "running (ptwrite uprobes, Intel PT)" }

@@ -43,8 +43,8 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 	// of a tight loop on a NOP site (~700,000 hits/s) and these none.
 	ringPages := fl.Int("ring-pages", 1024, "classic mode: per-CPU perf ring size in pages (a power of 2)")
 	var pt perfio.PTOptions
-	fl.IntVar(&pt.AuxPages, "aux-pages", perfio.DefaultPTAuxPages, "ptw mode: per-CPU Intel PT AUX ring size in pages (a power of 2)")
-	fl.IntVar(&pt.DataPages, "data-pages", perfio.DefaultPTDataPages, "ptw mode: per-CPU side-band ring size in pages (a power of 2)")
+	fl.IntVar(&pt.AuxPages, "aux-pages", 0, "ptw mode: per-CPU Intel PT AUX ring size in pages (a power of 2, at least 8 KiB; 0: 4 MiB, or 128 KiB when the locked-memory limit would refuse that, as perf chooses)")
+	fl.IntVar(&pt.DataPages, "data-pages", 0, "ptw mode: per-CPU side-band ring size in pages (a power of 2; 0: 64 pages, or 256 KiB under the locked-memory limit)")
 	fl.IntVar(&pt.AuxWatermark, "aux-watermark", 0, "ptw mode: bytes of trace after which the kernel publishes it (0: 64 KiB, or half the AUX ring if less)")
 	fl.DurationVar(&pt.FlushInterval, "pt-flush", perfio.DefaultFlushInterval,
 		"ptw mode: publish the trace of a CPU that published nothing for this long by stopping its tracing for a moment (counted as flush losses); negative: never")

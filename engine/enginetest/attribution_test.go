@@ -26,7 +26,7 @@ func sw(kind engine.SideKind, time uint64, tid, next int32) Step {
 // known or not: before its first ITRACE_START, across a flush window whose
 // switches the side band still delivers (the dummy tracking event keeps
 // recording while PT is stopped), after side band lost on one CPU
-// (SideLost) and on all (a LOST out of CPU range). A record gets the
+// (LossSideBand) and on all (a LOST out of CPU range). A record gets the
 // thread that ran at its time or none, never the thread of before the
 // loss.
 func TestPTWAttributionWindows(t *testing.T) {
@@ -52,7 +52,7 @@ func TestPTWAttributionWindows(t *testing.T) {
 				Trace(append(at(45, 0, 45), at(55, 0, 55)...)),
 				// Side band lost after the switch at 50: a switch may be
 				// among the lost records, so 102 is not known to run.
-				sw(engine.SideLost, 70, 0, 0),
+				Loss(engine.LossSideBand, 2),
 				Trace(append(at(60, 0, 60), at(75, 0, 75)...)),
 				sw(engine.SideSwitchIn, 80, 103, 0),
 				Trace(at(85, 0, 85)),
@@ -94,9 +94,9 @@ func TestPTWAttributionWindows(t *testing.T) {
 		"record 1: event=ptfs_t/a id=0x6c2 args=[x=1, y=105] tid=201 cpu=1 time=0.000000105",
 	)
 	st := p.Stats()
-	if st.Unattributed != 5 || st.Untimed != 0 || st.Late != 0 || st.Side.Lost != 1 ||
-		st.Losses[engine.LossSideBand] != 3 || st.Losses[engine.LossFlush] != 1 ||
-		st.Decode != (decode.Counters{Records: 11, Errors: 3}) {
+	if st.Unattributed != 5 || st.Untimed != 0 || st.Late != 0 ||
+		st.Losses[engine.LossSideBand] != 2+3 || st.Losses[engine.LossFlush] != 1 ||
+		st.Decode != (decode.Counters{Records: 11, Errors: 2 + 3}) {
 		t.Errorf("stats %+v", st)
 	}
 }
