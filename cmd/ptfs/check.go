@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"ptfs/perfio"
 	"ptfs/session"
 )
 
@@ -26,6 +27,16 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	c := session.Detect()
 	stdout.Write(c.AppendText(nil))
+	// ptw records take their time from the TSC through the kernel's
+	// conversion, which any perf event's page tells (DESIGN §1).
+	switch ok, reason, err := perfio.TSCConversion(); {
+	case err != nil:
+		fmt.Fprintf(stdout, "ptw time: unknown (%v)\n", err)
+	case ok:
+		fmt.Fprintln(stdout, "ptw time: yes (TSC converted to perf time by the kernel's cap_user_time_zero)")
+	default:
+		fmt.Fprintf(stdout, "ptw time: no (%s; ptw records would carry no time= and no tid=)\n", reason)
+	}
 	got, why, err := c.Choose(session.ModeAuto)
 	if err != nil {
 		fmt.Fprintf(stdout, "mode: none (%v)\n", err)

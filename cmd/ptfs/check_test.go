@@ -20,7 +20,7 @@ func TestCheckModes(t *testing.T) {
 		code int
 		want []string
 	}{
-		{"auto", 0, []string{"ptw uprobes: no (the kernel turned a trial ptw: line into classic probe", "mode: classic (ptw unavailable: no Intel PT: "}},
+		{"auto", 0, []string{"ptw uprobes: no (the kernel turned a trial ptw: line into classic probe", "\nptw time: ", "mode: classic (ptw unavailable: no Intel PT: "}},
 		{"classic", 0, []string{"mode: classic (", "--mode=classic: classic (forced by --mode=classic)"}},
 		{"ptw", 1, []string{"mode: classic (", "--mode=ptw: cannot run (ptw mode unavailable: no Intel PT: ", "no ptwrite uprobes)"}},
 	}
