@@ -76,8 +76,8 @@ func (p *Processes) Fork(parent, child int32) {
 func (p *Processes) Exit(pid int32) { delete(p.spaces, pid) }
 
 // Unknown returns how many mappings were placed without bytes because
-// their file could not be read or was another build: the code there
-// cannot be decoded.
+// their file could not be read or was another build, or they are the vDSO
+// and there is no dump of it: the code there cannot be decoded.
 func (p *Processes) Unknown() uint64 { return p.unknown }
 
 // Mmap maps n bytes of the file name from offset off at addr in pid's
@@ -91,6 +91,10 @@ func (p *Processes) Mmap(pid int32, addr, n, off uint64, name string) error {
 	if name == "[vdso]" && p.opts.VDSO != nil {
 		// The dump holds the vDSO from its start, whatever the offset.
 		return s.Map(addr, n, p.opts.VDSO, 0, name)
+	}
+	if name == "[vdso]" {
+		// Without a dump the vDSO's code is lost to decoding.
+		p.unknown++
 	}
 	if name == "" || name == "//anon" || strings.HasPrefix(name, "[") {
 		return s.Map(addr, n, nil, 0, name)

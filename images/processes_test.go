@@ -111,8 +111,8 @@ func TestProcessesUnreadable(t *testing.T) {
 	if err := p.Mmap(1, 0x7000, 0x1000, 0, "[vdso]"); err != nil {
 		t.Error(err)
 	}
-	if _, err := readByte(t, p, 1, 0x7000); !errors.Is(err, ErrNoBytes) {
-		t.Errorf("vDSO without a dump: %v, want ErrNoBytes", err)
+	if _, err := readByte(t, p, 1, 0x7000); !errors.Is(err, ErrNoBytes) || p.Unknown() != 4 {
+		t.Errorf("vDSO without a dump: %v, want ErrNoBytes; Unknown = %d, want 4", err, p.Unknown())
 	}
 	// A file offset past its end.
 	if err := os.WriteFile(filepath.Join(dir, "short"), []byte{1, 2}, 0o600); err != nil {
