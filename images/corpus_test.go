@@ -269,15 +269,16 @@ func TestPtsimMaps(t *testing.T) {
 			kinds := map[string]int{}
 			b := make([]byte, 15)
 			for _, l := range gzLines(t, filepath.Join(run, "expected.branches.gz")) {
-				var from, to uint64
-				var kind string
 				f := strings.Fields(l)
 				if len(f) != 4 {
 					t.Fatalf("branch line %q", l)
 				}
-				from, _ = strconv.ParseUint(f[0], 0, 64)
-				to, _ = strconv.ParseUint(f[2], 0, 64)
-				kind = f[3]
+				from, err1 := strconv.ParseUint(f[0], 0, 64)
+				to, err2 := strconv.ParseUint(f[2], 0, 64)
+				if err1 != nil || err2 != nil {
+					t.Fatalf("branch line %q", l)
+				}
+				kind := f[3]
 				n, err := s.ReadAt(b, from)
 				if err != nil || n < 15 {
 					t.Fatalf("%s: %d bytes, %v", l, n, err)
