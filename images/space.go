@@ -97,12 +97,7 @@ func (s *Space) Map(addr, n uint64, src Source, off uint64, name string) error {
 		m.data = b[off : off+min(n, uint64(len(b))-off)]
 	}
 	// maps[i:j] are the mappings that overlap [addr, End).
-	i, _ := slices.BinarySearchFunc(s.maps, addr, func(m Mapping, a uint64) int {
-		if m.End <= a {
-			return -1
-		}
-		return 1
-	})
+	i := s.after(addr)
 	j := i
 	for j < len(s.maps) && s.maps[j].Start < m.End {
 		j++
@@ -134,10 +129,11 @@ func (m *Mapping) cut(start, end uint64) Mapping {
 	return c
 }
 
-// find returns the index of the mapping that holds addr, -1 for none. It
-// is written out rather than through sort.Search: ReadAt runs for every
-// block the flow decoder decodes.
-func (s *Space) find(addr uint64) int {
+// after returns the index of the first mapping that ends after addr
+// (len(maps) for none). The binary search is written out rather than
+// through sort.Search: ReadAt runs it for every block the flow decoder
+// decodes.
+func (s *Space) after(addr uint64) int {
 	lo, hi := 0, len(s.maps)
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
@@ -147,8 +143,13 @@ func (s *Space) find(addr uint64) int {
 			hi = mid
 		}
 	}
-	if lo < len(s.maps) && s.maps[lo].Start <= addr {
-		return lo
+	return lo
+}
+
+// find returns the index of the mapping that holds addr, -1 for none.
+func (s *Space) find(addr uint64) int {
+	if i := s.after(addr); i < len(s.maps) && s.maps[i].Start <= addr {
+		return i
 	}
 	return -1
 }
