@@ -234,14 +234,16 @@ func TestPtsimMaps(t *testing.T) {
 			if len(snaps) == 0 || len(dumps) != 1 {
 				t.Fatalf("%d snapshots, %d dumps", len(snaps), len(dumps))
 			}
-			var vdso *Blob
+			// The vDSO dump is an ELF image: read as one, it has symbols.
+			var vdso *ELF
 			var vdsoAddr uint64
 			for a, f := range dumps {
-				b, err := LoadBlob(filepath.Join(run, f))
+				e, err := OpenELF(filepath.Join(run, f))
 				if err != nil {
 					t.Fatal(err)
 				}
-				vdso, vdsoAddr = b, a
+				t.Cleanup(func() { e.Close() })
+				vdso, vdsoAddr = e, a
 			}
 			p := NewProcesses(Options{VDSO: vdso, Path: func(name string) string {
 				// The binary is beside the runs.
@@ -265,6 +267,20 @@ func TestPtsimMaps(t *testing.T) {
 			s, _ := p.Space(pid)
 			if m, ok := s.Lookup(vdsoAddr + 0x10); !ok || m.Name != "[vdso]" || m.Src != Source(vdso) {
 				t.Fatalf("vDSO at 0x%x: %+v", vdsoAddr, m)
+			}
+			for _, tt := range []struct {
+				addr     uint64
+				sym, dso string
+				off      uint64
+			}{
+				{0x401840, "fib", "flow-static", 0},
+				{0x7ffff7ffdb94, "__vdso_clock_gettime", "[vdso]", 0xb94 - 0xaf0},
+			} {
+				sym, off, dso, ok := s.Symbolize(tt.addr)
+				// clock_gettime is a weak alias of __vdso_clock_gettime.
+				if !ok || strings.TrimPrefix(sym, "__vdso_") != strings.TrimPrefix(tt.sym, "__vdso_") || off != tt.off || dso != tt.dso {
+					t.Errorf("Symbolize(0x%x) = %s+0x%x (%s) %v, want %s+0x%x (%s)", tt.addr, sym, off, dso, ok, tt.sym, tt.off, tt.dso)
+				}
 			}
 			kinds := map[string]int{}
 			b := make([]byte, 15)

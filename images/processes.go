@@ -8,8 +8,8 @@ import (
 
 // Options configure Processes.
 type Options struct {
-	// VDSO is the dump mapped where a process maps "[vdso]"; nil leaves
-	// the vDSO's bytes unknown.
+	// VDSO is the dump mapped where a process maps "[vdso]" (OpenELF of
+	// the dump gives its symbols too); nil leaves the vDSO's bytes unknown.
 	VDSO Source
 	// Path turns a file name of the side band into the path to read
 	// (a sysroot, a recording's directory); nil reads the name itself.
