@@ -22,7 +22,8 @@ type Options struct {
 // Processes is the memory of several processes: one Space per pid, built
 // from the side band. Exec replaces a pid's space, fork copies it, and
 // mmap adds to it; munmap is not reported, so a later mapping wins. Files
-// are read once and shared by every space that maps them.
+// are read once and shared by every space that maps them. Processes is
+// not safe for concurrent use.
 type Processes struct {
 	opts   Options
 	spaces map[int32]*Space
