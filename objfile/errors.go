@@ -32,6 +32,9 @@ var (
 	// ErrNoCode reports an address outside the file image of every
 	// PT_LOAD segment (EINVAL).
 	ErrNoCode = errno.New("address not in the file", syscall.EINVAL)
+	// ErrTooLarge reports a file larger than MaxContent, refused before it
+	// is read into memory (EFBIG).
+	ErrTooLarge = errno.New("file too large", syscall.EFBIG)
 )
 
 // ambiguousError is the error of a lookup by a name that several functions

@@ -22,7 +22,9 @@ type File struct {
 	segs   []Segment
 	// exec holds the executable PROGBITS sections, for SweepStart.
 	exec []Segment
-	syms []Symbol
+	// buildID is the descriptor of the NT_GNU_BUILD_ID note, nil if none.
+	buildID []byte
+	syms    []Symbol
 	// outer[i] is the last symbol before i whose end is past i's end (-1
 	// for none): the only candidates that can hold an address that symbol
 	// i does not, so SymbolAt walks a short chain instead of the table.
@@ -76,12 +78,12 @@ func (a FileID) String() string {
 	return fmt.Sprintf("dev %d:%d, inode %d", unix.Major(a.Dev), unix.Minor(a.Dev), a.Ino)
 }
 
-// openRegular opens path for reading if it names a regular file, and
+// OpenRegular opens path for reading if it names a regular file, and
 // refuses anything else with ErrNotRegular. It never blocks: the type is
 // checked before the open, and the open itself does not wait (O_NONBLOCK,
 // for a FIFO swapped in between) nor take a terminal (O_NOCTTY); the
 // opened file is checked again with fstat.
-func openRegular(path string) (*os.File, error) {
+func OpenRegular(path string) (*os.File, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("open binary: %w", err)
@@ -123,7 +125,7 @@ func fileKind(m os.FileMode) string {
 // Open opens the ELF file at path, refusing (with ErrNotRegular, and
 // without blocking) anything but a regular file, and reads it (NewFile).
 func Open(path string) (*File, error) {
-	f, err := openRegular(path)
+	f, err := OpenRegular(path)
 	if err != nil {
 		return nil, err
 	}
@@ -172,6 +174,7 @@ func (f *File) load() error {
 			f.exec = append(f.exec, Segment{Off: s.Offset, Vaddr: s.Addr, Filesz: s.Size, Flags: elf.PF_X | elf.PF_R})
 		}
 	}
+	f.buildID = readBuildID(ef)
 	return f.readSymbols(ef)
 }
 
