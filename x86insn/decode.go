@@ -41,14 +41,25 @@ func Decode(code []byte, pc uint64) (Inst, error) {
 	if in, ok := decodeSpecial(code, pc); ok {
 		return in, nil
 	}
-	x, err := x86asm.Decode(code, 64)
+	// The length decoder is the authority on length: x86asm misreads
+	// some (vzeroupper and vzeroall take a ModRM there).
+	s, err := scan(code)
 	if err != nil {
-		return Inst{}, fmt.Errorf("undecodable bytes % x", head(code, 4))
+		return Inst{}, fmt.Errorf("undecodable bytes % x: %w", head(code, 4), err)
 	}
-	// A bare prefix decodes as Op 0 without an error: it is not an
-	// instruction we can reason about.
-	if x.Op == 0 || x.Len == 0 {
-		return Inst{}, fmt.Errorf("unknown instruction % x", head(code, 4))
+	x, err := x86asm.Decode(code, 64)
+	// A bare prefix decodes as Op 0 without an error: an instruction
+	// x86asm does not know, which the length decoder still steps over.
+	if err != nil || x.Op == 0 {
+		in := s.inst(code, pc)
+		in.Text = encodingNames[s.enc]
+		return in, nil
+	}
+	if x.Len != s.n {
+		// x86asm knows the opcode but not its operands' bytes.
+		in := s.inst(code, pc)
+		in.Op, in.Text = x.Op, strings.ToLower(x.Op.String())
+		return in, nil
 	}
 	in := Inst{Op: x.Op, Len: x.Len, Text: x86asm.GNUSyntax(x, pc, nil)}
 	if rel, ok := x.Args[0].(x86asm.Rel); ok {
