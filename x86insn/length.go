@@ -182,6 +182,7 @@ const (
 	pfxF2               // repne / mandatory F2
 	pfxF3               // rep / mandatory F3
 	pfxRexW             // REX.W directly before the opcode
+	pfxRexB             // REX.B directly before the opcode
 	pfxRex              // any REX directly before the opcode
 	pfxLock             // F0
 )
@@ -237,15 +238,18 @@ func scan(code []byte) (shape, error) {
 		case b&0xf0 == 0x40:
 			// A REX counts only directly before the opcode: a legacy
 			// prefix or another REX after it drops it.
-			s.pfx = s.pfx&^pfxRexW | pfxRex
+			s.pfx = s.pfx&^(pfxRexW|pfxRexB) | pfxRex
 			if b&8 != 0 {
 				s.pfx |= pfxRexW
+			}
+			if b&1 != 0 {
+				s.pfx |= pfxRexB
 			}
 			continue
 		default:
 			return s.opcode(code, i)
 		}
-		s.pfx &^= pfxRex | pfxRexW
+		s.pfx &^= pfxRex | pfxRexW | pfxRexB
 	}
 }
 
