@@ -1,15 +1,11 @@
 package x86insn
 
 import (
-	"debug/elf"
 	"math/rand/v2"
 	"strings"
-
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
-
-	"ptfs/internal/testkit"
 )
 
 func TestDecode(t *testing.T) {
@@ -173,30 +169,17 @@ func checkAgainstX86asm(t *testing.T, code []byte, pc uint64) (in Inst, ok, misr
 // x86asm misreads only vzeroupper and vzeroall (it takes a ModRM after
 // them), which Decode steps over by the length decoder.
 func TestAgreesWithX86asm(t *testing.T) {
-	const libc = "/lib/x86_64-linux-gnu/libc.so.6"
-	f, err := elf.Open(libc)
-	if err != nil {
-		testkit.Unavailable(t, "no libc to sweep: %v", err)
-	}
-	defer f.Close()
-	text := f.Section(".text")
-	if text == nil {
-		t.Fatal("libc has no .text")
-	}
-	code, err := text.Data()
-	if err != nil {
-		t.Fatal(err)
-	}
+	code, addr := libcText(t)
 	classes := map[Class]int{}
 	n, misreads := 0, 0
 	for pc := 0; pc < len(code); {
-		in, ok, misread := checkAgainstX86asm(t, code[pc:], text.Addr+uint64(pc))
+		in, ok, misread := checkAgainstX86asm(t, code[pc:], addr+uint64(pc))
 		if !ok {
-			t.Fatalf("libc 0x%x: % x does not decode", text.Addr+uint64(pc), head(code[pc:], MaxLen))
+			t.Fatalf("libc 0x%x: % x does not decode", addr+uint64(pc), head(code[pc:], MaxLen))
 		}
 		if misread {
 			if in.Op != x86asm.VZEROUPPER && in.Op != x86asm.VZEROALL {
-				t.Errorf("libc 0x%x: x86asm misreads %+v", text.Addr+uint64(pc), in)
+				t.Errorf("libc 0x%x: x86asm misreads %+v", addr+uint64(pc), in)
 			}
 			misreads++
 		}
