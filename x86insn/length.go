@@ -44,20 +44,21 @@ const (
 
 // Operand kinds after the opcode, one per opcode of a map.
 const (
-	opInvalid uint8 = iota // undefined or invalid in 64-bit mode
-	opNone                 // no ModRM, no immediate
-	opModRM                // ModRM (+SIB, displacement)
-	opModRMI8              // ModRM and imm8
-	opModRMIz              // ModRM and imm16/32 (66 gives 16)
-	opI8                   // imm8 or rel8
-	opI16                  // imm16 (ret, lret)
-	opIz                   // imm16/32 (66 gives 16)
-	opRel32                // rel32, kept even under 66 (Intel 64; AMD would use rel16)
-	opIv                   // imm16/32/64: B8+r mov (REX.W gives 64, else 66 gives 16)
-	opMoffs                // 8-byte offset, 4 with 67
-	opEnter                // imm16, imm8
-	opGroup3               // F6/F7: ModRM, with an immediate for /0 and /1 only
-	opPrefix               // a legacy prefix, REX, or an escape to another map
+	opInvalid  uint8 = iota // undefined or invalid in 64-bit mode
+	opNone                  // no ModRM, no immediate
+	opModRM                 // ModRM (+SIB, displacement)
+	opModRMReg              // ModRM whose mod is ignored: always a register (mov cr/dr)
+	opModRMI8               // ModRM and imm8
+	opModRMIz               // ModRM and imm16/32 (66 gives 16)
+	opI8                    // imm8 or rel8
+	opI16                   // imm16 (ret, lret)
+	opIz                    // imm16/32 (66 gives 16)
+	opRel32                 // rel32, kept even under 66 (Intel 64; AMD would use rel16)
+	opIv                    // imm16/32/64: B8+r mov (REX.W gives 64, else 66 gives 16)
+	opMoffs                 // 8-byte offset, 4 with 67
+	opEnter                 // imm16, imm8
+	opGroup3                // F6/F7: ModRM, with an immediate for /0 and /1 only
+	opPrefix                // a legacy prefix, REX, or an escape to another map
 )
 
 // oneByte is the 1-byte opcode map in 64-bit mode, row by row.
@@ -130,7 +131,7 @@ var twoByte = [256]uint8{
 	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
 	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
 	// 20-2F: mov cr/dr, 24-27 invalid, SSE.
-	opModRM, opModRM, opModRM, opModRM, opInvalid, opInvalid, opInvalid, opInvalid,
+	opModRMReg, opModRMReg, opModRMReg, opModRMReg, opInvalid, opInvalid, opInvalid, opInvalid,
 	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
 	// 30-3F: wrmsr, rdtsc, rdmsr, rdpmc, sysenter, sysexit, 36 invalid,
 	// getsec, 38 and 3A escapes, the rest invalid.
@@ -216,11 +217,11 @@ func scan(code []byte) (shape, error) {
 	i := 0
 	// Legacy prefixes in any order, then perhaps a REX.
 	for ; ; i++ {
-		if i >= len(code) {
-			return s, truncated(code)
-		}
 		if i >= MaxLen {
 			return s, fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
+		}
+		if i >= len(code) {
+			return s, truncated(code)
 		}
 		b := code[i]
 		switch {
@@ -414,6 +415,11 @@ func (s shape) operands(code []byte, i int, kind uint8) (shape, error) {
 	switch kind {
 	case opInvalid, opPrefix:
 		return s, fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+	case opModRMReg:
+		if i >= len(code) {
+			return s, truncated(code)
+		}
+		s.modrm, i = i, i+1
 	case opModRM, opModRMI8, opModRMIz, opGroup3:
 		if i >= len(code) {
 			return s, truncated(code)
