@@ -54,6 +54,12 @@ func TestDecode(t *testing.T) {
 		{"sysret", []byte{0x0f, 0x07}, FarTransfer, x86asm.SYSRET, "sysret", 2, 0, 0},
 		{"sysenter", []byte{0x0f, 0x34}, FarTransfer, x86asm.SYSENTER, "sysenter", 2, 0, 0},
 		{"sysexit", []byte{0x0f, 0x35}, FarTransfer, x86asm.SYSEXIT, "sysexit", 2, 0, 0},
+		// Near branches keep rel32 under 66, as Intel CPUs do.
+		{"66 call", []byte{0x66, 0xe8, 0xfa, 0xff, 0xff, 0xff}, Call, x86asm.CALL, "callw", 6, 4, 0x1000},
+		{"66 jcc", []byte{0x66, 0x0f, 0x84, 0, 0, 0, 0}, CondJump, x86asm.JE, "je", 7, 4, 0x1007},
+		{"xbeginw", []byte{0x66, 0xc7, 0xf8, 0x10, 0}, NotBranch, x86asm.XBEGIN, "xbegin", 5, 2, 0x1015},
+		{"bnd ret", []byte{0xf2, 0xc3}, Ret, x86asm.RET, "bnd ret", 2, 0, 0},
+		{"REX.W jmp reg", []byte{0x41, 0xff, 0xe3}, IndirectJump, x86asm.JMP, "jmp *%r11", 3, 0, 0},
 		// ptwrite, as objdump prints it; x86asm leaves the register form
 		// undecoded and reads the memory form as "rep xsave".
 		{"ptwrite r32", []byte{0xf3, 0x0f, 0xae, 0xe0}, PTWrite, 0, "ptwrite %eax", 4, 0, 0},
@@ -84,6 +90,11 @@ func TestDecode(t *testing.T) {
 		if in.Class != tt.class || in.Op != tt.op || !strings.HasPrefix(in.Text, tt.text) || in.Len != tt.len || in.RelWidth != tt.rel || in.Target != tt.tgt {
 			t.Errorf("%s: Decode(% x) = %+v (%v); want %v op %v %q len %d rel %d target 0x%x",
 				tt.name, tt.code, in, in.Class, tt.class, tt.op, tt.text, tt.len, tt.rel, tt.tgt)
+		}
+		// Step gives the same without x86asm.
+		st, err := Step(tt.code, 0x1000)
+		if err != nil || st.Class != tt.class || st.Len != tt.len || st.RelWidth != tt.rel || st.Target != tt.tgt || st.Op != 0 || st.Text != "" {
+			t.Errorf("%s: Step(% x) = %+v, %v; want %v len %d rel %d target 0x%x", tt.name, tt.code, st, err, tt.class, tt.len, tt.rel, tt.tgt)
 		}
 	}
 }

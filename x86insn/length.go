@@ -208,7 +208,10 @@ type shape struct {
 // prefixes that are undefined or invalid in 64-bit mode.
 func Length(code []byte) (int, error) {
 	s, err := scan(code)
-	return s.n, err
+	if err != nil {
+		return 0, err
+	}
+	return s.n, nil
 }
 
 // scan decodes the shape of the instruction at the start of code.
