@@ -1,10 +1,13 @@
 // Package x86insn decodes x86-64 instructions for ptfs: the one place that
-// wraps golang.org/x/arch/x86/x86asm. It adds what x86asm lacks (endbr64,
-// endbr32 and ptwrite, which it leaves undecoded or misreads) and classes
-// each instruction by how it moves the program counter, the question both
-// the ptwrite site checks and control-flow decoding ask. Decoding goes
-// through recognisers tried before x86asm (decodeSpecial), which is where
-// a length decoder for what x86asm does not know (VEX, EVEX) slots in.
+// wraps golang.org/x/arch/x86/x86asm. A table-driven length decoder of its
+// own (Length) steps over every legacy, VEX, EVEX and XOP encoding and is
+// the authority on length, which x86asm gets wrong for a few instructions
+// (vzeroupper, vzeroall). It adds what x86asm lacks (endbr64, endbr32 and
+// ptwrite, which it leaves undecoded or misreads) and classes each
+// instruction by how it moves the program counter, the question both the
+// ptwrite site checks and control-flow decoding ask. Decode gives text
+// through x86asm; Step gives length, class and target without it, for hot
+// loops.
 package x86insn
 
 import (
