@@ -251,7 +251,8 @@ func scan(code []byte) (shape, error) {
 			}
 			continue
 		default:
-			return s.opcode(code, i)
+			err := s.opcode(code, i)
+			return s, err
 		}
 		s.pfx &^= pfxRex | pfxRexW | pfxRexB
 	}
@@ -263,7 +264,7 @@ func truncated(code []byte) error {
 }
 
 // opcode decodes from the opcode byte at code[i] on.
-func (s shape) opcode(code []byte, i int) (shape, error) {
+func (s *shape) opcode(code []byte, i int) error {
 	b := code[i]
 	switch b {
 	case 0x0f:
@@ -286,15 +287,15 @@ func (s shape) opcode(code []byte, i int) (shape, error) {
 }
 
 // escape decodes a legacy 0F-map instruction; code[i] follows the 0F.
-func (s shape) escape(code []byte, i int) (shape, error) {
+func (s *shape) escape(code []byte, i int) error {
 	if i >= len(code) {
-		return s, truncated(code)
+		return truncated(code)
 	}
 	b := code[i]
 	switch b {
 	case 0x38, 0x3a:
 		if i+1 >= len(code) {
-			return s, truncated(code)
+			return truncated(code)
 		}
 		s.opmap, s.op = map0F38, code[i+1]
 		kind := opModRM
@@ -310,38 +311,38 @@ func (s shape) escape(code []byte, i int) (shape, error) {
 	kind := twoByte[b]
 	if b == 0x78 && s.pfx&(pfx66|pfxF2) != 0 {
 		// extrq/insertq (SSE4a) take imm8, imm8 where vmread takes none.
-		s, err := s.operands(code, i+1, opModRMI8)
+		err := s.operands(code, i+1, opModRMI8)
 		if err == nil {
 			s.immLen++
 			s.n++
 			err = s.check(code)
 		}
-		return s, err
+		return err
 	}
 	return s.operands(code, i+1, kind)
 }
 
 // vex decodes a C4/C5 instruction; code[i] is C4 or C5.
-func (s shape) vex(code []byte, i int) (shape, error) {
+func (s *shape) vex(code []byte, i int) error {
 	if s.pfx&(pfx66|pfxF2|pfxF3|pfxLock|pfxRex) != 0 {
-		return s, fmt.Errorf("%w: a legacy prefix or REX before VEX: % x", ErrInvalid, head(code, MaxLen))
+		return fmt.Errorf("%w: a legacy prefix or REX before VEX: % x", ErrInvalid, head(code, MaxLen))
 	}
 	s.enc, s.opmap = vex, map0F
 	j := i + 2 // the opcode after C5 and one payload byte
 	if code[i] == 0xc4 {
 		if i+1 >= len(code) {
-			return s, truncated(code)
+			return truncated(code)
 		}
 		s.opmap = code[i+1] & 0x1f
 		j = i + 3
 	}
 	if j >= len(code) {
-		return s, truncated(code)
+		return truncated(code)
 	}
 	s.op = code[j]
 	kind, err := vexKind(s.opmap, s.op)
 	if err != nil {
-		return s, fmt.Errorf("%w: % x", err, head(code, MaxLen))
+		return fmt.Errorf("%w: % x", err, head(code, MaxLen))
 	}
 	return s.operands(code, j+1, kind)
 }
@@ -368,20 +369,20 @@ func vexKind(m, op byte) (uint8, error) {
 // evex decodes a 62 instruction; code[i] is 62. Payload bit 10, fixed
 // at 1 before APX made it X4, does not change the length: it is not
 // checked.
-func (s shape) evex(code []byte, i int) (shape, error) {
+func (s *shape) evex(code []byte, i int) error {
 	if s.pfx&(pfx66|pfxF2|pfxF3|pfxLock|pfxRex) != 0 {
-		return s, fmt.Errorf("%w: a legacy prefix or REX before EVEX: % x", ErrInvalid, head(code, MaxLen))
+		return fmt.Errorf("%w: a legacy prefix or REX before EVEX: % x", ErrInvalid, head(code, MaxLen))
 	}
 	if i+4 >= len(code) {
-		return s, truncated(code)
+		return truncated(code)
 	}
 	s.enc, s.opmap, s.op = evex, code[i+1]&7, code[i+4]
 	if s.opmap == map1Byte || s.opmap == 4 || s.opmap == 7 {
-		return s, fmt.Errorf("%w: EVEX opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
+		return fmt.Errorf("%w: EVEX opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
 	}
 	kind, err := vexKind(s.opmap, s.op)
 	if err != nil {
-		return s, fmt.Errorf("%w: % x", err, head(code, MaxLen))
+		return fmt.Errorf("%w: % x", err, head(code, MaxLen))
 	}
 	if kind == opNone { // no vzeroupper in EVEX: every opcode has ModRM
 		kind = opModRM
@@ -390,9 +391,9 @@ func (s shape) evex(code []byte, i int) (shape, error) {
 }
 
 // xop decodes an 8F instruction whose map is 8 or more; code[i] is 8F.
-func (s shape) xop(code []byte, i int) (shape, error) {
+func (s *shape) xop(code []byte, i int) error {
 	if i+3 >= len(code) {
-		return s, truncated(code)
+		return truncated(code)
 	}
 	s.enc, s.opmap, s.op = xop, code[i+1]&0x1f, code[i+3]
 	switch s.opmap {
@@ -401,35 +402,35 @@ func (s shape) xop(code []byte, i int) (shape, error) {
 	case 9:
 		return s.operands(code, i+4, opModRM)
 	case 10: // bextr, lwpins, lwpval take an imm32
-		s, err := s.operands(code, i+4, opModRM)
+		err := s.operands(code, i+4, opModRM)
 		if err == nil {
 			s.imm, s.immLen = s.n, 4
 			s.n += 4
 			err = s.check(code)
 		}
-		return s, err
+		return err
 	}
-	return s, fmt.Errorf("%w: XOP opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
+	return fmt.Errorf("%w: XOP opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
 }
 
 // operands decodes what follows an opcode of the given kind; code[i] is
 // the byte after the opcode.
-func (s shape) operands(code []byte, i int, kind uint8) (shape, error) {
+func (s *shape) operands(code []byte, i int, kind uint8) error {
 	switch kind {
 	case opInvalid, opPrefix:
-		return s, fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+		return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
 	case opModRMReg:
 		if i >= len(code) {
-			return s, truncated(code)
+			return truncated(code)
 		}
 		s.modrm, i = i, i+1
 	case opModRM, opModRMI8, opModRMIz, opGroup3:
 		if i >= len(code) {
-			return s, truncated(code)
+			return truncated(code)
 		}
 		s.modrm = i
 		if s.opmap == map1Byte && invalidGroupMember(s.op, code[i]) {
-			return s, fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+			return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
 		}
 		i = modrmEnd(code[i], code, i)
 	}
@@ -470,7 +471,7 @@ func (s shape) operands(code []byte, i int, kind uint8) (shape, error) {
 		}
 	}
 	s.n = i + s.immLen
-	return s, s.check(code)
+	return s.check(code)
 }
 
 // invalidGroupMember tells the undefined members of the 1-byte map's

@@ -15,7 +15,7 @@ func Step(code []byte, pc uint64) (Inst, error) {
 
 // inst builds the Inst of a scanned instruction at pc: class, and the
 // target of a relative branch.
-func (s shape) inst(code []byte, pc uint64) Inst {
+func (s *shape) inst(code []byte, pc uint64) Inst {
 	in := Inst{Len: s.n, Class: s.class(code)}
 	if in.Class == CondJump || in.Class == Jump || in.Class == Call || s.isXbegin(code) {
 		in.RelWidth = s.immLen
@@ -36,13 +36,13 @@ func (s shape) inst(code []byte, pc uint64) Inst {
 
 // isXbegin tells xbegin (C7 F8 rel32), which is not a branch (its target
 // is reached only by an abort) but has a relative target.
-func (s shape) isXbegin(code []byte) bool {
+func (s *shape) isXbegin(code []byte) bool {
 	return s.enc == legacy && s.opmap == map1Byte && s.op == 0xc7 && code[s.modrm] == 0xf8
 }
 
 // class classes a scanned instruction. VEX, EVEX and XOP encode no
 // control transfer.
-func (s shape) class(code []byte) Class {
+func (s *shape) class(code []byte) Class {
 	if s.enc != legacy {
 		return NotBranch
 	}
