@@ -1,10 +1,13 @@
 // Package x86insn decodes x86-64 instructions for ptfs: the one place that
-// wraps golang.org/x/arch/x86/x86asm. It adds what x86asm lacks (endbr64,
-// endbr32 and ptwrite, which it leaves undecoded or misreads) and classes
-// each instruction by how it moves the program counter, the question both
-// the ptwrite site checks and control-flow decoding ask. Decoding goes
-// through recognisers tried before x86asm (decodeSpecial), which is where
-// a length decoder for what x86asm does not know (VEX, EVEX) slots in.
+// wraps golang.org/x/arch/x86/x86asm. A table-driven length decoder of its
+// own (Length) steps over every legacy, VEX, EVEX and XOP encoding and is
+// the authority on length, which x86asm gets wrong for a few instructions
+// (vzeroupper, vzeroall). It adds what x86asm lacks (endbr64, endbr32 and
+// ptwrite, which it leaves undecoded or misreads) and classes each
+// instruction by how it moves the program counter, the question both the
+// ptwrite site checks and control-flow decoding ask. Decode gives text
+// through x86asm; Step gives length, class and target without it, for hot
+// loops.
 package x86insn
 
 import (
@@ -38,17 +41,27 @@ type Inst struct {
 // Decode decodes the 64-bit instruction at the start of code, located at
 // virtual address pc.
 func Decode(code []byte, pc uint64) (Inst, error) {
-	if in, ok := decodeSpecial(code, pc); ok {
+	// The length decoder is the authority on length: x86asm misreads
+	// some (vzeroupper and vzeroall take a ModRM there).
+	s, err := scan(code)
+	if err != nil {
+		return Inst{}, fmt.Errorf("undecodable bytes % x: %w", head(code, 4), err)
+	}
+	if in, ok := decodeSpecial(code, pc, s); ok {
 		return in, nil
 	}
 	x, err := x86asm.Decode(code, 64)
-	if err != nil {
-		return Inst{}, fmt.Errorf("undecodable bytes % x", head(code, 4))
+	// What x86asm does not know, the length decoder still steps over.
+	if !x86asmKnows(s, x, err) {
+		in := s.inst(code, pc)
+		in.Text = encodingNames[s.enc]
+		return in, nil
 	}
-	// A bare prefix decodes as Op 0 without an error: it is not an
-	// instruction we can reason about.
-	if x.Op == 0 || x.Len == 0 {
-		return Inst{}, fmt.Errorf("unknown instruction % x", head(code, 4))
+	if x.Len != s.n {
+		// x86asm knows the opcode but not its operands' bytes.
+		in := s.inst(code, pc)
+		in.Op, in.Text = x.Op, strings.ToLower(x.Op.String())
+		return in, nil
 	}
 	in := Inst{Op: x.Op, Len: x.Len, Text: x86asm.GNUSyntax(x, pc, nil)}
 	if rel, ok := x.Args[0].(x86asm.Rel); ok {
@@ -57,6 +70,14 @@ func Decode(code []byte, pc uint64) (Inst, error) {
 	}
 	in.Class = classify(x.Op, in.RelWidth != 0)
 	return in, nil
+}
+
+// x86asmKnows tells whether x86asm decoded the instruction of shape s as
+// x, err. A bare prefix decodes as Op 0 without an error; and x86asm
+// reads 2 bits of EVEX's map field, so AVX512-FP16's maps 5 and 6 would be
+// maps 1 and 2 to it.
+func x86asmKnows(s shape, x x86asm.Inst, err error) bool {
+	return err == nil && x.Op != 0 && !(s.enc == evex && s.opmap > map0F3A)
 }
 
 // head returns at most the first n bytes of b, for error texts.
@@ -68,19 +89,20 @@ func head(b []byte, n int) []byte {
 }
 
 // decodeSpecial decodes what x86asm does not: endbr64/endbr32 (a bare
-// prefix with Op 0 to it) and ptwrite (undecoded, or read as "rep xsave").
-func decodeSpecial(code []byte, pc uint64) (Inst, bool) {
-	if len(code) < 4 || code[0] != 0xf3 {
-		return Inst{}, false
-	}
-	if code[1] == 0x0f && code[2] == 0x1e && (code[3] == 0xfa || code[3] == 0xfb) {
+// prefix with Op 0 to it) and ptwrite (undecoded, or read as "rep xsave"),
+// given the length decoder's shape s of code.
+func decodeSpecial(code []byte, pc uint64, s shape) (Inst, bool) {
+	if len(code) >= 4 && code[0] == 0xf3 && code[1] == 0x0f && code[2] == 0x1e && (code[3] == 0xfa || code[3] == 0xfb) {
 		name := "endbr64"
 		if code[3] == 0xfb {
 			name = "endbr32"
 		}
 		return Inst{Text: name, Len: 4}, true
 	}
-	return decodePTWrite(code, pc)
+	if s.class(code) != PTWrite {
+		return Inst{}, false
+	}
+	return decodePTWrite(code, pc, s), true
 }
 
 // gpr32 and gpr64 are the GNU names of the general registers by number.
@@ -92,38 +114,33 @@ var (
 )
 
 // decodePTWrite decodes ptwrite r/m32 (f3 0f ae /4) and ptwrite r/m64
-// (f3 REX.W 0f ae /4), printed as objdump does: "ptwrite %eax",
-// "ptwriteq 0x8(%rsp)".
-func decodePTWrite(code []byte, pc uint64) (Inst, bool) {
-	i, rex := 1, byte(0)
-	if code[i]&0xf0 == 0x40 {
-		rex, i = code[i], i+1
-	}
-	if len(code) < i+3 || code[i] != 0x0f || code[i+1] != 0xae || (code[i+2]>>3)&7 != 4 {
-		return Inst{}, false
-	}
-	modrm := code[i+2]
-	in := Inst{Class: PTWrite}
+// (f3 REX.W 0f ae /4), whose shape s the length decoder found, printed as
+// objdump does: "ptwrite %eax", "ptwriteq 0x8(%rsp)".
+func decodePTWrite(code []byte, pc uint64, s shape) Inst {
+	in := Inst{Class: PTWrite, Len: s.n}
+	modrm := code[s.modrm]
 	if modrm>>6 == 3 {
-		reg := modrm&7 | (rex&1)<<3
+		reg := modrm & 7
+		if s.pfx&pfxRexB != 0 {
+			reg |= 8
+		}
 		names := &gpr32
-		if rex&8 != 0 {
+		if s.pfx&pfxRexW != 0 {
 			names = &gpr64
 		}
-		in.Len, in.Text = i+3, "ptwrite %"+names[reg]
-		return in, true
+		in.Text = "ptwrite %" + names[reg]
+		return in
 	}
-	// The memory form has xsave's encoding with an f3 prefix: x86asm
-	// decodes its operand and length right, under the wrong name.
-	x, err := x86asm.Decode(code, 64)
-	if err != nil || (x.Op != x86asm.XSAVE && x.Op != x86asm.XSAVE64) {
-		return Inst{}, false
-	}
-	gnu := x86asm.GNUSyntax(x, pc, nil)
 	suffix := "l"
-	if rex&8 != 0 {
+	if s.pfx&pfxRexW != 0 {
 		suffix = "q"
 	}
-	in.Len, in.Text = x.Len, "ptwrite"+suffix+" "+gnu[strings.LastIndexByte(gnu, ' ')+1:]
-	return in, true
+	// The memory form has xsave's encoding with an f3 prefix: x86asm
+	// decodes its operand right, under the wrong name.
+	in.Text = "ptwrite" + suffix
+	if x, err := x86asm.Decode(code, 64); err == nil && x.Len == s.n && (x.Op == x86asm.XSAVE || x.Op == x86asm.XSAVE64) {
+		gnu := x86asm.GNUSyntax(x, pc, nil)
+		in.Text += " " + gnu[strings.LastIndexByte(gnu, ' ')+1:]
+	}
+	return in
 }

@@ -1,10 +1,8 @@
 package x86insn
 
 import (
-	"debug/elf"
 	"math/rand/v2"
 	"strings"
-
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
@@ -56,6 +54,12 @@ func TestDecode(t *testing.T) {
 		{"sysret", []byte{0x0f, 0x07}, FarTransfer, x86asm.SYSRET, "sysret", 2, 0, 0},
 		{"sysenter", []byte{0x0f, 0x34}, FarTransfer, x86asm.SYSENTER, "sysenter", 2, 0, 0},
 		{"sysexit", []byte{0x0f, 0x35}, FarTransfer, x86asm.SYSEXIT, "sysexit", 2, 0, 0},
+		// Near branches keep rel32 under 66, as Intel CPUs do.
+		{"66 call", []byte{0x66, 0xe8, 0xfa, 0xff, 0xff, 0xff}, Call, x86asm.CALL, "callw", 6, 4, 0x1000},
+		{"66 jcc", []byte{0x66, 0x0f, 0x84, 0, 0, 0, 0}, CondJump, x86asm.JE, "je", 7, 4, 0x1007},
+		{"xbeginw", []byte{0x66, 0xc7, 0xf8, 0x10, 0}, NotBranch, x86asm.XBEGIN, "xbegin", 5, 2, 0x1015},
+		{"bnd ret", []byte{0xf2, 0xc3}, Ret, x86asm.RET, "bnd ret", 2, 0, 0},
+		{"REX.W jmp reg", []byte{0x41, 0xff, 0xe3}, IndirectJump, x86asm.JMP, "jmp *%r11", 3, 0, 0},
 		// ptwrite, as objdump prints it; x86asm leaves the register form
 		// undecoded and reads the memory form as "rep xsave".
 		{"ptwrite r32", []byte{0xf3, 0x0f, 0xae, 0xe0}, PTWrite, 0, "ptwrite %eax", 4, 0, 0},
@@ -65,6 +69,15 @@ func TestDecode(t *testing.T) {
 		{"ptwrite m32", []byte{0xf3, 0x0f, 0xae, 0x20}, PTWrite, 0, "ptwritel (%rax)", 4, 0, 0},
 		{"ptwrite m64", []byte{0xf3, 0x48, 0x0f, 0xae, 0x64, 0x24, 0x08}, PTWrite, 0, "ptwriteq 0x8(%rsp)", 7, 0, 0},
 		{"ptwrite rip", []byte{0xf3, 0x48, 0x0f, 0xae, 0x25, 0x00, 0x01, 0, 0}, PTWrite, 0, "ptwriteq 0x100(%rip)", 9, 0, 0},
+		{"ptwrite es:", []byte{0xf3, 0x26, 0x0f, 0xae, 0x61, 0x30}, PTWrite, 0, "ptwritel %es:0x30(%rcx)", 6, 0, 0},
+		{"ptwrite cs REX.B", []byte{0x2e, 0xf3, 0x41, 0x0f, 0xae, 0xe0}, PTWrite, 0, "ptwrite %r8d", 6, 0, 0},
+		// x86asm reads a ModRM after vzeroupper and vzeroall.
+		{"vzeroupper", []byte{0xc5, 0xf8, 0x77, 0x5b, 0xc3}, NotBranch, x86asm.VZEROUPPER, "vzeroupper", 3, 0, 0},
+		{"vzeroall", []byte{0xc5, 0xfc, 0x77, 0xc3}, NotBranch, x86asm.VZEROALL, "vzeroall", 3, 0, 0},
+		// What x86asm does not know, the length decoder steps over.
+		{"rdpkru", []byte{0x0f, 0x01, 0xee}, NotBranch, 0, "(unknown)", 3, 0, 0},
+		{"evex fp16", []byte{0x62, 0xf5, 0x7c, 0x48, 0x58, 0xc1}, NotBranch, 0, "(evex)", 6, 0, 0},
+		{"xop", []byte{0x8f, 0xe8, 0x78, 0xc0, 0xc1, 0x05}, NotBranch, 0, "(xop)", 6, 0, 0},
 		{"rdfsbase is not ptwrite", []byte{0xf3, 0x48, 0x0f, 0xae, 0xc0}, NotBranch, x86asm.RDFSBASE, "rdfsbase %rax", 5, 0, 0},
 	}
 	// Text is x86asm's GNU syntax (its spellings: "callq", "ds jmp").
@@ -77,6 +90,11 @@ func TestDecode(t *testing.T) {
 		if in.Class != tt.class || in.Op != tt.op || !strings.HasPrefix(in.Text, tt.text) || in.Len != tt.len || in.RelWidth != tt.rel || in.Target != tt.tgt {
 			t.Errorf("%s: Decode(% x) = %+v (%v); want %v op %v %q len %d rel %d target 0x%x",
 				tt.name, tt.code, in, in.Class, tt.class, tt.op, tt.text, tt.len, tt.rel, tt.tgt)
+		}
+		// Step gives the same without x86asm.
+		st, err := Step(tt.code, 0x1000)
+		if err != nil || st.Class != tt.class || st.Len != tt.len || st.RelWidth != tt.rel || st.Target != tt.tgt || st.Op != 0 || st.Text != "" {
+			t.Errorf("%s: Step(% x) = %+v, %v; want %v len %d rel %d target 0x%x", tt.name, tt.code, st, err, tt.class, tt.len, tt.rel, tt.tgt)
 		}
 	}
 }
@@ -118,54 +136,63 @@ func TestClassString(t *testing.T) {
 	}
 }
 
-// checkAgainstX86asm decodes code at pc with Decode and with x86asm: where
-// x86asm decodes an instruction (Op not 0) that is not one Decode reads
-// itself, both agree on op, length and text.
-func checkAgainstX86asm(t *testing.T, code []byte, pc uint64) (Inst, bool) {
+// checkAgainstX86asm decodes code at pc with Decode, Step, Length and
+// x86asm. Decode, Step and Length agree on length, class and target, and
+// fail together. Where x86asm decodes an instruction (Op not 0) that is
+// not one Decode reads itself, Decode has its op and text when their
+// lengths agree; misread reports the instructions where they do not.
+func checkAgainstX86asm(t *testing.T, code []byte, pc uint64) (in Inst, ok, misread bool) {
 	t.Helper()
 	in, err := Decode(code, pc)
+	st, serr := Step(code, pc)
+	n, lerr := Length(code)
+	if (err == nil) != (lerr == nil) || (serr == nil) != (lerr == nil) {
+		t.Fatalf("% x: Decode %v, Step %v, Length %v", head(code, MaxLen), err, serr, lerr)
+	}
+	if err != nil {
+		return in, false, false
+	}
+	if in.Len != n || st.Len != n || st.Class != in.Class || st.RelWidth != in.RelWidth || st.Target != in.Target {
+		t.Fatalf("% x: Decode %+v, Step %+v, Length %d", head(code, MaxLen), in, st, n)
+	}
+	s, _ := scan(code)
+	if s.class(code) == PTWrite || in.Text == "endbr64" || in.Text == "endbr32" {
+		return in, true, false
+	}
 	x, xerr := x86asm.Decode(code, 64)
-	if _, special := decodeSpecial(code, pc); special {
-		if err != nil {
-			t.Fatalf("Decode(% x): %v", head(code, MaxLen), err)
+	if !x86asmKnows(s, x, xerr) {
+		if in.Op != 0 || in.Text != encodingNames[legacy] && in.Text != encodingNames[vex] &&
+			in.Text != encodingNames[evex] && in.Text != encodingNames[xop] {
+			t.Fatalf("% x: Decode %+v where x86asm knows nothing", head(code, MaxLen), in)
 		}
-		return in, true
+		return in, true, false
 	}
-	if xerr != nil || x.Op == 0 {
-		if err == nil {
-			t.Fatalf("Decode(% x) = %+v, x86asm: %v op %v", head(code, MaxLen), in, xerr, x.Op)
-		}
-		return in, false
+	if x.Len != n {
+		return in, true, true
 	}
-	if err != nil || in.Op != x.Op || in.Len != x.Len || in.Text != x86asm.GNUSyntax(x, pc, nil) {
-		t.Fatalf("Decode(% x) = %+v, %v; x86asm %v len %d %q", head(code, MaxLen), in, err, x.Op, x.Len, x86asm.GNUSyntax(x, pc, nil))
+	if in.Op != x.Op || in.Text != x86asm.GNUSyntax(x, pc, nil) {
+		t.Fatalf("Decode(% x) = %+v; x86asm %v len %d %q", head(code, MaxLen), in, x.Op, x.Len, x86asm.GNUSyntax(x, pc, nil))
 	}
-	return in, true
+	return in, true, false
 }
 
-// TestAgreesWithX86asm sweeps libc's .text and random bytes.
+// TestAgreesWithX86asm sweeps libc's .text and random bytes. In libc,
+// x86asm misreads only vzeroupper and vzeroall (it takes a ModRM after
+// them), which Decode steps over by the length decoder.
 func TestAgreesWithX86asm(t *testing.T) {
-	const libc = "/lib/x86_64-linux-gnu/libc.so.6"
-	f, err := elf.Open(libc)
-	if err != nil {
-		t.Skipf("no libc to sweep: %v", err)
-	}
-	defer f.Close()
-	text := f.Section(".text")
-	if text == nil {
-		t.Fatal("libc has no .text")
-	}
-	code, err := text.Data()
-	if err != nil {
-		t.Fatal(err)
-	}
+	code, addr := libcText(t)
 	classes := map[Class]int{}
-	n := 0
+	n, misreads := 0, 0
 	for pc := 0; pc < len(code); {
-		in, ok := checkAgainstX86asm(t, code[pc:], text.Addr+uint64(pc))
+		in, ok, misread := checkAgainstX86asm(t, code[pc:], addr+uint64(pc))
 		if !ok {
-			pc++ // data in .text, or an encoding x86asm lacks
-			continue
+			t.Fatalf("libc 0x%x: % x does not decode", addr+uint64(pc), head(code[pc:], MaxLen))
+		}
+		if misread {
+			if in.Op != x86asm.VZEROUPPER && in.Op != x86asm.VZEROALL {
+				t.Errorf("libc 0x%x: x86asm misreads %+v", addr+uint64(pc), in)
+			}
+			misreads++
 		}
 		classes[in.Class]++
 		pc += in.Len
@@ -176,15 +203,19 @@ func TestAgreesWithX86asm(t *testing.T) {
 			t.Errorf("no %v in libc's .text", c)
 		}
 	}
-	t.Logf("%d instructions, classes %v", n, classes)
+	t.Logf("%d instructions, classes %v, %d vzeroupper/vzeroall x86asm misreads", n, classes, misreads)
 	r := rand.New(rand.NewPCG(1, 2))
 	buf := make([]byte, MaxLen)
+	misreads = 0
 	for range 50000 {
 		for i := range buf {
 			buf[i] = byte(r.Uint32())
 		}
-		checkAgainstX86asm(t, buf, r.Uint64())
+		if _, _, misread := checkAgainstX86asm(t, buf, r.Uint64()); misread {
+			misreads++
+		}
 	}
+	t.Logf("random: %d x86asm misreads", misreads)
 }
 
 // FuzzDecode: any bytes give an instruction no longer than them (and than
@@ -194,7 +225,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{0xf3, 0x48, 0x0f, 0xae, 0x64, 0x24, 0x08}, uint64(0x1000))
 	f.Add([]byte{0xe8, 0xfb, 0xff, 0xff, 0xff}, uint64(0))
 	f.Fuzz(func(t *testing.T, code []byte, pc uint64) {
-		in, ok := checkAgainstX86asm(t, code, pc)
+		in, ok, _ := checkAgainstX86asm(t, code, pc)
 		if ok && (in.Len <= 0 || in.Len > len(code) || in.Len > MaxLen || in.Text == "") {
 			t.Fatalf("Decode(% x) = %+v", code, in)
 		}

@@ -1,0 +1,540 @@
+package x86insn
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors of the length decoder, for errors.Is.
+var (
+	// ErrTruncated: the bytes end inside the instruction.
+	ErrTruncated = errors.New("truncated instruction")
+	// ErrInvalid: the encoding is undefined or invalid in 64-bit mode.
+	ErrInvalid = errors.New("invalid instruction")
+	// ErrTooLong: the instruction would be longer than MaxLen bytes.
+	ErrTooLong = errors.New("instruction longer than 15 bytes")
+)
+
+// encoding says how an instruction's opcode is encoded.
+type encoding uint8
+
+// Encodings.
+const (
+	// legacy is an opcode in the 1-byte, 0F, 0F38 or 0F3A map behind
+	// optional legacy prefixes and REX.
+	legacy encoding = iota
+	vex             // C4/C5-prefixed (AVX)
+	evex            // 62-prefixed (AVX-512, AVX10)
+	xop             // 8F-prefixed (AMD XOP)
+)
+
+// encodingNames are the placeholder texts of instructions that only the
+// length decoder knows.
+var encodingNames = [...]string{legacy: "(unknown)", vex: "(vex)", evex: "(evex)", xop: "(xop)"}
+
+// Opcode maps: the 1-byte map and the legacy escapes' maps share numbers
+// with the VEX/EVEX map field (0F = 1, 0F38 = 2, 0F3A = 3).
+const (
+	map1Byte = 0
+	map0F    = 1
+	map0F38  = 2
+	map0F3A  = 3
+	map3DNow = 4 // 0F 0F: ModRM, then an imm8 that names the operation
+)
+
+// Operand kinds after the opcode, one per opcode of a map.
+const (
+	opInvalid  uint8 = iota // undefined or invalid in 64-bit mode
+	opNone                  // no ModRM, no immediate
+	opModRM                 // ModRM (+SIB, displacement)
+	opModRMReg              // ModRM whose mod is ignored: always a register (mov cr/dr)
+	opModRMI8               // ModRM and imm8
+	opModRMIz               // ModRM and imm16/32 (66 gives 16)
+	opI8                    // imm8 or rel8
+	opI16                   // imm16 (ret, lret)
+	opIz                    // imm16/32 (66 gives 16)
+	opRel32                 // rel32, kept even under 66 (Intel 64; AMD would use rel16)
+	opIv                    // imm16/32/64: B8+r mov (REX.W gives 64, else 66 gives 16)
+	opMoffs                 // 8-byte offset, 4 with 67
+	opEnter                 // imm16, imm8
+	opGroup3                // F6/F7: ModRM, with an immediate for /0 and /1 only
+	opPrefix                // a legacy prefix, REX, or an escape to another map
+)
+
+// oneByte is the 1-byte opcode map in 64-bit mode, row by row.
+var oneByte = [256]uint8{
+	// 00-0F: alu ops; 06 07 0E (push/pop es/cs) invalid; 0F escape.
+	opModRM, opModRM, opModRM, opModRM, opI8, opIz, opInvalid, opInvalid,
+	opModRM, opModRM, opModRM, opModRM, opI8, opIz, opInvalid, opPrefix,
+	// 10-1F: adc, sbb; push/pop ss/ds invalid.
+	opModRM, opModRM, opModRM, opModRM, opI8, opIz, opInvalid, opInvalid,
+	opModRM, opModRM, opModRM, opModRM, opI8, opIz, opInvalid, opInvalid,
+	// 20-2F: and, sub; 26 2E segment prefixes, 27 2F (daa, das) invalid.
+	opModRM, opModRM, opModRM, opModRM, opI8, opIz, opPrefix, opInvalid,
+	opModRM, opModRM, opModRM, opModRM, opI8, opIz, opPrefix, opInvalid,
+	// 30-3F: xor, cmp; 36 3E segment prefixes, 37 3F (aaa, aas) invalid.
+	opModRM, opModRM, opModRM, opModRM, opI8, opIz, opPrefix, opInvalid,
+	opModRM, opModRM, opModRM, opModRM, opI8, opIz, opPrefix, opInvalid,
+	// 40-4F: REX.
+	opPrefix, opPrefix, opPrefix, opPrefix, opPrefix, opPrefix, opPrefix, opPrefix,
+	opPrefix, opPrefix, opPrefix, opPrefix, opPrefix, opPrefix, opPrefix, opPrefix,
+	// 50-5F: push, pop.
+	opNone, opNone, opNone, opNone, opNone, opNone, opNone, opNone,
+	opNone, opNone, opNone, opNone, opNone, opNone, opNone, opNone,
+	// 60-6F: pusha, popa invalid; 62 EVEX; 63 movsxd; 64-67 prefixes;
+	// push imm, imul imm, ins/outs.
+	opInvalid, opInvalid, opPrefix, opModRM, opPrefix, opPrefix, opPrefix, opPrefix,
+	opIz, opModRMIz, opI8, opModRMI8, opNone, opNone, opNone, opNone,
+	// 70-7F: jcc rel8.
+	opI8, opI8, opI8, opI8, opI8, opI8, opI8, opI8,
+	opI8, opI8, opI8, opI8, opI8, opI8, opI8, opI8,
+	// 80-8F: group 1 (82 invalid), test, xchg, mov, lea, mov sreg, 8F pop
+	// r/m or XOP.
+	opModRMI8, opModRMIz, opInvalid, opModRMI8, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opPrefix,
+	// 90-9F: xchg, cbw, cwd, 9A (far call) invalid, fwait, pushf, popf,
+	// sahf, lahf.
+	opNone, opNone, opNone, opNone, opNone, opNone, opNone, opNone,
+	opNone, opNone, opInvalid, opNone, opNone, opNone, opNone, opNone,
+	// A0-AF: mov moffs, string ops, test imm.
+	opMoffs, opMoffs, opMoffs, opMoffs, opNone, opNone, opNone, opNone,
+	opI8, opIz, opNone, opNone, opNone, opNone, opNone, opNone,
+	// B0-BF: mov imm8, mov imm16/32/64.
+	opI8, opI8, opI8, opI8, opI8, opI8, opI8, opI8,
+	opIv, opIv, opIv, opIv, opIv, opIv, opIv, opIv,
+	// C0-CF: shifts imm8, ret imm16, ret, C4 C5 VEX, mov imm (C6 F8
+	// xabort, C7 F8 xbegin fit), enter, leave, lret, int3, int, CE (into)
+	// invalid, iret.
+	opModRMI8, opModRMI8, opI16, opNone, opPrefix, opPrefix, opModRMI8, opModRMIz,
+	opEnter, opNone, opI16, opNone, opNone, opI8, opInvalid, opNone,
+	// D0-DF: shifts, D4 D5 D6 (aam, aad, salc) invalid, xlat, x87.
+	opModRM, opModRM, opModRM, opModRM, opInvalid, opInvalid, opInvalid, opNone,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	// E0-EF: loop*, jrcxz, in/out imm8, call, jmp rel32, EA (far jmp)
+	// invalid, jmp rel8, in/out dx.
+	opI8, opI8, opI8, opI8, opI8, opI8, opI8, opI8,
+	opRel32, opRel32, opInvalid, opI8, opNone, opNone, opNone, opNone,
+	// F0-FF: lock, int1, rep prefixes, hlt, cmc, group 3, flag ops,
+	// groups 4 and 5.
+	opPrefix, opNone, opPrefix, opPrefix, opNone, opNone, opGroup3, opGroup3,
+	opNone, opNone, opNone, opNone, opNone, opNone, opModRM, opModRM,
+}
+
+// twoByte is the 0F map (legacy or VEX/EVEX map 1: the VEX forms keep
+// these shapes, see vexOps). Undefined opcodes are invalid.
+var twoByte = [256]uint8{
+	// 00-0F: groups 6, 7, lar, lsl, 04 invalid, syscall, clts, sysret,
+	// invd, wbinvd, 0A invalid, ud2, 0C invalid, prefetch, femms, 3DNow!.
+	opModRM, opModRM, opModRM, opModRM, opInvalid, opNone, opNone, opNone,
+	opNone, opNone, opInvalid, opNone, opInvalid, opModRM, opNone, opPrefix,
+	// 10-1F: SSE moves, hint nops (endbr, nop r/m).
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	// 20-2F: mov cr/dr, 24-27 invalid, SSE.
+	opModRMReg, opModRMReg, opModRMReg, opModRMReg, opInvalid, opInvalid, opInvalid, opInvalid,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	// 30-3F: wrmsr, rdtsc, rdmsr, rdpmc, sysenter, sysexit, 36 invalid,
+	// getsec, 38 and 3A escapes, the rest invalid.
+	opNone, opNone, opNone, opNone, opNone, opNone, opInvalid, opNone,
+	opPrefix, opInvalid, opPrefix, opInvalid, opInvalid, opInvalid, opInvalid, opInvalid,
+	// 40-4F: cmovcc.
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	// 50-6F: SSE.
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	// 70-7F: pshuf imm8, shift groups imm8, pcmpeq, emms, vmread (66/F2:
+	// extrq/insertq, see length), vmwrite, 7A 7B invalid, SSE.
+	opModRMI8, opModRMI8, opModRMI8, opModRMI8, opModRM, opModRM, opModRM, opNone,
+	opModRM, opModRM, opInvalid, opInvalid, opModRM, opModRM, opModRM, opModRM,
+	// 80-8F: jcc rel32.
+	opRel32, opRel32, opRel32, opRel32, opRel32, opRel32, opRel32, opRel32,
+	opRel32, opRel32, opRel32, opRel32, opRel32, opRel32, opRel32, opRel32,
+	// 90-9F: setcc.
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	// A0-AF: push/pop fs, cpuid, bt, shld, A6 A7 invalid, push/pop gs,
+	// rsm, bts, shrd, group 15, imul.
+	opNone, opNone, opNone, opModRM, opModRMI8, opModRM, opInvalid, opInvalid,
+	opNone, opNone, opNone, opModRM, opModRMI8, opModRM, opModRM, opModRM,
+	// B0-BF: cmpxchg, lss, btr, lfs, lgs, movzx, popcnt, ud1, group 8
+	// imm8, btc, bsf, bsr, movsx.
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRMI8, opModRM, opModRM, opModRM, opModRM, opModRM,
+	// C0-CF: xadd, cmpps imm8, movnti, pinsrw/pextrw/shufps imm8, group 9,
+	// bswap.
+	opModRM, opModRM, opModRMI8, opModRM, opModRMI8, opModRMI8, opModRMI8, opModRM,
+	opNone, opNone, opNone, opNone, opNone, opNone, opNone, opNone,
+	// D0-FF: SSE; FF is ud0 with a ModRM.
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
+}
+
+// prefix flags met while scanning.
+const (
+	pfx66   = 1 << iota // operand size
+	pfx67               // address size
+	pfxF2               // repne / mandatory F2
+	pfxF3               // rep / mandatory F3
+	pfxRexW             // REX.W directly before the opcode
+	pfxRexB             // REX.B directly before the opcode
+	pfxRex              // any REX directly before the opcode
+	pfxLock             // F0
+)
+
+// shape is what the length decoder learns of an instruction: enough for
+// Step to class it without a second decode.
+type shape struct {
+	n      int      // length
+	enc    encoding // how the opcode is encoded
+	opmap  uint8    // map1Byte, map0F, ...
+	op     byte     // the opcode byte
+	modrm  int      // offset of the ModRM byte, -1 when none
+	imm    int      // offset of the immediate or relative displacement
+	immLen int      // its size
+	pfx    uint16   // prefix flags
+}
+
+// Length returns the length of the 64-bit instruction at the start of code,
+// for every legacy, REX, VEX, EVEX and XOP encoding. It does not check
+// that an instruction's operands suit its opcode (a register where only
+// memory is allowed): only what decides the length, and the opcodes and
+// prefixes that are undefined or invalid in 64-bit mode.
+func Length(code []byte) (int, error) {
+	s, err := scan(code)
+	if err != nil {
+		return 0, err
+	}
+	return s.n, nil
+}
+
+// scan decodes the shape of the instruction at the start of code.
+func scan(code []byte) (shape, error) {
+	s := shape{modrm: -1}
+	i := 0
+	// Legacy prefixes in any order, then perhaps a REX.
+	for ; ; i++ {
+		if i >= MaxLen {
+			return s, fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
+		}
+		if i >= len(code) {
+			return s, truncated(code)
+		}
+		b := code[i]
+		switch {
+		case b == 0x66:
+			s.pfx |= pfx66
+		case b == 0x67:
+			s.pfx |= pfx67
+		case b == 0xf2:
+			s.pfx = s.pfx&^pfxF3 | pfxF2 // the last of F2/F3 counts
+		case b == 0xf3:
+			s.pfx = s.pfx&^pfxF2 | pfxF3
+		case b == 0xf0:
+			s.pfx |= pfxLock
+		case b == 0x26 || b == 0x2e || b == 0x36 || b == 0x3e || b == 0x64 || b == 0x65:
+		case b&0xf0 == 0x40:
+			// A REX counts only directly before the opcode: a legacy
+			// prefix or another REX after it drops it.
+			s.pfx = s.pfx&^(pfxRexW|pfxRexB) | pfxRex
+			if b&8 != 0 {
+				s.pfx |= pfxRexW
+			}
+			if b&1 != 0 {
+				s.pfx |= pfxRexB
+			}
+			continue
+		default:
+			err := s.opcode(code, i)
+			return s, err
+		}
+		s.pfx &^= pfxRex | pfxRexW | pfxRexB
+	}
+}
+
+// truncated is ErrTruncated with the bytes.
+func truncated(code []byte) error {
+	return fmt.Errorf("%w: % x", ErrTruncated, head(code, MaxLen))
+}
+
+// opcode decodes from the opcode byte at code[i] on.
+func (s *shape) opcode(code []byte, i int) error {
+	b := code[i]
+	switch b {
+	case 0x0f:
+		return s.escape(code, i+1)
+	case 0xc4, 0xc5:
+		return s.vex(code, i)
+	case 0x62:
+		return s.evex(code, i)
+	case 0x8f:
+		// XOP when the map field is 8 or more; pop r/m (8F /0) has
+		// ModRM.reg 0, which keeps those bits clear.
+		if i+1 < len(code) && code[i+1]&0x1f >= 8 {
+			return s.xop(code, i)
+		}
+		s.op = b
+		return s.operands(code, i+1, opModRM)
+	}
+	s.op = b
+	return s.operands(code, i+1, oneByte[b])
+}
+
+// escape decodes a legacy 0F-map instruction; code[i] follows the 0F.
+func (s *shape) escape(code []byte, i int) error {
+	if i >= len(code) {
+		return truncated(code)
+	}
+	b := code[i]
+	switch b {
+	case 0x38, 0x3a:
+		if i+1 >= len(code) {
+			return truncated(code)
+		}
+		s.opmap, s.op = map0F38, code[i+1]
+		kind := opModRM
+		if b == 0x3a {
+			s.opmap, kind = map0F3A, opModRMI8
+		}
+		return s.operands(code, i+2, kind)
+	case 0x0f:
+		s.opmap, s.op = map3DNow, b
+		return s.operands(code, i+1, opModRMI8)
+	}
+	s.opmap, s.op = map0F, b
+	kind := twoByte[b]
+	if b == 0x78 && s.pfx&(pfx66|pfxF2) != 0 {
+		// extrq/insertq (SSE4a) take imm8, imm8 where vmread takes none.
+		err := s.operands(code, i+1, opModRMI8)
+		if err == nil {
+			s.immLen++
+			s.n++
+			err = s.check(code)
+		}
+		return err
+	}
+	return s.operands(code, i+1, kind)
+}
+
+// vex decodes a C4/C5 instruction; code[i] is C4 or C5.
+func (s *shape) vex(code []byte, i int) error {
+	if s.pfx&(pfx66|pfxF2|pfxF3|pfxLock|pfxRex) != 0 {
+		return fmt.Errorf("%w: a legacy prefix or REX before VEX: % x", ErrInvalid, head(code, MaxLen))
+	}
+	s.enc, s.opmap = vex, map0F
+	j := i + 2 // the opcode after C5 and one payload byte
+	if code[i] == 0xc4 {
+		if i+1 >= len(code) {
+			return truncated(code)
+		}
+		s.opmap = code[i+1] & 0x1f
+		j = i + 3
+	}
+	if j >= len(code) {
+		return truncated(code)
+	}
+	s.op = code[j]
+	kind, err := vexKind(s.opmap, s.op)
+	if err != nil {
+		return fmt.Errorf("%w: % x", err, head(code, MaxLen))
+	}
+	return s.operands(code, j+1, kind)
+}
+
+// vexKind is the operand kind of a VEX or EVEX opcode in map m.
+func vexKind(m, op byte) (uint8, error) {
+	switch m {
+	case map0F:
+		switch {
+		case op == 0x77: // vzeroupper, vzeroall
+			return opNone, nil
+		case op >= 0x70 && op <= 0x73, op == 0xc2, op == 0xc4, op == 0xc5, op == 0xc6:
+			return opModRMI8, nil
+		}
+		return opModRM, nil
+	case map0F38, 5, 6: // 5 and 6: EVEX AVX512-FP16, no immediates
+		return opModRM, nil
+	case map0F3A:
+		return opModRMI8, nil
+	}
+	return opInvalid, fmt.Errorf("%w: opcode map %d", ErrInvalid, m)
+}
+
+// evex decodes a 62 instruction; code[i] is 62. Payload bit 10, fixed
+// at 1 before APX made it X4, does not change the length: it is not
+// checked.
+func (s *shape) evex(code []byte, i int) error {
+	if s.pfx&(pfx66|pfxF2|pfxF3|pfxLock|pfxRex) != 0 {
+		return fmt.Errorf("%w: a legacy prefix or REX before EVEX: % x", ErrInvalid, head(code, MaxLen))
+	}
+	if i+4 >= len(code) {
+		return truncated(code)
+	}
+	s.enc, s.opmap, s.op = evex, code[i+1]&7, code[i+4]
+	if s.opmap == map1Byte || s.opmap == 4 || s.opmap == 7 {
+		return fmt.Errorf("%w: EVEX opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
+	}
+	kind, err := vexKind(s.opmap, s.op)
+	if err != nil {
+		return fmt.Errorf("%w: % x", err, head(code, MaxLen))
+	}
+	if kind == opNone { // no vzeroupper in EVEX: every opcode has ModRM
+		kind = opModRM
+	}
+	return s.operands(code, i+5, kind)
+}
+
+// xop decodes an 8F instruction whose map is 8 or more; code[i] is 8F.
+func (s *shape) xop(code []byte, i int) error {
+	if i+3 >= len(code) {
+		return truncated(code)
+	}
+	s.enc, s.opmap, s.op = xop, code[i+1]&0x1f, code[i+3]
+	switch s.opmap {
+	case 8:
+		return s.operands(code, i+4, opModRMI8)
+	case 9:
+		return s.operands(code, i+4, opModRM)
+	case 10: // bextr, lwpins, lwpval take an imm32
+		err := s.operands(code, i+4, opModRM)
+		if err == nil {
+			s.imm, s.immLen = s.n, 4
+			s.n += 4
+			err = s.check(code)
+		}
+		return err
+	}
+	return fmt.Errorf("%w: XOP opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
+}
+
+// operands decodes what follows an opcode of the given kind; code[i] is
+// the byte after the opcode.
+func (s *shape) operands(code []byte, i int, kind uint8) error {
+	switch kind {
+	case opInvalid, opPrefix:
+		return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+	case opModRMReg:
+		if i >= len(code) {
+			return truncated(code)
+		}
+		s.modrm, i = i, i+1
+	case opModRM, opModRMI8, opModRMIz, opGroup3:
+		if i >= len(code) {
+			return truncated(code)
+		}
+		s.modrm = i
+		if s.opmap == map1Byte && invalidGroupMember(s.op, code[i]) {
+			return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+		}
+		i = modrmEnd(code[i], code, i)
+	}
+	s.imm = i
+	switch kind {
+	case opModRMI8, opI8:
+		s.immLen = 1
+	case opI16:
+		s.immLen = 2
+	case opEnter:
+		s.immLen = 3
+	case opIz, opModRMIz:
+		s.immLen = s.sizeZ()
+	case opRel32:
+		s.immLen = 4
+	case opIv:
+		s.immLen = s.sizeZ()
+		if s.pfx&pfxRexW != 0 {
+			s.immLen = 8
+		}
+	case opMoffs:
+		s.immLen = 8
+		if s.pfx&pfx67 != 0 {
+			s.immLen = 4
+		}
+	case opGroup3:
+		if (code[s.modrm]>>3)&7 < 2 { // test r/m, imm
+			s.immLen = 1
+			if s.op == 0xf7 {
+				s.immLen = s.sizeZ()
+			}
+		}
+	}
+	if s.opmap == map1Byte && s.op == 0xc7 && code[s.modrm] == 0xf8 {
+		s.immLen = 4 // xbegin: rel32 (rel16 under 66) as C7 /0's imm
+		if s.pfx&pfx66 != 0 {
+			s.immLen = 2
+		}
+	}
+	s.n = i + s.immLen
+	return s.check(code)
+}
+
+// invalidGroupMember tells the undefined members of the 1-byte map's
+// groups that decide control flow: FE /2-/7, FF /7, far FF /3 and /5
+// from a register, and 8F /4 (the other non-zero /r are XOP).
+func invalidGroupMember(op, m byte) bool {
+	reg := (m >> 3) & 7
+	switch op {
+	case 0xfe:
+		return reg >= 2
+	case 0xff:
+		return reg == 7 || (reg == 3 || reg == 5) && m>>6 == 3
+	case 0x8f:
+		return reg != 0
+	}
+	return false
+}
+
+// sizeZ is the size of an imm16/32: 2 under 66 unless REX.W.
+func (s shape) sizeZ() int {
+	if s.pfx&pfx66 != 0 && s.pfx&pfxRexW == 0 {
+		return 2
+	}
+	return 4
+}
+
+// check refuses a shape longer than MaxLen or than code.
+func (s shape) check(code []byte) error {
+	if s.n > MaxLen {
+		return fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
+	}
+	if s.n > len(code) {
+		return truncated(code)
+	}
+	return nil
+}
+
+// modrmEnd returns the offset after the ModRM byte m at code[i] and its SIB
+// and displacement. In 64-bit mode 67 selects 32-bit addressing, which
+// has the same forms as 64-bit: it changes no displacement size. The end
+// may lie beyond code: check says so.
+func modrmEnd(m byte, code []byte, i int) int {
+	mod, rm := m>>6, m&7
+	i++
+	if mod == 3 {
+		return i
+	}
+	if rm == 4 { // SIB
+		if i >= len(code) {
+			return i + 1 // truncated: any end beyond code will do
+		}
+		if mod == 0 && code[i]&7 == 5 { // no base: disp32
+			return i + 5
+		}
+		i++
+	}
+	switch {
+	case mod == 0 && rm == 5: // RIP-relative disp32
+		return i + 4
+	case mod == 1:
+		return i + 1
+	case mod == 2:
+		return i + 4
+	}
+	return i
+}
