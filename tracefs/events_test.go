@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -121,7 +122,14 @@ func TestLoadEventsTracefs(t *testing.T) {
 	if err := tf.AddProbe(ClassicLine(group, "e", "/bin/true", 0x1000, spec)); err != nil {
 		t.Fatal(err)
 	}
-	evs, err := LoadEvents(os.DirFS(filepath.Join(tf.Dir, "events")))
+	// Load a copy of this group's events, as `ptfs decode --events` is
+	// used: the live tree changes under a walk (other tests add and remove
+	// events meanwhile, and the kernel reuses their ids).
+	dir := t.TempDir()
+	if out, err := exec.Command("cp", "-r", filepath.Join(tf.Dir, "events", group), dir).CombinedOutput(); err != nil {
+		t.Fatalf("copy the group's events: %v: %s", err, out)
+	}
+	evs, err := LoadEvents(os.DirFS(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
