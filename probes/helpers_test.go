@@ -1,7 +1,6 @@
 package probes
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -38,11 +37,3 @@ func mustParse(t testing.TB, spec string) *Spec {
 	return s
 }
 
-func fileSize(t testing.TB, path string) int64 {
-	t.Helper()
-	st, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st.Size()
-}
