@@ -36,4 +36,3 @@ func mustParse(t testing.TB, spec string) *Spec {
 	}
 	return s
 }
-
