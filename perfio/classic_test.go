@@ -30,7 +30,7 @@ var kernelEnv struct {
 	tracefs string
 }
 
-// needKernel skips the test, with the reason, when the kernel features are
+// needKernel makes the test Unavailable, with the reason, when the kernel features are
 // absent, and returns the tracefs directory.
 func needKernel(t *testing.T) string {
 	t.Helper()
@@ -51,13 +51,13 @@ func needKernel(t *testing.T) string {
 		}
 	})
 	if kernelEnv.skip != "" {
-		t.Skip(kernelEnv.skip)
+		testkit.Unavailable(t, "%s", kernelEnv.skip)
 	}
 	if kernelEnv.tracefs == "" {
 		// Not mounted anywhere: mount a private instance for this test.
 		dir := t.TempDir()
 		if err := unix.Mount("nodev", dir, "tracefs", 0, ""); err != nil {
-			t.Skipf("cannot mount tracefs: %v", err)
+			testkit.Unavailable(t, "cannot mount tracefs: %v", err)
 		}
 		t.Cleanup(func() {
 			if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
@@ -65,7 +65,7 @@ func needKernel(t *testing.T) string {
 			}
 		})
 		if _, err := os.Stat(filepath.Join(dir, "uprobe_events")); err != nil {
-			t.Skipf("kernel without uprobe events: %v", err)
+			testkit.Unavailable(t, "kernel without uprobe events: %v", err)
 		}
 		return dir
 	}

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"ptfs/internal/testkit"
 	"ptfs/perfio"
 	"ptfs/tracefs"
 	"ptfs/tracefs/tracefstest"
@@ -210,7 +211,7 @@ func checkSentinels(t *testing.T, c *Caps) {
 // Intel PT, so classic, and no probe left behind.
 func TestDetectReal(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("tracefs uprobes need root")
+		testkit.Unavailable(t, "tracefs uprobes need root")
 	}
 	tfs, err := tracefs.FindTracefs()
 	if err != nil {

@@ -4,10 +4,11 @@ import (
 	"debug/elf"
 	"math/rand/v2"
 	"strings"
-
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"ptfs/internal/testkit"
 )
 
 func TestDecode(t *testing.T) {
@@ -148,7 +149,7 @@ func TestAgreesWithX86asm(t *testing.T) {
 	const libc = "/lib/x86_64-linux-gnu/libc.so.6"
 	f, err := elf.Open(libc)
 	if err != nil {
-		t.Skipf("no libc to sweep: %v", err)
+		testkit.Unavailable(t, "no libc to sweep: %v", err)
 	}
 	defer f.Close()
 	text := f.Section(".text")
