@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -561,6 +562,25 @@ func TestClassicErrors(t *testing.T) {
 	}
 }
 
+// inEpollWait tells whether a thread of this process is blocked in
+// epoll_wait or epoll_pwait on epfd (/proc/self/task/TID/syscall: the
+// number, then the arguments in hex).
+func inEpollWait(epfd int) bool {
+	files, _ := filepath.Glob("/proc/self/task/*/syscall")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if fl := strings.Fields(string(b)); len(fl) > 1 &&
+			(fl[0] == strconv.Itoa(unix.SYS_EPOLL_WAIT) || fl[0] == strconv.Itoa(unix.SYS_EPOLL_PWAIT)) &&
+			fl[1] == fmt.Sprintf("0x%x", epfd) {
+			return true
+		}
+	}
+	return false
+}
+
 // TestClassicCloseWakes checks that Close wakes the idle reader at once
 // rather than leaving it to sleep out idleInterval (100 ms) first.
 func TestClassicCloseWakes(t *testing.T) {
@@ -573,8 +593,12 @@ func TestClassicCloseWakes(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		// Long enough for the reader to be asleep in its idle wait.
-		time.Sleep(20 * time.Millisecond)
+		// Close once the reader is asleep in its idle wait.
+		for wait := time.Now(); !inEpollWait(c.poll.epoll.n); time.Sleep(time.Millisecond) {
+			if time.Since(wait) > 5*time.Second {
+				t.Fatal("the reader never waited on its epoll set")
+			}
+		}
 		start := time.Now()
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
