@@ -134,7 +134,7 @@ func (r roots) detect(tfs *tracefs.Tracefs, tracefsErr error) Caps {
 	}
 	pt := r.intelPT()
 	if _, err := os.Stat(filepath.Join(pt, "type")); err != nil {
-		c.IntelPTErr = lack("no Intel PT: "+pt+" is missing", perfio.ErrNoPT, err)
+		c.IntelPTErr = lack("no Intel PT: "+pt+" is missing", perfio.ErrNoPT)
 		c.PTWriteErr = lack("no Intel PT", perfio.ErrNoPTW, perfio.ErrNoPT)
 		return c
 	}
@@ -192,10 +192,11 @@ func (c *Caps) ptw() error {
 }
 
 // BranchesErr says why branch tracing is unavailable (in this build, it
-// always is); it wraps ErrNoBranches.
+// always is); it wraps ErrNoBranches, and perfio.ErrNoPT without Intel PT.
+// It wraps no errno: Branches adds EOPNOTSUPP for FUSE.
 func (c *Caps) BranchesErr() error {
 	if !c.IntelPT {
-		return lack("branches need Intel PT: "+c.IntelPTErr.Error(), ErrNoBranches, c.IntelPTErr)
+		return lack("branches need Intel PT: "+c.IntelPTErr.Error(), ErrNoBranches, perfio.ErrNoPT)
 	}
 	// The capture can trace branches (perfio.PTOptions.Branch); what
 	// turns them into branch lines is not written yet.
