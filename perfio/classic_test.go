@@ -296,7 +296,10 @@ func TestClassicMerge(t *testing.T) {
 	bin, offs := buildTarget(t)
 	ev := probe(t, tracefs, bin, offs["target"], "m", "%di %si", decode.U64, decode.U64)
 	col := &collector{}
-	c := newClassic(t, ClassicOptions{CPUs: cpus[:2]}, col)
+	// Rings that hold every sample (4 MiB, 20,000 of about 50 bytes a
+	// CPU): the test is about the merge, not the reader's speed, which
+	// the race detector and a loaded machine cut below the programs' rate.
+	c := newClassic(t, ClassicOptions{CPUs: cpus[:2], RingPages: 1024}, col)
 	if err := c.Add(ev); err != nil {
 		t.Fatal(err)
 	}
