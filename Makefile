@@ -1,6 +1,6 @@
 GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
 
-.PHONY: build test bench fuzz demo vet clean
+.PHONY: build test race bench fuzz demo vet staticcheck clean
 
 build:
 	$(GO) build -o bin/ptfs ./cmd/ptfs
@@ -9,10 +9,22 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
+# staticcheck at a pinned version, fetched by the module proxy.
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+staticcheck:
+	$(GO) run $(STATICCHECK) ./...
+
 # The whole suite: unit, corpus conformance, libipt differential, and the
-# end-to-end tests on real FUSE mounts and uprobes (needs root).
-test: vet
+# end-to-end tests on real FUSE mounts and uprobes (needs root); then the
+# race detector on the packages whose code or tests run goroutines. With
+# CI set, a test that lacks its environment fails instead of skipping.
+test: vet staticcheck
 	$(GO) test -count=1 -timeout 30m ./...
+	$(MAKE) race
+
+RACE_PKGS ?= ./perfio/... ./engine/... ./session/... ./stream/... ./fs/... ./bind/... ./tracefs/... ./decode/... ./probes/... ./cmd/ptfs/...
+race:
+	$(GO) test -race -count=1 -timeout 30m $(RACE_PKGS)
 
 # Benchmarks with their references measured in the same run.
 bench:

@@ -396,17 +396,6 @@ func ptwStream(size int) ([]byte, []*decode.Event) {
 	return ptenc.Generate(ptenc.PTWHeavy, size, 7), evs
 }
 
-// feedChunks passes buf to cpu in chunks of n bytes, the size of a small
-// AUX record, with a Round after each.
-func feedChunks(s TraceSink, cpu int, buf []byte, n int) {
-	for len(buf) > 0 {
-		k := min(n, len(buf))
-		s.Trace(cpu, buf[:k])
-		s.Round(false)
-		buf = buf[k:]
-	}
-}
-
 // TestPTWNoAllocs checks that the engine allocates nothing per record or
 // call once warm. The chunks end at packet boundaries: the assembler's
 // packet decoder allocates an error value for each Feed that ends inside a

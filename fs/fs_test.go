@@ -436,7 +436,9 @@ func lineReader(r io.Reader) <-chan string {
 
 func expectLines(t *testing.T, ch <-chan string, want ...string) {
 	t.Helper()
-	deadline := time.After(2 * time.Second)
+	// tail -f polls FUSE files once a second; a loaded machine or the
+	// race detector may take some more.
+	deadline := time.After(10 * time.Second)
 	for _, w := range want {
 		select {
 		case got, ok := <-ch:
@@ -447,7 +449,7 @@ func expectLines(t *testing.T, ch <-chan string, want ...string) {
 				t.Fatalf("got line %q, want %q", got, w)
 			}
 		case <-deadline:
-			t.Fatalf("no line %q within 2 s", w)
+			t.Fatalf("no line %q within 10 s", w)
 		}
 	}
 }
@@ -517,8 +519,8 @@ func TestRecordsTail(t *testing.T) {
 		if !strings.Contains(msg, "file truncated") {
 			t.Errorf("tail stderr %q, want file truncated", msg)
 		}
-	case <-time.After(2 * time.Second):
-		t.Errorf("tail did not notice the truncation within 2 s")
+	case <-time.After(10 * time.Second):
+		t.Errorf("tail did not notice the truncation within 10 s")
 	}
 	ft.records.Append([]byte("record 1: after\n"))
 	expectLines(t, out, "record 1: after")
@@ -658,6 +660,29 @@ func TestBranches(t *testing.T) {
 	}
 }
 
+// readPos returns the file position of process pid in path, or -1 while
+// it has no such file open.
+func readPos(pid int, path string) int64 {
+	dir := fmt.Sprintf("/proc/%d/", pid)
+	fds, _ := os.ReadDir(dir + "fd")
+	for _, fd := range fds {
+		if l, err := os.Readlink(dir + "fd/" + fd.Name()); err != nil || l != path {
+			continue
+		}
+		info, err := os.ReadFile(dir + "fdinfo/" + fd.Name())
+		if err != nil {
+			return -1
+		}
+		pos, _ := strings.CutPrefix(strings.SplitN(string(info), "\n", 2)[0], "pos:")
+		n, err := strconv.ParseInt(strings.TrimSpace(pos), 10, 64)
+		if err != nil {
+			return -1
+		}
+		return n
+	}
+	return -1
+}
+
 // TestKilledReader kills a reader in the middle of a large read and checks
 // that the mount still answers and unmounts.
 func TestKilledReader(t *testing.T) {
@@ -670,12 +695,18 @@ func TestKilledReader(t *testing.T) {
 	mnt := mountFake(t, newFakeTracer(ft))
 
 	for range 3 {
-		// dd with 1-byte reads takes far longer than 50 ms for 8 MiB.
+		// dd with 1-byte reads takes seconds for 8 MiB.
 		cmd := exec.Command("dd", "if="+filepath.Join(mnt, "t/records"), "of=/dev/null", "bs=1")
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		// Kill dd once it is in the middle of the file.
+		for wait := time.Now(); readPos(cmd.Process.Pid, filepath.Join(mnt, "t/records")) <= 0; time.Sleep(5 * time.Millisecond) {
+			if time.Since(wait) > 5*time.Second {
+				cmd.Process.Kill()
+				t.Fatal("dd did not read records within 5 s")
+			}
+		}
 		if err := cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,7 +31,7 @@ var kernelEnv struct {
 	tracefs string
 }
 
-// needKernel skips the test, with the reason, when the kernel features are
+// needKernel makes the test Unavailable, with the reason, when the kernel features are
 // absent, and returns the tracefs directory.
 func needKernel(t *testing.T) string {
 	t.Helper()
@@ -51,13 +52,13 @@ func needKernel(t *testing.T) string {
 		}
 	})
 	if kernelEnv.skip != "" {
-		t.Skip(kernelEnv.skip)
+		testkit.Unavailable(t, "%s", kernelEnv.skip)
 	}
 	if kernelEnv.tracefs == "" {
 		// Not mounted anywhere: mount a private instance for this test.
 		dir := t.TempDir()
 		if err := unix.Mount("nodev", dir, "tracefs", 0, ""); err != nil {
-			t.Skipf("cannot mount tracefs: %v", err)
+			testkit.Unavailable(t, "cannot mount tracefs: %v", err)
 		}
 		t.Cleanup(func() {
 			if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
@@ -65,7 +66,7 @@ func needKernel(t *testing.T) string {
 			}
 		})
 		if _, err := os.Stat(filepath.Join(dir, "uprobe_events")); err != nil {
-			t.Skipf("kernel without uprobe events: %v", err)
+			testkit.Unavailable(t, "kernel without uprobe events: %v", err)
 		}
 		return dir
 	}
@@ -295,7 +296,10 @@ func TestClassicMerge(t *testing.T) {
 	bin, offs := buildTarget(t)
 	ev := probe(t, tracefs, bin, offs["target"], "m", "%di %si", decode.U64, decode.U64)
 	col := &collector{}
-	c := newClassic(t, ClassicOptions{CPUs: cpus[:2]}, col)
+	// Rings that hold every sample (4 MiB, 20,000 of about 50 bytes a
+	// CPU): the test is about the merge, not the reader's speed, which
+	// the race detector and a loaded machine cut below the programs' rate.
+	c := newClassic(t, ClassicOptions{CPUs: cpus[:2], RingPages: 1024}, col)
 	if err := c.Add(ev); err != nil {
 		t.Fatal(err)
 	}
@@ -561,6 +565,25 @@ func TestClassicErrors(t *testing.T) {
 	}
 }
 
+// inEpollWait tells whether a thread of this process is blocked in
+// epoll_wait or epoll_pwait on epfd (/proc/self/task/TID/syscall: the
+// number, then the arguments in hex).
+func inEpollWait(epfd int) bool {
+	files, _ := filepath.Glob("/proc/self/task/*/syscall")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if fl := strings.Fields(string(b)); len(fl) > 1 &&
+			(fl[0] == strconv.Itoa(unix.SYS_EPOLL_WAIT) || fl[0] == strconv.Itoa(unix.SYS_EPOLL_PWAIT)) &&
+			fl[1] == fmt.Sprintf("0x%x", epfd) {
+			return true
+		}
+	}
+	return false
+}
+
 // TestClassicCloseWakes checks that Close wakes the idle reader at once
 // rather than leaving it to sleep out idleInterval (100 ms) first.
 func TestClassicCloseWakes(t *testing.T) {
@@ -573,8 +596,12 @@ func TestClassicCloseWakes(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		// Long enough for the reader to be asleep in its idle wait.
-		time.Sleep(20 * time.Millisecond)
+		// Close once the reader is asleep in its idle wait.
+		for wait := time.Now(); !inEpollWait(c.poll.epoll.n); time.Sleep(time.Millisecond) {
+			if time.Since(wait) > 5*time.Second {
+				t.Fatal("the reader never waited on its epoll set")
+			}
+		}
 		start := time.Now()
 		if err := c.Close(); err != nil {
 			t.Fatal(err)

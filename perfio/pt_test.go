@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"ptfs/engine"
+	"ptfs/internal/testkit"
 
 	"golang.org/x/sys/unix"
 )
@@ -87,11 +88,11 @@ func TestNewPTHere(t *testing.T) {
 	}
 }
 
-// needPerf skips unless this process may open system-wide perf events.
+// needPerf makes the test Unavailable unless this process may open system-wide perf events.
 func needPerf(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for system-wide perf events")
+		testkit.Unavailable(t, "needs root for system-wide perf events")
 	}
 }
 

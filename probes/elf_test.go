@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"ptfs/internal/testkit"
 	"ptfs/objfile"
 )
 
@@ -160,7 +161,7 @@ func objdumpInsns(t *testing.T, path string) (offs []uint64, lens []int) {
 	t.Helper()
 	out, err := exec.Command("objdump", "-d", "-F", "-j", ".text", "--insn-width=16", path).Output()
 	if err != nil {
-		t.Skipf("objdump not usable for the cross-check: %v", err)
+		testkit.Unavailable(t, "objdump not usable for the cross-check: %v", err)
 	}
 	head := regexp.MustCompile(`^([0-9a-f]+) <[^>]+> \(File Offset: 0x([0-9a-f]+)\):$`)
 	insn := regexp.MustCompile(`^\s+([0-9a-f]+):\t((?:[0-9a-f]{2} )+)\s*\t(.*)$`)
@@ -202,7 +203,7 @@ func TestResolveBoundariesObjdump(t *testing.T) {
 	path := buildC(t, "sites", builds[0].flags...)
 	stripped := filepath.Join(t.TempDir(), "stripped")
 	if out, err := exec.Command("strip", "-s", "-o", stripped, path).CombinedOutput(); err != nil {
-		t.Skipf("strip: %v %s", err, out)
+		testkit.Unavailable(t, "strip: %v %s", err, out)
 	}
 	offs, lens := objdumpInsns(t, path)
 	for _, p := range []string{path, stripped} {
@@ -266,7 +267,7 @@ func FuzzResolve(f *testing.F) {
 func TestResolveAmbiguous(t *testing.T) {
 	const libc = "/lib/x86_64-linux-gnu/libc.so.6"
 	if _, err := os.Stat(libc); err != nil {
-		t.Skipf("no libc: %v", err)
+		testkit.Unavailable(t, "no libc: %v", err)
 	}
 	b := openBinary(t, libc)
 	_, err := b.Resolve(mustParse(t, "memcpy"))

@@ -1,7 +1,6 @@
 package probes
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -36,13 +35,4 @@ func mustParse(t testing.TB, spec string) *Spec {
 		t.Fatalf("Parse(%q): %v", spec, err)
 	}
 	return s
-}
-
-func fileSize(t testing.TB, path string) int64 {
-	t.Helper()
-	st, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st.Size()
 }

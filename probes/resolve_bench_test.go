@@ -3,6 +3,8 @@ package probes
 import (
 	"os"
 	"testing"
+
+	"ptfs/internal/testkit"
 )
 
 // libcPath is this machine's C library: a large shared object with
@@ -12,7 +14,7 @@ const libcPath = "/lib/x86_64-linux-gnu/libc.so.6"
 func openLibc(b *testing.B) *Binary {
 	b.Helper()
 	if _, err := os.Stat(libcPath); err != nil {
-		b.Skipf("no libc at %s: %v", libcPath, err)
+		testkit.Unavailable(b, "no libc at %s: %v", libcPath, err)
 	}
 	return openBinary(b, libcPath)
 }

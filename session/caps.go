@@ -30,29 +30,57 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("unknown mode %q (want auto, classic or ptw)", s)
 }
 
-// Caps is what the machine offers, with the reason for every missing piece.
+// Caps is what the machine offers, with the reason for every missing
+// piece: an error whose text is the reason `ptfs check` shows and which
+// wraps the sentinel of the missing piece (tracefs.ErrNoTracefs,
+// ErrNoUprobes, ErrNoFUSE, perfio.ErrNoPT, perfio.ErrNoPTW,
+// ErrNoPTWUprobes) and the error that made it missing, if any.
 type Caps struct {
 	Tracefs    string // mount point, "" when absent
-	TracefsErr string
+	TracefsErr error
 	Uprobes    bool
-	UprobesErr string
+	UprobesErr error
 	FUSE       bool
-	FUSEErr    string
+	FUSEErr    error
 	IntelPT    bool
-	IntelPTErr string
+	IntelPTErr error
 	// PTWrite: the CPU has PTWRITE and the intel_pt PMU has the ptw and
 	// fup_on_ptw format bits.
 	PTWrite    bool
-	PTWriteErr string
+	PTWriteErr error
 	// PTWUprobes: the kernel has ptwrite uprobes; PTWHow says how that was
 	// established (README or trial probe).
 	PTWUprobes bool
 	PTWHow     string
-	PTWErr     string
+	PTWErr     error
 }
 
-// ErrPTWUnavailable reports that --mode=ptw cannot run on this machine.
-var ErrPTWUnavailable = errors.New("ptw mode unavailable")
+var (
+	// ErrPTWUnavailable reports that --mode=ptw cannot run on this machine.
+	ErrPTWUnavailable = errors.New("ptw mode unavailable")
+	// ErrNoUprobes reports a kernel without uprobe events.
+	ErrNoUprobes = errors.New("no uprobes")
+	// ErrNoFUSE reports a machine without /dev/fuse.
+	ErrNoFUSE = errors.New("no /dev/fuse")
+	// ErrNoPTWUprobes reports a kernel without ptwrite uprobes.
+	ErrNoPTWUprobes = errors.New("no ptwrite uprobes")
+	// ErrNoBranches reports that branch tracing cannot run.
+	ErrNoBranches = errors.New("branch tracing unavailable")
+)
+
+// missing is a missing capability: its text is the reason alone (the
+// capability lines name what is missing), and it wraps the sentinel and
+// the cause.
+type missing struct {
+	why  string
+	errs []error
+}
+
+func (m *missing) Error() string   { return m.why }
+func (m *missing) Unwrap() []error { return m.errs }
+
+// lack returns the missing-capability error with text why that wraps errs.
+func lack(why string, errs ...error) error { return &missing{why, errs} }
 
 // Roots of the kernel interfaces, replaceable by tests with trees in a temp dir.
 type roots struct {
@@ -75,44 +103,44 @@ func (r roots) detect(tfs *tracefs.Tracefs, tracefsErr error) Caps {
 	var c Caps
 	switch {
 	case tracefsErr != nil || tfs == nil:
-		c.TracefsErr = "no tracefs"
+		c.TracefsErr = lack("no tracefs", tracefs.ErrNoTracefs)
 		if tracefsErr != nil {
-			c.TracefsErr = tracefsErr.Error()
+			c.TracefsErr = lack(tracefsErr.Error(), tracefs.ErrNoTracefs, tracefsErr)
 		}
-		c.UprobesErr = "no tracefs"
-		c.PTWErr = "no tracefs"
+		c.UprobesErr = lack("no tracefs", ErrNoUprobes, tracefs.ErrNoTracefs)
+		c.PTWErr = lack("no tracefs", ErrNoPTWUprobes, tracefs.ErrNoTracefs)
 	default:
 		c.Tracefs = tfs.Dir
 		if !tfs.HasUprobes() {
-			c.UprobesErr = "no uprobe_events in tracefs (kernel without CONFIG_UPROBE_EVENTS)"
-			c.PTWErr = "no uprobe_events in tracefs"
+			c.UprobesErr = lack("no uprobe_events in tracefs (kernel without CONFIG_UPROBE_EVENTS)", ErrNoUprobes)
+			c.PTWErr = lack("no uprobe_events in tracefs", ErrNoPTWUprobes)
 			break
 		}
 		c.Uprobes = true
 		ok, why, err := tfs.TrialPTW()
 		switch {
 		case err != nil:
-			c.PTWErr = err.Error()
+			c.PTWErr = lack(err.Error(), ErrNoPTWUprobes, err)
 		case ok:
 			c.PTWUprobes, c.PTWHow = true, why
 		default:
-			c.PTWErr = why
+			c.PTWErr = lack(why, ErrNoPTWUprobes)
 		}
 	}
 	if fi, err := os.Stat(filepath.Join(r.dev, "fuse")); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 		c.FUSE = true
 	} else {
-		c.FUSEErr = "no /dev/fuse"
+		c.FUSEErr = ErrNoFUSE
 	}
 	pt := r.intelPT()
 	if _, err := os.Stat(filepath.Join(pt, "type")); err != nil {
-		c.IntelPTErr = "no Intel PT: " + pt + " is missing"
-		c.PTWriteErr = "no Intel PT"
+		c.IntelPTErr = lack("no Intel PT: "+pt+" is missing", perfio.ErrNoPT)
+		c.PTWriteErr = lack("no Intel PT", perfio.ErrNoPTW, perfio.ErrNoPT)
 		return c
 	}
 	c.IntelPT = true
 	if why, err := perfio.CheckPTWrite(pt); err != nil {
-		c.PTWriteErr = why
+		c.PTWriteErr = lack(why, err)
 	} else {
 		c.PTWrite = true
 	}
@@ -124,27 +152,27 @@ func (r roots) detect(tfs *tracefs.Tracefs, tracefsErr error) Caps {
 // says all that is missing.
 func (c *Caps) Choose(want Mode) (Mode, string, error) {
 	if !c.Uprobes {
-		return "", "", fmt.Errorf("no uprobes: %s", c.UprobesErr)
+		return "", "", fmt.Errorf("%w: %w", ErrNoUprobes, c.UprobesErr)
 	}
-	ptwOK, why := c.ptw()
+	why := c.ptw()
 	switch want {
 	case ModeClassic:
 		return ModeClassic, "forced by --mode=classic", nil
 	case ModePTW:
-		if !ptwOK {
-			return "", "", fmt.Errorf("%w: %s", ErrPTWUnavailable, why)
+		if why != nil {
+			return "", "", fmt.Errorf("%w: %w", ErrPTWUnavailable, why)
 		}
 		return ModePTW, "forced by --mode=ptw", nil
 	}
-	if ptwOK {
+	if why == nil {
 		return ModePTW, "Intel PT with PTWRITE, and ptwrite uprobes (" + c.PTWHow + ")", nil
 	}
-	return ModeClassic, "ptw unavailable: " + why, nil
+	return ModeClassic, "ptw unavailable: " + why.Error(), nil
 }
 
-// ptw tells whether ptw mode can run, or what it misses.
-func (c *Caps) ptw() (bool, string) {
-	var miss []string
+// ptw says what ptw mode misses, or nil when it can run.
+func (c *Caps) ptw() error {
+	var miss []error
 	if !c.IntelPT {
 		miss = append(miss, c.IntelPTErr)
 	} else if !c.PTWrite {
@@ -153,27 +181,35 @@ func (c *Caps) ptw() (bool, string) {
 	if !c.PTWUprobes {
 		miss = append(miss, c.PTWErr)
 	}
-	return len(miss) == 0, strings.Join(miss, "; ")
+	if len(miss) == 0 {
+		return nil
+	}
+	why := make([]string, len(miss))
+	for i, e := range miss {
+		why[i] = e.Error()
+	}
+	return lack(strings.Join(why, "; "), miss...)
 }
 
 // BranchesErr says why branch tracing is unavailable (in this build, it
-// always is).
-func (c *Caps) BranchesErr() string {
+// always is); it wraps ErrNoBranches, and perfio.ErrNoPT without Intel PT.
+// It wraps no errno: Branches adds EOPNOTSUPP for FUSE.
+func (c *Caps) BranchesErr() error {
 	if !c.IntelPT {
-		return "branches need Intel PT: " + c.IntelPTErr
+		return lack("branches need Intel PT: "+c.IntelPTErr.Error(), ErrNoBranches, perfio.ErrNoPT)
 	}
 	// The capture can trace branches (perfio.PTOptions.Branch); what
 	// turns them into branch lines is not written yet.
-	return "this build of ptfs cannot reconstruct control flow from the PT stream yet"
+	return lack("this build of ptfs cannot reconstruct control flow from the PT stream yet", ErrNoBranches)
 }
 
 // AppendText appends the capability lines of `ptfs check` and the root status.
 func (c *Caps) AppendText(dst []byte) []byte {
-	line := func(key string, ok bool, val, why string) {
+	line := func(key string, ok bool, val string, why error) {
 		if ok {
 			dst = fmt.Appendf(dst, "%s: yes%s\n", key, val)
 		} else {
-			dst = fmt.Appendf(dst, "%s: no (%s)\n", key, why)
+			dst = fmt.Appendf(dst, "%s: no (%v)\n", key, why)
 		}
 	}
 	tr := ""

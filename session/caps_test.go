@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 
+	"ptfs/internal/testkit"
+	"ptfs/perfio"
 	"ptfs/tracefs"
 	"ptfs/tracefs/tracefstest"
 )
@@ -134,6 +136,7 @@ func TestDetect(t *testing.T) {
 					}
 				}
 			}
+			checkSentinels(t, &caps)
 			text := string(caps.AppendText(nil))
 			for _, w := range append(c.wantText, "tracefs: yes ("+k.Tracefs.Dir+")", "uprobes: yes", "fuse: no (no /dev/fuse)") {
 				if !strings.Contains(text, w) {
@@ -147,29 +150,70 @@ func TestDetect(t *testing.T) {
 	}
 	t.Run("no tracefs", func(t *testing.T) {
 		caps := roots{sysfs: t.TempDir(), dev: t.TempDir()}.detect(nil, errors.New("mount: permission denied"))
-		if _, _, err := caps.Choose(ModeAuto); err == nil || !strings.Contains(err.Error(), "no uprobes") {
+		if _, _, err := caps.Choose(ModeAuto); !errors.Is(err, ErrNoUprobes) || !errors.Is(err, tracefs.ErrNoTracefs) || !strings.Contains(err.Error(), "no uprobes: no tracefs") {
 			t.Errorf("auto without tracefs: %v", err)
 		}
+		checkSentinels(t, &caps)
 		if text := string(caps.AppendText(nil)); !strings.Contains(text, "tracefs: no (mount: permission denied)") {
 			t.Errorf("text:\n%s", text)
 		}
 	})
 	t.Run("tracefs without uprobes", func(t *testing.T) {
 		caps := roots{sysfs: tree(t, ptSysfs()), dev: t.TempDir()}.detect(&tracefs.Tracefs{Dir: t.TempDir()}, nil)
-		if _, _, err := caps.Choose(ModeAuto); err == nil || !strings.Contains(err.Error(), "CONFIG_UPROBE_EVENTS") {
+		if _, _, err := caps.Choose(ModeAuto); !errors.Is(err, ErrNoUprobes) || !strings.Contains(err.Error(), "CONFIG_UPROBE_EVENTS") {
 			t.Errorf("auto without uprobe_events: %v", err)
 		}
-		if caps.PTWUprobes || !strings.Contains(caps.PTWErr, "no uprobe_events") {
+		checkSentinels(t, &caps)
+		if caps.PTWUprobes || !errors.Is(caps.PTWErr, ErrNoPTWUprobes) || !strings.Contains(caps.PTWErr.Error(), "no uprobe_events") {
 			t.Errorf("ptw uprobes %v (%s)", caps.PTWUprobes, caps.PTWErr)
 		}
 	})
+}
+
+// checkSentinels checks that every capability is either there with no
+// error or missing with an error that wraps its sentinel.
+func checkSentinels(t *testing.T, c *Caps) {
+	t.Helper()
+	for _, k := range []struct {
+		name     string
+		ok       bool
+		err      error
+		sentinel error
+	}{
+		{"tracefs", c.Tracefs != "", c.TracefsErr, tracefs.ErrNoTracefs},
+		{"uprobes", c.Uprobes, c.UprobesErr, ErrNoUprobes},
+		{"fuse", c.FUSE, c.FUSEErr, ErrNoFUSE},
+		{"intel_pt", c.IntelPT, c.IntelPTErr, perfio.ErrNoPT},
+		{"ptwrite", c.PTWrite, c.PTWriteErr, perfio.ErrNoPTW},
+		{"ptw uprobes", c.PTWUprobes, c.PTWErr, ErrNoPTWUprobes},
+	} {
+		if k.ok != (k.err == nil) || !k.ok && !errors.Is(k.err, k.sentinel) {
+			t.Errorf("%s: %v with error %v, want it to wrap %v when missing", k.name, k.ok, k.err, k.sentinel)
+		}
+	}
+	// The errno FUSE returns for branches is the EOPNOTSUPP Branches adds.
+	var en syscall.Errno
+	if err := c.BranchesErr(); !errors.Is(err, ErrNoBranches) || !c.IntelPT && !errors.Is(err, perfio.ErrNoPT) || errors.As(err, &en) {
+		t.Errorf("branches: %v (errno %v)", err, en)
+	}
+	// Without Intel PT, PTWRITE goes unsaid; without uprobes, nothing runs.
+	if _, _, err := c.Choose(ModePTW); errors.Is(err, ErrPTWUnavailable) {
+		for _, k := range []struct {
+			ok       bool
+			sentinel error
+		}{{c.IntelPT, perfio.ErrNoPT}, {c.PTWrite || !c.IntelPT, perfio.ErrNoPTW}, {c.PTWUprobes, ErrNoPTWUprobes}} {
+			if !k.ok && !errors.Is(err, k.sentinel) {
+				t.Errorf("ptw: %v, want it to wrap %v", err, k.sentinel)
+			}
+		}
+	}
 }
 
 // TestDetectReal runs detection on this machine: a stock kernel without
 // Intel PT, so classic, and no probe left behind.
 func TestDetectReal(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("tracefs uprobes need root")
+		testkit.Unavailable(t, "tracefs uprobes need root")
 	}
 	tfs, err := tracefs.FindTracefs()
 	if err != nil {
@@ -203,5 +247,6 @@ func TestDetectReal(t *testing.T) {
 			t.Errorf("detection left %q", l)
 		}
 	}
+	checkSentinels(t, &caps)
 	t.Logf("%s", caps.AppendText(nil))
 }

@@ -57,10 +57,10 @@ func fakeSysfs(t *testing.T) string {
 func mountSession(t *testing.T, s *Session) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("mounting FUSE with the mount syscall needs root")
+		testkit.Unavailable(t, "mounting FUSE with the mount syscall needs root")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("no /dev/fuse: %v", err)
+		testkit.Unavailable(t, "no /dev/fuse: %v", err)
 	}
 	dir := t.TempDir()
 	srv, err := ptfsfs.Mount(dir, bind.Tracer[*Target](s), ptfsfs.Options{})

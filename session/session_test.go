@@ -18,7 +18,7 @@ import (
 func newSession(t *testing.T) *Session {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for tracefs and uprobes")
+		testkit.Unavailable(t, "needs root for tracefs and uprobes")
 	}
 	s, err := New(Options{})
 	if err != nil {

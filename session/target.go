@@ -109,8 +109,8 @@ func (t *Target) Records() *stream.Stream { return t.recs }
 // Branches fails: branch tracing needs the Intel PT engine.
 func (t *Target) Branches() (*stream.Stream, error) {
 	why := t.s.caps.BranchesErr()
-	logrus.WithField("target", t.name).Warn("ptfs: " + why)
-	return nil, fmt.Errorf("%s: %w", why, syscall.EOPNOTSUPP)
+	logrus.WithField("target", t.name).Warn("ptfs: " + why.Error())
+	return nil, fmt.Errorf("%w: %w", why, syscall.EOPNOTSUPP)
 }
 
 // Symbols returns one function a line: file offset, size, demangled name,

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"ptfs/decode"
+	"ptfs/internal/testkit"
 	"ptfs/probes"
 	"ptfs/tracefs"
 	"ptfs/tracefs/tracefstest"
@@ -325,14 +326,16 @@ func TestTrialPTWKernels(t *testing.T) {
 // say no, and leave uprobe_events as it was.
 func TestTrialPTWReal(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("tracefs uprobes need root")
+		testkit.Unavailable(t, "tracefs uprobes need root")
 	}
 	tf, err := tracefs.FindTracefs()
 	if err != nil {
 		t.Fatalf("no tracefs on a machine that must have one: %v", err)
 	}
-	if doc, err := tf.ReadmeMentionsPTW(); err != nil || doc {
-		t.Skipf("this kernel documents ptw probes (%v, %v): not the stock kernel this test is about", doc, err)
+	if doc, err := tf.ReadmeMentionsPTW(); err != nil {
+		testkit.Unavailable(t, "tracefs README: %v", err)
+	} else if doc {
+		t.Skip("this kernel documents ptw probes: not the stock kernel this test is about")
 	}
 	group := tracefs.GroupName(os.Getpid(), "check")
 	// Lines of this process: the check group, or a stand-in on a trial

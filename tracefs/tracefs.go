@@ -322,7 +322,7 @@ func (t *Tracefs) Install(ptw bool, group, event, path string, off uint64, s *pr
 		}
 		if _, uerr := t.addProbe(uline); uerr != nil {
 			if uerr.Error() != err.Error() {
-				err = fmt.Errorf("%w (without types: %v)", err, uerr)
+				err = fmt.Errorf("%w (without types: %w)", err, uerr)
 			}
 			return nil, err
 		}

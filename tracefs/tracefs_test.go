@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"ptfs/decode"
+	"ptfs/internal/testkit"
 	"ptfs/probes"
 )
 
@@ -33,11 +34,11 @@ func TestMain(m *testing.M) {
 func tracefsT(t *testing.T) *Tracefs {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("tracefs uprobes need root")
+		testkit.Unavailable(t, "tracefs uprobes need root")
 	}
 	tf, err := FindTracefs()
 	if errors.Is(err, ErrNoTracefs) {
-		t.Skipf("no tracefs: %v", err)
+		testkit.Unavailable(t, "no tracefs: %v", err)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -397,8 +398,10 @@ func TestAddProbePTW(t *testing.T) {
 // and refuses; Install does not retry a typed line that made a stand-in.
 func TestPTWStandInReal(t *testing.T) {
 	tf := tracefsT(t)
-	if doc, err := tf.ReadmeMentionsPTW(); err != nil || doc {
-		t.Skipf("this kernel documents ptw probes (%v, %v): not the stock kernel this test is about", doc, err)
+	if doc, err := tf.ReadmeMentionsPTW(); err != nil {
+		testkit.Unavailable(t, "tracefs README: %v", err)
+	} else if doc {
+		t.Skip("this kernel documents ptw probes: not the stock kernel this test is about")
 	}
 	// A base name of this process alone: the kernel names its stand-in
 	// after it, in a group that every writer shares.

@@ -264,6 +264,21 @@ func (m *mountProc) waitLines(n int, parts ...string) []string {
 	}
 }
 
+// waitStatus waits until the status file of target (the root's for "")
+// contains want, and returns it.
+func (m *mountProc) waitStatus(target, want string) string {
+	m.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st := m.read(target, "status")
+		if strings.Contains(st, want) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			m.t.Fatalf("status of %q never said %q:\n%s\n%s", target, want, st, m.log)
+		}
+	}
+}
+
 func lines(s string) []string {
 	var out []string
 	sc := bufio.NewScanner(strings.NewReader(s))

@@ -63,10 +63,17 @@ func TestRecordsExact(t *testing.T) {
 				}
 				runProg(t, bin, "100")
 				checkRecords(t, m.waitLines(100, "t", "records"), "ptfs_t/e", 100)
-				time.Sleep(100 * time.Millisecond) // nothing more may come
-				checkRecords(t, lines(m.read("t", "records")), "ptfs_t/e", 100)
+				// Nothing more may come: a marker call after the run
+				// is record 101 only if no other record came before it
+				// (records are in time order).
+				runProg(t, bin, "1")
+				got := m.waitLines(101, "t", "records")
+				checkRecords(t, got[:min(len(got), 100)], "ptfs_t/e", 100)
+				if mk := recordRE.FindStringSubmatch(got[len(got)-1]); len(got) != 101 || mk == nil || mk[1] != "101" || mk[3] != "0, 1" {
+					t.Fatalf("after the marker call, %d records:\n%s", len(got), strings.Join(got[min(len(got), 100):], "\n"))
+				}
 				st := m.read("t", "status")
-				if !strings.Contains(st, "summary: records=100 dropped=0 stray=0 unknown=0 errors=0\n") {
+				if !strings.Contains(st, "summary: records=101 dropped=0 stray=0 unknown=0 errors=0\n") {
 					t.Fatalf("status:\n%s", st)
 				}
 			})
@@ -289,7 +296,7 @@ func TestProbeLifetime(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { tail.Process.Kill(); tail.Wait() })
-		time.Sleep(100 * time.Millisecond) // let tail open the file
+		m.waitStatus("t", " readers=1\n") // tail has the records file open
 		if err := m.stop(syscall.SIGTERM); err != nil {
 			t.Fatalf("ptfs exited with %v\n%s", err, m.log)
 		}

@@ -17,11 +17,11 @@ import (
 // Sentinel errors of Replay.
 var (
 	// ErrRunning reports Start of a replay already started.
-	ErrRunning = errors.New("enginetest: replay already started")
+	ErrRunning = errors.New("replay already started")
 	// ErrNotRunning reports Flush, Sync or Stop of a replay not started.
-	ErrNotRunning = errors.New("enginetest: replay not started")
+	ErrNotRunning = errors.New("replay not started")
 	// ErrBadStep reports a step Queue cannot play.
-	ErrBadStep = errors.New("enginetest: bad step")
+	ErrBadStep = errors.New("bad step")
 )
 
 // StepKind selects the TraceSink call a Step makes.

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"ptfs/internal/testkit"
 	"ptfs/tracefs"
 )
 
@@ -185,7 +186,7 @@ func TestLifecycle(t *testing.T) {
 // format files, but for the id.
 func TestFormatLikeKernel(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("tracefs uprobes need root")
+		testkit.Unavailable(t, "tracefs uprobes need root")
 	}
 	real, err := tracefs.FindTracefs()
 	if err != nil {
