@@ -37,9 +37,6 @@ type mlockLimits struct {
 	memlock  uint64 // RLIMIT_MEMLOCK in bytes
 }
 
-// unlimited tells whether the kernel skips the locked-memory check.
-func (l mlockLimits) unlimited() bool { return l.ipcLock || l.paranoid == -1 }
-
 // readMlockLimits reads the limits from dir (procDir, or a tree made like it
 // in tests); memlock is RLIMIT_MEMLOCK's soft value.
 func readMlockLimits(dir string, memlock uint64) (mlockLimits, error) {
