@@ -37,11 +37,15 @@ type Inst struct {
 
 // Decode decodes the 64-bit instruction at the start of code, located at
 // virtual address pc.
-func Decode(code []byte, pc uint64) (Inst, error) {
+func Decode(code []byte, pc uint64) (Inst, error) { return DecodeMode(code, pc, 64) }
+
+// DecodeMode decodes the instruction at the start of code for a processor
+// in mode 16, 32 or 64 (bits): traced code may run in any of them.
+func DecodeMode(code []byte, pc uint64, mode int) (Inst, error) {
 	if in, ok := decodeSpecial(code, pc); ok {
 		return in, nil
 	}
-	x, err := x86asm.Decode(code, 64)
+	x, err := x86asm.Decode(code, mode)
 	if err != nil {
 		return Inst{}, fmt.Errorf("undecodable bytes % x", head(code, 4))
 	}

@@ -1,0 +1,642 @@
+package flow
+
+import (
+	"errors"
+	"io"
+
+	"ptfs/decode"
+	"ptfs/x86insn"
+)
+
+// Options select decoder behaviour that libipt makes optional.
+type Options struct {
+	// ResyncOnError resumes after an error at the next packet that gives
+	// an IP (TIP, TIP.PGE, FUP, PSB+) instead of at the next PSB.
+	ResyncOnError bool
+	// MaxInsns bounds the instructions executed without consuming a
+	// packet (a loop in the image that the trace never leaves); 0 means
+	// the default, 1<<20. Exceeding it is an ErrBadQuery error.
+	MaxInsns int
+}
+
+// bind says when a queued event takes effect.
+type bind uint8
+
+const (
+	bindNow    bind = iota // before the next instruction
+	bindIP                 // before the instruction at the event's IP
+	bindBranch             // at the next branch (TIP.PGD, a deferred status)
+	bindPTW                // after the next ptwrite (at the event's IP when it has one)
+	bindStatus             // PSB+ status: silently at the event's IP
+)
+
+type queued struct {
+	ev   Event
+	bind bind
+}
+
+// evStatus is a PSB+ status update: it checks the IP and is not reported.
+const evStatus EventKind = 255
+
+// retStackSize is libipt's return stack depth: older entries are overwritten.
+const retStackSize = 64
+
+// Decoder reconstructs the flow of one trace. It is not safe for concurrent
+// use; Decode may be called again for another trace (the block cache is kept).
+type Decoder struct {
+	mem  Memory
+	gen  Generationer
+	opts Options
+	h    Handler
+	pd   decode.PacketDecoder
+	pk   decode.Packet
+	// back is a packet read ahead and pushed back.
+	back    decode.Packet
+	hasBack bool
+
+	ip      uint64
+	enabled bool
+	mode    Mode
+	// stash is a MODE.Exec waiting for the IP packet it binds to.
+	stash Mode
+
+	tnt  uint64 // pending TNT bits, the oldest in bit tntN-1
+	tntN uint8
+	// tntOff is the stream offset of the oldest unconsumed TNT or TIP.
+	pendOff uint64
+	tip     uint64
+	tipOK   bool
+	tipSupp bool
+	eos     bool
+
+	q    []queued
+	qEv  Event
+	errv Event
+
+	stack [retStackSize]uint64
+	sp    int // entries in use (≤ retStackSize)
+	top   int // index of the next push
+
+	asyncAt  uint64
+	asyncOff bool
+
+	steps int
+	cache blockCache
+	buf   [x86insn.MaxLen]byte
+	c     Counters
+}
+
+// New returns a decoder that reads code from mem.
+func New(mem Memory, opts Options) *Decoder {
+	d := &Decoder{mem: mem, opts: opts}
+	d.gen, _ = mem.(Generationer)
+	if d.opts.MaxInsns <= 0 {
+		d.opts.MaxInsns = 1 << 20
+	}
+	d.cache.init()
+	return d
+}
+
+// Counters returns what the decoder counted so far.
+func (d *Decoder) Counters() Counters { return d.c }
+
+// errStop ends a segment after an error was reported.
+var errStop = errors.New("stop")
+
+// Decode decodes trace from its first PSB to its end, calling h. Errors are
+// reported to h as EvError events (and counted); decoding resynchronises
+// after each.
+func (d *Decoder) Decode(trace []byte, h Handler) {
+	d.h = h
+	d.pd.Reset(trace)
+	d.resetState()
+	if d.gen != nil {
+		d.cache.check(d.gen.Generation())
+	}
+	resync := false
+	for {
+		if !resync {
+			if err := d.pd.SyncForward(); err != nil {
+				return
+			}
+			d.resetState()
+			d.hasBack = false
+			if err := d.next(); err != nil {
+				if d.fail(err) {
+					continue
+				}
+				return
+			}
+			if d.pk.Kind != decode.PSB {
+				continue
+			}
+			if err := d.psb(true); err != nil {
+				if d.fail(err) {
+					continue
+				}
+				return
+			}
+		}
+		resync = false
+		err := d.run()
+		if err == nil {
+			return
+		}
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if !d.fail(err) {
+			return
+		}
+		if d.opts.ResyncOnError {
+			resync = d.resyncIP()
+		}
+	}
+}
+
+// fail reports err unless it already was; it tells whether decoding can go on.
+func (d *Decoder) fail(err error) bool {
+	if err == errStop {
+		return true
+	}
+	if errors.Is(err, io.EOF) {
+		return false
+	}
+	d.report(err)
+	return true
+}
+
+// report sends an EvError for err at the current position.
+func (d *Decoder) report(err error) {
+	off := d.pd.Pos()
+	if d.tntN > 0 || d.tipOK {
+		off = d.pendOff
+	}
+	var pe *decode.PacketError
+	if errors.As(err, &pe) {
+		off = pe.Offset
+		switch {
+		case errors.Is(err, decode.ErrBadOpcode):
+			err = ErrBadOpcode
+		case errors.Is(err, decode.ErrTruncated):
+			err = ErrEOS
+		default:
+			err = ErrBadPacket
+		}
+	}
+	d.c.Errors++
+	d.errv = Event{Kind: EvError, IP: d.ip, HasIP: true, Offset: off, Err: err}
+	d.h.Event(&d.errv)
+}
+
+// resetState forgets the flow: after a PSB sync or an error.
+func (d *Decoder) resetState() {
+	d.enabled, d.ip, d.stash = false, 0, ModeUnknown
+	d.tnt, d.tntN, d.tipOK, d.eos = 0, 0, false, false
+	d.q = d.q[:0]
+	d.sp, d.top = 0, 0
+	d.asyncOff = false
+	d.steps = 0
+}
+
+// resyncIP skips to the next packet that gives an IP (--resync-on-error)
+// and makes it the current IP; it tells whether it found one.
+func (d *Decoder) resyncIP() bool {
+	mode := d.mode
+	d.resetState()
+	d.mode = mode
+	d.hasBack = false
+	for {
+		if err := d.next(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return false
+			}
+			d.report(err)
+			continue
+		}
+		switch d.pk.Kind {
+		case decode.ModeExec:
+			d.stash = execMode(&d.pk)
+		case decode.TIP, decode.TIPPGE, decode.FUP:
+			if d.pk.Suppressed() {
+				continue
+			}
+			d.ip, d.enabled = d.pk.IP, true
+			d.applyStash()
+			return true
+		case decode.PSB:
+			// The PSB's own sync does the rest.
+			d.back, d.hasBack = d.pk, true
+			if err := d.psb(true); err != nil {
+				d.report(err)
+				return false
+			}
+			return true
+		}
+	}
+}
+
+// next reads the next packet into d.pk, skipping those that do not bear on
+// the flow.
+func (d *Decoder) next() error {
+	if d.hasBack {
+		d.hasBack = false
+		d.pk = d.back
+		if d.pk.Kind == decode.PSB {
+			return nil
+		}
+		return nil
+	}
+	for {
+		if err := d.pd.Next(&d.pk); err != nil {
+			return err
+		}
+		switch d.pk.Kind {
+		case decode.Pad, decode.TSC, decode.MTC, decode.CYC, decode.TMA, decode.CBR:
+			continue
+		}
+		return nil
+	}
+}
+
+// unread pushes d.pk back.
+func (d *Decoder) unread() { d.back, d.hasBack = d.pk, true }
+
+func execMode(p *decode.Packet) Mode {
+	switch {
+	case p.Has(decode.FlagCSL):
+		return Mode64
+	case p.Has(decode.FlagCSD):
+		return Mode32
+	}
+	return Mode16
+}
+
+// applyStash makes a waiting MODE.Exec current and queues its event when
+// the mode changes.
+func (d *Decoder) applyStash() {
+	if d.stash == ModeUnknown {
+		return
+	}
+	m := d.stash
+	d.stash = ModeUnknown
+	if m == d.mode {
+		return
+	}
+	d.mode = m
+	d.push(Event{Kind: EvExecMode, Mode: m, IP: d.ip, HasIP: true}, bindNow)
+}
+
+func (d *Decoder) push(e Event, b bind) {
+	d.q = append(d.q, queued{ev: e, bind: b})
+}
+
+// psb reads a PSB+ (d.pk is the PSB). At a sync (first) it sets the state;
+// later its IP binds silently as a status update.
+func (d *Decoder) psb(first bool) error {
+	var (
+		ip    uint64
+		hasIP bool
+		mode  = ModeUnknown
+		ovf   bool
+	)
+	for {
+		if err := d.next(); err != nil {
+			return err
+		}
+		switch d.pk.Kind {
+		case decode.PSBEnd:
+			if ovf {
+				return nil
+			}
+			if mode != ModeUnknown {
+				d.mode = mode
+			}
+			if first || !d.enabled {
+				d.enabled, d.ip = hasIP, ip
+				return nil
+			}
+			if !hasIP {
+				// Tracing went off without a TIP.PGD we saw.
+				d.enabled = false
+				return nil
+			}
+			d.push(Event{Kind: evStatus, IP: ip, HasIP: true}, bindStatus)
+			return nil
+		case decode.FUP:
+			ip, hasIP = d.pk.IP, !d.pk.Suppressed()
+		case decode.ModeExec:
+			mode = execMode(&d.pk)
+		case decode.OVF:
+			// An overflow inside PSB+: what follows it decides.
+			if mode != ModeUnknown {
+				d.mode = mode
+			}
+			ovf = true
+			if err := d.overflow(); err != nil {
+				return err
+			}
+			return nil
+		case decode.ModeTSX, decode.PIP, decode.VMCS, decode.MNT:
+			// Status; ptxed does not print status updates.
+		default:
+			return ErrBadContext
+		}
+	}
+}
+
+// overflow handles OVF (d.pk): decoding resumes at the next FUP (or
+// TIP/TIP.PGE), and the overflow is reported there.
+func (d *Decoder) overflow() error {
+	d.tnt, d.tntN, d.tipOK = 0, 0, false
+	d.q = d.q[:0]
+	for {
+		if err := d.next(); err != nil {
+			if errors.Is(err, io.EOF) {
+				d.enabled = false
+				d.push(Event{Kind: EvOverflow}, bindNow)
+				return nil
+			}
+			return err
+		}
+		switch d.pk.Kind {
+		case decode.ModeExec:
+			d.stash = execMode(&d.pk)
+			continue
+		case decode.FUP:
+			if d.pk.Suppressed() {
+				return ErrNoIP
+			}
+			d.push(Event{Kind: EvOverflow, IP: d.pk.IP, HasIP: true}, bindNow)
+			d.enabled, d.ip = true, d.pk.IP
+			d.applyStash()
+			return nil
+		case decode.TIP:
+			d.push(Event{Kind: EvOverflow, IP: d.pk.IP, HasIP: !d.pk.Suppressed()}, bindNow)
+			d.enabled, d.ip = !d.pk.Suppressed(), d.pk.IP
+			d.applyStash()
+			return nil
+		case decode.PIP, decode.VMCS, decode.MNT, decode.Pwre, decode.Pwrx, decode.Exstop, decode.Mwait:
+			// Events in the overflow's shadow are reported once it is.
+			d.unread()
+		default:
+			d.unread()
+		}
+		d.enabled = false
+		d.push(Event{Kind: EvOverflow}, bindNow)
+		return nil
+	}
+}
+
+// fupFor reads the FUP that gives an event its IP.
+func (d *Decoder) fupFor(e *Event) error {
+	if err := d.next(); err != nil {
+		return err
+	}
+	if d.pk.Kind != decode.FUP {
+		d.unread()
+		return ErrBadContext
+	}
+	e.IP, e.HasIP = d.pk.IP, !d.pk.Suppressed()
+	return nil
+}
+
+// read reads packets until it has something for the walk: TNT bits, a
+// TIP, or events. It sets eos at the end of the trace.
+func (d *Decoder) read() error {
+	if err := d.next(); err != nil {
+		if errors.Is(err, io.EOF) {
+			d.eos = true
+			return nil
+		}
+		return err
+	}
+	p := &d.pk
+	switch p.Kind {
+	case decode.TNT8, decode.TNT64:
+		if d.tntN == 0 && !d.tipOK {
+			d.pendOff = p.Offset
+		}
+		if int(d.tntN)+int(p.Bits) > 64 {
+			return ErrBadQuery
+		}
+		d.tnt = d.tnt<<p.Bits | p.Payload
+		d.tntN += p.Bits
+	case decode.TIP:
+		if d.tntN == 0 {
+			d.pendOff = p.Offset
+		}
+		d.tip, d.tipOK, d.tipSupp = p.IP, true, p.Suppressed()
+	case decode.TIPPGD:
+		if d.stash != ModeUnknown {
+			d.stash = ModeUnknown
+		}
+		d.push(Event{Kind: EvDisabled, IP: p.IP, HasIP: !p.Suppressed()}, bindBranch)
+	case decode.TIPPGE:
+		if p.Suppressed() {
+			return ErrNoIP
+		}
+		e := Event{Kind: EvEnabled, IP: p.IP, HasIP: true}
+		if d.asyncOff && d.asyncAt == p.IP {
+			e.Flags |= Resumed
+		}
+		d.push(e, bindNow)
+	case decode.FUP:
+		return d.fup()
+	case decode.ModeExec:
+		d.stash = execMode(p)
+	case decode.ModeTSX:
+		e := Event{Kind: EvTSX}
+		if p.Has(decode.FlagAbort) {
+			e.Flags |= Aborted
+		} else if p.Has(decode.FlagInTX) {
+			e.Flags |= Speculative
+		}
+		if !d.enabled {
+			d.push(e, bindNow)
+			return nil
+		}
+		if err := d.fupFor(&e); err != nil {
+			return err
+		}
+		if e.Flags&Aborted != 0 {
+			// An abort is an asynchronous branch: the TIP follows.
+			d.push(e, bindIP)
+			return nil
+		}
+		d.push(e, bindIP)
+	case decode.PIP:
+		e := Event{Kind: EvPaging, Payload: p.Payload}
+		if p.Has(decode.FlagNR) {
+			e.Flags |= NonRoot
+		}
+		d.push(e, bindNow)
+	case decode.VMCS:
+		d.push(Event{Kind: EvVMCS, Payload: p.Payload}, bindNow)
+	case decode.OVF:
+		return d.overflow()
+	case decode.PSB:
+		return d.psb(false)
+	case decode.PSBEnd:
+		return ErrBadContext
+	case decode.PTW:
+		e := Event{Kind: EvPTWrite, Payload: p.Payload}
+		if p.Has(decode.FlagIP) {
+			if err := d.fupFor(&e); err != nil {
+				return err
+			}
+		}
+		if !d.enabled {
+			d.push(e, bindNow)
+			return nil
+		}
+		d.push(e, bindPTW)
+	case decode.Stop:
+		d.push(Event{Kind: EvStop}, bindNow)
+	case decode.MNT:
+		d.push(Event{Kind: EvMNT, Payload: p.Payload}, bindNow)
+	case decode.Exstop:
+		e := Event{Kind: EvExstop}
+		if p.Has(decode.FlagIP) {
+			if err := d.fupFor(&e); err != nil {
+				return err
+			}
+		}
+		d.push(e, bindNow)
+	case decode.Mwait:
+		d.push(Event{Kind: EvMwait, Payload: p.Payload, Aux: p.Aux}, bindNow)
+	case decode.Pwre:
+		e := Event{Kind: EvPwre, Payload: uint64(p.Type)}
+		if p.Has(decode.FlagHW) {
+			e.Flags |= HW
+		}
+		d.push(e, bindNow)
+	case decode.Pwrx:
+		d.push(Event{Kind: EvPwrx, Payload: uint64(p.Type), Aux: p.Aux}, bindNow)
+	case decode.Trig:
+		e := Event{Kind: EvTrig, Payload: p.Payload}
+		if p.Has(decode.FlagMult) {
+			e.Flags |= Mult
+		}
+		if p.Has(decode.FlagIP) {
+			if err := d.fupFor(&e); err != nil {
+				return err
+			}
+		}
+		d.push(e, bindNow)
+	default:
+		// BBP/BIP/BEP (PEBS) carry no flow; CFE/EVD (event trace) are
+		// not decoded yet.
+		if p.Kind == decode.CFE || p.Kind == decode.EVD {
+			return ErrUnsupported
+		}
+	}
+	return nil
+}
+
+// fup handles a FUP (d.pk) outside PSB+: an asynchronous event at its IP,
+// what follows says which.
+func (d *Decoder) fup() error {
+	at, supp := d.pk.IP, d.pk.Suppressed()
+	if supp {
+		return ErrNoIP
+	}
+	for {
+		if err := d.next(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return ErrBadContext
+			}
+			return err
+		}
+		p := &d.pk
+		switch p.Kind {
+		case decode.ModeExec:
+			d.stash = execMode(p)
+			continue
+		case decode.TIP:
+			d.push(Event{Kind: EvInterrupt, At: at, IP: p.IP, HasIP: !p.Suppressed()}, bindIP)
+			return nil
+		case decode.TIPPGD:
+			d.push(Event{Kind: EvAsyncDisabled, At: at, IP: p.IP, HasIP: !p.Suppressed()}, bindIP)
+			return nil
+		case decode.PIP, decode.VMCS:
+			e := Event{Kind: EvPaging, Payload: p.Payload}
+			if p.Kind == decode.VMCS {
+				e.Kind = EvVMCS
+			} else if p.Has(decode.FlagNR) {
+				e.Flags |= NonRoot
+			}
+			e.IP, e.HasIP = at, true
+			d.push(e, bindIP)
+			continue
+		}
+		d.unread()
+		return ErrBadContext
+	}
+}
+
+// eventIP is the IP a queued event waits for.
+func (q *queued) eventIP() uint64 {
+	if q.ev.Kind == EvInterrupt || q.ev.Kind == EvAsyncDisabled {
+		return q.ev.At
+	}
+	return q.ev.IP
+}
+
+// deliver fires the queued events that are due before the instruction at
+// d.ip; it tells whether any bound event still waits.
+func (d *Decoder) deliver() {
+	for len(d.q) > 0 {
+		q := &d.q[0]
+		switch q.bind {
+		case bindIP, bindStatus:
+			if d.enabled && d.ip != q.eventIP() {
+				return
+			}
+		case bindBranch, bindPTW:
+			if d.enabled {
+				return
+			}
+		}
+		d.fire(0)
+	}
+}
+
+// fire takes effect of and reports the queued event i.
+func (d *Decoder) fire(i int) {
+	d.qEv = d.q[i].ev
+	d.q = append(d.q[:i], d.q[i+1:]...)
+	e := &d.qEv
+	d.steps = 0
+	switch e.Kind {
+	case EvEnabled:
+		d.enabled, d.ip = true, e.IP
+		d.asyncOff = false
+		d.applyStash()
+	case EvDisabled:
+		d.enabled = false
+		d.asyncOff = false
+	case EvAsyncDisabled:
+		d.enabled = false
+		d.asyncAt, d.asyncOff = e.At, true
+	case EvInterrupt:
+		if e.HasIP {
+			d.h.Branch(e.At, e.IP, BrInterrupt)
+			d.ip = e.IP
+			d.applyStash()
+		} else {
+			d.enabled = false
+		}
+	case EvOverflow:
+		d.sp, d.top = 0, 0
+	case evStatus:
+		return
+	}
+	d.emit(e)
+}
+
+// emit reports e.
+func (d *Decoder) emit(e *Event) {
+	d.c.Events++
+	d.h.Event(e)
+}

@@ -1,0 +1,258 @@
+package flow
+
+import (
+	"errors"
+	"io"
+
+	"ptfs/decode"
+
+	"ptfs/x86insn"
+)
+
+// run walks the flow of one synchronised stretch of trace until its end
+// (io.EOF) or an error.
+func (d *Decoder) run() error {
+	for {
+		d.deliver()
+		if !d.enabled {
+			if len(d.q) > 0 {
+				continue
+			}
+			if d.tntN > 0 || d.tipOK {
+				return ErrBadContext
+			}
+			if d.eos {
+				return io.EOF
+			}
+			if err := d.read(); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(d.q) == 0 && d.tntN == 0 && !d.tipOK {
+			if d.eos {
+				d.qEv = Event{Kind: EvEnd, IP: d.ip, HasIP: true}
+				d.emit(&d.qEv)
+				return io.EOF
+			}
+			if err := d.read(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := d.walk(); err != nil {
+			return err
+		}
+	}
+}
+
+// due tells whether a queued event must be delivered before the
+// instruction at d.ip.
+func (d *Decoder) due() bool {
+	if len(d.q) == 0 {
+		return false
+	}
+	q := &d.q[0]
+	switch q.bind {
+	case bindNow:
+		return true
+	case bindIP, bindStatus:
+		return q.eventIP() == d.ip
+	}
+	return false
+}
+
+// walk executes instructions from d.ip through cached blocks until an
+// event is due, more trace is needed, or the flow leaves the block.
+func (d *Decoder) walk() error {
+	b := d.block(d.ip, d.mode)
+	for i := range b.insns {
+		in := &b.insns[i]
+		if in.ip != d.ip || !d.enabled {
+			return nil
+		}
+		if i > 0 && (d.due() || (len(d.q) == 0 && d.tntN == 0 && !d.tipOK)) {
+			return nil
+		}
+		if d.steps++; d.steps > d.opts.MaxInsns {
+			return ErrBadQuery
+		}
+		if err := d.exec(in); err != nil {
+			return err
+		}
+	}
+	if d.enabled && len(b.insns) > 0 && d.ip == b.insns[len(b.insns)-1].ip+uint64(b.insns[len(b.insns)-1].len) && b.err != nil {
+		if d.due() {
+			return nil
+		}
+		return b.err
+	}
+	if len(b.insns) == 0 {
+		return b.err
+	}
+	return nil
+}
+
+// blocker returns the index of the first queued event that waits for the
+// flow (not one to deliver now), or -1.
+func (d *Decoder) blocker() int {
+	for i := range d.q {
+		if d.q[i].bind != bindNow {
+			return i
+		}
+	}
+	return -1
+}
+
+// await reads trace until the next branch can be decided: TNT bits, a TIP
+// or an event that waits for the flow.
+func (d *Decoder) await() error {
+	for d.tntN == 0 && !d.tipOK && d.blocker() < 0 {
+		if d.eos {
+			return io.EOF
+		}
+		if err := d.read(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// disabledAt fires a TIP.PGD that binds to the branch just executed; it
+// tells whether there was one.
+func (d *Decoder) disabledAt() bool {
+	i := d.blocker()
+	if i < 0 || d.q[i].bind != bindBranch {
+		return false
+	}
+	d.fire(i)
+	return true
+}
+
+// takeTNT consumes the oldest TNT bit.
+func (d *Decoder) takeTNT() bool {
+	d.tntN--
+	taken := d.tnt>>d.tntN&1 == 1
+	d.tnt &= 1<<d.tntN - 1
+	d.steps = 0
+	return taken
+}
+
+// takeTIP consumes the pending TIP as the target of the branch at from; a
+// TIP that the TNT bits of later branches came before (deferred) is read
+// past them.
+func (d *Decoder) takeTIP(from uint64, kind BranchKind) error {
+	for !d.tipOK {
+		if d.tntN == 0 {
+			if d.disabledAt() {
+				return nil
+			}
+			return ErrBadQuery
+		}
+		if err := d.next(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return ErrBadQuery
+			}
+			return err
+		}
+		d.unread()
+		switch d.pk.Kind {
+		case decode.TNT8, decode.TNT64, decode.TIP:
+			if err := d.read(); err != nil {
+				return err
+			}
+			continue
+		}
+		return ErrBadQuery
+	}
+	d.tipOK = false
+	d.steps = 0
+	if d.tipSupp {
+		return ErrNoIP
+	}
+	d.h.Branch(from, d.tip, kind)
+	d.ip = d.tip
+	d.applyStash()
+	return nil
+}
+
+// exec executes one instruction.
+func (d *Decoder) exec(in *insn) error {
+	d.c.Insns++
+	d.h.Insn(in.ip, d.mode)
+	next := in.ip + uint64(in.len)
+	switch in.class {
+	case x86insn.NotBranch:
+		d.ip = next
+	case x86insn.PTWrite:
+		d.ip = next
+		if i := d.blocker(); i >= 0 && d.q[i].bind == bindPTW && (!d.q[i].ev.HasIP || d.q[i].ev.IP == in.ip) {
+			d.fire(i)
+		}
+	case x86insn.Jump:
+		d.h.Branch(in.ip, in.target, BrJump)
+		d.ip = in.target
+	case x86insn.Call:
+		d.pushRet(next)
+		d.h.Branch(in.ip, in.target, BrCall)
+		d.ip = in.target
+	case x86insn.CondJump:
+		if err := d.await(); err != nil {
+			return err
+		}
+		if d.tntN == 0 {
+			if d.disabledAt() {
+				return nil
+			}
+			return ErrBadQuery
+		}
+		if d.takeTNT() {
+			d.h.Branch(in.ip, in.target, BrCond)
+			d.ip = in.target
+		} else {
+			d.ip = next
+		}
+	case x86insn.Ret:
+		if err := d.await(); err != nil {
+			return err
+		}
+		if d.tntN > 0 {
+			// A compressed return: the TNT bit says "taken", the
+			// target is the return address of the matching call.
+			if !d.takeTNT() || d.sp == 0 {
+				return ErrRetComp
+			}
+			to := d.popRet()
+			d.h.Branch(in.ip, to, BrReturn)
+			d.ip = to
+			return nil
+		}
+		return d.takeTIP(in.ip, BrReturn)
+	case x86insn.IndirectJump, x86insn.IndirectCall, x86insn.FarTransfer:
+		if err := d.await(); err != nil {
+			return err
+		}
+		kind := BrIndirectJump
+		switch in.class {
+		case x86insn.IndirectCall:
+			kind = BrIndirectCall
+			d.pushRet(next)
+		case x86insn.FarTransfer:
+			kind = BrFar
+		}
+		return d.takeTIP(in.ip, kind)
+	}
+	return nil
+}
+
+func (d *Decoder) pushRet(ip uint64) {
+	d.stack[d.top] = ip
+	d.top = (d.top + 1) % retStackSize
+	d.sp = min(d.sp+1, retStackSize)
+}
+
+func (d *Decoder) popRet() uint64 {
+	d.top = (d.top + retStackSize - 1) % retStackSize
+	d.sp--
+	return d.stack[d.top]
+}
