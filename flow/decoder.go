@@ -13,6 +13,8 @@ type Options struct {
 	// ResyncOnError resumes after an error at the next packet that gives
 	// an IP (TIP, TIP.PGE, FUP, PSB+) instead of at the next PSB.
 	ResyncOnError bool
+	// Iflags reports changes of RFLAGS.IF (MODE.Exec) as EvIflags.
+	Iflags bool
 	// MaxInsns bounds the instructions executed without consuming a
 	// packet (a loop in the image that the trace never leaves); 0 means
 	// the default, 1<<20. Exceeding it is an ErrBadQuery error.
@@ -28,6 +30,7 @@ const (
 	bindBranch             // at the next branch (TIP.PGD, a deferred status)
 	bindPTW                // after the next ptwrite (at the event's IP when it has one)
 	bindStatus             // PSB+ status: silently at the event's IP
+	bindTIP                // after the next TIP is taken (paging, MODE.Exec)
 )
 
 type queued struct {
@@ -57,13 +60,15 @@ type Decoder struct {
 	ip      uint64
 	enabled bool
 	mode    Mode
-	// stash is a MODE.Exec waiting for the IP packet it binds to.
-	stash Mode
+	// stash is a MODE.Exec waiting for the IP packet it binds to, with
+	// its IF bit.
+	stash   Mode
+	stashIF bool
+	iflag   int8 // RFLAGS.IF: -1 unknown
+	inTX    bool
 
 	tnt  uint64 // pending TNT bits, the oldest in bit tntN-1
 	tntN uint8
-	// tntOff is the stream offset of the oldest unconsumed TNT or TIP.
-	pendOff uint64
 	tip     uint64
 	tipOK   bool
 	tipSupp bool
@@ -77,8 +82,10 @@ type Decoder struct {
 	sp    int // entries in use (≤ retStackSize)
 	top   int // index of the next push
 
-	asyncAt  uint64
-	asyncOff bool
+	// resumeIP is where tracing went off (resumeOK): an enable there
+	// is a resume.
+	resumeIP uint64
+	resumeOK bool
 
 	steps int
 	cache blockCache
@@ -168,9 +175,10 @@ func (d *Decoder) fail(err error) bool {
 
 // report sends an EvError for err at the current position.
 func (d *Decoder) report(err error) {
+	// The offset of the next packet not consumed, as libipt reports.
 	off := d.pd.Pos()
-	if d.tntN > 0 || d.tipOK {
-		off = d.pendOff
+	if d.hasBack {
+		off = d.back.Offset
 	}
 	var pe *decode.PacketError
 	if errors.As(err, &pe) {
@@ -191,11 +199,11 @@ func (d *Decoder) report(err error) {
 
 // resetState forgets the flow: after a PSB sync or an error.
 func (d *Decoder) resetState() {
-	d.enabled, d.ip, d.stash = false, 0, ModeUnknown
+	d.enabled, d.ip, d.stash, d.iflag, d.inTX = false, 0, ModeUnknown, -1, false
 	d.tnt, d.tntN, d.tipOK, d.eos = 0, 0, false, false
 	d.q = d.q[:0]
 	d.sp, d.top = 0, 0
-	d.asyncOff = false
+	d.resumeOK = false
 	d.steps = 0
 }
 
@@ -205,7 +213,6 @@ func (d *Decoder) resyncIP() bool {
 	mode := d.mode
 	d.resetState()
 	d.mode = mode
-	d.hasBack = false
 	for {
 		if err := d.next(); err != nil {
 			if errors.Is(err, io.EOF) {
@@ -216,7 +223,7 @@ func (d *Decoder) resyncIP() bool {
 		}
 		switch d.pk.Kind {
 		case decode.ModeExec:
-			d.stash = execMode(&d.pk)
+			d.stash, d.stashIF = execMode(&d.pk), d.pk.Has(decode.FlagIF)
 		case decode.TIP, decode.TIPPGE, decode.FUP:
 			if d.pk.Suppressed() {
 				continue
@@ -252,7 +259,7 @@ func (d *Decoder) next() error {
 			return err
 		}
 		switch d.pk.Kind {
-		case decode.Pad, decode.TSC, decode.MTC, decode.CYC, decode.TMA, decode.CBR:
+		case decode.Pad, decode.TSC, decode.MTC, decode.CYC, decode.TMA:
 			continue
 		}
 		return nil
@@ -261,6 +268,15 @@ func (d *Decoder) next() error {
 
 // unread pushes d.pk back.
 func (d *Decoder) unread() { d.back, d.hasBack = d.pk, true }
+
+// setMode takes a MODE.Exec (d.pk) as the current state.
+func (d *Decoder) setMode() {
+	d.mode = execMode(&d.pk)
+	d.iflag = 0
+	if d.pk.Has(decode.FlagIF) {
+		d.iflag = 1
+	}
+}
 
 func execMode(p *decode.Packet) Mode {
 	switch {
@@ -278,13 +294,25 @@ func (d *Decoder) applyStash() {
 	if d.stash == ModeUnknown {
 		return
 	}
-	m := d.stash
+	m, f := d.stash, d.stashIF
 	d.stash = ModeUnknown
-	if m == d.mode {
-		return
+	d.modeEvents(m, f, d.ip, bindNow)
+}
+
+// modeEvents queues the events of a MODE.Exec taking effect at ip: the
+// mode when it changed, IF when it changed and is asked for.
+func (d *Decoder) modeEvents(m Mode, f bool, ip uint64, b bind) {
+	if m != d.mode {
+		d.push(Event{Kind: EvExecMode, Mode: m, IP: ip, HasIP: true}, b)
 	}
-	d.mode = m
-	d.push(Event{Kind: EvExecMode, Mode: m, IP: d.ip, HasIP: true}, bindNow)
+	if fl := int8(0); d.opts.Iflags {
+		if f {
+			fl = 1
+		}
+		if fl != d.iflag {
+			d.push(Event{Kind: EvIflags, Payload: uint64(fl), IP: ip, HasIP: true}, b)
+		}
+	}
 }
 
 func (d *Decoder) push(e Event, b bind) {
@@ -298,6 +326,7 @@ func (d *Decoder) psb(first bool) error {
 		ip    uint64
 		hasIP bool
 		mode  = ModeUnknown
+		modeP decode.Packet
 		ovf   bool
 	)
 	for {
@@ -310,7 +339,8 @@ func (d *Decoder) psb(first bool) error {
 				return nil
 			}
 			if mode != ModeUnknown {
-				d.mode = mode
+				d.pk = modeP
+				d.setMode()
 			}
 			if first || !d.enabled {
 				d.enabled, d.ip = hasIP, ip
@@ -326,18 +356,23 @@ func (d *Decoder) psb(first bool) error {
 		case decode.FUP:
 			ip, hasIP = d.pk.IP, !d.pk.Suppressed()
 		case decode.ModeExec:
-			mode = execMode(&d.pk)
+			mode, modeP = execMode(&d.pk), d.pk
+		case decode.ModeTSX:
+			d.inTX = d.pk.Has(decode.FlagInTX)
 		case decode.OVF:
 			// An overflow inside PSB+: what follows it decides.
 			if mode != ModeUnknown {
-				d.mode = mode
+				pk := d.pk
+				d.pk = modeP
+				d.setMode()
+				d.pk = pk
 			}
 			ovf = true
 			if err := d.overflow(); err != nil {
 				return err
 			}
 			return nil
-		case decode.ModeTSX, decode.PIP, decode.VMCS, decode.MNT:
+		case decode.PIP, decode.VMCS, decode.MNT, decode.CBR:
 			// Status; ptxed does not print status updates.
 		default:
 			return ErrBadContext
@@ -359,9 +394,14 @@ func (d *Decoder) overflow() error {
 			}
 			return err
 		}
+		if e, ok := simpleEvent(&d.pk); ok {
+			// Events in the overflow's shadow come before it.
+			d.push(e, bindNow)
+			continue
+		}
 		switch d.pk.Kind {
 		case decode.ModeExec:
-			d.stash = execMode(&d.pk)
+			d.stash, d.stashIF = execMode(&d.pk), d.pk.Has(decode.FlagIF)
 			continue
 		case decode.FUP:
 			if d.pk.Suppressed() {
@@ -376,9 +416,6 @@ func (d *Decoder) overflow() error {
 			d.enabled, d.ip = !d.pk.Suppressed(), d.pk.IP
 			d.applyStash()
 			return nil
-		case decode.PIP, decode.VMCS, decode.MNT, decode.Pwre, decode.Pwrx, decode.Exstop, decode.Mwait:
-			// Events in the overflow's shadow are reported once it is.
-			d.unread()
 		default:
 			d.unread()
 		}
@@ -414,18 +451,12 @@ func (d *Decoder) read() error {
 	p := &d.pk
 	switch p.Kind {
 	case decode.TNT8, decode.TNT64:
-		if d.tntN == 0 && !d.tipOK {
-			d.pendOff = p.Offset
-		}
 		if int(d.tntN)+int(p.Bits) > 64 {
 			return ErrBadQuery
 		}
 		d.tnt = d.tnt<<p.Bits | p.Payload
 		d.tntN += p.Bits
 	case decode.TIP:
-		if d.tntN == 0 {
-			d.pendOff = p.Offset
-		}
 		d.tip, d.tipOK, d.tipSupp = p.IP, true, p.Suppressed()
 	case decode.TIPPGD:
 		if d.stash != ModeUnknown {
@@ -436,15 +467,21 @@ func (d *Decoder) read() error {
 		if p.Suppressed() {
 			return ErrNoIP
 		}
-		e := Event{Kind: EvEnabled, IP: p.IP, HasIP: true}
-		if d.asyncOff && d.asyncAt == p.IP {
-			e.Flags |= Resumed
-		}
-		d.push(e, bindNow)
+		d.push(Event{Kind: EvEnabled, IP: p.IP, HasIP: true}, bindNow)
 	case decode.FUP:
 		return d.fup()
 	case decode.ModeExec:
-		d.stash = execMode(p)
+		m, f := execMode(p), p.Has(decode.FlagIF)
+		if err := d.next(); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		} else if err == nil && d.pk.Kind == decode.FUP && !d.pk.Suppressed() && d.enabled {
+			// MODE.Exec + FUP: the change happens at the FUP's IP.
+			d.modeEvents(m, f, d.pk.IP, bindIP)
+			return nil
+		} else if err == nil {
+			d.unread()
+		}
+		d.stash, d.stashIF = m, f
 	case decode.ModeTSX:
 		e := Event{Kind: EvTSX}
 		if p.Has(decode.FlagAbort) {
@@ -459,20 +496,20 @@ func (d *Decoder) read() error {
 		if err := d.fupFor(&e); err != nil {
 			return err
 		}
-		if e.Flags&Aborted != 0 {
-			// An abort is an asynchronous branch: the TIP follows.
-			d.push(e, bindIP)
-			return nil
-		}
 		d.push(e, bindIP)
+		if e.Flags&Aborted != 0 {
+			// An abort is an asynchronous branch: a TIP (or
+			// TIP.PGD) follows the FUP.
+			return d.asyncAfter(e.IP)
+		}
 	case decode.PIP:
 		e := Event{Kind: EvPaging, Payload: p.Payload}
 		if p.Has(decode.FlagNR) {
 			e.Flags |= NonRoot
 		}
-		d.push(e, bindNow)
+		d.push(e, bindTIP)
 	case decode.VMCS:
-		d.push(Event{Kind: EvVMCS, Payload: p.Payload}, bindNow)
+		d.push(Event{Kind: EvVMCS, Payload: p.Payload}, bindTIP)
 	case decode.OVF:
 		return d.overflow()
 	case decode.PSB:
@@ -491,40 +528,27 @@ func (d *Decoder) read() error {
 			return nil
 		}
 		d.push(e, bindPTW)
-	case decode.Stop:
-		d.push(Event{Kind: EvStop}, bindNow)
-	case decode.MNT:
-		d.push(Event{Kind: EvMNT, Payload: p.Payload}, bindNow)
-	case decode.Exstop:
+	case decode.Exstop, decode.Trig:
 		e := Event{Kind: EvExstop}
-		if p.Has(decode.FlagIP) {
-			if err := d.fupFor(&e); err != nil {
-				return err
+		if p.Kind == decode.Trig {
+			e = Event{Kind: EvTrig, Payload: p.Payload}
+			if p.Has(decode.FlagMult) {
+				e.Flags |= Mult
 			}
 		}
-		d.push(e, bindNow)
-	case decode.Mwait:
-		d.push(Event{Kind: EvMwait, Payload: p.Payload, Aux: p.Aux}, bindNow)
-	case decode.Pwre:
-		e := Event{Kind: EvPwre, Payload: uint64(p.Type)}
-		if p.Has(decode.FlagHW) {
-			e.Flags |= HW
+		if !p.Has(decode.FlagIP) {
+			d.push(e, bindNow)
+			return nil
 		}
-		d.push(e, bindNow)
-	case decode.Pwrx:
-		d.push(Event{Kind: EvPwrx, Payload: uint64(p.Type), Aux: p.Aux}, bindNow)
-	case decode.Trig:
-		e := Event{Kind: EvTrig, Payload: p.Payload}
-		if p.Has(decode.FlagMult) {
-			e.Flags |= Mult
+		if err := d.fupFor(&e); err != nil {
+			return err
 		}
-		if p.Has(decode.FlagIP) {
-			if err := d.fupFor(&e); err != nil {
-				return err
-			}
-		}
-		d.push(e, bindNow)
+		d.push(e, bindIP)
 	default:
+		if e, ok := simpleEvent(p); ok {
+			d.push(e, bindNow)
+			return nil
+		}
 		// BBP/BIP/BEP (PEBS) carry no flow; CFE/EVD (event trace) are
 		// not decoded yet.
 		if p.Kind == decode.CFE || p.Kind == decode.EVD {
@@ -533,6 +557,54 @@ func (d *Decoder) read() error {
 	}
 	return nil
 }
+
+// simpleEvent makes the event of a packet that takes effect where it
+// stands and needs no other packet.
+func simpleEvent(p *decode.Packet) (Event, bool) {
+	switch p.Kind {
+	case decode.Stop:
+		return Event{Kind: EvStop}, true
+	case decode.MNT:
+		return Event{Kind: EvMNT, Payload: p.Payload}, true
+	case decode.CBR:
+		return Event{Kind: EvCBR, Payload: p.Payload}, true
+	case decode.Mwait:
+		return Event{Kind: EvMwait, Payload: p.Payload, Aux: p.Aux}, true
+	case decode.Pwre:
+		e := Event{Kind: EvPwre, Payload: uint64(p.Type)}
+		if p.Has(decode.FlagHW) {
+			e.Flags |= HW
+		}
+		return e, true
+	case decode.Pwrx:
+		return Event{Kind: EvPwrx, Payload: uint64(p.Type), Aux: p.Aux}, true
+	}
+	return Event{}, false
+}
+
+// asyncAfter reads what follows an asynchronous event's FUP at ip: a TIP
+// (the branch it caused) or TIP.PGD; anything else is left for later.
+func (d *Decoder) asyncAfter(ip uint64) error {
+	if err := d.next(); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return err
+	}
+	switch d.pk.Kind {
+	case decode.TIP:
+		d.push(Event{Kind: EvInterrupt, At: ip, IP: d.pk.IP, HasIP: !d.pk.Suppressed(), Flags: quiet}, bindIP)
+	case decode.TIPPGD:
+		d.push(Event{Kind: EvAsyncDisabled, At: ip, IP: d.pk.IP, HasIP: !d.pk.Suppressed()}, bindIP)
+	default:
+		d.unread()
+	}
+	return nil
+}
+
+// quiet marks an internal event that takes effect unreported (the branch
+// of a TSX abort, which libipt does not report apart).
+const quiet uint8 = 1 << 7
 
 // fup handles a FUP (d.pk) outside PSB+: an asynchronous event at its IP,
 // what follows says which.
@@ -593,7 +665,7 @@ func (d *Decoder) deliver() {
 			if d.enabled && d.ip != q.eventIP() {
 				return
 			}
-		case bindBranch, bindPTW:
+		case bindBranch, bindPTW, bindTIP:
 			if d.enabled {
 				return
 			}
@@ -610,15 +682,20 @@ func (d *Decoder) fire(i int) {
 	d.steps = 0
 	switch e.Kind {
 	case EvEnabled:
+		if d.resumeOK && d.resumeIP == e.IP {
+			e.Flags |= Resumed
+		}
 		d.enabled, d.ip = true, e.IP
-		d.asyncOff = false
+		d.resumeOK = false
 		d.applyStash()
 	case EvDisabled:
-		d.enabled = false
-		d.asyncOff = false
+		// d.ip is the fall-through of the branch that disabled.
+		d.enabled, d.resumeIP, d.resumeOK = false, d.ip, d.enabled
+		if e.HasIP {
+			d.resumeIP = e.IP
+		}
 	case EvAsyncDisabled:
-		d.enabled = false
-		d.asyncAt, d.asyncOff = e.At, true
+		d.enabled, d.resumeIP, d.resumeOK = false, e.At, d.enabled
 	case EvInterrupt:
 		if e.HasIP {
 			d.h.Branch(e.At, e.IP, BrInterrupt)
@@ -629,7 +706,17 @@ func (d *Decoder) fire(i int) {
 		}
 	case EvOverflow:
 		d.sp, d.top = 0, 0
+		d.inTX = false
+	case EvTSX:
+		d.inTX = e.Flags&Speculative != 0
+	case EvExecMode:
+		d.mode = e.Mode
+	case EvIflags:
+		d.iflag = int8(e.Payload)
 	case evStatus:
+		return
+	}
+	if e.Flags&quiet != 0 {
 		return
 	}
 	d.emit(e)

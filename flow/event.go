@@ -96,6 +96,10 @@ const (
 	EvPwrx
 	// EvTrig: a trigger with trigger bits Payload; Mult; at IP when HasIP.
 	EvTrig
+	// EvCBR: the core:bus ratio changed to Payload.
+	EvCBR
+	// EvIflags: RFLAGS.IF changed to Payload (0 or 1); at IP when HasIP.
+	EvIflags
 	// EvEnd: the trace ended while tracing was enabled at IP.
 	EvEnd
 	// EvError: decoding failed at stream Offset and IP with Err; the
@@ -149,8 +153,9 @@ var (
 // Handler receives the flow. Its methods are called synchronously and must
 // not keep e past the call.
 type Handler interface {
-	// Insn is called for every executed instruction.
-	Insn(ip uint64, mode Mode)
+	// Insn is called for every executed instruction; speculative
+	// when it ran inside a transaction (TSX) not yet committed.
+	Insn(ip uint64, mode Mode, speculative bool)
 	// Branch is called for every taken control transfer, from the
 	// instruction at from (or the interrupted IP) to to.
 	Branch(from, to uint64, kind BranchKind)

@@ -250,7 +250,7 @@ func appendHex16(b []byte, v uint64) []byte {
 }
 
 // Insn prints an instruction address.
-func (p *Ptxed) Insn(ip uint64, _ Mode) {
+func (p *Ptxed) Insn(ip uint64, _ Mode, speculative bool) {
 	p.insns++
 	if p.newBlock {
 		p.blocks++
@@ -258,6 +258,9 @@ func (p *Ptxed) Insn(ip uint64, _ Mode) {
 	}
 	if p.o.Quiet {
 		return
+	}
+	if speculative {
+		p.buf = append(p.buf, "? "...)
 	}
 	p.buf = appendHex16(p.buf, ip)
 	p.buf = append(p.buf, '\n')
@@ -364,6 +367,14 @@ func (p *Ptxed) Event(e *Event) {
 			b = append(b, "hw: "...)
 		}
 		b = fmt.Appendf(b, "c%d (c%d)", (e.Payload>>4+1)&15, (e.Payload+1)&15)
+	case EvCBR:
+		b = fmt.Appendf(b, "cbr: %x", e.Payload)
+	case EvIflags:
+		if e.Payload != 0 {
+			b = append(b, "interrupts enabled"...)
+		} else {
+			b = append(b, "interrupts disabled"...)
+		}
 	case EvTrig:
 		b = fmt.Appendf(b, "trig %02x", e.Payload)
 		if e.Flags&Mult != 0 {

@@ -29,14 +29,22 @@ func (d *Decoder) run() error {
 			}
 			continue
 		}
-		if len(d.q) == 0 && d.tntN == 0 && !d.tipOK {
+		if len(d.q) == 0 && d.tntN == 0 && !d.tipOK && !d.flowNext() {
+			// Like libipt, look at the next packet: the end of the
+			// trace ends the flow now, an event packet is taken now,
+			// TNT and TIP wait for the branch that needs them.
+			if err := d.peek(); err != nil {
+				return err
+			}
 			if d.eos {
 				d.qEv = Event{Kind: EvEnd, IP: d.ip, HasIP: true}
 				d.emit(&d.qEv)
 				return io.EOF
 			}
-			if err := d.read(); err != nil {
-				return err
+			if !d.flowNext() {
+				if err := d.read(); err != nil {
+					return err
+				}
 			}
 			continue
 		}
@@ -44,6 +52,34 @@ func (d *Decoder) run() error {
 			return err
 		}
 	}
+}
+
+// peek reads the next packet ahead (pushed back), or sets eos.
+func (d *Decoder) peek() error {
+	if d.hasBack {
+		return nil
+	}
+	if err := d.next(); err != nil {
+		if errors.Is(err, io.EOF) {
+			d.eos = true
+			return nil
+		}
+		return err
+	}
+	d.unread()
+	return nil
+}
+
+// flowNext tells whether the packet read ahead is a TNT or TIP.
+func (d *Decoder) flowNext() bool {
+	if !d.hasBack {
+		return false
+	}
+	switch d.back.Kind {
+	case decode.TNT8, decode.TNT64, decode.TIP:
+		return true
+	}
+	return false
 }
 
 // due tells whether a queued event must be delivered before the
@@ -71,7 +107,7 @@ func (d *Decoder) walk() error {
 		if in.ip != d.ip || !d.enabled {
 			return nil
 		}
-		if i > 0 && (d.due() || (len(d.q) == 0 && d.tntN == 0 && !d.tipOK)) {
+		if i > 0 && (d.due() || (len(d.q) == 0 && d.tntN == 0 && !d.tipOK && !d.flowNext())) {
 			return nil
 		}
 		if d.steps++; d.steps > d.opts.MaxInsns {
@@ -97,7 +133,7 @@ func (d *Decoder) walk() error {
 // flow (not one to deliver now), or -1.
 func (d *Decoder) blocker() int {
 	for i := range d.q {
-		if d.q[i].bind != bindNow {
+		if b := d.q[i].bind; b != bindNow && b != bindTIP {
 			return i
 		}
 	}
@@ -173,27 +209,54 @@ func (d *Decoder) takeTIP(from uint64, kind BranchKind) error {
 	d.h.Branch(from, d.tip, kind)
 	d.ip = d.tip
 	d.applyStash()
+	for i := 0; i < len(d.q); {
+		if d.q[i].bind == bindTIP {
+			d.fire(i)
+			continue
+		}
+		i++
+	}
 	return nil
+}
+
+// disabledDirect fires a TIP.PGD bound to the direct branch just executed
+// when its IP is the branch's target (libipt ignores direct branches
+// elsewhere); it tells whether it did.
+func (d *Decoder) disabledDirect(target uint64) bool {
+	i := d.blocker()
+	if i < 0 || d.q[i].bind != bindBranch || !d.q[i].ev.HasIP || d.q[i].ev.IP != target || d.tntN > 0 || d.tipOK {
+		return false
+	}
+	d.fire(i)
+	return true
 }
 
 // exec executes one instruction.
 func (d *Decoder) exec(in *insn) error {
 	d.c.Insns++
-	d.h.Insn(in.ip, d.mode)
+	d.h.Insn(in.ip, d.mode, d.inTX)
 	next := in.ip + uint64(in.len)
+	d.ip = next
 	switch in.class {
-	case x86insn.NotBranch:
-		d.ip = next
 	case x86insn.PTWrite:
-		d.ip = next
 		if i := d.blocker(); i >= 0 && d.q[i].bind == bindPTW && (!d.q[i].ev.HasIP || d.q[i].ev.IP == in.ip) {
 			d.fire(i)
 		}
 	case x86insn.Jump:
+		if d.disabledDirect(in.target) {
+			return nil
+		}
 		d.h.Branch(in.ip, in.target, BrJump)
 		d.ip = in.target
 	case x86insn.Call:
-		d.pushRet(next)
+		if d.disabledDirect(in.target) {
+			return nil
+		}
+		// A call to the next instruction only reads the IP
+		// (position-independent code): it pushes no return.
+		if in.target != next {
+			d.pushRet(next)
+		}
 		d.h.Branch(in.ip, in.target, BrCall)
 		d.ip = in.target
 	case x86insn.CondJump:
