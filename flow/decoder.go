@@ -67,8 +67,8 @@ type Decoder struct {
 	iflag   int8 // RFLAGS.IF: -1 unknown
 	inTX    bool
 
-	tnt  uint64 // pending TNT bits, the oldest in bit tntN-1
-	tntN uint8
+	tnt     uint64 // pending TNT bits, the oldest in bit tntN-1
+	tntN    uint8
 	tip     uint64
 	tipOK   bool
 	tipSupp bool
@@ -224,7 +224,20 @@ func (d *Decoder) resyncIP() bool {
 		switch d.pk.Kind {
 		case decode.ModeExec:
 			d.stash, d.stashIF = execMode(&d.pk), d.pk.Has(decode.FlagIF)
-		case decode.TIP, decode.TIPPGE, decode.FUP:
+		case decode.FUP:
+			if d.pk.Suppressed() {
+				continue
+			}
+			// FUP + TIP is an interrupt whose target is known.
+			at := d.pk.IP
+			d.ip, d.enabled = at, true
+			if err := d.asyncAfter(at, 0); err != nil {
+				d.report(err)
+				return false
+			}
+			d.applyStash()
+			return true
+		case decode.TIP, decode.TIPPGE:
 			if d.pk.Suppressed() {
 				continue
 			}
@@ -500,7 +513,7 @@ func (d *Decoder) read() error {
 		if e.Flags&Aborted != 0 {
 			// An abort is an asynchronous branch: a TIP (or
 			// TIP.PGD) follows the FUP.
-			return d.asyncAfter(e.IP)
+			return d.asyncAfter(e.IP, quiet)
 		}
 	case decode.PIP:
 		e := Event{Kind: EvPaging, Payload: p.Payload}
@@ -584,7 +597,7 @@ func simpleEvent(p *decode.Packet) (Event, bool) {
 
 // asyncAfter reads what follows an asynchronous event's FUP at ip: a TIP
 // (the branch it caused) or TIP.PGD; anything else is left for later.
-func (d *Decoder) asyncAfter(ip uint64) error {
+func (d *Decoder) asyncAfter(ip uint64, flags uint8) error {
 	if err := d.next(); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil
@@ -593,7 +606,7 @@ func (d *Decoder) asyncAfter(ip uint64) error {
 	}
 	switch d.pk.Kind {
 	case decode.TIP:
-		d.push(Event{Kind: EvInterrupt, At: ip, IP: d.pk.IP, HasIP: !d.pk.Suppressed(), Flags: quiet}, bindIP)
+		d.push(Event{Kind: EvInterrupt, At: ip, IP: d.pk.IP, HasIP: !d.pk.Suppressed(), Flags: flags}, bindIP)
 	case decode.TIPPGD:
 		d.push(Event{Kind: EvAsyncDisabled, At: ip, IP: d.pk.IP, HasIP: !d.pk.Suppressed()}, bindIP)
 	default:

@@ -30,6 +30,12 @@ func (d *Decoder) run() error {
 			continue
 		}
 		if len(d.q) == 0 && d.tntN == 0 && !d.tipOK && !d.flowNext() {
+			// Like libipt, decode the instruction at the IP
+			// before reading on: code that is not there is the
+			// error, whatever the trace says next.
+			if b := d.block(d.ip, d.mode); len(b.insns) == 0 {
+				return b.err
+			}
 			// Like libipt, look at the next packet: the end of the
 			// trace ends the flow now, an event packet is taken now,
 			// TNT and TIP wait for the branch that needs them.
@@ -114,6 +120,8 @@ func (d *Decoder) walk() error {
 			return ErrBadQuery
 		}
 		if err := d.exec(in); err != nil {
+			// Errors are reported at the instruction.
+			d.ip = in.ip
 			return err
 		}
 	}
@@ -142,10 +150,18 @@ func (d *Decoder) blocker() int {
 
 // await reads trace until the next branch can be decided: TNT bits, a TIP
 // or an event that waits for the flow.
-func (d *Decoder) await() error {
+func (d *Decoder) await(tip bool) error {
 	for d.tntN == 0 && !d.tipOK && d.blocker() < 0 {
 		if d.eos {
 			return io.EOF
+		}
+		if err := d.peek(); err != nil {
+			return err
+		}
+		if !tip && d.hasBack && d.back.Kind == decode.TIP {
+			// A conditional branch does not take a TIP: libipt
+			// leaves it unread.
+			return nil
 		}
 		if err := d.read(); err != nil {
 			return err
@@ -260,7 +276,7 @@ func (d *Decoder) exec(in *insn) error {
 		d.h.Branch(in.ip, in.target, BrCall)
 		d.ip = in.target
 	case x86insn.CondJump:
-		if err := d.await(); err != nil {
+		if err := d.await(false); err != nil {
 			return err
 		}
 		if d.tntN == 0 {
@@ -276,7 +292,7 @@ func (d *Decoder) exec(in *insn) error {
 			d.ip = next
 		}
 	case x86insn.Ret:
-		if err := d.await(); err != nil {
+		if err := d.await(true); err != nil {
 			return err
 		}
 		if d.tntN > 0 {
@@ -292,7 +308,7 @@ func (d *Decoder) exec(in *insn) error {
 		}
 		return d.takeTIP(in.ip, BrReturn)
 	case x86insn.IndirectJump, x86insn.IndirectCall, x86insn.FarTransfer:
-		if err := d.await(); err != nil {
+		if err := d.await(true); err != nil {
 			return err
 		}
 		kind := BrIndirectJump
