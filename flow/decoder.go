@@ -385,7 +385,10 @@ func (d *Decoder) psb(first bool) error {
 				return err
 			}
 			return nil
-		case decode.PIP, decode.VMCS, decode.MNT, decode.CBR:
+		case decode.MNT:
+			// Maintenance is an event even in PSB+.
+			d.push(Event{Kind: EvMNT, Payload: d.pk.Payload}, bindNow)
+		case decode.PIP, decode.VMCS, decode.CBR:
 			// Status; ptxed does not print status updates.
 		default:
 			return ErrBadContext
@@ -398,11 +401,18 @@ func (d *Decoder) psb(first bool) error {
 func (d *Decoder) overflow() error {
 	d.tnt, d.tntN, d.tipOK = 0, 0, false
 	d.q = d.q[:0]
+	// Without a FUP to resume at, the overflow is reported before the
+	// events in its shadow (libipt's order).
+	lost := func() {
+		d.enabled = false
+		d.q = append(d.q, queued{})
+		copy(d.q[1:], d.q)
+		d.q[0] = queued{ev: Event{Kind: EvOverflow}, bind: bindNow}
+	}
 	for {
 		if err := d.next(); err != nil {
 			if errors.Is(err, io.EOF) {
-				d.enabled = false
-				d.push(Event{Kind: EvOverflow}, bindNow)
+				lost()
 				return nil
 			}
 			return err
@@ -432,8 +442,7 @@ func (d *Decoder) overflow() error {
 		default:
 			d.unread()
 		}
-		d.enabled = false
-		d.push(Event{Kind: EvOverflow}, bindNow)
+		lost()
 		return nil
 	}
 }

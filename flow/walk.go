@@ -30,15 +30,12 @@ func (d *Decoder) run() error {
 			continue
 		}
 		if len(d.q) == 0 && d.tntN == 0 && !d.tipOK && !d.flowNext() {
-			// Like libipt, decode the instruction at the IP
-			// before reading on: code that is not there is the
-			// error, whatever the trace says next.
-			if b := d.block(d.ip, d.mode); len(b.insns) == 0 {
-				return b.err
-			}
-			// Like libipt, look at the next packet: the end of the
-			// trace ends the flow now, an event packet is taken now,
-			// TNT and TIP wait for the branch that needs them.
+			// Like libipt, look at the next packet: the end of
+			// the trace ends the flow now; then decode the
+			// instruction at the IP before reading on (code that is
+			// not there is the error, whatever the trace says next);
+			// an event packet is taken now, TNT and TIP wait for the
+			// branch that needs them.
 			if err := d.peek(); err != nil {
 				return err
 			}
@@ -46,6 +43,9 @@ func (d *Decoder) run() error {
 				d.qEv = Event{Kind: EvEnd, IP: d.ip, HasIP: true}
 				d.emit(&d.qEv)
 				return io.EOF
+			}
+			if b := d.block(d.ip, d.mode); len(b.insns) == 0 {
+				return b.err
 			}
 			if !d.flowNext() {
 				if err := d.read(); err != nil {
