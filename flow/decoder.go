@@ -231,7 +231,7 @@ func (d *Decoder) resyncIP() bool {
 			// FUP + TIP is an interrupt whose target is known.
 			at := d.pk.IP
 			d.ip, d.enabled = at, true
-			if err := d.asyncAfter(at, 0); err != nil {
+			if err := d.asyncAfter(at); err != nil {
 				d.report(err)
 				return false
 			}
@@ -522,7 +522,7 @@ func (d *Decoder) read() error {
 		if e.Flags&Aborted != 0 {
 			// An abort is an asynchronous branch: a TIP (or
 			// TIP.PGD) follows the FUP.
-			return d.asyncAfter(e.IP, quiet)
+			return d.asyncAfter(e.IP)
 		}
 	case decode.PIP:
 		e := Event{Kind: EvPaging, Payload: p.Payload}
@@ -606,7 +606,7 @@ func simpleEvent(p *decode.Packet) (Event, bool) {
 
 // asyncAfter reads what follows an asynchronous event's FUP at ip: a TIP
 // (the branch it caused) or TIP.PGD; anything else is left for later.
-func (d *Decoder) asyncAfter(ip uint64, flags uint8) error {
+func (d *Decoder) asyncAfter(ip uint64) error {
 	if err := d.next(); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil
@@ -615,7 +615,7 @@ func (d *Decoder) asyncAfter(ip uint64, flags uint8) error {
 	}
 	switch d.pk.Kind {
 	case decode.TIP:
-		d.push(Event{Kind: EvInterrupt, At: ip, IP: d.pk.IP, HasIP: !d.pk.Suppressed(), Flags: flags}, bindIP)
+		d.push(Event{Kind: EvInterrupt, At: ip, IP: d.pk.IP, HasIP: !d.pk.Suppressed()}, bindIP)
 	case decode.TIPPGD:
 		d.push(Event{Kind: EvAsyncDisabled, At: ip, IP: d.pk.IP, HasIP: !d.pk.Suppressed()}, bindIP)
 	default:
@@ -624,9 +624,6 @@ func (d *Decoder) asyncAfter(ip uint64, flags uint8) error {
 	return nil
 }
 
-// quiet marks an internal event that takes effect unreported (the branch
-// of a TSX abort, which libipt does not report apart).
-const quiet uint8 = 1 << 7
 
 // fup handles a FUP (d.pk) outside PSB+: an asynchronous event at its IP,
 // what follows says which.
@@ -736,9 +733,6 @@ func (d *Decoder) fire(i int) {
 	case EvIflags:
 		d.iflag = int8(e.Payload)
 	case evStatus:
-		return
-	}
-	if e.Flags&quiet != 0 {
 		return
 	}
 	d.emit(e)
