@@ -31,11 +31,13 @@ const (
 	bindPTW                // after the next ptwrite (at the event's IP when it has one)
 	bindStatus             // PSB+ status: silently at the event's IP
 	bindTIP                // after the next TIP is taken (paging, MODE.Exec)
+	bindCount              // after count more instructions (TRIG's icnt)
 )
 
 type queued struct {
-	ev   Event
-	bind bind
+	ev    Event
+	bind  bind
+	count uint32
 }
 
 // evStatus is a PSB+ status update: it checks the IP and is not reported.
@@ -559,6 +561,11 @@ func (d *Decoder) read() error {
 			}
 		}
 		if !p.Has(decode.FlagIP) {
+			if p.Kind == decode.Trig && p.Has(decode.FlagICNTV) && p.Aux > 0 && d.enabled {
+				// The trigger hit icnt instructions later.
+				d.q = append(d.q, queued{ev: e, bind: bindCount, count: p.Aux})
+				return nil
+			}
 			d.push(e, bindNow)
 			return nil
 		}
@@ -686,6 +693,10 @@ func (d *Decoder) deliver() {
 			}
 		case bindBranch, bindPTW, bindTIP:
 			if d.enabled {
+				return
+			}
+		case bindCount:
+			if d.enabled && q.count > 0 {
 				return
 			}
 		}

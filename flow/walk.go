@@ -100,6 +100,8 @@ func (d *Decoder) due() bool {
 		return true
 	case bindIP, bindStatus:
 		return q.eventIP() == d.ip
+	case bindCount:
+		return q.count == 0
 	}
 	return false
 }
@@ -141,7 +143,7 @@ func (d *Decoder) walk() error {
 // flow (not one to deliver now), or -1.
 func (d *Decoder) blocker() int {
 	for i := range d.q {
-		if b := d.q[i].bind; b != bindNow && b != bindTIP {
+		if b := d.q[i].bind; b != bindNow && b != bindTIP && b != bindCount {
 			return i
 		}
 	}
@@ -251,6 +253,11 @@ func (d *Decoder) disabledDirect(target uint64) bool {
 func (d *Decoder) exec(in *insn) error {
 	d.c.Insns++
 	d.h.Insn(in.ip, d.mode, d.inTX)
+	for i := range d.q {
+		if d.q[i].bind == bindCount && d.q[i].count > 0 {
+			d.q[i].count--
+		}
+	}
 	next := in.ip + uint64(in.len)
 	d.ip = next
 	switch in.class {
