@@ -66,12 +66,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		}
 		in, err := x86insn.DecodeMode(d.buf[:n], pc, mode.bits())
 		if err != nil {
-			if n < len(d.buf) {
-				// The instruction runs into unmapped memory.
-				b.err = ErrNoMap
-			} else {
-				b.err = ErrBadInsn
-			}
+			b.err = ErrBadInsn
 			break
 		}
 		b.insns = append(b.insns, insn{ip: pc, target: in.Target, len: uint8(in.Len), class: in.Class})

@@ -28,8 +28,11 @@ probe events; without it every ptwrite is a manual one.
 --packets prints libipt ptdump's packet listing instead; it takes ptdump's
 options (--lastip, --no-pad, --time, --mtc-freq N, ...).
 --insns reconstructs the control flow and prints libipt ptxed's listing
-(instruction addresses and [event] lines); it takes ptxed's options (--raw
-FILE[:START[-END]]:BASE for the code, --no-inst, --event:ip, --cpu F/M, ...).
+(instruction addresses and [event] lines); it takes ptxed's options: --raw
+FILE[:START[-END]]:BASE (the code; more than one may be given), --pt FILE,
+--cpu F/M|none|auto, --no-inst, --quiet, --check, --event:ip, --event:iflags,
+--resync-on-error, --stat, --stat:insn, --stat:blocks, --insn-decoder,
+--block-decoder (accepted, as are ptxed's timing and filter options).
 `
 
 // errNoTrace: the input holds no Intel PT data.
