@@ -631,7 +631,6 @@ func (d *Decoder) asyncAfter(ip uint64) error {
 	return nil
 }
 
-
 // fup handles a FUP (d.pk) outside PSB+: an asynchronous event at its IP,
 // what follows says which.
 func (d *Decoder) fup() error {

@@ -179,3 +179,40 @@ func TestInsnsLibipt(t *testing.T) {
 	t.Logf("%d of %d libipt ptxed expectations match; %d known failures; unexpected failures (%d): %v",
 		passed, len(exps), len(insnsKnownFailures), len(failed), failed)
 }
+
+// TestDecodeInsnsCLI runs `ptfs decode --insns` as a user would: a corpus
+// test through the command line, and the errors of bad arguments.
+func TestDecodeInsnsCLI(t *testing.T) {
+	dir := filepath.Join(testkit.Corpus(t), "libipt")
+	name := filepath.Join(dir, "loop-tnt")
+	want, err := os.ReadFile(name + "-ptxed.exp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if rc := runDecode([]string{"--insns", "--raw", name + ".bin:0x100000", "--no-inst", name + ".pt"}, &out, &errb); rc != 0 {
+		t.Fatalf("exit %d: %s", rc, errb.String())
+	}
+	if diffB(out.String()) != diffB(string(want)) {
+		t.Errorf("listing\n--- got\n%s--- want\n%s", out.String(), want)
+	}
+	for _, tc := range []struct {
+		args []string
+		rc   int
+		msg  string
+	}{
+		{[]string{"--insns", name + ".pt"}, 2, "no code"},
+		{[]string{"--insns", "--raw", name + ".bin:0x100000"}, 2, "no trace file"},
+		{[]string{"--insns", "--raw", name + ".bin", name + ".pt"}, 2, "FILE[:START[-END]]:BASE"},
+		{[]string{"--insns", "--raw", name + ".bin:0x100000", "--bogus", name + ".pt"}, 2, "unknown option --bogus"},
+		{[]string{"--insns", "--raw", name + ".bin:5-1:0x1000", name + ".pt"}, 2, "FILE[:START[-END]]:BASE"},
+		{[]string{"--insns", "--raw", name + ".bin:0x100000:0x1000", name + ".pt"}, 2, "beyond"},
+		{[]string{"--insns", "--raw", filepath.Join(dir, "missing.bin") + ":0x1000", name + ".pt"}, 1, "no such file"},
+	} {
+		out.Reset()
+		errb.Reset()
+		if rc := runDecode(tc.args, &out, &errb); rc != tc.rc || !strings.Contains(errb.String(), tc.msg) {
+			t.Errorf("%q: exit %d, stderr %q; want exit %d and %q", tc.args, rc, errb.String(), tc.rc, tc.msg)
+		}
+	}
+}
