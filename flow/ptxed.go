@@ -6,6 +6,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+
+	"ptfs/decode"
 )
 
 // PtxedOptions are libipt ptxed's options, as ptfs decode --insns takes
@@ -129,6 +131,11 @@ func ParsePtxedArgs(args []string) (PtxedOptions, error) {
 			}
 			o.PT = val
 		case "--cpu":
+			if val != "auto" {
+				if _, err := decode.CPUKnown(val); err != nil {
+					return o, fmt.Errorf("%w: %w", ErrBadOption, err)
+				}
+			}
 			o.CPU = val
 		default:
 			if _, err := strconv.ParseUint(val, 0, 64); err != nil {
@@ -185,25 +192,14 @@ func parseRaw(arg string) (Raw, error) {
 // CPUDiag is the line ptxed prints for a --cpu whose errata libipt does not
 // know, or "" (ptxed decodes on).
 func CPUDiag(cpu string) string {
-	if cpu == "" || cpu == "none" || cpu == "auto" {
+	if cpu == "auto" {
 		return ""
 	}
-	f, m, ok := strings.Cut(cpu, "/")
-	if ok {
-		m, _, _ = strings.Cut(m, "/")
-	}
-	fam, err1 := strconv.ParseUint(f, 0, 16)
-	mod, err2 := strconv.ParseUint(m, 0, 16)
-	if !ok || err1 != nil || err2 != nil || fam != 6 || !errataModels[mod] {
+	if known, err := decode.CPUKnown(cpu); err != nil || !known {
 		return "[0, 0: config error: unknown cpu]\n"
 	}
 	return ""
 }
-
-// errataModels are the family 6 models libipt's pt_cpu_errata knows.
-var errataModels = map[uint64]bool{0x3d: true, 0x47: true, 0x4f: true, 0x56: true,
-	0x4e: true, 0x5e: true, 0x8e: true, 0x9e: true, 0x55: true, 0x66: true, 0x7d: true,
-	0x7e: true, 0x5c: true, 0x5f: true, 0x7a: true, 0x86: true}
 
 // Ptxed is a Handler that prints the flow as ptxed prints it with the
 // options given. Lines go to an internal buffer flushed to the writer when
@@ -241,13 +237,7 @@ func (p *Ptxed) Flush() error {
 }
 
 // appendHex16 appends v as %016x.
-func appendHex16(b []byte, v uint64) []byte {
-	const digits = "0123456789abcdef"
-	for s := 60; s >= 0; s -= 4 {
-		b = append(b, digits[v>>uint(s)&15])
-	}
-	return b
-}
+func appendHex16(b []byte, v uint64) []byte { return decode.AppendHex(b, v, 16) }
 
 // Insn prints an instruction address.
 func (p *Ptxed) Insn(ip uint64, _ Mode, speculative bool) {
