@@ -68,6 +68,9 @@ type Decoder struct {
 	stashIF bool
 	iflag   int8 // RFLAGS.IF: -1 unknown
 	inTX    bool
+	// evd is the event data (EVD) waiting for its CFE.
+	evd    [3]uint64
+	evdHas uint8
 
 	tnt     uint64 // pending TNT bits, the oldest in bit tntN-1
 	tntN    uint8
@@ -552,6 +555,35 @@ func (d *Decoder) read() error {
 			return nil
 		}
 		d.push(e, bindPTW)
+	case decode.EVD:
+		if p.Type < uint8(len(d.evd)) {
+			d.evd[p.Type] = p.Payload
+			d.evdHas |= 1 << p.Type
+		}
+	case decode.CFE:
+		e := Event{Kind: EvCFE, Type: p.Type, Payload: p.Payload, Data: d.evd, Has: d.evdHas}
+		d.evdHas = 0
+		if err := d.next(); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		} else if err == nil && d.pk.Kind == decode.FUP && !d.pk.Suppressed() {
+			// The event hit at the FUP's IP; the FUP also starts
+			// the asynchronous branch or disable that follows.
+			e.IP, e.HasIP = d.pk.IP, true
+			if d.enabled {
+				d.push(e, bindIP)
+			} else {
+				d.push(e, bindNow)
+			}
+			return d.fup()
+		} else if err == nil {
+			d.unread()
+		}
+		if d.enabled {
+			// It binds to the branch that takes the next TIP (iret).
+			d.push(e, bindTIP)
+			return nil
+		}
+		d.push(e, bindNow)
 	case decode.Exstop, decode.Trig:
 		e := Event{Kind: EvExstop}
 		if p.Kind == decode.Trig {
@@ -578,11 +610,7 @@ func (d *Decoder) read() error {
 			d.push(e, bindNow)
 			return nil
 		}
-		// BBP/BIP/BEP (PEBS) carry no flow; CFE/EVD (event trace) are
-		// not decoded yet.
-		if p.Kind == decode.CFE || p.Kind == decode.EVD {
-			return ErrUnsupported
-		}
+		// BBP/BIP/BEP (PEBS) carry no flow.
 	}
 	return nil
 }
@@ -638,6 +666,10 @@ func (d *Decoder) fup() error {
 	if supp {
 		return ErrNoIP
 	}
+	// PIP and VMCS between the FUP and its TIP are reported after the
+	// branch, the last first (libipt's order).
+	var side [4]Event
+	n := 0
 	for {
 		if err := d.next(); err != nil {
 			if errors.Is(err, io.EOF) {
@@ -648,23 +680,30 @@ func (d *Decoder) fup() error {
 		p := &d.pk
 		switch p.Kind {
 		case decode.ModeExec:
-			d.stash = execMode(p)
+			d.stash, d.stashIF = execMode(p), p.Has(decode.FlagIF)
 			continue
-		case decode.TIP:
-			d.push(Event{Kind: EvInterrupt, At: at, IP: p.IP, HasIP: !p.Suppressed()}, bindIP)
-			return nil
-		case decode.TIPPGD:
-			d.push(Event{Kind: EvAsyncDisabled, At: at, IP: p.IP, HasIP: !p.Suppressed()}, bindIP)
+		case decode.TIP, decode.TIPPGD:
+			kind := EvInterrupt
+			if p.Kind == decode.TIPPGD {
+				kind = EvAsyncDisabled
+			}
+			d.push(Event{Kind: kind, At: at, IP: p.IP, HasIP: !p.Suppressed()}, bindIP)
+			for i := n - 1; i >= 0; i-- {
+				d.push(side[i], bindIP)
+			}
 			return nil
 		case decode.PIP, decode.VMCS:
-			e := Event{Kind: EvPaging, Payload: p.Payload}
+			if n == len(side) {
+				return ErrBadContext
+			}
+			e := Event{Kind: EvPaging, Payload: p.Payload, IP: at, HasIP: true}
 			if p.Kind == decode.VMCS {
 				e.Kind = EvVMCS
 			} else if p.Has(decode.FlagNR) {
 				e.Flags |= NonRoot
 			}
-			e.IP, e.HasIP = at, true
-			d.push(e, bindIP)
+			side[n] = e
+			n++
 			continue
 		}
 		d.unread()

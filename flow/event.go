@@ -100,6 +100,9 @@ const (
 	EvCBR
 	// EvIflags: RFLAGS.IF changed to Payload (0 or 1); at IP when HasIP.
 	EvIflags
+	// EvCFE: an event trace control-flow event (CFE) of Type with
+	// vector Payload; Data holds its event data (EVD) where Has says.
+	EvCFE
 	// EvEnd: the trace ended while tracing was enabled at IP.
 	EvEnd
 	// EvError: decoding failed at stream Offset and IP with Err; the
@@ -119,10 +122,33 @@ type Event struct {
 	Offset uint64
 	// Payload is the kind's value (see the kinds).
 	Payload uint64
+	// Type is an EvCFE's event type (the CFE packet's).
+	Type uint8
+	// Has says which of Data an EvCFE has: bit i for EVD type i.
+	Has uint8
+	// Data is an EvCFE's event data: CR2, VMX qualification, VMX reason.
+	Data [3]uint64
 	// Err is an EvError's error: one of the sentinel errors below, for
 	// errors.Is.
 	Err error
 }
+
+// CFE event types.
+const (
+	CFEIntr       = 1
+	CFEIret       = 2
+	CFESMI        = 3
+	CFERSM        = 4
+	CFESIPI       = 5
+	CFEInit       = 6
+	CFEVMEntry    = 7
+	CFEVMExit     = 8
+	CFEVMExitIntr = 9
+	CFEShutdown   = 10
+	CFEUintr      = 12
+	CFEUiret      = 13
+	CFESwintr     = 14
+)
 
 // Event flags.
 const (

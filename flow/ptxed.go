@@ -365,6 +365,8 @@ func (p *Ptxed) Event(e *Event) {
 		} else {
 			b = append(b, "interrupts disabled"...)
 		}
+	case EvCFE:
+		b = appendCFE(b, e)
 	case EvTrig:
 		b = fmt.Appendf(b, "trig %02x", e.Payload)
 		if e.Flags&Mult != 0 {
@@ -376,6 +378,49 @@ func (p *Ptxed) Event(e *Event) {
 	}
 	p.buf = append(b, "]\n"...)
 	p.flushIfFull()
+}
+
+// appendCFE appends an event trace event as ptxed prints it.
+func appendCFE(b []byte, e *Event) []byte {
+	data := func(b []byte, i int, name string) []byte {
+		if e.Has&(1<<i) == 0 {
+			return b
+		}
+		return appendHex16(append(b, ", "+name+": "...), e.Data[i])
+	}
+	switch e.Type {
+	case CFEIntr:
+		b = data(fmt.Appendf(b, "interrupt %d", e.Payload), 0, "cr2")
+	case CFEIret:
+		b = append(b, "iret"...)
+	case CFESMI:
+		b = append(b, "smi"...)
+	case CFERSM:
+		b = append(b, "rsm"...)
+	case CFESIPI:
+		b = fmt.Appendf(b, "sipi: %x", e.Payload)
+	case CFEInit:
+		b = append(b, "init"...)
+	case CFEVMEntry:
+		b = append(b, "vmentry"...)
+	case CFEVMExit, CFEVMExitIntr:
+		b = append(b, "vmexit"...)
+		if e.Type == CFEVMExitIntr {
+			b = fmt.Appendf(b, ", intr: %d", e.Payload)
+		}
+		b = data(data(b, 2, "vmxr"), 1, "vmxq")
+	case CFEShutdown:
+		b = append(b, "shutdown"...)
+	case CFEUintr:
+		b = fmt.Appendf(b, "uintr %d", e.Payload)
+	case CFEUiret:
+		b = append(b, "uiret"...)
+	case CFESwintr:
+		b = fmt.Appendf(b, "swintr %d", e.Payload)
+	default:
+		b = fmt.Appendf(b, "cfe %d", e.Type)
+	}
+	return b
 }
 
 // Stats prints the statistics ptxed prints with --stat.

@@ -22,16 +22,11 @@ var insnsKnownFailures = map[string]string{
 	"ptet-evd_vmxq-cfe_intr":      reasonPtet,
 	"ptet-evd_vmxr-cfe_rsm":       reasonPtet,
 	"ptet-evd_vmxr-evd-cr2":       reasonPtet,
-	"ptet-init-sipi":              reasonPtet,
 	"ptet-int-eretu":              reasonPtet,
 	"ptet-int-int-erets-eretu":    reasonPtet,
 	"ptet-int-iret-cpl_0":         reasonPtet,
-	"ptet-int-iret-cpl_3":         reasonPtet,
-	"ptet-int-iret":               reasonPtet,
 	"ptet":                        reasonPtet,
-	"ptet-smi-rsm":                reasonPtet,
 	"ptet-uint-uiret":             reasonPtet,
-	"ptet-vmexit-vmentry-nonroot": reasonPtet,
 	"ptet-vmexit-vmentry":         reasonPtet,
 	"ptet-vmexit-vmentry-root":    reasonPtet,
 	// not yet: the block decoder's [block] lines (--block:show-blocks, end-on-call/jump)
@@ -80,7 +75,6 @@ var insnsKnownFailures = map[string]string{
 	"tip_pge-pwre-pwrx-tip_pgd":              reasonPower,
 	// not yet: libipt's order of PIP/VMCS events bound to a FUP
 	"fup-pip-vmcs-tip":     reasonFuppip,
-	"fup-pip-vmcs-tip_pgd": reasonFuppip,
 	// not yet: PIP and TIP.PGD binding to a MOV to CR3 (x86insn classes it as no branch)
 	"pip-pip_mov_cr3-fail":    reasonCr3,
 	"pip_mov_cr3-pip_mov_cr3": reasonCr3,
