@@ -93,6 +93,9 @@ type Decoder struct {
 	resumeOK bool
 
 	steps int
+	// errIP is the IP of the last instruction decoded or tried since the
+	// sync, 0 before one: what ptxed reports with an error.
+	errIP uint64
 	cache blockCache
 	buf   [x86insn.MaxLen]byte
 	c     Counters
@@ -132,7 +135,7 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 				return
 			}
 			d.resetState()
-			d.hasBack = false
+			d.hasBack, d.errIP = false, 0
 			if err := d.next(); err != nil {
 				if d.fail(err) {
 					continue
@@ -198,7 +201,7 @@ func (d *Decoder) report(err error) {
 		}
 	}
 	d.c.Errors++
-	d.errv = Event{Kind: EvError, IP: d.ip, HasIP: true, Offset: off, Err: err}
+	d.errv = Event{Kind: EvError, IP: d.errIP, HasIP: true, Offset: off, Err: err}
 	d.h.Event(&d.errv)
 }
 
@@ -563,6 +566,12 @@ func (d *Decoder) read() error {
 	case decode.CFE:
 		e := Event{Kind: EvCFE, Type: p.Type, Payload: p.Payload, Data: d.evd, Has: d.evdHas}
 		d.evdHas = 0
+		if e.Has&^cfeData(e.Type) != 0 {
+			// Event data the event does not take: the CFE is
+			// the error.
+			d.unread()
+			return ErrBadContext
+		}
 		if err := d.next(); err != nil && !errors.Is(err, io.EOF) {
 			return err
 		} else if err == nil && d.pk.Kind == decode.FUP && !d.pk.Suppressed() {
@@ -613,6 +622,18 @@ func (d *Decoder) read() error {
 		// BBP/BIP/BEP (PEBS) carry no flow.
 	}
 	return nil
+}
+
+// cfeData is the event data (EVD types, a bit each) a CFE type takes: CR2
+// for an interrupt, VMX qualification and reason for a VM exit.
+func cfeData(typ uint8) uint8 {
+	switch typ {
+	case CFEIntr:
+		return 1 << 0
+	case CFEVMExit, CFEVMExitIntr:
+		return 1<<1 | 1<<2
+	}
+	return 0
 }
 
 // simpleEvent makes the event of a packet that takes effect where it

@@ -45,6 +45,7 @@ func (d *Decoder) run() error {
 				return io.EOF
 			}
 			if b := d.block(d.ip, d.mode); len(b.insns) == 0 {
+				d.errIP = d.ip
 				return b.err
 			}
 			if !d.flowNext() {
@@ -121,6 +122,7 @@ func (d *Decoder) walk() error {
 		if d.steps++; d.steps > d.opts.MaxInsns {
 			return ErrBadQuery
 		}
+		d.errIP = in.ip
 		if err := d.exec(in); err != nil {
 			// Errors are reported at the instruction.
 			d.ip = in.ip
@@ -131,9 +133,11 @@ func (d *Decoder) walk() error {
 		if d.due() {
 			return nil
 		}
+		d.errIP = d.ip
 		return b.err
 	}
 	if len(b.insns) == 0 {
+		d.errIP = d.ip
 		return b.err
 	}
 	return nil

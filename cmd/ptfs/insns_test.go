@@ -17,10 +17,7 @@ import (
 // docs/DESIGN.md §5 (ptfs decode --insns).
 var insnsKnownFailures = map[string]string{
 	// not yet: event trace (CFE/EVD packets: interrupt, iret, smi, vmexit, ... events)
-	"ptet-evd_cr2-cfe_iret":       reasonPtet,
 	"ptet-evd_cr2-evd_vmxq":       reasonPtet,
-	"ptet-evd_vmxq-cfe_intr":      reasonPtet,
-	"ptet-evd_vmxr-cfe_rsm":       reasonPtet,
 	"ptet-evd_vmxr-evd-cr2":       reasonPtet,
 	"ptet-int-eretu":              reasonPtet,
 	"ptet-int-int-erets-eretu":    reasonPtet,
