@@ -559,6 +559,12 @@ func (d *Decoder) read() error {
 		}
 		d.push(e, bindPTW)
 	case decode.EVD:
+		// CR2 goes with an interrupt, VMX data with a VM exit: data
+		// of both cannot be for one event.
+		if p.Type < uint8(len(d.evd)) && d.evdHas != 0 && (d.evdHas == 1) != (p.Type == 0) {
+			d.unread()
+			return ErrBadContext
+		}
 		if p.Type < uint8(len(d.evd)) {
 			d.evd[p.Type] = p.Payload
 			d.evdHas |= 1 << p.Type
@@ -578,6 +584,13 @@ func (d *Decoder) read() error {
 			// The event hit at the FUP's IP; the FUP also starts
 			// the asynchronous branch or disable that follows.
 			e.IP, e.HasIP = d.pk.IP, true
+			if d.enabled && cfeAtInsn(e.Type) {
+				// The FUP is the instruction's (iret, VM entry,
+				// ...); the event comes with its branch, which
+				// takes the TIP or TIP.PGD that follows.
+				d.push(e, bindTIP)
+				return nil
+			}
 			if d.enabled {
 				d.push(e, bindIP)
 			} else {
@@ -622,6 +635,17 @@ func (d *Decoder) read() error {
 		// BBP/BIP/BEP (PEBS) carry no flow.
 	}
 	return nil
+}
+
+// cfeAtInsn tells whether a CFE type is the event of an instruction (its
+// FUP gives the instruction's IP) rather than asynchronous (the FUP gives
+// the IP where it hit).
+func cfeAtInsn(typ uint8) bool {
+	switch typ {
+	case CFEIret, CFEVMEntry, CFEUiret, CFESyscall:
+		return true
+	}
+	return false
 }
 
 // cfeData is the event data (EVD types, a bit each) a CFE type takes: CR2

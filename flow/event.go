@@ -148,6 +148,7 @@ const (
 	CFEUintr      = 12
 	CFEUiret      = 13
 	CFESwintr     = 14
+	CFESyscall    = 15
 )
 
 // Event flags.

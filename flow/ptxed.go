@@ -417,6 +417,8 @@ func appendCFE(b []byte, e *Event) []byte {
 		b = append(b, "uiret"...)
 	case CFESwintr:
 		b = fmt.Appendf(b, "swintr %d", e.Payload)
+	case CFESyscall:
+		b = append(b, "syscall"...)
 	default:
 		b = fmt.Appendf(b, "cfe %d", e.Type)
 	}

@@ -183,8 +183,22 @@ func (d *Decoder) disabledAt() bool {
 	if i < 0 || d.q[i].bind != bindBranch {
 		return false
 	}
-	d.fire(i)
+	d.fireTIPBound(i)
+	d.fire(d.blocker())
 	return true
+}
+
+// fireTIPBound fires the events that wait for the branch among the first
+// n queued.
+func (d *Decoder) fireTIPBound(n int) {
+	for i := 0; i < n; {
+		if d.q[i].bind == bindTIP {
+			d.fire(i)
+			n--
+			continue
+		}
+		i++
+	}
 }
 
 // takeTNT consumes the oldest TNT bit.
@@ -231,13 +245,7 @@ func (d *Decoder) takeTIP(from uint64, kind BranchKind) error {
 	d.h.Branch(from, d.tip, kind)
 	d.ip = d.tip
 	d.applyStash()
-	for i := 0; i < len(d.q); {
-		if d.q[i].bind == bindTIP {
-			d.fire(i)
-			continue
-		}
-		i++
-	}
+	d.fireTIPBound(len(d.q))
 	return nil
 }
 

@@ -17,15 +17,12 @@ import (
 // docs/DESIGN.md §5 (ptfs decode --insns).
 var insnsKnownFailures = map[string]string{
 	// not yet: event trace (CFE/EVD packets: interrupt, iret, smi, vmexit, ... events)
-	"ptet-evd_cr2-evd_vmxq":       reasonPtet,
-	"ptet-evd_vmxr-evd-cr2":       reasonPtet,
-	"ptet-int-eretu":              reasonPtet,
-	"ptet-int-int-erets-eretu":    reasonPtet,
-	"ptet-int-iret-cpl_0":         reasonPtet,
-	"ptet":                        reasonPtet,
-	"ptet-uint-uiret":             reasonPtet,
-	"ptet-vmexit-vmentry":         reasonPtet,
-	"ptet-vmexit-vmentry-root":    reasonPtet,
+	"ptet-int-eretu":           reasonEretu,
+	"ptet-int-int-erets-eretu": reasonEretu,
+	"ptet":                     reasonPtet,
+	"ptet-uint-uiret":          reasonUiret,
+	"ptet-vmexit-vmentry":      reasonVmlaunch,
+	"ptet-vmexit-vmentry-root": reasonVmlaunch,
 	// not yet: the block decoder's [block] lines (--block:show-blocks, end-on-call/jump)
 	"ptxed-end_on_call-fup-tip":     reasonEnd_on,
 	"ptxed-end_on_call-fup-tip_pgd": reasonEnd_on,
@@ -71,7 +68,7 @@ var insnsKnownFailures = map[string]string{
 	"tip_pgd-mwait-pwre-exstop_ip-pwrx":      reasonPower,
 	"tip_pge-pwre-pwrx-tip_pgd":              reasonPower,
 	// not yet: libipt's order of PIP/VMCS events bound to a FUP
-	"fup-pip-vmcs-tip":     reasonFuppip,
+	"fup-pip-vmcs-tip": reasonFuppip,
 	// not yet: PIP and TIP.PGD binding to a MOV to CR3 (x86insn classes it as no branch)
 	"pip-pip_mov_cr3-fail":    reasonCr3,
 	"pip_mov_cr3-pip_mov_cr3": reasonCr3,
@@ -92,7 +89,8 @@ const (
 	reasonPower    = "not yet: libipt's binding and order of MWAIT/PWRE/EXSTOP/PWRX events (MWAIT takes the IP of the EXSTOP's FUP)"
 	reasonFuppip   = "not yet: libipt's order of PIP/VMCS events bound to a FUP"
 	reasonCr3      = "not yet: PIP and TIP.PGD binding to a MOV to CR3 (x86insn classes it as no branch)"
-	reasonVmlaunch = "x86insn does not decode vmlaunch yet (the x86insn length decoder will)"
+	reasonVmlaunch = "x86insn does not decode vmlaunch/vmresume yet (the x86insn length decoder will)"
+	reasonUiret    = "x86insn does not decode uiret yet (the x86insn length decoder will)"
 	reasonPtwtrig  = "not yet: a TRIG whose IP comes from a PTWRITE's FUP"
 )
 
