@@ -504,9 +504,14 @@ func (d *Decoder) read() error {
 		m, f := execMode(p), p.Has(decode.FlagIF)
 		if err := d.next(); err != nil && !errors.Is(err, io.EOF) {
 			return err
-		} else if err == nil && d.pk.Kind == decode.FUP && !d.pk.Suppressed() && d.enabled {
-			// MODE.Exec + FUP: the change happens at the FUP's IP.
-			d.modeEvents(m, f, d.pk.IP, bindIP)
+		} else if err == nil && d.pk.Kind == decode.FUP && !d.pk.Suppressed() {
+			// MODE.Exec + FUP: the change happens at the FUP's IP
+			// (while tracing is off, it is reported at once).
+			b := bindIP
+			if !d.enabled {
+				b = bindNow
+			}
+			d.modeEvents(m, f, d.pk.IP, b)
 			return nil
 		} else if err == nil {
 			d.unread()
@@ -584,6 +589,10 @@ func (d *Decoder) read() error {
 			// The event hit at the FUP's IP; the FUP also starts
 			// the asynchronous branch or disable that follows.
 			e.IP, e.HasIP = d.pk.IP, true
+			if !cfeKnown(e.Type) {
+				// libipt skips event types it does not know.
+				return nil
+			}
 			if d.enabled && cfeAtInsn(e.Type) {
 				// The FUP is the instruction's (iret, VM entry,
 				// ...); the event comes with its branch, which
@@ -591,14 +600,17 @@ func (d *Decoder) read() error {
 				d.push(e, bindTIP)
 				return nil
 			}
-			if d.enabled {
-				d.push(e, bindIP)
-			} else {
+			if !d.enabled {
 				d.push(e, bindNow)
+				return nil
 			}
+			d.push(e, bindIP)
 			return d.fup()
 		} else if err == nil {
 			d.unread()
+		}
+		if !cfeKnown(e.Type) {
+			return nil
 		}
 		if d.enabled {
 			// It binds to the branch that takes the next TIP (iret).
@@ -635,6 +647,11 @@ func (d *Decoder) read() error {
 		// BBP/BIP/BEP (PEBS) carry no flow.
 	}
 	return nil
+}
+
+// cfeKnown tells whether libipt knows a CFE type (it skips the others).
+func cfeKnown(typ uint8) bool {
+	return typ >= CFEIntr && typ <= CFESyscall && typ != 11
 }
 
 // cfeAtInsn tells whether a CFE type is the event of an instruction (its

@@ -19,7 +19,6 @@ var insnsKnownFailures = map[string]string{
 	// not yet: event trace (CFE/EVD packets: interrupt, iret, smi, vmexit, ... events)
 	"ptet-int-eretu":           reasonEretu,
 	"ptet-int-int-erets-eretu": reasonEretu,
-	"ptet":                     reasonPtet,
 	"ptet-uint-uiret":          reasonUiret,
 	"ptet-vmexit-vmentry":      reasonVmlaunch,
 	"ptet-vmexit-vmentry-root": reasonVmlaunch,
@@ -80,7 +79,6 @@ var insnsKnownFailures = map[string]string{
 }
 
 const (
-	reasonPtet     = "not yet: event trace (CFE/EVD packets: interrupt, iret, smi, vmexit, ... events)"
 	reasonEnd_on   = "not yet: the block decoder's [block] lines (--block:show-blocks, end-on-call/jump)"
 	reasonResync   = "not yet: libipt's exact read-ahead around an error (the packets consumed before it, so the offset printed, and where --resync-on-error resumes)"
 	reasonEretu    = "x86insn does not decode FRED eretu/erets yet (the x86insn length decoder will)"
