@@ -81,6 +81,7 @@ type Decoder struct {
 
 	q    []queued
 	qEv  Event
+	ins  Insn
 	errv Event
 
 	stack [retStackSize]uint64

@@ -3,6 +3,8 @@ package flow
 import (
 	"errors"
 	"strconv"
+
+	"ptfs/x86insn"
 )
 
 // Memory is the traced code's memory. ReadAt reads up to len(dst) bytes at
@@ -177,12 +179,21 @@ var (
 	ErrUnsupported = errors.New("not supported")
 )
 
+// Insn is an executed instruction.
+type Insn struct {
+	IP    uint64
+	Len   uint8
+	Mode  Mode
+	Class x86insn.Class
+	// Speculative: it ran inside a transaction (TSX) not yet committed.
+	Speculative bool
+}
+
 // Handler receives the flow. Its methods are called synchronously and must
 // not keep e past the call.
 type Handler interface {
-	// Insn is called for every executed instruction; speculative
-	// when it ran inside a transaction (TSX) not yet committed.
-	Insn(ip uint64, mode Mode, speculative bool)
+	// Insn is called for every executed instruction.
+	Insn(in *Insn)
 	// Branch is called for every taken control transfer, from the
 	// instruction at from (or the interrupted IP) to to.
 	Branch(from, to uint64, kind BranchKind)

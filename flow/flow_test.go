@@ -34,7 +34,7 @@ type recorder struct {
 	branches int
 }
 
-func (r *recorder) Insn(ip uint64, _ Mode, _ bool) { r.lines = append(r.lines, fmt.Sprintf("%x", ip)) }
+func (r *recorder) Insn(in *Insn) { r.lines = append(r.lines, fmt.Sprintf("%x", in.IP)) }
 func (r *recorder) Branch(from, to uint64, kind BranchKind) {
 	r.branches++
 }
@@ -122,7 +122,7 @@ func TestDecodeFlows(t *testing.T) {
 // nopHandler drops the flow.
 type nopHandler struct{ n uint64 }
 
-func (h *nopHandler) Insn(ip uint64, _ Mode, _ bool)          { h.n++ }
+func (h *nopHandler) Insn(*Insn)                              { h.n++ }
 func (h *nopHandler) Branch(from, to uint64, kind BranchKind) {}
 func (h *nopHandler) Event(e *Event)                          {}
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"ptfs/decode"
+	"ptfs/x86insn"
 )
 
 // PtxedOptions are libipt ptxed's options, as ptfs decode --insns takes
@@ -210,8 +211,9 @@ type Ptxed struct {
 	buf   []byte
 	err   error
 	insns uint64
-	// blocks counts runs of sequential instructions, as the block
-	// decoder's statistics do: a taken branch or an event ends one.
+	// blocks counts the block decoder's blocks: an event, or a branch
+	// that needs trace (conditional, indirect, return, far; direct
+	// calls and jumps with end-on-call, end-on-jump) ends one.
 	blocks   uint64
 	newBlock bool
 }
@@ -240,25 +242,36 @@ func (p *Ptxed) Flush() error {
 func appendHex16(b []byte, v uint64) []byte { return decode.AppendHex(b, v, 16) }
 
 // Insn prints an instruction address.
-func (p *Ptxed) Insn(ip uint64, _ Mode, speculative bool) {
+func (p *Ptxed) Insn(in *Insn) {
 	p.insns++
 	if p.newBlock {
 		p.blocks++
 		p.newBlock = false
+		if p.o.Block && p.o.ShowBlocks && !p.o.Quiet {
+			p.buf = append(p.buf, "[block]\n"...)
+		}
+	}
+	switch in.Class {
+	case x86insn.CondJump, x86insn.Ret, x86insn.IndirectJump, x86insn.IndirectCall, x86insn.FarTransfer:
+		p.newBlock = true
+	case x86insn.Jump:
+		p.newBlock = p.o.EndOnJump
+	case x86insn.Call:
+		p.newBlock = p.o.EndOnCall
 	}
 	if p.o.Quiet {
 		return
 	}
-	if speculative {
+	if in.Speculative {
 		p.buf = append(p.buf, "? "...)
 	}
-	p.buf = appendHex16(p.buf, ip)
+	p.buf = appendHex16(p.buf, in.IP)
 	p.buf = append(p.buf, '\n')
 	p.flushIfFull()
 }
 
-// Branch is not printed by ptxed; it ends a block.
-func (p *Ptxed) Branch(from, to uint64, kind BranchKind) { p.newBlock = true }
+// Branch is not printed by ptxed.
+func (p *Ptxed) Branch(from, to uint64, kind BranchKind) {}
 
 // Event prints an event line, or an error line.
 func (p *Ptxed) Event(e *Event) {

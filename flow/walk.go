@@ -264,7 +264,8 @@ func (d *Decoder) disabledDirect(target uint64) bool {
 // exec executes one instruction.
 func (d *Decoder) exec(in *insn) error {
 	d.c.Insns++
-	d.h.Insn(in.ip, d.mode, d.inTX)
+	d.ins = Insn{IP: in.ip, Len: in.len, Mode: d.mode, Class: in.class, Speculative: d.inTX}
+	d.h.Insn(&d.ins)
 	for i := range d.q {
 		if d.q[i].bind == bindCount && d.q[i].count > 0 {
 			d.q[i].count--

@@ -16,45 +16,32 @@ import (
 // does not meet yet, each with the reason; what ptfs does instead is in
 // docs/DESIGN.md §5 (ptfs decode --insns).
 var insnsKnownFailures = map[string]string{
-	// not yet: event trace (CFE/EVD packets: interrupt, iret, smi, vmexit, ... events)
-	"ptet-int-eretu":           reasonEretu,
-	"ptet-int-int-erets-eretu": reasonEretu,
-	"ptet-uint-uiret":          reasonUiret,
-	"ptet-vmexit-vmentry":      reasonVmlaunch,
-	"ptet-vmexit-vmentry-root": reasonVmlaunch,
-	// not yet: the block decoder's [block] lines (--block:show-blocks, end-on-call/jump)
-	"ptxed-end_on_call-fup-tip":     reasonEnd_on,
-	"ptxed-end_on_call-fup-tip_pgd": reasonEnd_on,
-	"ptxed-end_on_call-ret_tip":     reasonEnd_on,
-	"ptxed-end_on_call-ret_tnt":     reasonEnd_on,
-	"ptxed-end_on_call-tip_pgd":     reasonEnd_on,
-	"ptxed-end_on_jump-fup-tip_pgd": reasonEnd_on,
-	// not yet: libipt's exact read-ahead around an error (the packets consumed before it, so the offset printed, and where --resync-on-error resumes)
-	"ptxed-resync-bad_query-fup-tip":      reasonResync,
-	"ptxed-resync-nomap-fup-tip":          reasonResync,
-	"ptxed-resync-nomap-mode_exec-fup":    reasonResync,
-	"ptxed-resync-nomap-mode_tsx-eos":     reasonResync,
-	"ptxed-resync-nomap-mode_tsx-fup-tip": reasonResync,
-	"ptxed-resync-nomap-mode_tsx-tip_pgd": reasonResync,
-	"ptxed-resync-nomap-ovf-fup":          reasonResync,
-	"ptxed-resync-nomap-psb":              reasonResync,
-	"ptxed-resync-nomap-ptw-fup":          reasonResync,
-	"ptxed-resync-nomap-ptw-tip":          reasonResync,
-	"ptxed-resync-nomap-tip_pgd":          reasonResync,
-	"ptxed-resync-nomap-tip_pge":          reasonResync,
-	"ptxed-resync-psb-bad_status-psb":     reasonResync,
-	"ptxed-resync-psb-nomap-psb":          reasonResync,
-	// x86insn does not decode FRED eretu/erets yet (the x86insn length decoder will)
-	"int-eretu-cpl_0": reasonEretu,
-	"int-eretu":       reasonEretu,
-	// x86insn does not decode APX jmpabs yet (the x86insn length decoder will)
-	"tip-jmpabs":     reasonJmpabs,
-	"tip_pgd-jmpabs": reasonJmpabs,
-	// not yet: --event:tick and --event:time (tick events, timestamps on events)
-	"mtc-ovf_keep-cyc":  reasonTick,
-	"mtc-ovf_reset-cyc": reasonTick,
-	"ptxed-tick":        reasonTick,
-	// not yet: libipt's binding and order of MWAIT/PWRE/EXSTOP/PWRX events (MWAIT takes the IP of the EXSTOP's FUP)
+	"ptet-int-eretu":                         reasonEretu,
+	"ptet-int-int-erets-eretu":               reasonEretu,
+	"ptet-uint-uiret":                        reasonUiret,
+	"ptet-vmexit-vmentry":                    reasonVmlaunch,
+	"ptet-vmexit-vmentry-root":               reasonVmlaunch,
+	"ptxed-resync-bad_query-fup-tip":         reasonResync,
+	"ptxed-resync-nomap-fup-tip":             reasonResync,
+	"ptxed-resync-nomap-mode_exec-fup":       reasonResync,
+	"ptxed-resync-nomap-mode_tsx-eos":        reasonResync,
+	"ptxed-resync-nomap-mode_tsx-fup-tip":    reasonResync,
+	"ptxed-resync-nomap-mode_tsx-tip_pgd":    reasonResync,
+	"ptxed-resync-nomap-ovf-fup":             reasonResync,
+	"ptxed-resync-nomap-psb":                 reasonResync,
+	"ptxed-resync-nomap-ptw-fup":             reasonResync,
+	"ptxed-resync-nomap-ptw-tip":             reasonResync,
+	"ptxed-resync-nomap-tip_pgd":             reasonResync,
+	"ptxed-resync-nomap-tip_pge":             reasonResync,
+	"ptxed-resync-psb-bad_status-psb":        reasonResync,
+	"ptxed-resync-psb-nomap-psb":             reasonResync,
+	"int-eretu-cpl_0":                        reasonEretu,
+	"int-eretu":                              reasonEretu,
+	"tip-jmpabs":                             reasonJmpabs,
+	"tip_pgd-jmpabs":                         reasonJmpabs,
+	"mtc-ovf_keep-cyc":                       reasonTick,
+	"mtc-ovf_reset-cyc":                      reasonTick,
+	"ptxed-tick":                             reasonTick,
 	"mwait-pwre-exstop_ip-fup-ovf":           reasonPower,
 	"mwait-pwre-exstop_ip-ovf":               reasonPower,
 	"mwait-pwre-exstop_ip-pwre-pwrx":         reasonPower,
@@ -66,20 +53,15 @@ var insnsKnownFailures = map[string]string{
 	"tip_pgd-mwait-pwre-exstop_ip-pwre-pwrx": reasonPower,
 	"tip_pgd-mwait-pwre-exstop_ip-pwrx":      reasonPower,
 	"tip_pge-pwre-pwrx-tip_pgd":              reasonPower,
-	// not yet: libipt's order of PIP/VMCS events bound to a FUP
-	"fup-pip-vmcs-tip": reasonFuppip,
-	// not yet: PIP and TIP.PGD binding to a MOV to CR3 (x86insn classes it as no branch)
-	"pip-pip_mov_cr3-fail":    reasonCr3,
-	"pip_mov_cr3-pip_mov_cr3": reasonCr3,
-	"tip_pgd_noip-mov_cr3":    reasonCr3,
-	// x86insn does not decode vmlaunch yet (the x86insn length decoder will)
-	"pip-vmcs-tip_pgd": reasonVmlaunch,
-	// not yet: a TRIG whose IP comes from a PTWRITE's FUP
-	"psb-fup-ptw-trig": reasonPtwtrig,
+	"fup-pip-vmcs-tip":                       reasonFuppip,
+	"pip-pip_mov_cr3-fail":                   reasonCr3,
+	"pip_mov_cr3-pip_mov_cr3":                reasonCr3,
+	"tip_pgd_noip-mov_cr3":                   reasonCr3,
+	"pip-vmcs-tip_pgd":                       reasonVmlaunch,
+	"psb-fup-ptw-trig":                       reasonPtwtrig,
 }
 
 const (
-	reasonEnd_on   = "not yet: the block decoder's [block] lines (--block:show-blocks, end-on-call/jump)"
 	reasonResync   = "not yet: libipt's exact read-ahead around an error (the packets consumed before it, so the offset printed, and where --resync-on-error resumes)"
 	reasonEretu    = "x86insn does not decode FRED eretu/erets yet (the x86insn length decoder will)"
 	reasonJmpabs   = "x86insn does not decode APX jmpabs yet (the x86insn length decoder will)"
