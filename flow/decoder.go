@@ -68,6 +68,10 @@ type Decoder struct {
 	stashIF bool
 	iflag   int8 // RFLAGS.IF: -1 unknown
 	inTX    bool
+	// held are MWAIT and PWRE events waiting for their EXSTOP, which
+	// gives MWAIT its IP and is reported between them (libipt's order).
+	held  [2]Event
+	nHeld int
 	// evd is the event data (EVD) waiting for its CFE.
 	evd    [3]uint64
 	evdHas uint8
@@ -209,6 +213,7 @@ func (d *Decoder) report(err error) {
 // resetState forgets the flow: after a PSB sync or an error.
 func (d *Decoder) resetState() {
 	d.enabled, d.ip, d.stash, d.iflag, d.inTX = false, 0, ModeUnknown, -1, false
+	d.nHeld, d.evdHas = 0, 0
 	d.tnt, d.tntN, d.tipOK, d.eos = 0, 0, false, false
 	d.q = d.q[:0]
 	d.sp, d.top = 0, 0
@@ -409,14 +414,22 @@ func (d *Decoder) psb(first bool) error {
 // TIP/TIP.PGE), and the overflow is reported there.
 func (d *Decoder) overflow() error {
 	d.tnt, d.tntN, d.tipOK = 0, 0, false
-	d.q = d.q[:0]
+	// Events waiting for the flow are lost with it; those due now stay.
+	n := 0
+	for _, q := range d.q {
+		if q.bind == bindNow {
+			d.q[n] = q
+			n++
+		}
+	}
+	d.q = d.q[:n]
 	// Without a FUP to resume at, the overflow is reported before the
 	// events in its shadow (libipt's order).
 	lost := func() {
 		d.enabled = false
 		d.q = append(d.q, queued{})
-		copy(d.q[1:], d.q)
-		d.q[0] = queued{ev: Event{Kind: EvOverflow}, bind: bindNow}
+		copy(d.q[n+1:], d.q[n:])
+		d.q[n] = queued{ev: Event{Kind: EvOverflow}, bind: bindNow}
 	}
 	for {
 		if err := d.next(); err != nil {
@@ -462,8 +475,10 @@ func (d *Decoder) fupFor(e *Event) error {
 		return err
 	}
 	if d.pk.Kind != decode.FUP {
+		// The FUP was lost (an overflow came first): the event
+		// has no IP.
 		d.unread()
-		return ErrBadContext
+		return nil
 	}
 	e.IP, e.HasIP = d.pk.IP, !d.pk.Suppressed()
 	return nil
@@ -474,12 +489,17 @@ func (d *Decoder) fupFor(e *Event) error {
 func (d *Decoder) read() error {
 	if err := d.next(); err != nil {
 		if errors.Is(err, io.EOF) {
+			d.flushHeld(bindNow)
 			d.eos = true
 			return nil
 		}
 		return err
 	}
 	p := &d.pk
+	if d.nHeld > 0 && p.Kind != decode.Mwait && p.Kind != decode.Pwre && p.Kind != decode.Exstop {
+		// No EXSTOP came: the held events go as they are.
+		d.flushHeld(bindNow)
+	}
 	switch p.Kind {
 	case decode.TNT8, decode.TNT64:
 		if int(d.tntN)+int(p.Bits) > 64 {
@@ -619,6 +639,12 @@ func (d *Decoder) read() error {
 			return nil
 		}
 		d.push(e, bindNow)
+	case decode.Mwait, decode.Pwre:
+		if d.nHeld == len(d.held) {
+			d.flushHeld(bindNow)
+		}
+		d.held[d.nHeld], _ = simpleEvent(p)
+		d.nHeld++
 	case decode.Exstop, decode.Trig:
 		e := Event{Kind: EvExstop}
 		if p.Kind == decode.Trig {
@@ -633,13 +659,17 @@ func (d *Decoder) read() error {
 				d.q = append(d.q, queued{ev: e, bind: bindCount, count: p.Aux})
 				return nil
 			}
-			d.push(e, bindNow)
+			d.pushExstop(e, bindNow)
 			return nil
 		}
 		if err := d.fupFor(&e); err != nil {
 			return err
 		}
-		d.push(e, bindIP)
+		if !e.HasIP {
+			d.pushExstop(e, bindNow)
+			return nil
+		}
+		d.pushExstop(e, bindIP)
 	default:
 		if e, ok := simpleEvent(p); ok {
 			d.push(e, bindNow)
@@ -676,6 +706,38 @@ func cfeData(typ uint8) uint8 {
 		return 1<<1 | 1<<2
 	}
 	return 0
+}
+
+// pushExstop queues e; for an EXSTOP, with the MWAIT held before it (at
+// its IP) and the PWRE after it.
+func (d *Decoder) pushExstop(e Event, b bind) {
+	if e.Kind != EvExstop {
+		d.push(e, b)
+		return
+	}
+	for i := range d.held[:d.nHeld] {
+		if d.held[i].Kind == EvMwait {
+			d.held[i].IP, d.held[i].HasIP = e.IP, e.HasIP
+			d.push(d.held[i], b)
+		}
+	}
+	d.push(e, b)
+	for i := range d.held[:d.nHeld] {
+		if d.held[i].Kind != EvMwait {
+			// Bound where the EXSTOP is; PWRE shows no IP.
+			d.held[i].IP = e.IP
+			d.push(d.held[i], b)
+		}
+	}
+	d.nHeld = 0
+}
+
+// flushHeld queues the held events as they are.
+func (d *Decoder) flushHeld(b bind) {
+	for i := range d.held[:d.nHeld] {
+		d.push(d.held[i], b)
+	}
+	d.nHeld = 0
 }
 
 // simpleEvent makes the event of a packet that takes effect where it

@@ -16,62 +16,58 @@ import (
 // does not meet yet, each with the reason; what ptfs does instead is in
 // docs/DESIGN.md §5 (ptfs decode --insns).
 var insnsKnownFailures = map[string]string{
-	"ptet-int-eretu":                         reasonEretu,
-	"ptet-int-int-erets-eretu":               reasonEretu,
-	"ptet-uint-uiret":                        reasonUiret,
-	"ptet-vmexit-vmentry":                    reasonVmlaunch,
-	"ptet-vmexit-vmentry-root":               reasonVmlaunch,
-	"ptxed-resync-bad_query-fup-tip":         reasonResync,
-	"ptxed-resync-nomap-fup-tip":             reasonResync,
-	"ptxed-resync-nomap-mode_exec-fup":       reasonResync,
-	"ptxed-resync-nomap-mode_tsx-eos":        reasonResync,
-	"ptxed-resync-nomap-mode_tsx-fup-tip":    reasonResync,
-	"ptxed-resync-nomap-mode_tsx-tip_pgd":    reasonResync,
-	"ptxed-resync-nomap-ovf-fup":             reasonResync,
-	"ptxed-resync-nomap-psb":                 reasonResync,
-	"ptxed-resync-nomap-ptw-fup":             reasonResync,
-	"ptxed-resync-nomap-ptw-tip":             reasonResync,
-	"ptxed-resync-nomap-tip_pgd":             reasonResync,
-	"ptxed-resync-nomap-tip_pge":             reasonResync,
-	"ptxed-resync-psb-bad_status-psb":        reasonResync,
-	"ptxed-resync-psb-nomap-psb":             reasonResync,
-	"int-eretu-cpl_0":                        reasonEretu,
-	"int-eretu":                              reasonEretu,
-	"tip-jmpabs":                             reasonJmpabs,
-	"tip_pgd-jmpabs":                         reasonJmpabs,
-	"mtc-ovf_keep-cyc":                       reasonTick,
-	"mtc-ovf_reset-cyc":                      reasonTick,
-	"ptxed-tick":                             reasonTick,
-	"mwait-pwre-exstop_ip-fup-ovf":           reasonPower,
-	"mwait-pwre-exstop_ip-ovf":               reasonPower,
-	"mwait-pwre-exstop_ip-pwre-pwrx":         reasonPower,
-	"mwait-pwre-exstop_ip-pwrx":              reasonPower,
-	"mwait-pwre-ovf":                         reasonPower,
-	"ovf-pwre-pwrx-tip_pge":                  reasonPower,
-	"pwre-exstop_ip-pwrx":                    reasonPower,
-	"tip_pgd-mwait-pwre-exstop-pwrx-tip_pge": reasonPower,
-	"tip_pgd-mwait-pwre-exstop_ip-pwre-pwrx": reasonPower,
-	"tip_pgd-mwait-pwre-exstop_ip-pwrx":      reasonPower,
-	"tip_pge-pwre-pwrx-tip_pgd":              reasonPower,
-	"fup-pip-vmcs-tip":                       reasonFuppip,
-	"pip-pip_mov_cr3-fail":                   reasonCr3,
-	"pip_mov_cr3-pip_mov_cr3":                reasonCr3,
-	"tip_pgd_noip-mov_cr3":                   reasonCr3,
-	"pip-vmcs-tip_pgd":                       reasonVmlaunch,
-	"psb-fup-ptw-trig":                       reasonPtwtrig,
+	"ptet-int-eretu":                      reasonEretu,
+	"ptet-int-int-erets-eretu":            reasonEretu,
+	"ptet-uint-uiret":                     reasonUiret,
+	"ptet-vmexit-vmentry":                 reasonVmlaunch,
+	"ptet-vmexit-vmentry-root":            reasonVmlaunch,
+	"ptxed-resync-bad_query-fup-tip":      reasonResync,
+	"ptxed-resync-nomap-fup-tip":          reasonResync,
+	"ptxed-resync-nomap-mode_exec-fup":    reasonResync,
+	"ptxed-resync-nomap-mode_tsx-eos":     reasonResync,
+	"ptxed-resync-nomap-mode_tsx-fup-tip": reasonResync,
+	"ptxed-resync-nomap-mode_tsx-tip_pgd": reasonResync,
+	"ptxed-resync-nomap-ovf-fup":          reasonResync,
+	"ptxed-resync-nomap-psb":              reasonResync,
+	"ptxed-resync-nomap-ptw-fup":          reasonResync,
+	"ptxed-resync-nomap-ptw-tip":          reasonResync,
+	"ptxed-resync-nomap-tip_pgd":          reasonResync,
+	"ptxed-resync-nomap-tip_pge":          reasonResync,
+	"ptxed-resync-psb-bad_status-psb":     reasonResync,
+	"ptxed-resync-psb-nomap-psb":          reasonResync,
+	"int-eretu-cpl_0":                     reasonEretu,
+	"int-eretu":                           reasonEretu,
+	"tip-jmpabs":                          reasonJmpabs,
+	"tip_pgd-jmpabs":                      reasonJmpabs,
+	"mtc-ovf_keep-cyc":                    reasonTick,
+	"mtc-ovf_reset-cyc":                   reasonTick,
+	"ptxed-tick":                          reasonTick,
+	"mwait-pwre-exstop_ip-fup-ovf":        reasonPower,
+	"mwait-pwre-exstop_ip-ovf":            reasonPower,
+	"mwait-pwre-ovf":                      reasonPower,
+	"ovf-pwre-pwrx-tip_pge":               reasonPower,
+	"pwre-exstop_ip-pwrx":                 reasonPower,
+	"tip_pge-pwre-pwrx-tip_pgd":           reasonPower,
+	"fup-pip-vmcs-tip":                    reasonFuppip,
+	"pip-pip_mov_cr3-fail":                reasonCr3,
+	"pip_mov_cr3-pip_mov_cr3":             reasonCr3,
+	"tip_pgd_noip-mov_cr3":                reasonCr3,
+	"pip-vmcs-tip_pgd":                    reasonVmlaunch,
+	"psb-fup-ptw-trig":                    reasonPtwtrig,
 }
 
 const (
-	reasonResync   = "not yet: libipt's exact read-ahead around an error (the packets consumed before it, so the offset printed, and where --resync-on-error resumes)"
-	reasonEretu    = "x86insn does not decode FRED eretu/erets yet (the x86insn length decoder will)"
-	reasonJmpabs   = "x86insn does not decode APX jmpabs yet (the x86insn length decoder will)"
-	reasonTick     = "not yet: --event:tick and --event:time (tick events, timestamps on events)"
-	reasonPower    = "not yet: libipt's binding and order of MWAIT/PWRE/EXSTOP/PWRX events (MWAIT takes the IP of the EXSTOP's FUP)"
-	reasonFuppip   = "not yet: libipt's order of PIP/VMCS events bound to a FUP"
-	reasonCr3      = "not yet: PIP and TIP.PGD binding to a MOV to CR3 (x86insn classes it as no branch)"
-	reasonVmlaunch = "x86insn does not decode vmlaunch/vmresume yet (the x86insn length decoder will)"
-	reasonUiret    = "x86insn does not decode uiret yet (the x86insn length decoder will)"
-	reasonPtwtrig  = "not yet: a TRIG whose IP comes from a PTWRITE's FUP"
+	reasonResync      = "not yet: libipt's exact read-ahead around an error (the packets consumed before it, so the offset printed, and where --resync-on-error resumes)"
+	reasonEretu       = "x86insn does not decode FRED eretu/erets yet (the x86insn length decoder will)"
+	reasonJmpabs      = "x86insn does not decode APX jmpabs yet (the x86insn length decoder will)"
+	reasonTick        = "not yet: --event:tick and --event:time (tick events, timestamps on events)"
+	reasonPwreHW      = "libipt quirk: pttc puts PWRE's hw bit at bit 3 of the payload (pt_pl_pwre_hw_mask), the SDM and Linux perf at bit 7; ptfs follows the SDM, so libipt's [pwre c1.0 hw] prints as [pwre c1.0] (as in the ptdump test's known differences)"
+	reasonPwreHWOrder = "the PWRE hw bit quirk (see reasonPwreHW), and libipt reports the PWRE before the MWAIT when the EXSTOP's FUP is lost to an overflow; ptfs keeps MWAIT, EXSTOP, PWRE"
+	reasonFuppip      = "not yet: libipt's order of PIP/VMCS events bound to a FUP"
+	reasonCr3         = "not yet: PIP and TIP.PGD binding to a MOV to CR3 (x86insn classes it as no branch)"
+	reasonVmlaunch    = "x86insn does not decode vmlaunch/vmresume yet (the x86insn length decoder will)"
+	reasonUiret       = "x86insn does not decode uiret yet (the x86insn length decoder will)"
+	reasonPtwtrig     = "not yet: a TRIG whose IP comes from a PTWRITE's FUP"
 )
 
 var (
