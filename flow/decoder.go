@@ -258,6 +258,23 @@ func (d *Decoder) resyncIP() bool {
 			d.ip, d.enabled = d.pk.IP, true
 			d.applyStash()
 			return true
+		case decode.PTW:
+			// PTW + FUP: the FUP is where to resume, and the
+			// PTWRITE's IP.
+			e := Event{Kind: EvPTWrite, Payload: d.pk.Payload}
+			if !d.pk.Has(decode.FlagIP) {
+				continue
+			}
+			if err := d.fupFor(&e); err != nil {
+				d.report(err)
+				return false
+			}
+			if !e.HasIP {
+				continue
+			}
+			d.ip, d.enabled = e.IP, true
+			d.push(e, bindPTW)
+			return true
 		case decode.PSB:
 			// The PSB's own sync does the rest.
 			d.back, d.hasBack = d.pk, true

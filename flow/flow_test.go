@@ -100,7 +100,7 @@ func TestDecodeFlows(t *testing.T) {
 			start(e, 0x5000)
 			e.TNT(1, 1)
 		},
-		want:   "error 17 5000: no memory mapped at this address",
+		want:   "error 18 5000: no memory mapped at this address",
 		errors: 1,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {

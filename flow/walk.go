@@ -44,6 +44,12 @@ func (d *Decoder) run() error {
 				d.emit(&d.qEv)
 				return io.EOF
 			}
+			if k := d.back.Kind; k == decode.TNT8 || k == decode.TNT64 {
+				if err := d.read(); err != nil {
+					return err
+				}
+				continue
+			}
 			if b := d.block(d.ip, d.mode); len(b.insns) == 0 {
 				d.errIP = d.ip
 				return b.err
@@ -77,16 +83,14 @@ func (d *Decoder) peek() error {
 	return nil
 }
 
-// flowNext tells whether the packet read ahead is a TNT or TIP.
+// flowNext tells whether the packet read ahead is a TIP, which waits for
+// the branch that takes it (a TNT is taken into the cache at once, as
+// libipt's read-ahead does).
 func (d *Decoder) flowNext() bool {
 	if !d.hasBack {
 		return false
 	}
-	switch d.back.Kind {
-	case decode.TNT8, decode.TNT64, decode.TIP:
-		return true
-	}
-	return false
+	return d.back.Kind == decode.TIP
 }
 
 // due tells whether a queued event must be delivered before the

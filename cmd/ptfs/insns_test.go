@@ -29,7 +29,6 @@ var insnsKnownFailures = map[string]string{
 	"ptxed-resync-nomap-mode_tsx-tip_pgd": reasonResync,
 	"ptxed-resync-nomap-ovf-fup":          reasonResync,
 	"ptxed-resync-nomap-psb":              reasonResync,
-	"ptxed-resync-nomap-ptw-fup":          reasonResync,
 	"ptxed-resync-nomap-ptw-tip":          reasonResync,
 	"ptxed-resync-nomap-tip_pgd":          reasonResync,
 	"ptxed-resync-nomap-tip_pge":          reasonResync,
