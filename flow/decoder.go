@@ -98,6 +98,12 @@ type Decoder struct {
 	resumeOK bool
 
 	steps int
+	// resyncing: after an error, a TIP (or other IP) resumes the flow
+	// (ResyncOnError).
+	resyncing bool
+	// errPos is the stream position of the last error (errSeen).
+	errPos  uint64
+	errSeen bool
 	// errIP is the IP of the last instruction decoded or tried since the
 	// sync, 0 before one: what ptxed reports with an error.
 	errIP uint64
@@ -140,7 +146,7 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 				return
 			}
 			d.resetState()
-			d.hasBack, d.errIP = false, 0
+			d.hasBack, d.errIP, d.errSeen = false, 0, false
 			if err := d.next(); err != nil {
 				if d.fail(err) {
 					continue
@@ -168,10 +174,26 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 		if !d.fail(err) {
 			return
 		}
-		if d.opts.ResyncOnError {
-			resync = d.resyncIP()
+		if d.opts.ResyncOnError && d.progressed() {
+			// Go on from here with tracing off: the next packet
+			// that gives an IP turns it on again.
+			mode := d.mode
+			d.resetState()
+			d.mode, d.resyncing, resync = mode, true, true
 		}
 	}
+}
+
+// progressed tells whether the stream moved since the last error, so that
+// an error that leaves its packet unread cannot repeat forever.
+func (d *Decoder) progressed() bool {
+	pos := d.pd.Pos()
+	if d.hasBack {
+		pos = d.back.Offset
+	}
+	ok := !d.errSeen || pos != d.errPos
+	d.errPos, d.errSeen = pos, true
+	return ok
 }
 
 // fail reports err unless it already was; it tells whether decoding can go on.
@@ -213,78 +235,13 @@ func (d *Decoder) report(err error) {
 // resetState forgets the flow: after a PSB sync or an error.
 func (d *Decoder) resetState() {
 	d.enabled, d.ip, d.stash, d.iflag, d.inTX = false, 0, ModeUnknown, -1, false
+	d.resyncing = false
 	d.nHeld, d.evdHas = 0, 0
 	d.tnt, d.tntN, d.tipOK, d.eos = 0, 0, false, false
 	d.q = d.q[:0]
 	d.sp, d.top = 0, 0
 	d.resumeOK = false
 	d.steps = 0
-}
-
-// resyncIP skips to the next packet that gives an IP (--resync-on-error)
-// and makes it the current IP; it tells whether it found one.
-func (d *Decoder) resyncIP() bool {
-	mode := d.mode
-	d.resetState()
-	d.mode = mode
-	for {
-		if err := d.next(); err != nil {
-			if errors.Is(err, io.EOF) {
-				return false
-			}
-			d.report(err)
-			continue
-		}
-		switch d.pk.Kind {
-		case decode.ModeExec:
-			d.stash, d.stashIF = execMode(&d.pk), d.pk.Has(decode.FlagIF)
-		case decode.FUP:
-			if d.pk.Suppressed() {
-				continue
-			}
-			// FUP + TIP is an interrupt whose target is known.
-			at := d.pk.IP
-			d.ip, d.enabled = at, true
-			if err := d.asyncAfter(at); err != nil {
-				d.report(err)
-				return false
-			}
-			d.applyStash()
-			return true
-		case decode.TIP, decode.TIPPGE:
-			if d.pk.Suppressed() {
-				continue
-			}
-			d.ip, d.enabled = d.pk.IP, true
-			d.applyStash()
-			return true
-		case decode.PTW:
-			// PTW + FUP: the FUP is where to resume, and the
-			// PTWRITE's IP.
-			e := Event{Kind: EvPTWrite, Payload: d.pk.Payload}
-			if !d.pk.Has(decode.FlagIP) {
-				continue
-			}
-			if err := d.fupFor(&e); err != nil {
-				d.report(err)
-				return false
-			}
-			if !e.HasIP {
-				continue
-			}
-			d.ip, d.enabled = e.IP, true
-			d.push(e, bindPTW)
-			return true
-		case decode.PSB:
-			// The PSB's own sync does the rest.
-			d.back, d.hasBack = d.pk, true
-			if err := d.psb(true); err != nil {
-				d.report(err)
-				return false
-			}
-			return true
-		}
-	}
 }
 
 // next reads the next packet into d.pk, skipping those that do not bear on
@@ -595,6 +552,10 @@ func (d *Decoder) read() error {
 			if err := d.fupFor(&e); err != nil {
 				return err
 			}
+		}
+		if !d.enabled && d.resyncing && e.HasIP {
+			// Resynchronised: the flow goes on at the PTWRITE.
+			d.ip, d.enabled = e.IP, true
 		}
 		if !d.enabled {
 			d.push(e, bindNow)
@@ -909,7 +870,7 @@ func (d *Decoder) fire(i int) {
 	case EvInterrupt:
 		if e.HasIP {
 			d.h.Branch(e.At, e.IP, BrInterrupt)
-			d.ip = e.IP
+			d.ip, d.enabled = e.IP, true
 			d.applyStash()
 		} else {
 			d.enabled = false

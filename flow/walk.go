@@ -14,11 +14,27 @@ import (
 func (d *Decoder) run() error {
 	for {
 		d.deliver()
+		if d.enabled {
+			d.resyncing = false
+		}
 		if !d.enabled {
 			if len(d.q) > 0 {
 				continue
 			}
+			if d.tipOK && d.resyncing && !d.tipSupp {
+				// Resynchronised: the flow goes on at the TIP.
+				d.tipOK, d.resyncing = false, false
+				d.tnt, d.tntN = 0, 0
+				d.ip, d.enabled = d.tip, true
+				d.applyStash()
+				continue
+			}
 			if d.tntN > 0 || d.tipOK {
+				if d.resyncing {
+					// Flow packets without an IP to go from.
+					d.tnt, d.tntN, d.tipOK = 0, 0, false
+					continue
+				}
 				return ErrBadContext
 			}
 			if d.eos {
