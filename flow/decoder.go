@@ -791,8 +791,9 @@ func (d *Decoder) fup() error {
 				kind = EvAsyncDisabled
 			}
 			d.push(Event{Kind: kind, At: at, IP: p.IP, HasIP: !p.Suppressed()}, bindIP)
+			// Queued behind the branch, they follow it.
 			for i := n - 1; i >= 0; i-- {
-				d.push(side[i], bindIP)
+				d.push(side[i], bindNow)
 			}
 			return nil
 		case decode.PIP, decode.VMCS:

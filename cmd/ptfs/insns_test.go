@@ -44,7 +44,6 @@ var insnsKnownFailures = map[string]string{
 	"ovf-pwre-pwrx-tip_pge":               reasonPwreHW,
 	"pwre-exstop_ip-pwrx":                 reasonPwreHW,
 	"tip_pge-pwre-pwrx-tip_pgd":           reasonPwreHW,
-	"fup-pip-vmcs-tip":                    reasonFuppip,
 	"pip-pip_mov_cr3-fail":                reasonCr3,
 	"pip_mov_cr3-pip_mov_cr3":             reasonCr3,
 	"tip_pgd_noip-mov_cr3":                reasonCr3,
@@ -53,13 +52,12 @@ var insnsKnownFailures = map[string]string{
 }
 
 const (
-	reasonResync      = "not yet: libipt's exact read-ahead around an error (the packets consumed before it, so the offset printed, and where --resync-on-error resumes)"
+	reasonResync      = "not yet: libipt's exact read-ahead around an error: which event packets (FUP, MODE, PSB+) it consumes before decoding the instruction at a new IP, so the offset an error prints, and what it reports while --resync-on-error resynchronises"
 	reasonEretu       = "x86insn does not decode FRED eretu/erets yet (the x86insn length decoder will)"
 	reasonJmpabs      = "x86insn does not decode APX jmpabs yet (the x86insn length decoder will)"
 	reasonTick        = "not yet: --event:tick and --event:time (tick events, timestamps on events)"
 	reasonPwreHW      = "libipt quirk: pttc puts PWRE's hw bit at bit 3 of the payload (pt_pl_pwre_hw_mask), the SDM and Linux perf at bit 7; ptfs follows the SDM, so libipt's [pwre c1.0 hw] prints as [pwre c1.0] (as in the ptdump test's known differences)"
 	reasonPwreHWOrder = "the PWRE hw bit quirk (see reasonPwreHW), and libipt reports the PWRE before the MWAIT when the EXSTOP's FUP is lost to an overflow; ptfs keeps MWAIT, EXSTOP, PWRE"
-	reasonFuppip      = "not yet: libipt's order of PIP/VMCS events bound to a FUP"
 	reasonCr3         = "not yet: PIP and TIP.PGD binding to a MOV to CR3 (x86insn classes it as no branch)"
 	reasonVmlaunch    = "x86insn does not decode vmlaunch/vmresume yet (the x86insn length decoder will)"
 	reasonUiret       = "x86insn does not decode uiret yet (the x86insn length decoder will)"
