@@ -166,17 +166,15 @@ const (
 // Sentinel errors of an EvError. Their texts are libipt's (pt_errstr), so
 // that ptfs decode --insns prints what ptxed prints.
 var (
-	ErrNoMap       = errors.New("no memory mapped at this address")
-	ErrBadQuery    = errors.New("trace stream does not match query")
-	ErrBadContext  = errors.New("unexpected packet context")
-	ErrNoIP        = errors.New("no ip")
-	ErrBadInsn     = errors.New("bad instruction")
-	ErrBadOpcode   = errors.New("unknown opcode")
-	ErrBadPacket   = errors.New("unknown packet")
-	ErrEOS         = errors.New("end of stream")
-	ErrRetComp     = errors.New("bad return compression")
-	ErrBadStatus   = errors.New("bad status update")
-	ErrUnsupported = errors.New("not supported")
+	ErrNoMap      = errors.New("no memory mapped at this address")
+	ErrBadQuery   = errors.New("trace stream does not match query")
+	ErrBadContext = errors.New("unexpected packet context")
+	ErrNoIP       = errors.New("no ip")
+	ErrBadInsn    = errors.New("bad instruction")
+	ErrBadOpcode  = errors.New("unknown opcode")
+	ErrBadPacket  = errors.New("unknown packet")
+	ErrEOS        = errors.New("end of stream")
+	ErrRetComp    = errors.New("bad return compression")
 )
 
 // Insn is an executed instruction.
