@@ -217,3 +217,24 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkDecodeLoop: a two-instruction loop driven by long TNTs, the
+// block cache warm: the cost per instruction of the walk.
+func BenchmarkDecodeLoop(b *testing.B) {
+	mem := &blob{base: 0x1000, code: []byte{0x90, 0x75, 0xfd, 0xc3}}
+	e := ptenc.New()
+	start(e, 0x1000)
+	for range 10000 {
+		e.TNT(1<<47-1, 47)
+	}
+	e.IPC(ptenc.TIPPGD, 0, 0)
+	trace := e.Bytes()
+	d := New(mem, Options{})
+	var h nopHandler
+	b.ReportAllocs()
+	b.SetBytes(int64(len(trace)))
+	for b.Loop() {
+		d.Decode(trace, &h)
+	}
+	b.ReportMetric(float64(h.n)/b.Elapsed().Seconds()/1e6, "Minsn/s")
+}
