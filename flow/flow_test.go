@@ -126,17 +126,22 @@ func (h *nopHandler) Insn(*Insn)                              { h.n++ }
 func (h *nopHandler) Branch(from, to uint64, kind BranchKind) {}
 func (h *nopHandler) Event(e *Event)                          {}
 
-// TestDecodeAllocs: a hot loop costs no allocation per instruction once the
-// block cache holds it.
-func TestDecodeAllocs(t *testing.T) {
-	mem := &blob{base: 0x1000, code: []byte{0x90, 0x75, 0xfd, 0xc3}}
+// loopTrace is a loop (nop; jne back) and a trace that takes its branch 47
+// times per TNT packet, n packets, then disables.
+func loopTrace(n int) (*blob, []byte) {
 	e := ptenc.New()
 	start(e, 0x1000)
-	for range 1000 {
+	for range n {
 		e.TNT(1<<47-1, 47)
 	}
 	e.IPC(ptenc.TIPPGD, 0, 0)
-	trace := e.Bytes()
+	return &blob{base: 0x1000, code: []byte{0x90, 0x75, 0xfd, 0xc3}}, e.Bytes()
+}
+
+// TestDecodeAllocs: a hot loop costs no allocation per instruction once the
+// block cache holds it.
+func TestDecodeAllocs(t *testing.T) {
+	mem, trace := loopTrace(1000)
 	d := New(mem, Options{})
 	var h nopHandler
 	d.Decode(trace, &h)
@@ -221,14 +226,7 @@ func FuzzDecode(f *testing.F) {
 // BenchmarkDecodeLoop: a two-instruction loop driven by long TNTs, the
 // block cache warm: the cost per instruction of the walk.
 func BenchmarkDecodeLoop(b *testing.B) {
-	mem := &blob{base: 0x1000, code: []byte{0x90, 0x75, 0xfd, 0xc3}}
-	e := ptenc.New()
-	start(e, 0x1000)
-	for range 10000 {
-		e.TNT(1<<47-1, 47)
-	}
-	e.IPC(ptenc.TIPPGD, 0, 0)
-	trace := e.Bytes()
+	mem, trace := loopTrace(10000)
 	d := New(mem, Options{})
 	var h nopHandler
 	b.ReportAllocs()
