@@ -21,15 +21,14 @@ type PtxedOptions struct {
 	// CPU is the --cpu argument (f/m[/s], "none" or "auto").
 	CPU string
 
-	NoInst      bool // --no-inst: addresses only
-	Quiet       bool // --quiet: errors only
-	Check       bool // --check
+	NoInst bool // --no-inst: addresses only (ptfs prints no disassembly either way)
+	Quiet  bool // --quiet: errors only
+	// Check is --check: ptxed's consistency checks of its disassembler,
+	// which print only when they fail; ptfs has no second decoder to
+	// check against.
+	Check       bool
 	EventIP     bool // --event:ip: the IP of events
-	EventTime   bool // --event:time
-	EventTick   bool // --event:tick
 	EventIflags bool // --event:iflags
-	Offset      bool // --offset
-	Time        bool // --time
 	Stat        bool // --stat
 	StatInsn    bool // --stat:insn
 	StatBlocks  bool // --stat:blocks
@@ -84,14 +83,18 @@ func ParsePtxedArgs(args []string) (PtxedOptions, error) {
 	o := PtxedOptions{Block: true}
 	flags := map[string]*bool{
 		"--no-inst": &o.NoInst, "--quiet": &o.Quiet, "-q": &o.Quiet, "--check": &o.Check,
-		"--event:ip": &o.EventIP, "--event:time": &o.EventTime, "--event:tick": &o.EventTick,
-		"--event:iflags": &o.EventIflags, "--offset": &o.Offset, "--time": &o.Time,
+		"--event:ip": &o.EventIP, "--event:iflags": &o.EventIflags,
 		"--stat": &o.Stat, "--stat:insn": &o.StatInsn, "--stat:blocks": &o.StatBlocks,
 		"--block:show-blocks": &o.ShowBlocks, "--block:end-on-call": &o.EndOnCall,
 		"--block:end-on-jump": &o.EndOnJump, "--resync-on-error": &o.ResyncOnError,
 	}
-	ignored := map[string]bool{"--att": true, "--raw-insn": true,
-		"--insn:keep-tcal-on-ovf": true, "--block:keep-tcal-on-ovf": true, "--verbose": true, "-v": true}
+	// Timing calibration only matters for times, which ptfs does not
+	// print; options that would change the listing in ways ptfs does not
+	// model are refused rather than ignored.
+	ignored := map[string]bool{"--insn:keep-tcal-on-ovf": true, "--block:keep-tcal-on-ovf": true,
+		"--verbose": true, "-v": true}
+	unsupported := map[string]bool{"--att": true, "--raw-insn": true, "--offset": true,
+		"--time": true, "--event:time": true, "--event:tick": true}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if f, ok := flags[a]; ok {
@@ -101,6 +104,8 @@ func ParsePtxedArgs(args []string) (PtxedOptions, error) {
 		switch {
 		case ignored[a]:
 			continue
+		case unsupported[a]:
+			return o, fmt.Errorf("%s: not supported by ptfs decode --insns: %w", a, ErrBadOption)
 		case a == "--insn-decoder":
 			o.Block = false
 			continue

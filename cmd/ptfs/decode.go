@@ -32,7 +32,9 @@ options (--lastip, --no-pad, --time, --mtc-freq N, ...).
 FILE[:START[-END]]:BASE (the code; more than one may be given), --pt FILE,
 --cpu F/M|none|auto, --no-inst, --quiet, --check, --event:ip, --event:iflags,
 --resync-on-error, --stat, --stat:insn, --stat:blocks, --insn-decoder,
---block-decoder (accepted, as are ptxed's timing and filter options).
+--block-decoder, --block:show-blocks, --block:end-on-call, --block:end-on-jump
+(ptxed's timing and filter options are accepted; --offset, --time,
+--event:time, --event:tick, --att and --raw-insn are refused).
 `
 
 // errNoTrace: the input holds no Intel PT data.
