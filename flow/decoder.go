@@ -250,9 +250,6 @@ func (d *Decoder) next() error {
 	if d.hasBack {
 		d.hasBack = false
 		d.pk = d.back
-		if d.pk.Kind == decode.PSB {
-			return nil
-		}
 		return nil
 	}
 	for {
@@ -484,9 +481,8 @@ func (d *Decoder) read() error {
 	case decode.TIP:
 		d.tip, d.tipOK, d.tipSupp = p.IP, true, p.Suppressed()
 	case decode.TIPPGD:
-		if d.stash != ModeUnknown {
-			d.stash = ModeUnknown
-		}
+		// A MODE.Exec before TIP.PGD has no code to apply to.
+		d.stash = ModeUnknown
 		d.push(Event{Kind: EvDisabled, IP: p.IP, HasIP: !p.Suppressed()}, bindBranch)
 	case decode.TIPPGE:
 		if p.Suppressed() {
