@@ -168,6 +168,26 @@ func TestDecodeBoundedLoop(t *testing.T) {
 	}
 }
 
+// TestDecodeBoundedEvents: a flood of events is reported as it comes, not
+// queued: the queue stays small.
+func TestDecodeBoundedEvents(t *testing.T) {
+	mem := &blob{base: 0x1000, code: []byte{0x75, 0xfe}} // jne .
+	e := ptenc.New()
+	start(e, 0x1000)
+	for range 2 * maxQueued {
+		e.MNT(0xa000)
+	}
+	var r recorder
+	d := New(mem, Options{})
+	d.Decode(e.Bytes(), &r)
+	if c := d.Counters(); c.Errors != 0 || c.Events != 2*maxQueued+1 {
+		t.Errorf("counters %+v, want %d events (and the end), no error", c, 2*maxQueued)
+	}
+	if c := cap(d.q); c > 16 {
+		t.Errorf("event queue grew to %d", c)
+	}
+}
+
 var fuzzOrg = regexp.MustCompile(`(?m)^org\s+(\S+)`)
 
 // FuzzDecode: random and mutated traces over a code image never panic or

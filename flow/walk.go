@@ -163,6 +163,9 @@ func (d *Decoder) walk() error {
 	return nil
 }
 
+// maxQueued bounds the events queued while a branch waits for trace.
+const maxQueued = 1 << 12
+
 // blocker returns the index of the first queued event that waits for the
 // flow (not one to deliver now), or -1.
 func (d *Decoder) blocker() int {
@@ -180,6 +183,11 @@ func (d *Decoder) await(tip bool) error {
 	for d.tntN == 0 && !d.tipOK && d.blocker() < 0 {
 		if d.eos {
 			return io.EOF
+		}
+		if len(d.q) >= maxQueued {
+			// Events without end where a branch needs trace:
+			// bounded memory, the stream does not match.
+			return ErrBadQuery
 		}
 		if err := d.peek(); err != nil {
 			return err
