@@ -5,8 +5,9 @@ import "ptfs/x86insn"
 // maxBlock bounds the instructions of one cached block.
 const maxBlock = 64
 
-// maxBlocks bounds the cache; it is dropped whole when full.
-const maxBlocks = 1 << 16
+// maxCached bounds the instructions the cache holds (24 bytes each); it is
+// dropped whole when full.
+const maxCached = 1 << 20
 
 // insn is one decoded instruction of a block.
 type insn struct {
@@ -33,8 +34,9 @@ type blockKey struct {
 // blockCache maps an address and mode to its block, so that a hot loop
 // costs a map lookup per block instead of decoding.
 type blockCache struct {
-	m   map[blockKey]*block
-	gen uint64
+	m     map[blockKey]*block
+	gen   uint64
+	insns int // instructions held
 }
 
 func (c *blockCache) init() { c.m = make(map[blockKey]*block) }
@@ -43,7 +45,7 @@ func (c *blockCache) init() { c.m = make(map[blockKey]*block) }
 func (c *blockCache) check(gen uint64) {
 	if gen != c.gen {
 		clear(c.m)
-		c.gen = gen
+		c.gen, c.insns = gen, 0
 	}
 }
 
@@ -53,8 +55,9 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 	if b, ok := d.cache.m[k]; ok {
 		return b
 	}
-	if len(d.cache.m) >= maxBlocks {
+	if d.cache.insns >= maxCached {
 		clear(d.cache.m)
+		d.cache.insns = 0
 	}
 	b := &block{}
 	pc := ip
@@ -76,5 +79,6 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		pc += uint64(in.Len)
 	}
 	d.cache.m[k] = b
+	d.cache.insns += len(b.insns) + 1
 	return b
 }
