@@ -76,7 +76,7 @@ func ParsePtdumpArgs(args []string) (PtdumpOptions, error) {
 		val := args[i+1]
 		i++
 		if a == "--cpu" {
-			if _, err := cpuKnown(val); err != nil {
+			if _, err := CPUKnown(val); err != nil {
 				return o, err
 			}
 			o.CPU = val
@@ -112,9 +112,10 @@ var errataModels = map[uint64]bool{0x3d: true, 0x47: true, 0x4f: true, 0x56: tru
 	0x4e: true, 0x5e: true, 0x8e: true, 0x9e: true, 0x55: true, 0x66: true, 0x7d: true,
 	0x7e: true, 0x5c: true, 0x5f: true, 0x7a: true, 0x86: true}
 
-// cpuKnown parses a --cpu argument and reports whether libipt knows the
-// CPU's errata ("none" counts as known: nothing to look up).
-func cpuKnown(cpu string) (bool, error) {
+// CPUKnown parses a --cpu argument of libipt's tools and reports whether
+// libipt knows the CPU's errata ("none" counts as known: nothing to look
+// up); a malformed one is an ErrBadOption.
+func CPUKnown(cpu string) (bool, error) {
 	if cpu == "" || cpu == "none" {
 		return true, nil
 	}
@@ -225,6 +226,10 @@ func (l *Ptdump) AppendError(dst []byte, offset uint64, err error) []byte {
 	}
 	return appendDiag(dst, offset, "error decoding packet", e, true)
 }
+
+// AppendHex appends v in lower-case hex, zero-padded to width digits
+// (printf's %0*x), the one copy that libipt-style listings use.
+func AppendHex(dst []byte, v uint64, width int) []byte { return appendHex(dst, v, width) }
 
 // appendHex appends v in lower-case hex, zero-padded to width digits.
 func appendHex(dst []byte, v uint64, width int) []byte {
@@ -695,7 +700,7 @@ func WritePtdump(w io.Writer, buf []byte, opts PtdumpOptions) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	l := NewPtdump(opts)
 	line := make([]byte, 0, 512)
-	known, err := cpuKnown(opts.CPU)
+	known, err := CPUKnown(opts.CPU)
 	if err != nil {
 		return fmt.Errorf("ptdump: %w", err)
 	}

@@ -72,6 +72,32 @@ func Decode(code []byte, pc uint64) (Inst, error) {
 	return in, nil
 }
 
+// DecodeMode decodes the instruction at the start of code for a processor
+// in mode 16, 32 or 64 (bits): traced code may run in any of them. 64-bit
+// code goes through Decode; the length decoder knows 64-bit encodings only,
+// so 16- and 32-bit code is x86asm's alone.
+func DecodeMode(code []byte, pc uint64, mode int) (Inst, error) {
+	if mode == 64 {
+		return Decode(code, pc)
+	}
+	x, err := x86asm.Decode(code, mode)
+	if err != nil {
+		return Inst{}, fmt.Errorf("undecodable bytes % x: %w", head(code, 4), err)
+	}
+	// A bare prefix decodes as Op 0 without an error: it is not an
+	// instruction we can reason about.
+	if x.Op == 0 || x.Len == 0 {
+		return Inst{}, fmt.Errorf("unknown instruction % x", head(code, 4))
+	}
+	in := Inst{Op: x.Op, Len: x.Len, Text: x86asm.GNUSyntax(x, pc, nil)}
+	if rel, ok := x.Args[0].(x86asm.Rel); ok {
+		in.RelWidth = x.PCRel
+		in.Target = pc + uint64(x.Len) + uint64(int64(rel))
+	}
+	in.Class = classify(x.Op, in.RelWidth != 0)
+	return in, nil
+}
+
 // x86asmKnows tells whether x86asm decoded the instruction of shape s as
 // x, err. A bare prefix decodes as Op 0 without an error; and x86asm
 // reads 2 bits of EVEX's map field, so AVX512-FP16's maps 5 and 6 would be

@@ -11,12 +11,14 @@ import (
 
 	"ptfs/decode"
 	"ptfs/engine"
+	"ptfs/flow"
 	"ptfs/perfdata"
 	"ptfs/tracefs"
 )
 
 const decodeUsage = `usage: ptfs decode [--events DIR] FILE...
        ptfs decode --packets [PTDUMP-OPTIONS] FILE...
+       ptfs decode --insns --raw FILE:BASE [PTXED-OPTIONS] [--pt] FILE
 
 FILE is raw Intel PT bytes or a perf.data file (file or pipe format; its
 PERF_RECORD_AUXTRACE data, per buffer). Prints probe records and manual
@@ -25,6 +27,14 @@ the summary line. DIR is a tracefs events directory (or a copy) giving the
 probe events; without it every ptwrite is a manual one.
 --packets prints libipt ptdump's packet listing instead; it takes ptdump's
 options (--lastip, --no-pad, --time, --mtc-freq N, ...).
+--insns reconstructs the control flow and prints libipt ptxed's listing
+(instruction addresses and [event] lines); it takes ptxed's options: --raw
+FILE[:START[-END]]:BASE (the code; more than one may be given), --pt FILE,
+--cpu F/M|none|auto, --no-inst, --quiet, --check, --event:ip, --event:iflags,
+--resync-on-error, --stat, --stat:insn, --stat:blocks, --insn-decoder,
+--block-decoder, --block:show-blocks, --block:end-on-call, --block:end-on-jump
+(ptxed's timing and filter options are accepted; --offset, --time,
+--event:time, --event:tick, --att and --raw-insn are refused).
 `
 
 // errNoTrace: the input holds no Intel PT data.
@@ -38,6 +48,11 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 		ptArgs    []string
 		files     []string
 	)
+	for i, a := range args {
+		if a == "--insns" {
+			return runInsns(append(args[:i:i], args[i+1:]...), stdout, stderr)
+		}
+	}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		switch {
@@ -96,6 +111,24 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "ptfs decode: %v\n", err)
 		if errors.Is(err, decode.ErrBadOption) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+// runInsns runs `ptfs decode --insns`; args are ptxed's.
+func runInsns(args []string, stdout, stderr io.Writer) int {
+	out := bufio.NewWriterSize(stdout, 64<<10)
+	err := listInsns(out, args)
+	if ferr := out.Flush(); err == nil && ferr != nil {
+		err = fmt.Errorf("write output: %w", ferr)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ptfs decode: %v\n", err)
+		if errors.Is(err, flow.ErrBadOption) {
+			fmt.Fprint(stderr, decodeUsage)
 			return 2
 		}
 		return 1

@@ -22,7 +22,7 @@ commands:
         mount the tracing filesystem; runs until unmounted or signalled
   check [--mode auto|classic|ptw]
         print what this machine supports and which mode ptfs would use
-  decode [--events DIR] [--packets] FILE...
+  decode [--events DIR] [--packets|--insns] FILE...
         decode raw Intel PT bytes or a perf.data file
 
 -v enables debug logging (on stderr). ptfs COMMAND --help describes the

@@ -1,0 +1,894 @@
+package flow
+
+import (
+	"errors"
+	"io"
+
+	"ptfs/decode"
+	"ptfs/x86insn"
+)
+
+// Options select decoder behaviour that libipt makes optional.
+type Options struct {
+	// ResyncOnError resumes after an error at the next packet that gives
+	// an IP (TIP, TIP.PGE, FUP, PSB+) instead of at the next PSB.
+	ResyncOnError bool
+	// Iflags reports changes of RFLAGS.IF (MODE.Exec) as EvIflags.
+	Iflags bool
+	// MaxInsns bounds the instructions executed without consuming a
+	// packet (a loop in the image that the trace never leaves); 0 means
+	// the default, 1<<20. Exceeding it is an ErrBadQuery error.
+	MaxInsns int
+}
+
+// bind says when a queued event takes effect.
+type bind uint8
+
+const (
+	bindNow    bind = iota // before the next instruction
+	bindIP                 // before the instruction at the event's IP
+	bindBranch             // at the next branch (TIP.PGD, a deferred status)
+	bindPTW                // after the next ptwrite (at the event's IP when it has one)
+	bindStatus             // PSB+ status: silently at the event's IP
+	bindTIP                // after the next TIP is taken (paging, MODE.Exec)
+	bindCount              // after count more instructions (TRIG's icnt)
+)
+
+type queued struct {
+	ev    Event
+	bind  bind
+	count uint32
+}
+
+// evStatus is a PSB+ status update: it checks the IP and is not reported.
+const evStatus EventKind = 255
+
+// retStackSize is libipt's return stack depth: older entries are overwritten.
+const retStackSize = 64
+
+// Decoder reconstructs the flow of one trace. It is not safe for concurrent
+// use; Decode may be called again for another trace (the block cache is kept).
+type Decoder struct {
+	mem  Memory
+	gen  Generationer
+	opts Options
+	h    Handler
+	pd   decode.PacketDecoder
+	pk   decode.Packet
+	// back is a packet read ahead and pushed back.
+	back    decode.Packet
+	hasBack bool
+
+	ip      uint64
+	enabled bool
+	mode    Mode
+	// stash is a MODE.Exec waiting for the IP packet it binds to, with
+	// its IF bit.
+	stash   Mode
+	stashIF bool
+	iflag   int8 // RFLAGS.IF: -1 unknown
+	inTX    bool
+	// held are MWAIT and PWRE events waiting for their EXSTOP, which
+	// gives MWAIT its IP and is reported between them (libipt's order).
+	held  [2]Event
+	nHeld int
+	// evd is the event data (EVD) waiting for its CFE.
+	evd    [3]uint64
+	evdHas uint8
+
+	tnt     uint64 // pending TNT bits, the oldest in bit tntN-1
+	tntN    uint8
+	tip     uint64
+	tipOK   bool
+	tipSupp bool
+	eos     bool
+
+	q    []queued
+	qEv  Event
+	ins  Insn
+	errv Event
+
+	stack [retStackSize]uint64
+	sp    int // entries in use (≤ retStackSize)
+	top   int // index of the next push
+
+	// resumeIP is where tracing went off (resumeOK): an enable there
+	// is a resume.
+	resumeIP uint64
+	resumeOK bool
+
+	steps int
+	// resyncing: after an error, a TIP (or other IP) resumes the flow
+	// (ResyncOnError).
+	resyncing bool
+	// errPos is the stream position of the last error (errSeen).
+	errPos  uint64
+	errSeen bool
+	// errIP is the IP of the last instruction decoded or tried since the
+	// sync, 0 before one: what ptxed reports with an error.
+	errIP uint64
+	cache blockCache
+	buf   [x86insn.MaxLen]byte
+	c     Counters
+}
+
+// New returns a decoder that reads code from mem.
+func New(mem Memory, opts Options) *Decoder {
+	d := &Decoder{mem: mem, opts: opts}
+	d.gen, _ = mem.(Generationer)
+	if d.opts.MaxInsns <= 0 {
+		d.opts.MaxInsns = 1 << 20
+	}
+	d.cache.init()
+	return d
+}
+
+// Counters returns what the decoder counted so far.
+func (d *Decoder) Counters() Counters { return d.c }
+
+// errStop ends a segment after an error was reported.
+var errStop = errors.New("stop")
+
+// Decode decodes trace from its first PSB to its end, calling h. Errors are
+// reported to h as EvError events (and counted); decoding resynchronises
+// after each.
+func (d *Decoder) Decode(trace []byte, h Handler) {
+	d.h = h
+	d.pd.Reset(trace)
+	d.resetState()
+	if d.gen != nil {
+		d.cache.check(d.gen.Generation())
+	}
+	resync := false
+	for {
+		if !resync {
+			if err := d.pd.SyncForward(); err != nil {
+				return
+			}
+			d.resetState()
+			d.hasBack, d.errIP, d.errSeen = false, 0, false
+			if err := d.next(); err != nil {
+				if d.fail(err) {
+					continue
+				}
+				return
+			}
+			if d.pk.Kind != decode.PSB {
+				continue
+			}
+			if err := d.psb(true); err != nil {
+				if d.fail(err) {
+					continue
+				}
+				return
+			}
+		}
+		resync = false
+		err := d.run()
+		if err == nil {
+			return
+		}
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if !d.fail(err) {
+			return
+		}
+		if d.opts.ResyncOnError && d.progressed() {
+			// Go on from here with tracing off: the next packet
+			// that gives an IP turns it on again.
+			mode := d.mode
+			d.resetState()
+			d.mode, d.resyncing, resync = mode, true, true
+		}
+	}
+}
+
+// progressed tells whether the stream moved since the last error, so that
+// an error that leaves its packet unread cannot repeat forever.
+func (d *Decoder) progressed() bool {
+	pos := d.pd.Pos()
+	if d.hasBack {
+		pos = d.back.Offset
+	}
+	ok := !d.errSeen || pos != d.errPos
+	d.errPos, d.errSeen = pos, true
+	return ok
+}
+
+// fail reports err unless it already was; it tells whether decoding can go on.
+func (d *Decoder) fail(err error) bool {
+	if err == errStop {
+		return true
+	}
+	if errors.Is(err, io.EOF) {
+		return false
+	}
+	d.report(err)
+	return true
+}
+
+// report sends an EvError for err at the current position.
+func (d *Decoder) report(err error) {
+	// The offset of the next packet not consumed, as libipt reports.
+	off := d.pd.Pos()
+	if d.hasBack {
+		off = d.back.Offset
+	}
+	var pe *decode.PacketError
+	if errors.As(err, &pe) {
+		off = pe.Offset
+		switch {
+		case errors.Is(err, decode.ErrBadOpcode):
+			err = ErrBadOpcode
+		case errors.Is(err, decode.ErrTruncated):
+			err = ErrEOS
+		default:
+			err = ErrBadPacket
+		}
+	}
+	d.c.Errors++
+	d.errv = Event{Kind: EvError, IP: d.errIP, HasIP: true, Offset: off, Err: err}
+	d.h.Event(&d.errv)
+}
+
+// resetState forgets the flow: after a PSB sync or an error.
+func (d *Decoder) resetState() {
+	d.enabled, d.ip, d.stash, d.iflag, d.inTX = false, 0, ModeUnknown, -1, false
+	d.resyncing = false
+	d.nHeld, d.evdHas = 0, 0
+	d.tnt, d.tntN, d.tipOK, d.eos = 0, 0, false, false
+	d.q = d.q[:0]
+	d.sp, d.top = 0, 0
+	d.resumeOK = false
+	d.steps = 0
+}
+
+// next reads the next packet into d.pk, skipping those that do not bear on
+// the flow.
+func (d *Decoder) next() error {
+	if d.hasBack {
+		d.hasBack = false
+		d.pk = d.back
+		return nil
+	}
+	for {
+		if err := d.pd.Next(&d.pk); err != nil {
+			return err
+		}
+		switch d.pk.Kind {
+		case decode.Pad, decode.TSC, decode.MTC, decode.CYC, decode.TMA:
+			continue
+		}
+		return nil
+	}
+}
+
+// unread pushes d.pk back.
+func (d *Decoder) unread() { d.back, d.hasBack = d.pk, true }
+
+// setMode takes a MODE.Exec (d.pk) as the current state.
+func (d *Decoder) setMode() {
+	d.mode = execMode(&d.pk)
+	d.iflag = 0
+	if d.pk.Has(decode.FlagIF) {
+		d.iflag = 1
+	}
+}
+
+func execMode(p *decode.Packet) Mode {
+	switch {
+	case p.Has(decode.FlagCSL):
+		return Mode64
+	case p.Has(decode.FlagCSD):
+		return Mode32
+	}
+	return Mode16
+}
+
+// applyStash makes a waiting MODE.Exec current and queues its event when
+// the mode changes.
+func (d *Decoder) applyStash() {
+	if d.stash == ModeUnknown {
+		return
+	}
+	m, f := d.stash, d.stashIF
+	d.stash = ModeUnknown
+	d.modeEvents(m, f, d.ip, bindNow)
+}
+
+// modeEvents queues the events of a MODE.Exec taking effect at ip: the
+// mode when it changed, IF when it changed and is asked for.
+func (d *Decoder) modeEvents(m Mode, f bool, ip uint64, b bind) {
+	if m != d.mode {
+		d.push(Event{Kind: EvExecMode, Mode: m, IP: ip, HasIP: true}, b)
+	}
+	if fl := int8(0); d.opts.Iflags {
+		if f {
+			fl = 1
+		}
+		if fl != d.iflag {
+			d.push(Event{Kind: EvIflags, Payload: uint64(fl), IP: ip, HasIP: true}, b)
+		}
+	}
+}
+
+func (d *Decoder) push(e Event, b bind) {
+	d.q = append(d.q, queued{ev: e, bind: b})
+}
+
+// psb reads a PSB+ (d.pk is the PSB). At a sync (first) it sets the state;
+// later its IP binds silently as a status update.
+func (d *Decoder) psb(first bool) error {
+	var (
+		ip    uint64
+		hasIP bool
+		mode  = ModeUnknown
+		modeP decode.Packet
+		ovf   bool
+	)
+	for {
+		if err := d.next(); err != nil {
+			return err
+		}
+		switch d.pk.Kind {
+		case decode.PSBEnd:
+			if ovf {
+				return nil
+			}
+			if mode != ModeUnknown {
+				d.pk = modeP
+				d.setMode()
+			}
+			if first || !d.enabled {
+				d.enabled, d.ip = hasIP, ip
+				return nil
+			}
+			if !hasIP {
+				// Tracing went off without a TIP.PGD we saw.
+				d.enabled = false
+				return nil
+			}
+			d.push(Event{Kind: evStatus, IP: ip, HasIP: true}, bindStatus)
+			return nil
+		case decode.FUP:
+			ip, hasIP = d.pk.IP, !d.pk.Suppressed()
+		case decode.ModeExec:
+			mode, modeP = execMode(&d.pk), d.pk
+		case decode.ModeTSX:
+			d.inTX = d.pk.Has(decode.FlagInTX)
+		case decode.OVF:
+			// An overflow inside PSB+: what follows it decides.
+			if mode != ModeUnknown {
+				pk := d.pk
+				d.pk = modeP
+				d.setMode()
+				d.pk = pk
+			}
+			ovf = true
+			if err := d.overflow(); err != nil {
+				return err
+			}
+			return nil
+		case decode.MNT:
+			// Maintenance is an event even in PSB+.
+			d.push(Event{Kind: EvMNT, Payload: d.pk.Payload}, bindNow)
+		case decode.PIP, decode.VMCS, decode.CBR:
+			// Status; ptxed does not print status updates.
+		default:
+			return ErrBadContext
+		}
+	}
+}
+
+// overflow handles OVF (d.pk): decoding resumes at the next FUP (or
+// TIP/TIP.PGE), and the overflow is reported there.
+func (d *Decoder) overflow() error {
+	d.tnt, d.tntN, d.tipOK = 0, 0, false
+	// Events waiting for the flow are lost with it; those due now stay.
+	n := 0
+	for _, q := range d.q {
+		if q.bind == bindNow {
+			d.q[n] = q
+			n++
+		}
+	}
+	d.q = d.q[:n]
+	// Without a FUP to resume at, the overflow is reported before the
+	// events in its shadow (libipt's order).
+	lost := func() {
+		d.enabled = false
+		d.q = append(d.q, queued{})
+		copy(d.q[n+1:], d.q[n:])
+		d.q[n] = queued{ev: Event{Kind: EvOverflow}, bind: bindNow}
+	}
+	for {
+		if err := d.next(); err != nil {
+			if errors.Is(err, io.EOF) {
+				lost()
+				return nil
+			}
+			return err
+		}
+		if e, ok := simpleEvent(&d.pk); ok {
+			// Events in the overflow's shadow come before it.
+			d.push(e, bindNow)
+			continue
+		}
+		switch d.pk.Kind {
+		case decode.ModeExec:
+			d.stash, d.stashIF = execMode(&d.pk), d.pk.Has(decode.FlagIF)
+			continue
+		case decode.FUP:
+			if d.pk.Suppressed() {
+				return ErrNoIP
+			}
+			d.push(Event{Kind: EvOverflow, IP: d.pk.IP, HasIP: true}, bindNow)
+			d.enabled, d.ip = true, d.pk.IP
+			d.applyStash()
+			return nil
+		case decode.TIP:
+			d.push(Event{Kind: EvOverflow, IP: d.pk.IP, HasIP: !d.pk.Suppressed()}, bindNow)
+			d.enabled, d.ip = !d.pk.Suppressed(), d.pk.IP
+			d.applyStash()
+			return nil
+		default:
+			d.unread()
+		}
+		lost()
+		return nil
+	}
+}
+
+// fupFor reads the FUP that gives an event its IP.
+func (d *Decoder) fupFor(e *Event) error {
+	if err := d.next(); err != nil {
+		return err
+	}
+	if d.pk.Kind != decode.FUP {
+		// The FUP was lost (an overflow came first): the event
+		// has no IP.
+		d.unread()
+		return nil
+	}
+	e.IP, e.HasIP = d.pk.IP, !d.pk.Suppressed()
+	return nil
+}
+
+// read reads packets until it has something for the walk: TNT bits, a
+// TIP, or events. It sets eos at the end of the trace.
+func (d *Decoder) read() error {
+	if err := d.next(); err != nil {
+		if errors.Is(err, io.EOF) {
+			d.flushHeld(bindNow)
+			d.eos = true
+			return nil
+		}
+		return err
+	}
+	p := &d.pk
+	if d.nHeld > 0 && p.Kind != decode.Mwait && p.Kind != decode.Pwre && p.Kind != decode.Exstop {
+		// No EXSTOP came: the held events go as they are.
+		d.flushHeld(bindNow)
+	}
+	switch p.Kind {
+	case decode.TNT8, decode.TNT64:
+		if int(d.tntN)+int(p.Bits) > 64 {
+			return ErrBadQuery
+		}
+		d.tnt = d.tnt<<p.Bits | p.Payload
+		d.tntN += p.Bits
+	case decode.TIP:
+		d.tip, d.tipOK, d.tipSupp = p.IP, true, p.Suppressed()
+	case decode.TIPPGD:
+		// A MODE.Exec before TIP.PGD has no code to apply to.
+		d.stash = ModeUnknown
+		d.push(Event{Kind: EvDisabled, IP: p.IP, HasIP: !p.Suppressed()}, bindBranch)
+	case decode.TIPPGE:
+		if p.Suppressed() {
+			return ErrNoIP
+		}
+		d.push(Event{Kind: EvEnabled, IP: p.IP, HasIP: true}, bindNow)
+	case decode.FUP:
+		return d.fup()
+	case decode.ModeExec:
+		m, f := execMode(p), p.Has(decode.FlagIF)
+		if err := d.next(); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		} else if err == nil && d.pk.Kind == decode.FUP && !d.pk.Suppressed() {
+			// MODE.Exec + FUP: the change happens at the FUP's IP
+			// (while tracing is off, it is reported at once).
+			b := bindIP
+			if !d.enabled {
+				b = bindNow
+			}
+			d.modeEvents(m, f, d.pk.IP, b)
+			return nil
+		} else if err == nil {
+			d.unread()
+		}
+		d.stash, d.stashIF = m, f
+	case decode.ModeTSX:
+		e := Event{Kind: EvTSX}
+		if p.Has(decode.FlagAbort) {
+			e.Flags |= Aborted
+		} else if p.Has(decode.FlagInTX) {
+			e.Flags |= Speculative
+		}
+		if !d.enabled {
+			d.push(e, bindNow)
+			return nil
+		}
+		if err := d.fupFor(&e); err != nil {
+			return err
+		}
+		d.push(e, bindIP)
+		if e.Flags&Aborted != 0 {
+			// An abort is an asynchronous branch: a TIP (or
+			// TIP.PGD) follows the FUP.
+			return d.asyncAfter(e.IP)
+		}
+	case decode.PIP:
+		e := Event{Kind: EvPaging, Payload: p.Payload}
+		if p.Has(decode.FlagNR) {
+			e.Flags |= NonRoot
+		}
+		d.push(e, bindTIP)
+	case decode.VMCS:
+		d.push(Event{Kind: EvVMCS, Payload: p.Payload}, bindTIP)
+	case decode.OVF:
+		return d.overflow()
+	case decode.PSB:
+		return d.psb(false)
+	case decode.PSBEnd:
+		return ErrBadContext
+	case decode.PTW:
+		e := Event{Kind: EvPTWrite, Payload: p.Payload}
+		if p.Has(decode.FlagIP) {
+			if err := d.fupFor(&e); err != nil {
+				return err
+			}
+		}
+		if !d.enabled && d.resyncing && e.HasIP {
+			// Resynchronised: the flow goes on at the PTWRITE.
+			d.ip, d.enabled = e.IP, true
+		}
+		if !d.enabled {
+			d.push(e, bindNow)
+			return nil
+		}
+		d.push(e, bindPTW)
+	case decode.EVD:
+		// CR2 goes with an interrupt, VMX data with a VM exit: data
+		// of both cannot be for one event.
+		if p.Type < uint8(len(d.evd)) && d.evdHas != 0 && (d.evdHas == 1) != (p.Type == 0) {
+			d.unread()
+			return ErrBadContext
+		}
+		if p.Type < uint8(len(d.evd)) {
+			d.evd[p.Type] = p.Payload
+			d.evdHas |= 1 << p.Type
+		}
+	case decode.CFE:
+		e := Event{Kind: EvCFE, Type: p.Type, Payload: p.Payload, Data: d.evd, Has: d.evdHas}
+		d.evdHas = 0
+		if e.Has&^cfeData(e.Type) != 0 {
+			// Event data the event does not take: the CFE is
+			// the error.
+			d.unread()
+			return ErrBadContext
+		}
+		if err := d.next(); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		} else if err == nil && d.pk.Kind == decode.FUP && !d.pk.Suppressed() {
+			// The event hit at the FUP's IP; the FUP also starts
+			// the asynchronous branch or disable that follows.
+			e.IP, e.HasIP = d.pk.IP, true
+			if !cfeKnown(e.Type) {
+				// libipt skips event types it does not know.
+				return nil
+			}
+			if d.enabled && cfeAtInsn(e.Type) {
+				// The FUP is the instruction's (iret, VM entry,
+				// ...); the event comes with its branch, which
+				// takes the TIP or TIP.PGD that follows.
+				d.push(e, bindTIP)
+				return nil
+			}
+			if !d.enabled {
+				d.push(e, bindNow)
+				return nil
+			}
+			d.push(e, bindIP)
+			return d.fup()
+		} else if err == nil {
+			d.unread()
+		}
+		if !cfeKnown(e.Type) {
+			return nil
+		}
+		if d.enabled {
+			// It binds to the branch that takes the next TIP (iret).
+			d.push(e, bindTIP)
+			return nil
+		}
+		d.push(e, bindNow)
+	case decode.Mwait, decode.Pwre:
+		if d.nHeld == len(d.held) {
+			d.flushHeld(bindNow)
+		}
+		d.held[d.nHeld], _ = simpleEvent(p)
+		d.nHeld++
+	case decode.Exstop, decode.Trig:
+		e := Event{Kind: EvExstop}
+		if p.Kind == decode.Trig {
+			e = Event{Kind: EvTrig, Payload: p.Payload}
+			if p.Has(decode.FlagMult) {
+				e.Flags |= Mult
+			}
+		}
+		if !p.Has(decode.FlagIP) {
+			if p.Kind == decode.Trig && p.Has(decode.FlagICNTV) && p.Aux > 0 && d.enabled {
+				// The trigger hit icnt instructions later.
+				d.q = append(d.q, queued{ev: e, bind: bindCount, count: p.Aux})
+				return nil
+			}
+			d.pushExstop(e, bindNow)
+			return nil
+		}
+		if err := d.fupFor(&e); err != nil {
+			return err
+		}
+		if !e.HasIP {
+			d.pushExstop(e, bindNow)
+			return nil
+		}
+		d.pushExstop(e, bindIP)
+	default:
+		if e, ok := simpleEvent(p); ok {
+			d.push(e, bindNow)
+			return nil
+		}
+		// BBP/BIP/BEP (PEBS) carry no flow.
+	}
+	return nil
+}
+
+// cfeKnown tells whether libipt knows a CFE type (it skips the others).
+func cfeKnown(typ uint8) bool {
+	return typ >= CFEIntr && typ <= CFESyscall && typ != 11
+}
+
+// cfeAtInsn tells whether a CFE type is the event of an instruction (its
+// FUP gives the instruction's IP) rather than asynchronous (the FUP gives
+// the IP where it hit).
+func cfeAtInsn(typ uint8) bool {
+	switch typ {
+	case CFEIret, CFEVMEntry, CFEUiret, CFESyscall:
+		return true
+	}
+	return false
+}
+
+// cfeData is the event data (EVD types, a bit each) a CFE type takes: CR2
+// for an interrupt, VMX qualification and reason for a VM exit.
+func cfeData(typ uint8) uint8 {
+	switch typ {
+	case CFEIntr:
+		return 1 << 0
+	case CFEVMExit, CFEVMExitIntr:
+		return 1<<1 | 1<<2
+	}
+	return 0
+}
+
+// pushExstop queues e; for an EXSTOP, with the MWAIT held before it (at
+// its IP) and the PWRE after it.
+func (d *Decoder) pushExstop(e Event, b bind) {
+	if e.Kind != EvExstop {
+		d.push(e, b)
+		return
+	}
+	for i := range d.held[:d.nHeld] {
+		if d.held[i].Kind == EvMwait {
+			d.held[i].IP, d.held[i].HasIP = e.IP, e.HasIP
+			d.push(d.held[i], b)
+		}
+	}
+	d.push(e, b)
+	for i := range d.held[:d.nHeld] {
+		if d.held[i].Kind != EvMwait {
+			// Bound where the EXSTOP is; PWRE shows no IP.
+			d.held[i].IP = e.IP
+			d.push(d.held[i], b)
+		}
+	}
+	d.nHeld = 0
+}
+
+// flushHeld queues the held events as they are.
+func (d *Decoder) flushHeld(b bind) {
+	for i := range d.held[:d.nHeld] {
+		d.push(d.held[i], b)
+	}
+	d.nHeld = 0
+}
+
+// simpleEvent makes the event of a packet that takes effect where it
+// stands and needs no other packet.
+func simpleEvent(p *decode.Packet) (Event, bool) {
+	switch p.Kind {
+	case decode.Stop:
+		return Event{Kind: EvStop}, true
+	case decode.MNT:
+		return Event{Kind: EvMNT, Payload: p.Payload}, true
+	case decode.CBR:
+		return Event{Kind: EvCBR, Payload: p.Payload}, true
+	case decode.Mwait:
+		return Event{Kind: EvMwait, Payload: p.Payload, Aux: p.Aux}, true
+	case decode.Pwre:
+		e := Event{Kind: EvPwre, Payload: uint64(p.Type)}
+		if p.Has(decode.FlagHW) {
+			e.Flags |= HW
+		}
+		return e, true
+	case decode.Pwrx:
+		return Event{Kind: EvPwrx, Payload: uint64(p.Type), Aux: p.Aux}, true
+	}
+	return Event{}, false
+}
+
+// asyncAfter reads what follows an asynchronous event's FUP at ip: a TIP
+// (the branch it caused) or TIP.PGD; anything else is left for later.
+func (d *Decoder) asyncAfter(ip uint64) error {
+	if err := d.next(); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return err
+	}
+	switch d.pk.Kind {
+	case decode.TIP:
+		d.push(Event{Kind: EvInterrupt, At: ip, IP: d.pk.IP, HasIP: !d.pk.Suppressed()}, bindIP)
+	case decode.TIPPGD:
+		d.push(Event{Kind: EvAsyncDisabled, At: ip, IP: d.pk.IP, HasIP: !d.pk.Suppressed()}, bindIP)
+	default:
+		d.unread()
+	}
+	return nil
+}
+
+// fup handles a FUP (d.pk) outside PSB+: an asynchronous event at its IP,
+// what follows says which.
+func (d *Decoder) fup() error {
+	at, supp := d.pk.IP, d.pk.Suppressed()
+	if supp {
+		return ErrNoIP
+	}
+	// PIP and VMCS between the FUP and its TIP are reported after the
+	// branch, the last first (libipt's order).
+	var side [4]Event
+	n := 0
+	for {
+		if err := d.next(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return ErrBadContext
+			}
+			return err
+		}
+		p := &d.pk
+		switch p.Kind {
+		case decode.ModeExec:
+			d.stash, d.stashIF = execMode(p), p.Has(decode.FlagIF)
+			continue
+		case decode.TIP, decode.TIPPGD:
+			kind := EvInterrupt
+			if p.Kind == decode.TIPPGD {
+				kind = EvAsyncDisabled
+			}
+			d.push(Event{Kind: kind, At: at, IP: p.IP, HasIP: !p.Suppressed()}, bindIP)
+			// Queued behind the branch, they follow it.
+			for i := n - 1; i >= 0; i-- {
+				d.push(side[i], bindNow)
+			}
+			return nil
+		case decode.PIP, decode.VMCS:
+			if n == len(side) {
+				return ErrBadContext
+			}
+			e := Event{Kind: EvPaging, Payload: p.Payload, IP: at, HasIP: true}
+			if p.Kind == decode.VMCS {
+				e.Kind = EvVMCS
+			} else if p.Has(decode.FlagNR) {
+				e.Flags |= NonRoot
+			}
+			side[n] = e
+			n++
+			continue
+		}
+		d.unread()
+		return ErrBadContext
+	}
+}
+
+// eventIP is the IP a queued event waits for.
+func (q *queued) eventIP() uint64 {
+	if q.ev.Kind == EvInterrupt || q.ev.Kind == EvAsyncDisabled {
+		return q.ev.At
+	}
+	return q.ev.IP
+}
+
+// deliver fires the queued events that are due before the instruction at
+// d.ip; it tells whether any bound event still waits.
+func (d *Decoder) deliver() {
+	for len(d.q) > 0 {
+		q := &d.q[0]
+		switch q.bind {
+		case bindIP, bindStatus:
+			if d.enabled && d.ip != q.eventIP() {
+				return
+			}
+		case bindBranch, bindPTW, bindTIP:
+			if d.enabled {
+				return
+			}
+		case bindCount:
+			if d.enabled && q.count > 0 {
+				return
+			}
+		}
+		d.fire(0)
+	}
+}
+
+// fire takes effect of and reports the queued event i.
+func (d *Decoder) fire(i int) {
+	d.qEv = d.q[i].ev
+	d.q = append(d.q[:i], d.q[i+1:]...)
+	e := &d.qEv
+	d.steps = 0
+	switch e.Kind {
+	case EvEnabled:
+		if d.resumeOK && d.resumeIP == e.IP {
+			e.Flags |= Resumed
+		}
+		d.enabled, d.ip = true, e.IP
+		d.resumeOK = false
+		d.applyStash()
+	case EvDisabled:
+		// d.ip is the fall-through of the branch that disabled.
+		d.enabled, d.resumeIP, d.resumeOK = false, d.ip, d.enabled
+		if e.HasIP {
+			d.resumeIP = e.IP
+		}
+	case EvAsyncDisabled:
+		d.enabled, d.resumeIP, d.resumeOK = false, e.At, d.enabled
+	case EvInterrupt:
+		if e.HasIP {
+			d.h.Branch(e.At, e.IP, BrInterrupt)
+			d.ip, d.enabled = e.IP, true
+			d.applyStash()
+		} else {
+			d.enabled = false
+		}
+	case EvOverflow:
+		d.sp, d.top = 0, 0
+		d.inTX = false
+	case EvTSX:
+		d.inTX = e.Flags&Speculative != 0
+	case EvExecMode:
+		d.mode = e.Mode
+	case EvIflags:
+		d.iflag = int8(e.Payload)
+	case evStatus:
+		return
+	}
+	d.emit(e)
+}
+
+// emit reports e.
+func (d *Decoder) emit(e *Event) {
+	d.c.Events++
+	d.h.Event(e)
+}
