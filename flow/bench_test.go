@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -123,59 +124,124 @@ func libiptBlk(t testing.TB, bt benchTrace) func() (insns, errors int) {
 
 var benchNames = []string{"mruby", "ptsim"}
 
-// BenchmarkFlow decodes each trace with ptfs's flow decoder, cold (a new
-// decoder, empty block cache, every pass) and warm (one decoder, the
-// cache kept across passes, as a live mount decodes the same images).
+// BenchmarkFlow decodes each trace with ptfs's flow decoder for a reader of
+// branches (NoInsns): cold (a new decoder, empty block cache, every pass)
+// and warm (one decoder, the cache kept across passes, as a live mount
+// decodes the same images); warm-insns also reports every instruction.
 func BenchmarkFlow(b *testing.B) {
 	for _, name := range benchNames {
 		bt := loadBench(b, name)
-		for _, warm := range []bool{false, true} {
-			mode := "cold"
-			if warm {
-				mode = "warm"
-			}
+		for _, mode := range []string{"cold", "warm", "warm-insns"} {
 			b.Run(name+"/"+mode, func(b *testing.B) {
-				d := New(bt.space, Options{})
+				opts := Options{NoInsns: mode != "warm-insns"}
+				d := New(bt.space, opts)
 				var c counter
 				d.Decode(bt.trace, &c) // fills the cache for warm
 				b.SetBytes(int64(len(bt.trace)))
 				b.ReportAllocs()
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
-					if !warm {
-						d = New(bt.space, Options{})
+					if mode == "cold" {
+						d = New(bt.space, opts)
 					}
 					c = counter{}
 					d.Decode(bt.trace, &c)
 				}
 				b.StopTimer()
-				if c.errors != 0 || c.insns == 0 {
-					b.Fatalf("%d instructions, %d errors", c.insns, c.errors)
+				if c.errors != 0 || c.branches == 0 {
+					b.Fatalf("%d branches, %d errors", c.branches, c.errors)
 				}
-				b.ReportMetric(float64(c.insns), "insns/op")
+				b.ReportMetric(float64(c.branches), "branches/op")
 			})
 		}
 	}
 }
 
 // BenchmarkLibiptBlock times libipt's block decoder (a fresh decoder each
-// pass, with ptxed's image section cache) on the same traces and memory,
-// and checks that it decodes as many instructions as ptfs.
+// pass, with ptxed's image section cache) on the same traces and memory.
 func BenchmarkLibiptBlock(b *testing.B) {
 	for _, name := range benchNames {
 		b.Run(name, func(b *testing.B) {
 			bt := loadBench(b, name)
 			run := libiptBlk(b, bt)
-			var c counter
-			New(bt.space, Options{}).Decode(bt.trace, &c)
-			if insns, errors := run(); insns != c.insns || errors != c.errors {
-				b.Fatalf("libipt decodes %d instructions with %d errors, ptfs %d with %d", insns, errors, c.insns, c.errors)
-			}
 			b.SetBytes(int64(len(bt.trace)))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				run()
 			}
 		})
+	}
+}
+
+// TestLibiptBlockSame holds the benchmarks' traces to libipt's block
+// decoder: as many instructions, no errors on either side.
+func TestLibiptBlockSame(t *testing.T) {
+	for _, name := range benchNames {
+		t.Run(name, func(t *testing.T) {
+			bt := loadBench(t, name)
+			d := New(bt.space, Options{NoInsns: true})
+			var c counter
+			d.Decode(bt.trace, &c)
+			insns, errors := libiptBlk(t, bt)()
+			if got := d.Counters(); int(got.Insns) != insns || int(got.Errors) != errors || errors != 0 {
+				t.Errorf("ptfs decodes %d instructions with %d errors, libipt %d with %d", got.Insns, got.Errors, insns, errors)
+			}
+		})
+	}
+}
+
+// flowLog keeps every branch and event as one line.
+type flowLog struct {
+	lines []string
+	insns int
+}
+
+func (l *flowLog) Insn(*Insn) { l.insns++ }
+func (l *flowLog) Branch(from, to uint64, kind BranchKind) {
+	l.lines = append(l.lines, fmt.Sprintf("%x %x %v", from, to, kind))
+}
+func (l *flowLog) Event(e *Event) {
+	l.lines = append(l.lines, fmt.Sprintf("ev %d %x %v %d %v", e.Kind, e.IP, e.HasIP, e.Offset, e.Err))
+}
+
+// TestNoInsnsSameFlow checks that stepping over blocks whole (NoInsns)
+// gives the branches, events and counters that the instruction-by-
+// instruction walk gives, on real traces and on ones that end or break
+// mid-flow (truncated, a corrupted byte).
+func TestNoInsnsSameFlow(t *testing.T) {
+	for _, name := range benchNames {
+		bt := loadBench(t, name)
+		traces := map[string][]byte{"whole": bt.trace, "truncated": bt.trace[:len(bt.trace)*2/3]}
+		bad := slices.Clone(bt.trace)
+		for i := 5000; i < len(bad); i += 50000 {
+			bad[i] ^= 0x5a
+		}
+		traces["corrupted"] = bad
+		for tn, tr := range traces {
+			t.Run(name+"/"+tn, func(t *testing.T) {
+				var all, br flowLog
+				d := New(bt.space, Options{})
+				d.Decode(tr, &all)
+				dn := New(bt.space, Options{NoInsns: true})
+				dn.Decode(tr, &br)
+				if tn == "corrupted" && d.Counters().Errors == 0 {
+					t.Fatal("the corrupted trace decodes without an error")
+				}
+				if br.insns != 0 || all.insns == 0 {
+					t.Fatalf("Insn called %d times with NoInsns, %d without", br.insns, all.insns)
+				}
+				if d.Counters() != dn.Counters() {
+					t.Errorf("counters %+v with NoInsns, %+v without", dn.Counters(), d.Counters())
+				}
+				if len(all.lines) != len(br.lines) {
+					t.Errorf("%d branches and events with NoInsns, %d without", len(br.lines), len(all.lines))
+				}
+				for i := range min(len(all.lines), len(br.lines)) {
+					if all.lines[i] != br.lines[i] {
+						t.Fatalf("line %d: %q with NoInsns, %q without", i, br.lines[i], all.lines[i])
+					}
+				}
+			})
+		}
 	}
 }

@@ -24,6 +24,9 @@ type insn struct {
 type block struct {
 	insns []insn
 	err   error
+	// taken and fall are the blocks a conditional branch at the end
+	// leads to, once chain went there; nil until then.
+	taken, fall *block
 }
 
 // blockCache maps an address and mode to its block, so that a hot loop
@@ -126,7 +129,7 @@ func (c *blockCache) alloc(insns []insn, err error) *block {
 	b := &c.blocks[0]
 	c.blocks = c.blocks[1:]
 	n := copy(c.code, insns)
-	b.insns, b.err = c.code[:n:n], err
+	*b = block{insns: c.code[:n:n], err: err}
 	c.code = c.code[n:]
 	return b
 }

@@ -19,6 +19,11 @@ type Options struct {
 	// packet (a loop in the image that the trace never leaves); 0 means
 	// the default, 1<<20. Exceeding it is an ErrBadQuery error.
 	MaxInsns int
+	// NoInsns does not call the Handler's Insn (a reader of branches
+	// only): the plain instructions of a block are then stepped over at
+	// once while nothing can stop the flow among them; Counters.Insns
+	// still counts them.
+	NoInsns bool
 }
 
 // bind says when a queued event takes effect.
