@@ -132,8 +132,9 @@ func (d *Decoder) due() bool {
 func (d *Decoder) walk() error {
 	b := d.block(d.ip, d.mode)
 	if d.opts.NoInsns {
-		if b = d.chain(b); b == nil {
-			return nil
+		var err error
+		if b, err = d.chain(b); b == nil {
+			return err
 		}
 	}
 	start := 0
