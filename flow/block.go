@@ -24,8 +24,9 @@ type insn struct {
 type block struct {
 	insns []insn
 	err   error
-	// taken and fall are the blocks a conditional branch at the end
-	// leads to, once chain went there; nil until then.
+	// taken and fall are the blocks the branch at the end leads to
+	// (taken: a direct jump, call or taken conditional branch), once
+	// chain went there; nil until then.
 	taken, fall *block
 }
 
