@@ -8,7 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"ptfs/images"
 	"ptfs/internal/testkit"
@@ -69,8 +71,9 @@ func (c *counter) Event(e *Event) {
 
 // libiptBlk runs testdata/ptblk.c (libipt's block decoder) on bt; each call
 // of the returned function decodes the whole trace once with a fresh
-// decoder and returns its instruction and error counts.
-func libiptBlk(t testing.TB, bt benchTrace) func() (insns, errors int) {
+// decoder and returns its instruction and error counts and the CPU time
+// the pass took.
+func libiptBlk(t testing.TB, bt benchTrace) func() (insns, errors int, cpu time.Duration) {
 	t.Helper()
 	if _, err := os.Stat("/usr/include/intel-pt.h"); err != nil {
 		testkit.Unavailable(t, "libipt header /usr/include/intel-pt.h missing: apt-get install libipt-dev")
@@ -82,13 +85,32 @@ func libiptBlk(t testing.TB, bt benchTrace) func() (insns, errors int) {
 		args = append(args, fmt.Sprintf("%s:%x:%x:%x", m.Name, m.Off, m.End-m.Start, m.Start))
 	}
 	ask := testkit.Harness(t, bin, args...)
-	return func() (int, int) {
+	return func() (int, int, time.Duration) {
 		line := ask("go")
 		var insns, errors int
-		if _, err := fmt.Sscan(line, &insns, &errors); err != nil {
+		var cpu time.Duration
+		if _, err := fmt.Sscan(line, &insns, &errors, &cpu); err != nil {
 			t.Fatalf("libipt block harness answered %q: %v", line, err)
 		}
-		return insns, errors
+		return insns, errors, cpu
+	}
+}
+
+// cpuTime is the CPU time the process used so far: on a machine shared
+// with other work it measures the decoder, where wall time measures the
+// load too.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the throughput of b.N passes over size bytes in cpu.
+func reportCPU(b *testing.B, size int, cpu time.Duration) {
+	if cpu > 0 {
+		b.ReportMetric(float64(size)*float64(b.N)/cpu.Seconds()/1e6, "MB/cpu-s")
 	}
 }
 
@@ -110,6 +132,7 @@ func BenchmarkFlow(b *testing.B) {
 				b.SetBytes(int64(len(bt.trace)))
 				b.ReportAllocs()
 				b.ResetTimer()
+				cpu0 := cpuTime()
 				for i := 0; i < b.N; i++ {
 					if mode == "cold" {
 						d = New(bt.space, opts)
@@ -118,6 +141,7 @@ func BenchmarkFlow(b *testing.B) {
 					d.Decode(bt.trace, &c)
 				}
 				b.StopTimer()
+				reportCPU(b, len(bt.trace), cpuTime()-cpu0)
 				if c.errors != 0 || c.branches == 0 {
 					b.Fatalf("%d branches, %d errors", c.branches, c.errors)
 				}
@@ -139,9 +163,12 @@ func BenchmarkLibiptBlock(b *testing.B) {
 			run()
 			b.SetBytes(int64(len(bt.trace)))
 			b.ResetTimer()
+			var cpu time.Duration
 			for i := 0; i < b.N; i++ {
-				run()
+				_, _, c := run()
+				cpu += c
 			}
+			reportCPU(b, len(bt.trace), cpu)
 		})
 	}
 }
@@ -155,7 +182,7 @@ func TestLibiptBlockSame(t *testing.T) {
 			d := New(bt.space, Options{NoInsns: true})
 			var c counter
 			d.Decode(bt.trace, &c)
-			insns, errors := libiptBlk(t, bt)()
+			insns, errors, _ := libiptBlk(t, bt)()
 			if got := d.Counters(); int(got.Insns) != insns || int(got.Errors) != errors || errors != 0 {
 				t.Errorf("ptfs decodes %d instructions with %d errors, libipt %d with %d", got.Insns, got.Errors, insns, errors)
 			}

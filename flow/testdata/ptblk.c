@@ -10,12 +10,15 @@
  * two overlap). For each line read on stdin, a fresh block decoder decodes
  * all of TRACE (pt_blk_sync_forward, then pt_blk_event/pt_blk_next until
  * the end, resynchronising at the next PSB after an error, as ptxed does)
- * and the answer is "INSNS ERRORS": instructions decoded and errors met.
+ * and the answer is "INSNS ERRORS CPUNS": instructions decoded, errors met
+ * and the CPU time the pass took (CLOCK_PROCESS_CPUTIME_ID, which other
+ * processes on a shared machine do not inflate).
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <intel-pt.h>
 
@@ -126,8 +129,13 @@ int main(int argc, char **argv)
 	char line[64];
 	while (fgets(line, sizeof(line), stdin)) {
 		uint64_t insns, errors;
+		struct timespec t0, t1;
+		clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
 		decode(&cfg, image, &insns, &errors);
-		printf("%" PRIu64 " %" PRIu64 "\n", insns, errors);
+		clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
+		printf("%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", insns, errors,
+		       (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 +
+			       (uint64_t)t1.tv_nsec - (uint64_t)t0.tv_nsec);
 		fflush(stdout);
 	}
 	pt_image_free(image);
