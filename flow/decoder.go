@@ -258,16 +258,7 @@ func (d *Decoder) next() error {
 		d.pk = d.back
 		return nil
 	}
-	for {
-		if err := d.nextPacket(); err != nil {
-			return err
-		}
-		switch d.pk.Kind {
-		case decode.Pad, decode.TSC, decode.MTC, decode.CYC, decode.TMA:
-			continue
-		}
-		return nil
-	}
+	return d.nextPacket()
 }
 
 // unread pushes d.pk back.

@@ -20,11 +20,22 @@ func (d *Decoder) resetPackets(trace []byte) {
 	d.pb.i, d.pb.n, d.pb.err = 0, 0, nil
 }
 
-// nextPacket reads the next packet into d.pk, as the packet decoder's Next
-// does: its errors come after the packets before them.
+// nextPacket reads the next packet that the flow uses into d.pk, skipping
+// padding and timing packets in the batch, where they cost no copy; errors
+// come after the packets before them, as the packet decoder's Next gives
+// them.
 func (d *Decoder) nextPacket() error {
 	b := &d.pb
-	if b.i == b.n {
+	for {
+		for ; b.i < b.n; b.i++ {
+			switch b.pkts[b.i].Kind {
+			case decode.Pad, decode.TSC, decode.MTC, decode.CYC, decode.TMA:
+				continue
+			}
+			d.pk = b.pkts[b.i]
+			b.i++
+			return nil
+		}
 		if err := b.err; err != nil {
 			b.err = nil
 			return err
@@ -36,9 +47,6 @@ func (d *Decoder) nextPacket() error {
 			return err
 		}
 	}
-	d.pk = b.pkts[b.i]
-	b.i++
-	return nil
 }
 
 // pos is the offset of the next packet not read (by nextPacket), or of the
