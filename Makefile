@@ -30,6 +30,7 @@ race:
 bench:
 	$(GO) test -run '^$$' -bench 'Packets|Records|Libipt' -benchmem -benchtime 3x ./decode
 	$(GO) test -run '^$$' -bench AppendRecord -benchmem ./decode
+	$(GO) test -run '^$$' -bench 'Flow|LibiptBlock' -benchmem -benchtime 10x ./flow
 	$(GO) test -run '^$$' -bench . -benchmem ./stream ./perfio ./engine
 	$(GO) test -run '^$$' -bench Overhead -benchtime 200000x ./cmd/ptfs
 	$(GO) test -run '^$$' -bench StreamLoad -benchtime 1000000x ./cmd/ptfs

@@ -1,10 +1,8 @@
 package decode
 
 import (
-	"bufio"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,6 +10,7 @@ import (
 	"testing"
 
 	"ptfs/decode/ptenc"
+	"ptfs/internal/testkit"
 )
 
 // benchSize is the size of the generated benchmark streams.
@@ -129,34 +128,12 @@ func BenchmarkLibipt(b *testing.B) {
 			if err := os.WriteFile(path, buf, 0o644); err != nil {
 				b.Fatal(err)
 			}
-			cmd := exec.Command(bin, "bench", path)
-			in, err := cmd.StdinPipe()
-			if err != nil {
-				b.Fatal(err)
-			}
-			outPipe, err := cmd.StdoutPipe()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() {
-				in.Close()
-				cmd.Wait()
-			})
-			out := bufio.NewReader(outPipe)
+			ask := testkit.Harness(b, bin, "bench", path)
 			round := func() int {
-				if _, err := io.WriteString(in, "go\n"); err != nil {
-					b.Fatal(err)
-				}
-				line, err := out.ReadString('\n')
-				if err != nil {
-					b.Fatal(err)
-				}
+				line := ask("go")
 				n, err := strconv.Atoi(strings.TrimSpace(line))
 				if err != nil {
-					b.Fatal(err)
+					b.Fatalf("libipt harness answered %q: %v", line, err)
 				}
 				return n
 			}

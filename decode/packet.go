@@ -256,6 +256,14 @@ func (d *PacketDecoder) SyncForward() error {
 	return nil
 }
 
+// SyncForwardFrom is SyncForward from offset instead of the current
+// position: for a caller that decodes ahead in batches and has used the
+// packets before offset only.
+func (d *PacketDecoder) SyncForwardFrom(offset uint64) error {
+	d.pos = int(min(offset, uint64(len(d.buf))))
+	return d.SyncForward()
+}
+
 // SyncSet makes offset the synchronization point without checking for a PSB
 // there (ptdump's --no-sync).
 func (d *PacketDecoder) SyncSet(offset uint64) error {

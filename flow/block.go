@@ -24,47 +24,132 @@ type insn struct {
 type block struct {
 	insns []insn
 	err   error
-}
-
-type blockKey struct {
-	ip   uint64
-	mode Mode
+	// taken and fall are the blocks the branch at the end leads to
+	// (taken: a direct jump, call or taken conditional branch), once
+	// chain went there; nil until then.
+	taken, fall *block
 }
 
 // blockCache maps an address and mode to its block, so that a hot loop
-// costs a map lookup per block instead of decoding.
+// costs a lookup per block instead of decoding: an open-addressing table
+// (linear probing, a multiplicative hash of the address) over blocks and
+// instructions allocated from slabs, so that neither a lookup nor a miss
+// allocates per block.
 type blockCache struct {
-	m     map[blockKey]*block
+	slots []slot // a power of two long, at most half full
+	n     int    // blocks held
 	gen   uint64
-	insns int // instructions held
+	insns int // instructions held, plus one per block
+
+	blocks []block // slab the next blocks are taken from
+	code   []insn  // slab the next blocks' instructions are taken from
+	tmp    [maxBlock]insn
 }
 
-func (c *blockCache) init() { c.m = make(map[blockKey]*block) }
+type slot struct {
+	ip   uint64
+	mode Mode
+	b    *block // nil: empty
+}
+
+// Slab and table sizes: a first decode allocates little, a long one a
+// few large pieces.
+const (
+	minSlots  = 1 << 10
+	blockSlab = 1 << 9
+	insnSlab  = 1 << 12
+)
+
+func (c *blockCache) init() { c.slots = make([]slot, minSlots) }
 
 // check drops the cache when the memory's generation changed.
 func (c *blockCache) check(gen uint64) {
 	if gen != c.gen {
-		clear(c.m)
-		c.gen, c.insns = gen, 0
+		c.drop()
+		c.gen = gen
 	}
+}
+
+// drop forgets every block; the table keeps its size, the slabs are left
+// to the collector (a block in use stays valid).
+func (c *blockCache) drop() {
+	clear(c.slots)
+	c.n, c.insns = 0, 0
+	c.blocks, c.code = nil, nil
+}
+
+func (c *blockCache) hash(ip uint64, mode Mode) uint64 {
+	return (ip ^ uint64(mode)<<62) * 0x9e3779b97f4a7c15
+}
+
+// lookup returns the block at ip in mode, or nil.
+func (c *blockCache) lookup(ip uint64, mode Mode) *block {
+	mask := uint64(len(c.slots) - 1)
+	for i := c.hash(ip, mode) >> 32 & mask; ; i = (i + 1) & mask {
+		s := &c.slots[i]
+		if s.b == nil || s.ip == ip && s.mode == mode {
+			return s.b
+		}
+	}
+}
+
+// insert adds b at ip in mode (not held yet), growing the table to keep it
+// at most half full.
+func (c *blockCache) insert(ip uint64, mode Mode, b *block) {
+	if 2*(c.n+1) > len(c.slots) {
+		old := c.slots
+		c.slots = make([]slot, 2*len(old))
+		for i := range old {
+			if old[i].b != nil {
+				c.put(old[i])
+			}
+		}
+	}
+	c.put(slot{ip, mode, b})
+	c.n++
+	c.insns += len(b.insns) + 1
+}
+
+func (c *blockCache) put(s slot) {
+	mask := uint64(len(c.slots) - 1)
+	i := c.hash(s.ip, s.mode) >> 32 & mask
+	for c.slots[i].b != nil {
+		i = (i + 1) & mask
+	}
+	c.slots[i] = s
+}
+
+// alloc returns a block holding a copy of insns, from the slabs.
+func (c *blockCache) alloc(insns []insn, err error) *block {
+	if len(c.blocks) == 0 {
+		c.blocks = make([]block, blockSlab)
+	}
+	if len(c.code) < len(insns) {
+		c.code = make([]insn, insnSlab)
+	}
+	b := &c.blocks[0]
+	c.blocks = c.blocks[1:]
+	n := copy(c.code, insns)
+	*b = block{insns: c.code[:n:n], err: err}
+	c.code = c.code[n:]
+	return b
 }
 
 // block returns the block at ip in mode, decoding it on a miss.
 func (d *Decoder) block(ip uint64, mode Mode) *block {
-	k := blockKey{ip, mode}
-	if b, ok := d.cache.m[k]; ok {
+	if b := d.cache.lookup(ip, mode); b != nil {
 		return b
 	}
 	if d.cache.insns >= maxCached {
-		clear(d.cache.m)
-		d.cache.insns = 0
+		d.cache.drop()
 	}
-	b := &block{}
+	ins := d.cache.tmp[:0]
+	var berr error
 	pc := ip
-	for len(b.insns) < maxBlock {
+	for len(ins) < maxBlock {
 		n, _ := d.mem.ReadAt(d.buf[:], pc)
 		if n <= 0 {
-			b.err = ErrNoMap
+			berr = ErrNoMap
 			break
 		}
 		// 64-bit code takes the length decoder's tables alone (no text,
@@ -77,16 +162,16 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 			in, err = x86insn.DecodeMode(d.buf[:n], pc, bits)
 		}
 		if err != nil {
-			b.err = ErrBadInsn
+			berr = ErrBadInsn
 			break
 		}
-		b.insns = append(b.insns, insn{ip: pc, target: in.Target, len: uint8(in.Len), class: in.Class})
+		ins = append(ins, insn{ip: pc, target: in.Target, len: uint8(in.Len), class: in.Class})
 		if in.Class != x86insn.NotBranch {
 			break
 		}
 		pc += uint64(in.Len)
 	}
-	d.cache.m[k] = b
-	d.cache.insns += len(b.insns) + 1
+	b := d.cache.alloc(ins, berr)
+	d.cache.insert(ip, mode, b)
 	return b
 }

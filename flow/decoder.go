@@ -19,6 +19,11 @@ type Options struct {
 	// packet (a loop in the image that the trace never leaves); 0 means
 	// the default, 1<<20. Exceeding it is an ErrBadQuery error.
 	MaxInsns int
+	// NoInsns does not call the Handler's Insn (a reader of branches
+	// only): the plain instructions of a block are then stepped over at
+	// once while nothing can stop the flow among them; Counters.Insns
+	// still counts them.
+	NoInsns bool
 }
 
 // bind says when a queued event takes effect.
@@ -54,6 +59,7 @@ type Decoder struct {
 	opts Options
 	h    Handler
 	pd   decode.PacketDecoder
+	pb   packetBatch
 	pk   decode.Packet
 	// back is a packet read ahead and pushed back.
 	back    decode.Packet
@@ -134,7 +140,7 @@ var errStop = errors.New("stop")
 // after each.
 func (d *Decoder) Decode(trace []byte, h Handler) {
 	d.h = h
-	d.pd.Reset(trace)
+	d.resetPackets(trace)
 	d.resetState()
 	if d.gen != nil {
 		d.cache.check(d.gen.Generation())
@@ -142,7 +148,7 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 	resync := false
 	for {
 		if !resync {
-			if err := d.pd.SyncForward(); err != nil {
+			if err := d.syncForward(); err != nil {
 				return
 			}
 			d.resetState()
@@ -187,7 +193,7 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 // progressed tells whether the stream moved since the last error, so that
 // an error that leaves its packet unread cannot repeat forever.
 func (d *Decoder) progressed() bool {
-	pos := d.pd.Pos()
+	pos := d.pos()
 	if d.hasBack {
 		pos = d.back.Offset
 	}
@@ -211,7 +217,7 @@ func (d *Decoder) fail(err error) bool {
 // report sends an EvError for err at the current position.
 func (d *Decoder) report(err error) {
 	// The offset of the next packet not consumed, as libipt reports.
-	off := d.pd.Pos()
+	off := d.pos()
 	if d.hasBack {
 		off = d.back.Offset
 	}
@@ -252,16 +258,7 @@ func (d *Decoder) next() error {
 		d.pk = d.back
 		return nil
 	}
-	for {
-		if err := d.pd.Next(&d.pk); err != nil {
-			return err
-		}
-		switch d.pk.Kind {
-		case decode.Pad, decode.TSC, decode.MTC, decode.CYC, decode.TMA:
-			continue
-		}
-		return nil
-	}
+	return d.nextPacket()
 }
 
 // unread pushes d.pk back.

@@ -193,6 +193,33 @@ var fuzzOrg = regexp.MustCompile(`(?m)^org\s+(\S+)`)
 // FuzzDecode: random and mutated traces over a code image never panic or
 // hang (work is bounded by MaxInsns per packet) and every error is counted.
 func FuzzDecode(f *testing.F) {
+	fuzzSeeds(f)
+	f.Fuzz(func(t *testing.T, trace, code []byte, base uint64) {
+		if len(trace) > 1<<16 || len(code) > 1<<16 {
+			return
+		}
+		var r nopHandler
+		d := New(&blob{base: base, code: code}, Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1})
+		done := make(chan struct{})
+		go func() { d.Decode(trace, &r); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+			t.Fatalf("decode of %d bytes did not end within 3 s", len(trace))
+		}
+		c := d.Counters()
+		if c.Insns != r.n {
+			t.Fatalf("counted %d instructions, reported %d", c.Insns, r.n)
+		}
+		if c.Insns > uint64(len(trace)+1)*(1<<12)*64 {
+			t.Fatalf("%d instructions for %d bytes of trace: unbounded", c.Insns, len(trace))
+		}
+	})
+}
+
+// fuzzSeeds adds the flow fuzz targets' seeds (trace, code, base): a small
+// loop and every libipt test trace with its code.
+func fuzzSeeds(f *testing.F) {
 	code := []byte{0x90, 0x75, 0xfd, 0xe8, 0x01, 0, 0, 0, 0x90, 0xc3, 0xff, 0xe0, 0xf3, 0x0f, 0xae, 0xe0}
 	e := ptenc.New()
 	start(e, 0x1000)
@@ -220,27 +247,6 @@ func FuzzDecode(f *testing.F) {
 			f.Add(trace, bin, org)
 		}
 	}
-	f.Fuzz(func(t *testing.T, trace, code []byte, base uint64) {
-		if len(trace) > 1<<16 || len(code) > 1<<16 {
-			return
-		}
-		var r nopHandler
-		d := New(&blob{base: base, code: code}, Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1})
-		done := make(chan struct{})
-		go func() { d.Decode(trace, &r); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(3 * time.Second):
-			t.Fatalf("decode of %d bytes did not end within 3 s", len(trace))
-		}
-		c := d.Counters()
-		if c.Insns != r.n {
-			t.Fatalf("counted %d instructions, reported %d", c.Insns, r.n)
-		}
-		if c.Insns > uint64(len(trace)+1)*(1<<12)*64 {
-			t.Fatalf("%d instructions for %d bytes of trace: unbounded", c.Insns, len(trace))
-		}
-	})
 }
 
 // BenchmarkDecodeLoop: a two-instruction loop driven by long TNTs, the

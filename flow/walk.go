@@ -131,7 +131,22 @@ func (d *Decoder) due() bool {
 // event is due, more trace is needed, or the flow leaves the block.
 func (d *Decoder) walk() error {
 	b := d.block(d.ip, d.mode)
-	for i := range b.insns {
+	if d.opts.NoInsns {
+		var err error
+		if b, err = d.chain(b); b == nil {
+			return err
+		}
+	}
+	start := 0
+	if n := len(b.insns) - 1; d.opts.NoInsns && n > 0 && len(d.q) == 0 && d.enabled && b.insns[0].ip == d.ip &&
+		(d.tntN > 0 || d.tipOK || d.flowNext()) && d.steps+n <= d.opts.MaxInsns {
+		// No event is queued and the trace for the block's branch is
+		// there: nothing stops the flow before that branch.
+		d.c.Insns += uint64(n)
+		d.steps += n
+		d.ip, start = b.insns[n].ip, n
+	}
+	for i := start; i < len(b.insns); i++ {
 		in := &b.insns[i]
 		if in.ip != d.ip || !d.enabled {
 			return nil
@@ -292,8 +307,10 @@ func (d *Decoder) disabledDirect(target uint64) bool {
 // exec executes one instruction.
 func (d *Decoder) exec(in *insn) error {
 	d.c.Insns++
-	d.ins = Insn{IP: in.ip, Len: in.len, Mode: d.mode, Class: in.class, Speculative: d.inTX}
-	d.h.Insn(&d.ins)
+	if !d.opts.NoInsns {
+		d.ins = Insn{IP: in.ip, Len: in.len, Mode: d.mode, Class: in.class, Speculative: d.inTX}
+		d.h.Insn(&d.ins)
+	}
 	for i := range d.q {
 		if d.q[i].bind == bindCount && d.q[i].count > 0 {
 			d.q[i].count--

@@ -1,10 +1,13 @@
 // Package testkit holds what the tests of several packages need: the shared
-// corpus, C test programs built with gcc, and function offsets read from
-// ELF files independently of the probes package.
+// corpus, C test programs built with gcc, reference harnesses run beside a
+// benchmark, and function offsets read from ELF files independently of the
+// probes package.
 package testkit
 
 import (
+	"bufio"
 	"debug/elf"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -106,4 +109,41 @@ func FuncOffset(t testing.TB, bin, sym string) uint64 {
 	}
 	t.Fatalf("%s: no function %s", bin, sym)
 	return 0
+}
+
+// Harness starts the reference program bin with args, one that answers each
+// line on its stdin with one line on stdout (the libipt harnesses' bench
+// modes), and returns a function that sends a request line and returns the
+// answer without its newline. The program's stdin is closed and it is
+// waited for when the test ends.
+func Harness(t testing.TB, bin string, args ...string) func(req string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	t.Cleanup(func() {
+		in.Close()
+		cmd.Wait()
+	})
+	out := bufio.NewReader(outPipe)
+	return func(req string) string {
+		if _, err := io.WriteString(in, req+"\n"); err != nil {
+			t.Fatalf("%s: %v", bin, err)
+		}
+		line, err := out.ReadString('\n')
+		if err != nil {
+			t.Fatalf("%s: no answer: %v", bin, err)
+		}
+		return strings.TrimSuffix(line, "\n")
+	}
 }

@@ -1,0 +1,187 @@
+package flow
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"ptfs/images"
+	"ptfs/internal/testkit"
+)
+
+// benchTrace is a trace and the memory it ran from.
+type benchTrace struct {
+	trace []byte
+	path  string
+	space *images.Space
+}
+
+// loadBench returns one of the benchmark traces: mruby (libxdc's kAFL
+// trace with its page dump) or ptsim (run-static, flow-static and its vDSO).
+func loadBench(t testing.TB, name string) benchTrace {
+	t.Helper()
+	corpus := testkit.Corpus(t)
+	s := images.NewSpace()
+	var path string
+	switch name {
+	case "mruby":
+		dir := filepath.Join(corpus, "libxdc", "mruby")
+		path = filepath.Join(dir, "trace")
+		if err := images.MapPageDump(s, filepath.Join(dir, "data.addr"), filepath.Join(dir, "data.dump")); err != nil {
+			t.Fatal(err)
+		}
+	case "ptsim":
+		dir := filepath.Join(corpus, "ptsim")
+		path = filepath.Join(dir, "run-static", "trace.pt")
+		e, err := images.MapELF(s, filepath.Join(dir, "flow-static"), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		if err := images.MapRaw(s, filepath.Join(dir, "run-static", "vdso-7ffff7ffd000.bin"), 0x7ffff7ffd000); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("no benchmark trace %q", name)
+	}
+	trace, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return benchTrace{trace: trace, path: path, space: s}
+}
+
+// counter is a Handler that only counts.
+type counter struct{ insns, branches, errors int }
+
+func (c *counter) Insn(*Insn)                       { c.insns++ }
+func (c *counter) Branch(_, _ uint64, _ BranchKind) { c.branches++ }
+func (c *counter) Event(e *Event) {
+	if e.Kind == EvError {
+		c.errors++
+	}
+}
+
+// libiptBlk runs testdata/ptblk.c (libipt's block decoder) on bt; each call
+// of the returned function decodes the whole trace once with a fresh
+// decoder and returns its instruction and error counts and the CPU time
+// the pass took.
+func libiptBlk(t testing.TB, bt benchTrace) func() (insns, errors int, cpu time.Duration) {
+	t.Helper()
+	if _, err := os.Stat("/usr/include/intel-pt.h"); err != nil {
+		testkit.Unavailable(t, "libipt header /usr/include/intel-pt.h missing: apt-get install libipt-dev")
+	}
+	bin := testkit.BuildC(t, filepath.Join("testdata", "ptblk.c"), "-Wall", "-lipt")
+	// The same memory as ptfs reads: every mapping of the space.
+	args := []string{bt.path}
+	for _, m := range bt.space.Mappings() {
+		args = append(args, fmt.Sprintf("%s:%x:%x:%x", m.Name, m.Off, m.End-m.Start, m.Start))
+	}
+	ask := testkit.Harness(t, bin, args...)
+	return func() (int, int, time.Duration) {
+		line := ask("go")
+		var insns, errors int
+		var cpu time.Duration
+		if _, err := fmt.Sscan(line, &insns, &errors, &cpu); err != nil {
+			t.Fatalf("libipt block harness answered %q: %v", line, err)
+		}
+		return insns, errors, cpu
+	}
+}
+
+// cpuTime is the CPU time the process used so far: on a machine shared
+// with other work it measures the decoder, where wall time measures the
+// load too.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the throughput of b.N passes over size bytes in cpu.
+func reportCPU(b *testing.B, size int, cpu time.Duration) {
+	if cpu > 0 {
+		b.ReportMetric(float64(size)*float64(b.N)/cpu.Seconds()/1e6, "MB/cpu-s")
+	}
+}
+
+var benchNames = []string{"mruby", "ptsim"}
+
+// BenchmarkFlow decodes each trace with ptfs's flow decoder for a reader of
+// branches (NoInsns): cold (a new decoder, empty block cache, every pass)
+// and warm (one decoder, the cache kept across passes, as a live mount
+// decodes the same images); warm-insns also reports every instruction.
+func BenchmarkFlow(b *testing.B) {
+	for _, name := range benchNames {
+		bt := loadBench(b, name)
+		for _, mode := range []string{"cold", "warm", "warm-insns"} {
+			b.Run(name+"/"+mode, func(b *testing.B) {
+				opts := Options{NoInsns: mode != "warm-insns"}
+				d := New(bt.space, opts)
+				var c counter
+				d.Decode(bt.trace, &c) // fills the cache for warm
+				b.SetBytes(int64(len(bt.trace)))
+				b.ReportAllocs()
+				b.ResetTimer()
+				cpu0 := cpuTime()
+				for i := 0; i < b.N; i++ {
+					if mode == "cold" {
+						d = New(bt.space, opts)
+					}
+					c = counter{}
+					d.Decode(bt.trace, &c)
+				}
+				b.StopTimer()
+				reportCPU(b, len(bt.trace), cpuTime()-cpu0)
+				if c.errors != 0 || c.branches == 0 {
+					b.Fatalf("%d branches, %d errors", c.branches, c.errors)
+				}
+				b.ReportMetric(float64(c.branches), "branches/op")
+			})
+		}
+	}
+}
+
+// BenchmarkLibiptBlock times libipt's block decoder (a fresh decoder each
+// pass, with ptxed's image section cache) on the same traces and memory.
+func BenchmarkLibiptBlock(b *testing.B) {
+	for _, name := range benchNames {
+		b.Run(name, func(b *testing.B) {
+			bt := loadBench(b, name)
+			run := libiptBlk(b, bt)
+			// Untimed: libipt maps its image sections on first use;
+			// ptfs's images are loaded before its timing too.
+			run()
+			b.SetBytes(int64(len(bt.trace)))
+			b.ResetTimer()
+			var cpu time.Duration
+			for i := 0; i < b.N; i++ {
+				_, _, c := run()
+				cpu += c
+			}
+			reportCPU(b, len(bt.trace), cpu)
+		})
+	}
+}
+
+// TestLibiptBlockSame holds the benchmarks' traces to libipt's block
+// decoder: as many instructions, no errors on either side.
+func TestLibiptBlockSame(t *testing.T) {
+	for _, name := range benchNames {
+		t.Run(name, func(t *testing.T) {
+			bt := loadBench(t, name)
+			d := New(bt.space, Options{NoInsns: true})
+			var c counter
+			d.Decode(bt.trace, &c)
+			insns, errors, _ := libiptBlk(t, bt)()
+			if got := d.Counters(); int(got.Insns) != insns || int(got.Errors) != errors || errors != 0 {
+				t.Errorf("ptfs decodes %d instructions with %d errors, libipt %d with %d", got.Insns, got.Errors, insns, errors)
+			}
+		})
+	}
+}
