@@ -44,7 +44,7 @@ type BranchCounters struct {
 	// Gaps counts the places where the path is unknown: decoding
 	// errors and overflows.
 	Gaps uint64
-	// PTWrites counts the ptwrite lines.
+	// PTWrites counts the manual ptwrite lines.
 	PTWrites uint64
 }
 
@@ -62,6 +62,10 @@ type Branches struct {
 	err   error
 
 	tid, cpu int32
+	// recs assembles the ptwrites into probe records and manual
+	// ptwrites, which come back through Record and Manual.
+	recs *decode.Assembler
+	seq  uint64
 
 	// last is the last executed instruction; off says that the path is
 	// not known since the last line (tracing off, before the first sync,
@@ -80,14 +84,52 @@ type Branches struct {
 
 // NewBranches returns a Branches printing to w; mem is the traced code
 // (to tell a syscall from other far transfers), sym names addresses (nil:
-// every address is "[unknown]").
-func NewBranches(w io.Writer, mem Memory, sym Symbolizer) *Branches {
-	return &Branches{w: w, mem: mem, sym: sym, cache: make(map[uint64]symEntry), buf: make([]byte, 0, 64<<10), tid: -1, cpu: -1, off: true}
+// every address is "[unknown]"), events the probe events whose records
+// the ptwrites carry (nil: every ptwrite is a manual one).
+func NewBranches(w io.Writer, mem Memory, sym Symbolizer, events map[uint16]*decode.Event) *Branches {
+	b := &Branches{w: w, mem: mem, sym: sym, cache: make(map[uint64]symEntry), buf: make([]byte, 0, 64<<10), tid: -1, cpu: -1, off: true}
+	b.recs = decode.NewAssembler(events, b)
+	return b
 }
 
 // SetContext sets the thread and CPU printed with each line; negative
 // means unknown (left out).
-func (b *Branches) SetContext(tid, cpu int32) { b.tid, b.cpu = tid, cpu }
+func (b *Branches) SetContext(tid, cpu int32) {
+	b.tid, b.cpu = tid, cpu
+	b.recs.SetTID(tid)
+	b.recs.SetCPU(cpu)
+}
+
+// Record prints a probe record line (decode.Output).
+func (b *Branches) Record(r *decode.Record) {
+	b.seq++
+	b.buf = decode.AppendRecord(b.buf, b.seq, r)
+	b.flushIfFull()
+}
+
+// Manual prints a manual ptwrite line (decode.Output).
+func (b *Branches) Manual(m *decode.Manual) {
+	b.c.PTWrites++
+	// AppendManual ends its line: the context goes before the newline.
+	b.buf = decode.AppendManual(b.buf, m.Payload, m.IP, m.HasIP)
+	b.buf = b.buf[:len(b.buf)-1]
+	b.line()
+}
+
+// Finish ends the listing: a record cut short by the end of the trace is
+// counted (not printed), a pending ptwrite printed, and a stop at a far
+// transfer that nothing resumed gets its line.
+func (b *Branches) Finish() {
+	b.recs.End()
+	if b.farOK {
+		b.farOK = false
+		b.trace("stop after", b.far)
+	}
+}
+
+// RecordCounters returns the counters of the records and ptwrites
+// assembled (the summary line's).
+func (b *Branches) RecordCounters() decode.Counters { return b.recs.Counters() }
 
 // Counters returns what b printed so far.
 func (b *Branches) Counters() BranchCounters { return b.c }
@@ -104,6 +146,10 @@ func (b *Branches) Flush() error {
 func (b *Branches) line() {
 	b.buf = b.appendContext(b.buf)
 	b.buf = append(b.buf, '\n')
+	b.flushIfFull()
+}
+
+func (b *Branches) flushIfFull() {
 	if len(b.buf) >= cap(b.buf)-512 {
 		_ = b.Flush()
 	}
@@ -262,11 +308,7 @@ func (b *Branches) Event(e *Event) {
 		}
 		b.off, b.farOK = true, false
 	case EvPTWrite:
-		b.c.PTWrites++
-		// AppendManual ends its line: the context goes before the newline.
-		b.buf = decode.AppendManual(b.buf, e.Payload, e.IP, e.HasIP)
-		b.buf = b.buf[:len(b.buf)-1]
-		b.line()
+		b.recs.PTWrite(e.Payload, uint8(e.Aux), e.IP, e.HasIP)
 	}
 }
 
@@ -275,5 +317,7 @@ func (b *Branches) Event(e *Event) {
 func (b *Branches) gap() {
 	b.c.Gaps++
 	b.off, b.farOK = true, false
+	// A record open across the gap lost words: dropped, never printed.
+	b.recs.End()
 	b.buf = append(b.buf, "gap: "...)
 }

@@ -10,8 +10,10 @@ import (
 	"strconv"
 	"strings"
 
+	"ptfs/decode"
 	"ptfs/flow"
 	"ptfs/images"
+	"ptfs/tracefs"
 )
 
 const branchesUsage = `usage: ptfs decode --branches IMAGE... [--tid N] [--cpu N] FILE
@@ -27,7 +29,13 @@ IMAGE says where the traced code was (later ones win where they overlap):
   --maps FILE                  /proc/PID/maps snapshots ('#' lines skipped; a
                                later line wins), files read under --root DIR,
                                [vdso] from --vdso FILE
---tid and --cpu add the thread and CPU to every line.
+--events DIR is a tracefs events directory (or a copy) giving the probe
+events whose records the ptwrites carry: probe records are printed where
+they ran, between the branch: lines; without it every ptwrite is a manual
+one. --tid and --cpu add the thread and CPU to every line. The last lines
+are the counts:
+  branch summary: branches=B insns=I gaps=G
+  summary: records=R dropped=D stray=S unknown=U errors=E
 `
 
 // errNoImage: --branches without any code image.
@@ -36,7 +44,7 @@ var errNoImage = errors.New("no code image (--raw, --elf, --pages or --maps)")
 // branchesArgs are the options of `ptfs decode --branches`.
 type branchesArgs struct {
 	raws, elfs, pages, maps []string
-	root, vdso              string
+	root, vdso, events      string
 	tid, cpu                int32
 	trace                   string
 }
@@ -49,7 +57,7 @@ func parseBranchesArgs(args []string) (branchesArgs, error) {
 		if k, v, ok := strings.Cut(opt, "="); ok && strings.HasPrefix(opt, "--") {
 			opt, val, hasVal = k, v, true
 		}
-		takes := map[string]bool{"--raw": true, "--elf": true, "--pages": true, "--maps": true, "--root": true, "--vdso": true, "--tid": true, "--cpu": true}[opt]
+		takes := map[string]bool{"--raw": true, "--elf": true, "--pages": true, "--maps": true, "--root": true, "--vdso": true, "--events": true, "--tid": true, "--cpu": true}[opt]
 		if takes && !hasVal {
 			if i+1 >= len(args) {
 				return a, fmt.Errorf("%s needs a value: %w", opt, flow.ErrBadOption)
@@ -70,6 +78,8 @@ func parseBranchesArgs(args []string) (branchesArgs, error) {
 			a.root = val
 		case "--vdso":
 			a.vdso = val
+		case "--events":
+			a.events = val
 		case "--tid", "--cpu":
 			n, err := strconv.ParseInt(val, 10, 32)
 			if err != nil || n < 0 {
@@ -222,15 +232,24 @@ func listBranches(w io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	b := flow.NewBranches(w, s, s)
+	events := map[uint16]*decode.Event{}
+	if a.events != "" {
+		if events, err = tracefs.LoadEvents(os.DirFS(a.events)); err != nil {
+			return errors.Join(fmt.Errorf("events %s: %w", a.events, err), closeAll())
+		}
+	}
+	b := flow.NewBranches(w, s, s, events)
 	b.SetContext(a.tid, a.cpu)
 	d := flow.New(s, flow.Options{})
 	d.Decode(trace, b)
-	c, bc := d.Counters(), b.Counters()
+	b.Finish()
+	c, bc, rc := d.Counters(), b.Counters(), b.RecordCounters()
+	rc.Errors += c.Errors
 	if err := b.Flush(); err != nil {
 		return errors.Join(fmt.Errorf("write output: %w", err), closeAll())
 	}
-	if _, err := fmt.Fprintf(w, "summary: branches=%d insns=%d ptwrites=%d gaps=%d errors=%d\n", bc.Branches, c.Insns, bc.PTWrites, bc.Gaps, c.Errors); err != nil {
+	line := fmt.Appendf(nil, "branch summary: branches=%d insns=%d gaps=%d\n", bc.Branches, c.Insns, bc.Gaps)
+	if _, err := w.Write(decode.AppendSummary(line, &rc)); err != nil {
 		return errors.Join(fmt.Errorf("write output: %w", err), closeAll())
 	}
 	return closeAll()
