@@ -19,7 +19,7 @@ import (
 const decodeUsage = `usage: ptfs decode [--events DIR] FILE...
        ptfs decode --packets [PTDUMP-OPTIONS] FILE...
        ptfs decode --insns --raw FILE:BASE [PTXED-OPTIONS] [--pt] FILE
-       ptfs decode --branches IMAGE... FILE (ptfs decode --branches --help)
+       ptfs decode --branches IMAGE... [--events DIR] FILE
 
 FILE is raw Intel PT bytes or a perf.data file (file or pipe format; its
 PERF_RECORD_AUXTRACE data, per buffer). Prints probe records and manual
@@ -36,6 +36,10 @@ FILE[:START[-END]]:BASE (the code; more than one may be given), --pt FILE,
 --block-decoder, --block:show-blocks, --block:end-on-call, --block:end-on-jump
 (ptxed's timing and filter options are accepted; --offset, --time,
 --event:time, --event:tick, --att and --raw-insn are refused).
+--branches prints the control flow as branch: lines with probe records in
+execution order; IMAGE is --raw FILE[:FROM[-TO]]:BASE, --elf FILE[:BIAS],
+--pages ADDRFILE:DUMPFILE or --maps FILE [--root DIR] [--vdso FILE]
+(ptfs decode --branches --help says more).
 `
 
 // errNoTrace: the input holds no Intel PT data.
