@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -230,4 +231,102 @@ func TestBranchesArgs(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "--raw FILE[:FROM[-TO]]:BASE") {
 		t.Errorf("--help: exit %d, %q", code, out)
 	}
+}
+
+// TestBranchesPtsimDynamic records a dynamically linked program (ld.so,
+// libc's vector string functions on long strings) with ptsim, built into a
+// temp dir, and holds ptfs decode --branches to its ground truth: every
+// branch (address, target, kind) and every instruction exact, through
+// images built from its maps snapshots and the files on disk.
+func TestBranchesPtsimDynamic(t *testing.T) {
+	tools := filepath.Join(testkit.Root(t), "..", "shared", "tools", "ptsim")
+	if _, err := os.Stat(filepath.Join(tools, "ptsim-run")); err != nil {
+		testkit.Unavailable(t, "ptsim not found: %v", err)
+	}
+	prog := testkit.BuildC(t, "testdata/ptsim-strings.c")
+	tmp := t.TempDir()
+	bin := filepath.Join(tmp, "bin")
+	if b, err := exec.Command("make", "-s", "-C", tools, "BIN="+bin).CombinedOutput(); err != nil {
+		testkit.Unavailable(t, "cannot build ptsim: %v\n%s", err, b)
+	}
+	out := filepath.Join(tmp, "out")
+	cmd := exec.Command(filepath.Join(tools, "ptsim-run"), "--no-validate", out, prog)
+	cmd.Env = append(os.Environ(), "PTSIM_BIN="+bin)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		testkit.Unavailable(t, "ptsim-run cannot record here: %v\n%s", err, b)
+	}
+	args := []string{"--maps", filepath.Join(out, "maps.txt")}
+	if vdso, _ := filepath.Glob(filepath.Join(out, "mem", "*vdso*")); len(vdso) == 1 {
+		args = append(args, "--vdso", vdso[0])
+	}
+	trace := filepath.Join(out, "trace.pt")
+	code, stdout, errs := runDecodeT(append(append([]string{"--branches"}, args...), trace)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	got, rest := branchTriples(t, stdout)
+	exp, err := os.ReadFile(filepath.Join(out, "expected.branches"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Split(strings.TrimSuffix(string(exp), "\n"), "\n")
+	diffLines(t, "branch", got, want)
+	if !strings.Contains(stdout, "(/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2)") || !strings.Contains(stdout, "(/usr/lib/x86_64-linux-gnu/libc.so.6)") {
+		t.Errorf("no branch names ld.so and libc")
+	}
+	if last := rest[len(rest)-1]; last != "summary: records=0 dropped=0 stray=0 unknown=0 errors=0" {
+		t.Errorf("summary %q", last)
+	}
+
+	a, err := parseBranchesArgs(append(args, trace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, closeAll, err := branchImages(&a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := closeAll(); err != nil {
+			t.Error(err)
+		}
+	})
+	data, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insns, err := os.ReadFile(filepath.Join(out, "insns.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &vexCounter{insnChecker: insnChecker{Handler: flow.NewBranches(io.Discard, s, s, nil), want: insns}, mem: s}
+	flow.New(s, flow.Options{}).Decode(data, c)
+	if c.bad != 0 || c.n*8 != len(insns) {
+		t.Fatalf("%d instructions, want %d; %d differ, the first at %d", c.n, len(insns)/8, c.bad, c.at)
+	}
+	// The point of the run: vector code was stepped over.
+	if c.vex == 0 {
+		t.Errorf("no VEX/EVEX instruction executed")
+	}
+	t.Logf("%d branches, %d instructions (%d VEX, %d EVEX) equal", len(got), c.n, c.vex, c.evex)
+}
+
+// vexCounter counts the executed VEX- and EVEX-encoded instructions.
+type vexCounter struct {
+	insnChecker
+	mem       flow.Memory
+	vex, evex int
+	b         [1]byte
+}
+
+func (c *vexCounter) Insn(in *flow.Insn) {
+	if n, _ := c.mem.ReadAt(c.b[:], in.IP); n == 1 {
+		switch c.b[0] {
+		case 0xc4, 0xc5:
+			c.vex++
+		case 0x62:
+			c.evex++
+		}
+	}
+	c.insnChecker.Insn(in)
 }
