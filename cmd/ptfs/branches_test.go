@@ -1,7 +1,6 @@
 package main
 
 import (
-	"compress/gzip"
 	"encoding/binary"
 	"io"
 	"os"
@@ -12,26 +11,38 @@ import (
 	"testing"
 
 	"ptfs/flow"
+	"ptfs/images"
 	"ptfs/internal/testkit"
 )
 
-// gzFile returns the uncompressed contents of a .gz file.
-func gzFile(t *testing.T, path string) []byte {
+// gzLines returns the lines of a gzipped text file.
+func gzLines(t *testing.T, path string) []string {
 	t.Helper()
-	f, err := os.Open(path)
+	return strings.Split(strings.TrimSuffix(string(testkit.ReadGzip(t, path)), "\n"), "\n")
+}
+
+// decodeImages builds the images that --branches args (ending with the
+// trace) describe, released at the test's end, and reads the trace.
+func decodeImages(t *testing.T, args []string) (*images.Space, []byte) {
+	t.Helper()
+	a, err := parseBranchesArgs(args)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
+	s, closeAll, err := branchImages(&a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := io.ReadAll(z)
+	t.Cleanup(func() {
+		if err := closeAll(); err != nil {
+			t.Error(err)
+		}
+	})
+	trace, err := os.ReadFile(a.trace)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return data
+	return s, trace
 }
 
 // ptsimArgs are the --branches images of a ptsim run directory: its maps
@@ -119,7 +130,7 @@ func TestBranchesPtsim(t *testing.T) {
 				t.Fatalf("exit %d: %s", code, errs)
 			}
 			got, rest := branchTriples(t, out)
-			want := strings.Split(strings.TrimSuffix(string(gzFile(t, filepath.Join(run, "expected.branches.gz"))), "\n"), "\n")
+			want := gzLines(t, filepath.Join(run, "expected.branches.gz"))
 			diffLines(t, "branch", got, want)
 
 			var recs []string
@@ -174,24 +185,8 @@ func TestBranchesPtsim(t *testing.T) {
 			}
 
 			// The instructions, through the same images.
-			a, err := parseBranchesArgs(append(ptsimArgs(t, run, root), filepath.Join(run, "trace.pt")))
-			if err != nil {
-				t.Fatal(err)
-			}
-			s, closeAll, err := branchImages(&a)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := closeAll(); err != nil {
-					t.Error(err)
-				}
-			})
-			trace, err := os.ReadFile(a.trace)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := &insnChecker{Handler: flow.NewBranches(io.Discard, s, s, nil), want: gzFile(t, filepath.Join(run, "insns.bin.gz"))}
+			s, trace := decodeImages(t, append(ptsimArgs(t, run, root), filepath.Join(run, "trace.pt")))
+			c := &insnChecker{Handler: flow.NewBranches(io.Discard, s, s, nil), want: testkit.ReadGzip(t, filepath.Join(run, "insns.bin.gz"))}
 			flow.New(s, flow.Options{}).Decode(trace, c)
 			if c.bad != 0 || c.n*8 != len(c.want) {
 				t.Fatalf("%d instructions, want %d; %d differ, the first at %d", c.n, len(c.want)/8, c.bad, c.at)
@@ -278,23 +273,7 @@ func TestBranchesPtsimDynamic(t *testing.T) {
 		t.Errorf("summary %q", last)
 	}
 
-	a, err := parseBranchesArgs(append(args, trace))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, closeAll, err := branchImages(&a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := closeAll(); err != nil {
-			t.Error(err)
-		}
-	})
-	data, err := os.ReadFile(trace)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, data := decodeImages(t, append(args, trace))
 	insns, err := os.ReadFile(filepath.Join(out, "insns.bin"))
 	if err != nil {
 		t.Fatal(err)

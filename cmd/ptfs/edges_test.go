@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -210,26 +209,10 @@ func TestBranchesLibxdc(t *testing.T) {
 			if len(addr) != 1 || len(dump) != 1 {
 				t.Fatalf("%s: page dump not found", dir)
 			}
-			a, err := parseBranchesArgs([]string{"--pages", addr[0] + ":" + dump[0], filepath.Join(dir, tt.trace)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			s, closeAll, err := branchImages(&a)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := closeAll(); err != nil {
-					t.Error(err)
-				}
-			})
-			data, err := os.ReadFile(a.trace)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, data := decodeImages(t, []string{"--pages", addr[0] + ":" + dump[0], filepath.Join(dir, tt.trace)})
 			e := &edger{lo: tt.lo, hi: tt.hi}
 			flow.New(s, flow.Options{}).Decode(data, e)
-			ref := strings.Split(strings.TrimSuffix(string(gzFile(t, filepath.Join(dir, "ref.edges.gz"))), "\n"), "\n")
+			ref := gzLines(t, filepath.Join(dir, "ref.edges.gz"))
 			equal, classes, others := edgeDiff(t, s, ref, e.edges)
 			t.Logf("%d of %d libxdc edges equal; difference windows %v", equal, len(ref), classes)
 			for _, o := range others {
