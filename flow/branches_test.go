@@ -3,9 +3,11 @@ package flow
 import (
 	"bytes"
 	"errors"
+	"regexp"
 	"testing"
 
 	"ptfs/decode"
+	"ptfs/decode/ptenc"
 	"ptfs/x86insn"
 )
 
@@ -165,3 +167,40 @@ func BenchmarkBranchLines(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "lines/s")
 }
+
+// FuzzBranches: the lines of random and mutated traces are all of the
+// formats of DESIGN §5, and every decoding error has its gap line.
+func FuzzBranches(f *testing.F) {
+	code := []byte{0x90, 0x75, 0xfd, 0xe8, 0x01, 0, 0, 0, 0x0f, 0x05, 0xc3, 0xff, 0xe0, 0x0f, 0xae, 0xe0}
+	e := ptenc.New()
+	start(e, 0x1000)
+	e.TNT(0b1011, 4)
+	e.IP(ptenc.TIP, 0x1008)
+	e.IP(ptenc.TIPPGD, 0)
+	e.IP(ptenc.TIPPGE, 0x100a)
+	f.Add(e.Bytes(), code)
+	f.Fuzz(func(t *testing.T, trace, code []byte) {
+		if len(trace) > 1<<14 || len(code) > 1<<12 {
+			return
+		}
+		mem := &blob{base: 0x1000, code: code}
+		var out bytes.Buffer
+		b := NewBranches(&out, mem, nil, nil)
+		d := New(mem, Options{MaxInsns: 1 << 12})
+		d.Decode(trace, b)
+		b.Finish()
+		if err := b.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if c := d.Counters(); b.Counters().Gaps < c.Errors {
+			t.Fatalf("%d errors, %d gap lines", c.Errors, b.Counters().Gaps)
+		}
+		for l := range bytes.Lines(out.Bytes()) {
+			if !bytes.HasSuffix(l, []byte("\n")) || !fuzzLine.Match(l) {
+				t.Fatalf("line %q", l)
+			}
+		}
+	})
+}
+
+var fuzzLine = regexp.MustCompile(`^(branch: 0x[0-9a-f]+ \[unknown\] \(\[unknown\]\) => 0x[0-9a-f]+ \[unknown\] \(\[unknown\]\) (jcc|jmp|call|ret|ijmp|icall|syscall|far|async)|trace: (start at|resume at|stop at|stop after|end at|sync at) 0x[0-9a-f]+ \[unknown\] \(\[unknown\]\)|gap: (overflow( resume=0x[0-9a-f]+ \[unknown\] \(\[unknown\]\))?|error offset=0x[0-9a-f]+( ip=0x[0-9a-f]+ \[unknown\] \(\[unknown\]\))? err=[a-z ]+)|manual ptwrite: payload=0x[0-9a-f]+( ip=0x[0-9a-f]+)?)\n$`)
