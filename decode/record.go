@@ -579,6 +579,17 @@ func (a *Assembler) ip(ipc uint8, v uint64) uint64 {
 	return a.lastIP
 }
 
+// PTWrite feeds one PTWRITE that a control-flow decoder found, with its
+// FUP's IP when hasIP: records and manual ptwrites go to the Output as
+// from Feed, so that they interleave with the decoder's other output.
+func (a *Assembler) PTWrite(payload uint64, bits uint8, ip uint64, hasIP bool) {
+	a.flushManual()
+	a.word(payload, bits, hasIP)
+	if hasIP {
+		a.fup(ip, true)
+	}
+}
+
 // fup gives a manual ptwrite waiting for its FUP the FUP's IP.
 func (a *Assembler) fup(ip uint64, valid bool) {
 	if a.manPend {

@@ -89,8 +89,11 @@ type Decoder struct {
 	tipSupp bool
 	eos     bool
 
-	q    []queued
-	qEv  Event
+	q   []queued
+	qEv Event
+	// stub are a probe stub's PTWRITEs waiting for the next branch that
+	// takes trace (or any other event) to be reported.
+	stub []Event
 	ins  Insn
 	errv Event
 
@@ -140,6 +143,7 @@ var errStop = errors.New("stop")
 // after each.
 func (d *Decoder) Decode(trace []byte, h Handler) {
 	d.h = h
+	defer d.flushStub()
 	d.resetPackets(trace)
 	d.resetState()
 	if d.gen != nil {
@@ -233,6 +237,7 @@ func (d *Decoder) report(err error) {
 			err = ErrBadPacket
 		}
 	}
+	d.flushStub()
 	d.c.Errors++
 	d.errv = Event{Kind: EvError, IP: d.errIP, HasIP: true, Offset: off, Err: err}
 	d.h.Event(&d.errv)
@@ -437,6 +442,21 @@ func (d *Decoder) overflow() error {
 	}
 }
 
+// flushStub reports the probe stubs' PTWRITEs read so far.
+func (d *Decoder) flushStub() {
+	for i := range d.stub {
+		d.c.Events++
+		d.h.Event(&d.stub[i])
+	}
+	d.stub = d.stub[:0]
+}
+
+// notCode tells whether no code is mapped at ip.
+func (d *Decoder) notCode(ip uint64) bool {
+	n, _ := d.mem.ReadAt(d.buf[:1], ip)
+	return n <= 0
+}
+
 // fupFor reads the FUP that gives an event its IP.
 func (d *Decoder) fupFor(e *Event) error {
 	if err := d.next(); err != nil {
@@ -540,10 +560,22 @@ func (d *Decoder) read() error {
 	case decode.PSBEnd:
 		return ErrBadContext
 	case decode.PTW:
-		e := Event{Kind: EvPTWrite, Payload: p.Payload}
+		e := Event{Kind: EvPTWrite, Payload: p.Payload, Aux: uint32(p.Bits)}
 		if p.Has(decode.FlagIP) {
 			if err := d.fupFor(&e); err != nil {
 				return err
+			}
+			if d.enabled && e.HasIP && d.notCode(e.IP) {
+				// A probe stub's PTWRITE (DESIGN §1): its page is in
+				// no image, and the flow goes on at the probed site
+				// as if the original instruction ran. It is reported
+				// before the next branch that takes trace: the trace
+				// before it is of the branches before the site.
+				if len(d.stub) >= maxQueued {
+					d.flushStub()
+				}
+				d.stub = append(d.stub, e)
+				return nil
 			}
 		}
 		if !d.enabled && d.resyncing && e.HasIP {
@@ -886,6 +918,7 @@ func (d *Decoder) fire(i int) {
 
 // emit reports e.
 func (d *Decoder) emit(e *Event) {
+	d.flushStub()
 	d.c.Events++
 	d.h.Event(e)
 }

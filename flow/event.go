@@ -74,7 +74,9 @@ const (
 	EvOverflow
 	// EvExecMode: the execution mode changed to Mode at IP.
 	EvExecMode
-	// EvPTWrite: a PTWRITE wrote Payload; at IP when HasIP.
+	// EvPTWrite: a PTWRITE wrote Payload of Aux bytes (4 or 8); at
+	// IP when HasIP. One whose IP holds no code (a probe stub's page)
+	// is reported before the next instruction, not bound to the flow.
 	EvPTWrite
 	// EvPaging: CR3 changed to Payload; NonRoot for a VMX guest.
 	EvPaging

@@ -344,6 +344,7 @@ func (d *Decoder) exec(in *insn) error {
 		if err := d.await(false); err != nil {
 			return err
 		}
+		d.flushStub()
 		if d.tntN == 0 {
 			if d.disabledAt() {
 				return nil
@@ -360,6 +361,7 @@ func (d *Decoder) exec(in *insn) error {
 		if err := d.await(true); err != nil {
 			return err
 		}
+		d.flushStub()
 		if d.tntN > 0 {
 			// A compressed return: the TNT bit says "taken", the
 			// target is the return address of the matching call.
@@ -376,6 +378,7 @@ func (d *Decoder) exec(in *insn) error {
 		if err := d.await(true); err != nil {
 			return err
 		}
+		d.flushStub()
 		kind := BrIndirectJump
 		switch in.class {
 		case x86insn.IndirectCall:

@@ -19,6 +19,7 @@ import (
 const decodeUsage = `usage: ptfs decode [--events DIR] FILE...
        ptfs decode --packets [PTDUMP-OPTIONS] FILE...
        ptfs decode --insns --raw FILE:BASE [PTXED-OPTIONS] [--pt] FILE
+       ptfs decode --branches IMAGE... [--events DIR] FILE
 
 FILE is raw Intel PT bytes or a perf.data file (file or pipe format; its
 PERF_RECORD_AUXTRACE data, per buffer). Prints probe records and manual
@@ -35,6 +36,10 @@ FILE[:START[-END]]:BASE (the code; more than one may be given), --pt FILE,
 --block-decoder, --block:show-blocks, --block:end-on-call, --block:end-on-jump
 (ptxed's timing and filter options are accepted; --offset, --time,
 --event:time, --event:tick, --att and --raw-insn are refused).
+--branches prints the control flow as branch: lines with probe records in
+execution order; IMAGE is --raw FILE[:FROM[-TO]]:BASE, --elf FILE[:BIAS],
+--pages ADDRFILE:DUMPFILE or --maps FILE [--root DIR] [--vdso FILE]
+(ptfs decode --branches --help says more).
 `
 
 // errNoTrace: the input holds no Intel PT data.
@@ -51,6 +56,9 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 	for i, a := range args {
 		if a == "--insns" {
 			return runInsns(append(args[:i:i], args[i+1:]...), stdout, stderr)
+		}
+		if a == "--branches" {
+			return runBranches(append(args[:i:i], args[i+1:]...), stdout, stderr)
 		}
 	}
 	for i := 0; i < len(args); i++ {
@@ -120,15 +128,32 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 
 // runInsns runs `ptfs decode --insns`; args are ptxed's.
 func runInsns(args []string, stdout, stderr io.Writer) int {
+	return runListing(listInsns, decodeUsage, args, stdout, stderr)
+}
+
+// runBranches runs `ptfs decode --branches`.
+func runBranches(args []string, stdout, stderr io.Writer) int {
+	for _, a := range args {
+		if a == "-h" || a == "--help" {
+			fmt.Fprint(stdout, branchesUsage)
+			return 0
+		}
+	}
+	return runListing(listBranches, branchesUsage, args, stdout, stderr)
+}
+
+// runListing runs a listing of `ptfs decode` and returns the exit status:
+// 2 and the usage for bad options.
+func runListing(list func(io.Writer, []string) error, usage string, args []string, stdout, stderr io.Writer) int {
 	out := bufio.NewWriterSize(stdout, 64<<10)
-	err := listInsns(out, args)
+	err := list(out, args)
 	if ferr := out.Flush(); err == nil && ferr != nil {
 		err = fmt.Errorf("write output: %w", ferr)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ptfs decode: %v\n", err)
 		if errors.Is(err, flow.ErrBadOption) {
-			fmt.Fprint(stderr, decodeUsage)
+			fmt.Fprint(stderr, usage)
 			return 2
 		}
 		return 1

@@ -24,6 +24,9 @@ commands:
         print what this machine supports and which mode ptfs would use
   decode [--events DIR] [--packets|--insns] FILE...
         decode raw Intel PT bytes or a perf.data file
+  decode --branches [--raw FILE:BASE] [--elf FILE[:BIAS]] [--pages A:D]
+        [--maps FILE --root DIR --vdso FILE] [--events DIR] FILE
+        print the control flow of a raw trace as branch: lines
 
 -v enables debug logging (on stderr). ptfs COMMAND --help describes the
 command's flags.

@@ -6,6 +6,7 @@ package testkit
 
 import (
 	"bufio"
+	"compress/gzip"
 	"debug/elf"
 	"io"
 	"os"
@@ -146,4 +147,23 @@ func Harness(t testing.TB, bin string, args ...string) func(req string) string {
 		}
 		return strings.TrimSuffix(line, "\n")
 	}
+}
+
+// ReadGzip returns the uncompressed contents of the gzipped file at path.
+func ReadGzip(t testing.TB, path string) []byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	data, err := io.ReadAll(z)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return data
 }

@@ -1,0 +1,323 @@
+package flow
+
+import (
+	"io"
+	"strconv"
+
+	"ptfs/decode"
+	"ptfs/x86insn"
+)
+
+// Symbolizer names an address as SYM+OFF in DSO; images.Space is one (its
+// Symbolize reads the ELF symbols through objfile, demangled).
+type Symbolizer interface {
+	Symbolize(addr uint64) (sym string, off uint64, dso string, ok bool)
+}
+
+// BranchKindName is a branch line's kind word (DESIGN §5): jcc, jmp, call,
+// ret, ijmp, icall, far, async; a far transfer that is a syscall or
+// sysenter is "syscall" (AppendBranch's caller decides, from the code).
+func BranchKindName(k BranchKind) string {
+	if int(k) < len(branchWords) {
+		return branchWords[k]
+	}
+	return "branch(" + strconv.Itoa(int(k)) + ")"
+}
+
+var branchWords = [...]string{
+	BrCond: "jcc", BrJump: "jmp", BrCall: "call", BrReturn: "ret",
+	BrIndirectJump: "ijmp", BrIndirectCall: "icall", BrFar: "far", BrInterrupt: "async",
+}
+
+// symCacheMax bounds the symbol cache; it is dropped whole when full.
+const symCacheMax = 1 << 16
+
+type symEntry struct {
+	name, dso string
+	off       uint64
+	ok        bool
+}
+
+// BranchCounters count what a Branches printed.
+type BranchCounters struct {
+	Branches uint64
+	// Gaps counts the places where the path is unknown: decoding
+	// errors and overflows.
+	Gaps uint64
+	// PTWrites counts the manual ptwrite lines.
+	PTWrites uint64
+}
+
+// Branches is a Handler that prints the flow as `branch:`, `trace:`,
+// `gap:` and `manual ptwrite:` lines (DESIGN §5) to a writer. Lines are
+// appended to one reused buffer and symbols are cached per address, so a
+// line costs no allocation once its addresses were seen.
+type Branches struct {
+	w     io.Writer
+	mem   Memory
+	sym   Symbolizer
+	cache map[uint64]symEntry
+	buf   []byte
+	code  [2]byte
+	err   error
+
+	tid, cpu int32
+	// recs assembles the ptwrites into probe records and manual
+	// ptwrites, which come back through Record and Manual.
+	recs *decode.Assembler
+	seq  uint64
+
+	// last is the last executed instruction; off says that the path is
+	// not known since the last line (tracing off, before the first sync,
+	// after a gap).
+	last    Insn
+	hasLast bool
+	off     bool
+	// far is a far transfer (a syscall) at which tracing stopped: the
+	// next enable is its target.
+	far     uint64
+	farKind string
+	farOK   bool
+
+	c BranchCounters
+}
+
+// NewBranches returns a Branches printing to w; mem is the traced code
+// (to tell a syscall from other far transfers), sym names addresses (nil:
+// every address is "[unknown]"), events the probe events whose records
+// the ptwrites carry (nil: every ptwrite is a manual one).
+func NewBranches(w io.Writer, mem Memory, sym Symbolizer, events map[uint16]*decode.Event) *Branches {
+	b := &Branches{w: w, mem: mem, sym: sym, cache: make(map[uint64]symEntry), buf: make([]byte, 0, 64<<10), tid: -1, cpu: -1, off: true}
+	b.recs = decode.NewAssembler(events, b)
+	return b
+}
+
+// SetContext sets the thread and CPU printed with each line; negative
+// means unknown (left out).
+func (b *Branches) SetContext(tid, cpu int32) {
+	b.tid, b.cpu = tid, cpu
+	b.recs.SetTID(tid)
+	b.recs.SetCPU(cpu)
+}
+
+// Record prints a probe record line (decode.Output).
+func (b *Branches) Record(r *decode.Record) {
+	b.seq++
+	b.buf = decode.AppendRecord(b.buf, b.seq, r)
+	b.flushIfFull()
+}
+
+// Manual prints a manual ptwrite line (decode.Output).
+func (b *Branches) Manual(m *decode.Manual) {
+	b.c.PTWrites++
+	// AppendManual ends its line: the context goes before the newline.
+	b.buf = decode.AppendManual(b.buf, m.Payload, m.IP, m.HasIP)
+	b.buf = b.buf[:len(b.buf)-1]
+	b.line()
+}
+
+// Finish ends the listing: a record cut short by the end of the trace is
+// counted (not printed), a pending ptwrite printed, and a stop at a far
+// transfer that nothing resumed gets its line.
+func (b *Branches) Finish() {
+	b.recs.End()
+	if b.farOK {
+		b.farOK = false
+		b.trace("stop after", b.far)
+	}
+}
+
+// RecordCounters returns the counters of the records and ptwrites
+// assembled (the summary line's).
+func (b *Branches) RecordCounters() decode.Counters { return b.recs.Counters() }
+
+// Counters returns what b printed so far.
+func (b *Branches) Counters() BranchCounters { return b.c }
+
+// Flush writes out the buffered lines and returns the first write error.
+func (b *Branches) Flush() error {
+	if b.err == nil && len(b.buf) > 0 {
+		_, b.err = b.w.Write(b.buf)
+	}
+	b.buf = b.buf[:0]
+	return b.err
+}
+
+func (b *Branches) line() {
+	b.buf = b.appendContext(b.buf)
+	b.buf = append(b.buf, '\n')
+	b.flushIfFull()
+}
+
+func (b *Branches) flushIfFull() {
+	if len(b.buf) >= cap(b.buf)-512 {
+		_ = b.Flush()
+	}
+}
+
+func (b *Branches) appendContext(dst []byte) []byte {
+	if b.tid >= 0 {
+		dst = append(dst, " tid="...)
+		dst = strconv.AppendInt(dst, int64(b.tid), 10)
+	}
+	if b.cpu >= 0 {
+		dst = append(dst, " cpu="...)
+		dst = strconv.AppendInt(dst, int64(b.cpu), 10)
+	}
+	return dst
+}
+
+// appendAddr appends `0xADDR SYM+0xOFF (DSO)`.
+func (b *Branches) appendAddr(dst []byte, addr uint64) []byte {
+	dst = append(dst, "0x"...)
+	dst = strconv.AppendUint(dst, addr, 16)
+	dst = append(dst, ' ')
+	e, hit := b.cache[addr]
+	if !hit {
+		if b.sym != nil {
+			e.name, e.off, e.dso, e.ok = b.sym.Symbolize(addr)
+		}
+		if len(b.cache) >= symCacheMax {
+			clear(b.cache)
+		}
+		b.cache[addr] = e
+	}
+	if e.ok {
+		dst = append(dst, e.name...)
+		dst = append(dst, "+0x"...)
+		dst = strconv.AppendUint(dst, e.off, 16)
+	} else {
+		dst = append(dst, "[unknown]"...)
+	}
+	dst = append(dst, " ("...)
+	if e.dso != "" {
+		dst = append(dst, e.dso...)
+	} else {
+		dst = append(dst, "[unknown]"...)
+	}
+	return append(dst, ')')
+}
+
+// farKindAt tells a syscall/sysenter at ip from other far transfers.
+func (b *Branches) farKindAt(ip uint64) string {
+	if b.mem != nil {
+		if n, _ := b.mem.ReadAt(b.code[:], ip); n == 2 && b.code[0] == 0x0f && (b.code[1] == 0x05 || b.code[1] == 0x34) {
+			return "syscall"
+		}
+	}
+	return "far"
+}
+
+func (b *Branches) branch(from, to uint64, kind string) {
+	b.c.Branches++
+	b.buf = append(b.buf, "branch: "...)
+	b.buf = b.appendAddr(b.buf, from)
+	b.buf = append(b.buf, " => "...)
+	b.buf = b.appendAddr(b.buf, to)
+	b.buf = append(b.buf, ' ')
+	b.buf = append(b.buf, kind...)
+	b.line()
+}
+
+// trace appends a `trace: WHAT 0xIP SYM (DSO)` line.
+func (b *Branches) trace(what string, ip uint64) {
+	b.buf = append(b.buf, "trace: "...)
+	b.buf = append(b.buf, what...)
+	b.buf = append(b.buf, ' ')
+	b.buf = b.appendAddr(b.buf, ip)
+	b.line()
+}
+
+// Insn notes the instruction; the first one after a gap that no enable
+// announced (a resynchronisation at a PSB) gets a `trace: sync at` line.
+func (b *Branches) Insn(in *Insn) {
+	if b.off {
+		b.off = false
+		b.trace("sync at", in.IP)
+	}
+	b.last, b.hasLast = *in, true
+}
+
+// Branch prints a `branch:` line.
+func (b *Branches) Branch(from, to uint64, kind BranchKind) {
+	k := BranchKindName(kind)
+	if kind == BrFar {
+		k = b.farKindAt(from)
+	}
+	b.branch(from, to, k)
+}
+
+// Event prints the lines of the events that start, stop or break the path,
+// and ptwrites.
+func (b *Branches) Event(e *Event) {
+	switch e.Kind {
+	case EvEnabled:
+		if b.farOK {
+			// Tracing stopped at a far transfer (user-only tracing:
+			// the kernel ran) and starts again at its target.
+			b.farOK = false
+			b.branch(b.far, e.IP, b.farKind)
+		} else if e.Flags&Resumed != 0 {
+			b.trace("resume at", e.IP)
+		} else {
+			b.trace("start at", e.IP)
+		}
+		b.off = false
+	case EvDisabled:
+		b.off = true
+		if b.hasLast && b.last.Class == x86insn.FarTransfer && !e.HasIP {
+			b.far, b.farKind, b.farOK = b.last.IP, b.farKindAt(b.last.IP), true
+			return
+		}
+		if e.HasIP {
+			b.trace("stop at", e.IP)
+		} else if b.hasLast {
+			b.trace("stop after", b.last.IP)
+		}
+	case EvAsyncDisabled:
+		b.off, b.farOK = true, false
+		b.trace("stop at", e.At)
+	case EvInterrupt:
+		if !e.HasIP {
+			b.off, b.farOK = true, false
+			b.trace("stop at", e.At)
+		}
+	case EvOverflow:
+		b.gap()
+		b.buf = append(b.buf, "overflow"...)
+		if e.HasIP {
+			b.buf = append(b.buf, " resume="...)
+			b.buf = b.appendAddr(b.buf, e.IP)
+			b.off = false
+		}
+		b.line()
+	case EvError:
+		b.gap()
+		b.buf = append(b.buf, "error offset=0x"...)
+		b.buf = strconv.AppendUint(b.buf, e.Offset, 16)
+		if e.HasIP && e.IP != 0 {
+			b.buf = append(b.buf, " ip="...)
+			b.buf = b.appendAddr(b.buf, e.IP)
+		}
+		b.buf = append(b.buf, " err="...)
+		b.buf = append(b.buf, e.Err.Error()...)
+		b.line()
+	case EvEnd:
+		if !b.off {
+			b.trace("end at", e.IP)
+		}
+		b.off, b.farOK = true, false
+	case EvPTWrite:
+		b.recs.PTWrite(e.Payload, uint8(e.Aux), e.IP, e.HasIP)
+	}
+}
+
+// gap starts a `gap:` line: the path between the last line and the next is
+// unknown.
+func (b *Branches) gap() {
+	b.c.Gaps++
+	b.off, b.farOK = true, false
+	// A record open across the gap lost words: dropped, never printed.
+	b.recs.End()
+	b.buf = append(b.buf, "gap: "...)
+}
