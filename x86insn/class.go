@@ -29,7 +29,7 @@ const (
 	Ret
 	// FarTransfer leaves the code or saves the IP for another context:
 	// far jmp/call/ret, int/int1/int3/into, iret, syscall/sysret,
-	// sysenter/sysexit.
+	// sysenter/sysexit, vmlaunch/vmresume, FRED eretu/erets, uiret.
 	FarTransfer
 	// PTWrite writes its operand into the processor trace.
 	PTWrite

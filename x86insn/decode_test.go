@@ -76,6 +76,14 @@ func TestDecode(t *testing.T) {
 		{"vzeroall", []byte{0xc5, 0xfc, 0x77, 0xc3}, NotBranch, x86asm.VZEROALL, "vzeroall", 3, 0, 0},
 		// What x86asm does not know, the length decoder steps over.
 		{"rdpkru", []byte{0x0f, 0x01, 0xee}, NotBranch, 0, "(unknown)", 3, 0, 0},
+		// The 0F 01 forms that leave the context (libipt's far
+		// transfers); without F2/F3, CA is clac.
+		{"vmlaunch", []byte{0x0f, 0x01, 0xc2}, FarTransfer, 0, "(unknown)", 3, 0, 0},
+		{"vmresume", []byte{0x0f, 0x01, 0xc3}, FarTransfer, 0, "(unknown)", 3, 0, 0},
+		{"eretu", []byte{0xf3, 0x0f, 0x01, 0xca}, FarTransfer, 0, "", 4, 0, 0},
+		{"erets", []byte{0xf2, 0x0f, 0x01, 0xca}, FarTransfer, 0, "", 4, 0, 0},
+		{"uiret", []byte{0xf3, 0x0f, 0x01, 0xec}, FarTransfer, 0, "", 4, 0, 0},
+		{"clac", []byte{0x0f, 0x01, 0xca}, NotBranch, 0, "", 3, 0, 0},
 		{"evex fp16", []byte{0x62, 0xf5, 0x7c, 0x48, 0x58, 0xc1}, NotBranch, 0, "(evex)", 6, 0, 0},
 		{"xop", []byte{0x8f, 0xe8, 0x78, 0xc0, 0xc1, 0x05}, NotBranch, 0, "(xop)", 6, 0, 0},
 		{"rdfsbase is not ptwrite", []byte{0xf3, 0x48, 0x0f, 0xae, 0xc0}, NotBranch, x86asm.RDFSBASE, "rdfsbase %rax", 5, 0, 0},

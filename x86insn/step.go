@@ -79,9 +79,26 @@ func (s *shape) class(code []byte) Class {
 			return CondJump
 		case op == 0x05, op == 0x07, op == 0x34, op == 0x35:
 			return FarTransfer
+		case op == 0x01 && s.isFar01(code[s.modrm]):
+			return FarTransfer
 		case op == 0xae && reg == 4 && s.pfx&pfxF3 != 0 && s.pfx&pfx66 == 0:
 			return PTWrite
 		}
 	}
 	return NotBranch
+}
+
+// isFar01 tells the 0F 01 forms that leave the context: vmlaunch (C2),
+// vmresume (C3), FRED erets (F2 CA) and eretu (F3 CA), uiret (F3 EC).
+// Without the prefix, CA is clac and EC is not a branch.
+func (s *shape) isFar01(modrm byte) bool {
+	switch modrm {
+	case 0xc2, 0xc3:
+		return s.pfx&(pfx66|pfxF2|pfxF3) == 0
+	case 0xca:
+		return s.pfx&(pfxF2|pfxF3) != 0 && s.pfx&pfx66 == 0
+	case 0xec:
+		return s.pfx&pfxF3 != 0 && s.pfx&(pfx66|pfxF2) == 0
+	}
+	return false
 }

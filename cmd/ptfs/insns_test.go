@@ -17,11 +17,6 @@ import (
 // does not meet yet, each with the reason; what ptfs does instead is in
 // docs/DESIGN.md §5 (ptfs decode --insns).
 var insnsKnownFailures = map[string]string{
-	"ptet-int-eretu":                      reasonEretu,
-	"ptet-int-int-erets-eretu":            reasonEretu,
-	"ptet-uint-uiret":                     reasonUiret,
-	"ptet-vmexit-vmentry":                 reasonVmlaunch,
-	"ptet-vmexit-vmentry-root":            reasonVmlaunch,
 	"ptxed-resync-bad_query-fup-tip":      reasonResync,
 	"ptxed-resync-nomap-fup-tip":          reasonResync,
 	"ptxed-resync-nomap-mode_exec-fup":    reasonResync,
@@ -32,8 +27,6 @@ var insnsKnownFailures = map[string]string{
 	"ptxed-resync-nomap-tip_pge":          reasonResync,
 	"ptxed-resync-psb-bad_status-psb":     reasonResync,
 	"ptxed-resync-psb-nomap-psb":          reasonResync,
-	"int-eretu-cpl_0":                     reasonEretu,
-	"int-eretu":                           reasonEretu,
 	"tip-jmpabs":                          reasonJmpabs,
 	"tip_pgd-jmpabs":                      reasonJmpabs,
 	"mtc-ovf_keep-cyc":                    reasonTick,
@@ -48,20 +41,16 @@ var insnsKnownFailures = map[string]string{
 	"pip-pip_mov_cr3-fail":                reasonCr3,
 	"pip_mov_cr3-pip_mov_cr3":             reasonCr3,
 	"tip_pgd_noip-mov_cr3":                reasonCr3,
-	"pip-vmcs-tip_pgd":                    reasonVmlaunch,
 	"psb-fup-ptw-trig":                    reasonPtwtrig,
 }
 
 const (
 	reasonResync      = "not yet: libipt's exact read-ahead around an error: which event packets (FUP, MODE, PSB+) it consumes before decoding the instruction at a new IP, so the offset an error prints, and what it reports while --resync-on-error resynchronises"
-	reasonEretu       = "x86insn does not decode FRED eretu/erets yet (the x86insn length decoder will)"
 	reasonJmpabs      = "x86insn does not decode APX jmpabs yet (the x86insn length decoder will)"
 	reasonTick        = "not yet: --event:tick and --event:time (tick events, timestamps on events): refused as unsupported options"
 	reasonPwreHW      = "libipt quirk: pttc puts PWRE's hw bit at bit 3 of the payload (pt_pl_pwre_hw_mask), the SDM and Linux perf at bit 7; ptfs follows the SDM, so libipt's [pwre c1.0 hw] prints as [pwre c1.0] (as in the ptdump test's known differences)"
 	reasonPwreHWOrder = "the PWRE hw bit quirk (see reasonPwreHW), and libipt reports the PWRE before the MWAIT when the EXSTOP's FUP is lost to an overflow; ptfs keeps MWAIT, EXSTOP, PWRE"
 	reasonCr3         = "not yet: PIP and TIP.PGD binding to a MOV to CR3 (x86insn classes it as no branch)"
-	reasonVmlaunch    = "x86insn does not decode vmlaunch/vmresume yet (the x86insn length decoder will)"
-	reasonUiret       = "x86insn does not decode uiret yet (the x86insn length decoder will)"
 	reasonPtwtrig     = "not yet: a TRIG whose IP comes from a PTWRITE's FUP"
 )
 
