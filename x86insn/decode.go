@@ -145,6 +145,12 @@ var (
 func decodePTWrite(code []byte, pc uint64, s shape) Inst {
 	in := Inst{Class: PTWrite, Len: s.n}
 	modrm := code[s.modrm]
+	if s.pfx&pfxRex2 != 0 {
+		// APX's registers and REX2 are objdump's to name; the
+		// operand stays unnamed.
+		in.Text = "ptwrite"
+		return in
+	}
 	if modrm>>6 == 3 {
 		reg := modrm & 7
 		if s.pfx&pfxRexB != 0 {

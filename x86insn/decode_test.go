@@ -83,6 +83,11 @@ func TestDecode(t *testing.T) {
 		{"eretu", []byte{0xf3, 0x0f, 0x01, 0xca}, FarTransfer, 0, "", 4, 0, 0},
 		{"erets", []byte{0xf2, 0x0f, 0x01, 0xca}, FarTransfer, 0, "", 4, 0, 0},
 		{"uiret", []byte{0xf3, 0x0f, 0x01, 0xec}, FarTransfer, 0, "", 4, 0, 0},
+		// APX REX2: jmpabs takes a TIP, like libipt's indirect jump.
+		{"jmpabs", []byte{0xd5, 0x00, 0xa1, 0x0d, 0x10, 0, 0, 0, 0, 0, 0}, IndirectJump, 0, "(unknown)", 11, 0, 0},
+		{"rex2 mov", []byte{0xd5, 0x19, 0x89, 0xc8}, NotBranch, 0, "(unknown)", 4, 0, 0},
+		{"rex2 0f imul", []byte{0xd5, 0x80, 0xaf, 0xc1}, NotBranch, 0, "(unknown)", 4, 0, 0},
+		{"rex2 ptwrite", []byte{0xf3, 0xd5, 0x91, 0xae, 0xe0}, PTWrite, 0, "ptwrite", 5, 0, 0},
 		{"clac", []byte{0x0f, 0x01, 0xca}, NotBranch, 0, "", 3, 0, 0},
 		{"evex fp16", []byte{0x62, 0xf5, 0x7c, 0x48, 0x58, 0xc1}, NotBranch, 0, "(evex)", 6, 0, 0},
 		{"xop", []byte{0x8f, 0xe8, 0x78, 0xc0, 0xc1, 0x05}, NotBranch, 0, "(xop)", 6, 0, 0},

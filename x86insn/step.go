@@ -59,6 +59,10 @@ func (s *shape) class(code []byte) Class {
 			return Jump
 		case op == 0xe8:
 			return Call
+		case op == 0xa1 && s.pfx&pfxRex2 != 0:
+			// jmpabs: libipt and the trace take it as an indirect
+			// jump (a TIP gives the target).
+			return IndirectJump
 		case op == 0xc2, op == 0xc3:
 			return Ret
 		case op == 0xca, op == 0xcb, op == 0xcc, op == 0xcd, op == 0xcf, op == 0xf1:
