@@ -306,6 +306,8 @@ func (d *Decoder) exec(in *insn) error {
 		if i := d.blocker(); i >= 0 && d.q[i].bind == bindPTW && (!d.q[i].ev.HasIP || d.q[i].ev.IP == in.ip) {
 			d.fire(i)
 		}
+	case x86insn.MovCR3:
+		d.movCR3()
 	case x86insn.Jump:
 		if d.disabledDirect(in.target) {
 			return nil
@@ -370,6 +372,21 @@ func (d *Decoder) exec(in *insn) error {
 		return d.takeTIP(in.ip, kind)
 	}
 	return nil
+}
+
+// movCR3 fires what binds to a MOV to CR3 just executed, as libipt binds
+// it: a TIP.PGD without an IP (tracing stops with the address space), else
+// the first queued paging event (PIP), at most one.
+func (d *Decoder) movCR3() {
+	if i := d.blocker(); i >= 0 && !d.q[i].ev.HasIP && d.disabledAt() {
+		return
+	}
+	for i := range d.q {
+		if d.q[i].bind == bindTIP && d.q[i].ev.Kind == EvPaging {
+			d.fire(i)
+			return
+		}
+	}
 }
 
 func (d *Decoder) pushRet(ip uint64) {

@@ -85,6 +85,8 @@ func (s *shape) class(code []byte) Class {
 			return FarTransfer
 		case op == 0x01 && s.isFar01(code[s.modrm]):
 			return FarTransfer
+		case op == 0x22 && reg == 3:
+			return MovCR3
 		case op == 0xae && reg == 4 && s.pfx&pfxF3 != 0 && s.pfx&pfx66 == 0:
 			return PTWrite
 		}

@@ -36,9 +36,6 @@ var insnsKnownFailures = map[string]string{
 	"ovf-pwre-pwrx-tip_pge":               reasonPwreHW,
 	"pwre-exstop_ip-pwrx":                 reasonPwreHW,
 	"tip_pge-pwre-pwrx-tip_pgd":           reasonPwreHW,
-	"pip-pip_mov_cr3-fail":                reasonCr3,
-	"pip_mov_cr3-pip_mov_cr3":             reasonCr3,
-	"tip_pgd_noip-mov_cr3":                reasonCr3,
 	"psb-fup-ptw-trig":                    reasonPtwtrig,
 }
 
@@ -47,7 +44,6 @@ const (
 	reasonTick        = "not yet: --event:tick and --event:time (tick events, timestamps on events): refused as unsupported options"
 	reasonPwreHW      = "libipt quirk: pttc puts PWRE's hw bit at bit 3 of the payload (pt_pl_pwre_hw_mask), the SDM and Linux perf at bit 7; ptfs follows the SDM, so libipt's [pwre c1.0 hw] prints as [pwre c1.0] (as in the ptdump test's known differences)"
 	reasonPwreHWOrder = "the PWRE hw bit quirk (see reasonPwreHW), and libipt reports the PWRE before the MWAIT when the EXSTOP's FUP is lost to an overflow; ptfs keeps MWAIT, EXSTOP, PWRE"
-	reasonCr3         = "not yet: PIP and TIP.PGD binding to a MOV to CR3 (x86insn classes it as no branch)"
 	reasonPtwtrig     = "not yet: a TRIG whose IP comes from a PTWRITE's FUP"
 )
 
