@@ -19,6 +19,8 @@ type Options struct {
 	// packet (a loop in the image that the trace never leaves); 0 means
 	// the default, 1<<20. Exceeding it is an ErrBadQuery error.
 	MaxInsns int
+	// Stubs are the probes' code that no file holds (see Stub).
+	Stubs []Stub
 }
 
 // bind says when a queued event takes effect.
@@ -61,6 +63,9 @@ type Decoder struct {
 
 	ip      uint64
 	enabled bool
+	// inStub: the flow is inside a trap or call stub (Stub), waiting
+	// for the packet that leaves it.
+	inStub bool
 	mode    Mode
 	// stash is a MODE.Exec waiting for the IP packet it binds to, with
 	// its IF bit.
@@ -235,6 +240,7 @@ func (d *Decoder) report(err error) {
 // resetState forgets the flow: after a PSB sync or an error.
 func (d *Decoder) resetState() {
 	d.enabled, d.ip, d.stash, d.iflag, d.inTX = false, 0, ModeUnknown, -1, false
+	d.inStub = false
 	d.resyncing = false
 	d.nHeld, d.evdHas = 0, 0
 	d.tnt, d.tntN, d.tipOK, d.eos = 0, 0, false, false
@@ -342,6 +348,7 @@ func (d *Decoder) psb(first bool) error {
 			}
 			if first || !d.enabled {
 				d.enabled, d.ip = hasIP, ip
+				d.entered()
 				return nil
 			}
 			if !hasIP {
@@ -426,11 +433,13 @@ func (d *Decoder) overflow() error {
 			d.push(Event{Kind: EvOverflow, IP: d.pk.IP, HasIP: true}, bindNow)
 			d.enabled, d.ip = true, d.pk.IP
 			d.applyStash()
+			d.entered()
 			return nil
 		case decode.TIP:
 			d.push(Event{Kind: EvOverflow, IP: d.pk.IP, HasIP: !d.pk.Suppressed()}, bindNow)
 			d.enabled, d.ip = !d.pk.Suppressed(), d.pk.IP
 			d.applyStash()
+			d.entered()
 			return nil
 		default:
 			d.unread()
@@ -548,6 +557,14 @@ func (d *Decoder) read() error {
 			if err := d.fupFor(&e); err != nil {
 				return err
 			}
+		}
+		if e.HasIP && d.outside(e.IP) {
+			// A probe's record from its stub: not part of the
+			// flow, which goes on as if the site's instruction ran.
+			// It is reported before the site when the stub names it,
+			// else now (after the last branch the trace showed).
+			d.push(e, d.stubPTW(&e))
+			return nil
 		}
 		if !d.enabled && d.resyncing && e.HasIP {
 			// Resynchronised: the flow goes on at the PTWRITE.
@@ -856,6 +873,7 @@ func (d *Decoder) fire(i int) {
 		d.enabled, d.ip = true, e.IP
 		d.resumeOK = false
 		d.applyStash()
+		d.entered()
 	case EvDisabled:
 		// d.ip is the fall-through of the branch that disabled.
 		d.enabled, d.resumeIP, d.resumeOK = false, d.ip, d.enabled

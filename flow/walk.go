@@ -27,6 +27,7 @@ func (d *Decoder) run() error {
 				d.tnt, d.tntN = 0, 0
 				d.ip, d.enabled = d.tip, true
 				d.applyStash()
+				d.entered()
 				continue
 			}
 			if d.tntN > 0 || d.tipOK {
@@ -41,6 +42,12 @@ func (d *Decoder) run() error {
 				return io.EOF
 			}
 			if err := d.read(); err != nil {
+				return err
+			}
+			continue
+		}
+		if d.inStub {
+			if err := d.stubStep(); err != nil {
 				return err
 			}
 			continue
@@ -141,6 +148,9 @@ func (d *Decoder) walk() error {
 		}
 		if d.steps++; d.steps > d.opts.MaxInsns {
 			return ErrBadQuery
+		}
+		if len(d.opts.Stubs) > 0 && d.atSite(in) {
+			return nil
 		}
 		d.errIP = in.ip
 		if err := d.exec(in); err != nil {
@@ -274,6 +284,7 @@ func (d *Decoder) takeTIP(from uint64, kind BranchKind) error {
 	d.ip = d.tip
 	d.applyStash()
 	d.fireTIPBound(len(d.q))
+	d.entered()
 	return nil
 }
 
