@@ -66,7 +66,7 @@ type Decoder struct {
 	// inStub: the flow is inside a trap or call stub (Stub), waiting
 	// for the packet that leaves it.
 	inStub bool
-	mode    Mode
+	mode   Mode
 	// stash is a MODE.Exec waiting for the IP packet it binds to, with
 	// its IF bit.
 	stash   Mode

@@ -66,7 +66,7 @@ type flowLog struct {
 	errors []string
 }
 
-func (l *flowLog) Insn(in *Insn)                          { l.ips = append(l.ips, in.IP) }
+func (l *flowLog) Insn(in *Insn)                           { l.ips = append(l.ips, in.IP) }
 func (l *flowLog) Branch(from, to uint64, kind BranchKind) {}
 func (l *flowLog) Event(e *Event) {
 	switch e.Kind {
