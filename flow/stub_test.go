@@ -2,10 +2,8 @@ package flow
 
 import (
 	"bufio"
-	"compress/gzip"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -37,19 +35,7 @@ func ptsimSpace(t *testing.T, run string) *images.Space {
 // instruction.
 func ptsimInsns(t *testing.T, run string) []uint64 {
 	t.Helper()
-	f, err := os.Open(filepath.Join(run, "insns.bin.gz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(z)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.Gunzip(t, filepath.Join(run, "insns.bin.gz"))
 	ips := make([]uint64, len(b)/8)
 	for i := range ips {
 		ips[i] = binary.LittleEndian.Uint64(b[8*i:])

@@ -1,9 +1,7 @@
 package images
 
 import (
-	"bufio"
 	"bytes"
-	"compress/gzip"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -100,24 +98,7 @@ func TestLibiptRaw(t *testing.T) {
 // gzLines returns the lines of a gzipped text file.
 func gzLines(t *testing.T, path string) []string {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	sc := bufio.NewScanner(z)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return lines
+	return strings.Split(strings.TrimSuffix(string(testkit.Gunzip(t, path)), "\n"), "\n")
 }
 
 // TestLibxdcPageDump maps each libxdc memory dump and checks that every

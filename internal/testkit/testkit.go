@@ -4,7 +4,9 @@
 package testkit
 
 import (
+	"compress/gzip"
 	"debug/elf"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -106,4 +108,23 @@ func FuncOffset(t testing.TB, bin, sym string) uint64 {
 	}
 	t.Fatalf("%s: no function %s", bin, sym)
 	return 0
+}
+
+// Gunzip returns the contents of a gzipped file.
+func Gunzip(t testing.TB, path string) []byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(z)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return b
 }
