@@ -103,6 +103,10 @@ type Decoder struct {
 	resumeOK bool
 
 	steps int
+	// sinceRef counts the instructions executed since the last IP
+	// reference: an IP packet the flow reached, or a TRIG, from which
+	// the next TRIG's icnt counts.
+	sinceRef uint32
 	// resyncing: after an error, a TIP (or other IP) resumes the flow
 	// (ResyncOnError).
 	resyncing bool
@@ -645,10 +649,15 @@ func (d *Decoder) read() error {
 			}
 		}
 		if !p.Has(decode.FlagIP) {
-			if p.Kind == decode.Trig && p.Has(decode.FlagICNTV) && p.Aux > 0 && d.enabled {
-				// The trigger hit icnt instructions later.
-				d.q = append(d.q, queued{ev: e, bind: bindCount, count: p.Aux})
-				return nil
+			if p.Kind == decode.Trig && p.Has(decode.FlagICNTV) && d.enabled {
+				// The trigger hit icnt instructions after the last
+				// IP reference (which the flow may have passed:
+				// packets are read lazily); it gets that IP.
+				if p.Aux > d.sinceRef {
+					d.q = append(d.q, queued{ev: e, bind: bindCount, count: p.Aux - d.sinceRef})
+					return nil
+				}
+				e.IP, e.HasIP = d.ip, true
 			}
 			d.pushExstop(e, bindNow)
 			return nil
@@ -862,9 +871,15 @@ func (d *Decoder) deliver() {
 // fire takes effect of and reports the queued event i.
 func (d *Decoder) fire(i int) {
 	d.qEv = d.q[i].ev
+	if d.q[i].bind == bindCount {
+		d.qEv.IP, d.qEv.HasIP = d.ip, true
+	}
 	d.q = append(d.q[:i], d.q[i+1:]...)
 	e := &d.qEv
 	d.steps = 0
+	if e.HasIP && e.Kind != EvPTWrite {
+		d.sinceRef = 0
+	}
 	switch e.Kind {
 	case EvEnabled:
 		if d.resumeOK && d.resumeIP == e.IP {

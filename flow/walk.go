@@ -239,8 +239,10 @@ func (d *Decoder) fireTIPBound(n int) {
 	}
 }
 
-// takeTNT consumes the oldest TNT bit.
+// takeTNT consumes the oldest TNT bit; the instruction after its branch is
+// an IP reference for TRIG's icnt, as libipt counts it.
 func (d *Decoder) takeTNT() bool {
+	d.sinceRef = 0
 	d.tntN--
 	taken := d.tnt>>d.tntN&1 == 1
 	d.tnt &= 1<<d.tntN - 1
@@ -281,7 +283,7 @@ func (d *Decoder) takeTIP(from uint64, kind BranchKind) error {
 		return ErrNoIP
 	}
 	d.h.Branch(from, d.tip, kind)
-	d.ip = d.tip
+	d.ip, d.sinceRef = d.tip, 0
 	d.applyStash()
 	d.fireTIPBound(len(d.q))
 	d.entered()
@@ -303,6 +305,7 @@ func (d *Decoder) disabledDirect(target uint64) bool {
 // exec executes one instruction.
 func (d *Decoder) exec(in *insn) error {
 	d.c.Insns++
+	d.sinceRef++
 	d.ins = Insn{IP: in.ip, Len: in.len, Mode: d.mode, Class: in.class, Speculative: d.inTX}
 	d.h.Insn(&d.ins)
 	for i := range d.q {

@@ -36,7 +36,6 @@ var insnsKnownFailures = map[string]string{
 	"ovf-pwre-pwrx-tip_pge":               reasonPwreHW,
 	"pwre-exstop_ip-pwrx":                 reasonPwreHW,
 	"tip_pge-pwre-pwrx-tip_pgd":           reasonPwreHW,
-	"psb-fup-ptw-trig":                    reasonPtwtrig,
 }
 
 const (
@@ -44,7 +43,6 @@ const (
 	reasonTick        = "not yet: --event:tick and --event:time (tick events, timestamps on events): refused as unsupported options"
 	reasonPwreHW      = "libipt quirk: pttc puts PWRE's hw bit at bit 3 of the payload (pt_pl_pwre_hw_mask), the SDM and Linux perf at bit 7; ptfs follows the SDM, so libipt's [pwre c1.0 hw] prints as [pwre c1.0] (as in the ptdump test's known differences)"
 	reasonPwreHWOrder = "the PWRE hw bit quirk (see reasonPwreHW), and libipt reports the PWRE before the MWAIT when the EXSTOP's FUP is lost to an overflow; ptfs keeps MWAIT, EXSTOP, PWRE"
-	reasonPtwtrig     = "not yet: a TRIG whose IP comes from a PTWRITE's FUP"
 )
 
 var (
