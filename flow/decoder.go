@@ -21,6 +21,12 @@ type Options struct {
 	MaxInsns int
 	// Stubs are the probes' code that no file holds (see Stub).
 	Stubs []Stub
+	// Time, when set, estimates the time from the trace's timing
+	// packets (configured so): events carry it in TSC.
+	Time *decode.ClockConfig
+	// Ticks reports an EvTick at a branch decided by trace when the time
+	// changed since the last event, as libipt's tick events (with Time).
+	Ticks bool
 }
 
 // bind says when a queued event takes effect.
@@ -116,14 +122,21 @@ type Decoder struct {
 	// errIP is the IP of the last instruction decoded or tried since the
 	// sync, 0 before one: what ptxed reports with an error.
 	errIP uint64
-	cache blockCache
-	buf   [x86insn.MaxLen]byte
-	c     Counters
+	// clock estimates the time (Options.Time); lastTSC is the time of
+	// the last event, against which ticks are told.
+	clock   *decode.Clock
+	lastTSC uint64
+	cache   blockCache
+	buf     [x86insn.MaxLen]byte
+	c       Counters
 }
 
 // New returns a decoder that reads code from mem.
 func New(mem Memory, opts Options) *Decoder {
 	d := &Decoder{mem: mem, opts: opts}
+	if opts.Time != nil {
+		d.clock = decode.NewClock(*opts.Time)
+	}
 	d.gen, _ = mem.(Generationer)
 	if d.opts.MaxInsns <= 0 {
 		d.opts.MaxInsns = 1 << 20
@@ -145,6 +158,10 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 	d.h = h
 	d.pd.Reset(trace)
 	d.resetState()
+	if d.clock != nil {
+		d.clock.Reset()
+		d.lastTSC = 0
+	}
 	if d.gen != nil {
 		d.cache.check(d.gen.Generation())
 	}
@@ -266,6 +283,9 @@ func (d *Decoder) next() error {
 		if err := d.pd.Next(&d.pk); err != nil {
 			return err
 		}
+		if d.clock != nil {
+			d.clock.Packet(&d.pk)
+		}
 		switch d.pk.Kind {
 		case decode.Pad, decode.TSC, decode.MTC, decode.CYC, decode.TMA:
 			continue
@@ -324,6 +344,7 @@ func (d *Decoder) modeEvents(m Mode, f bool, ip uint64, b bind) {
 }
 
 func (d *Decoder) push(e Event, b bind) {
+	d.stamp(&e)
 	d.q = append(d.q, queued{ev: e, bind: b})
 }
 
@@ -412,6 +433,7 @@ func (d *Decoder) overflow() error {
 		d.q = append(d.q, queued{})
 		copy(d.q[n+1:], d.q[n:])
 		d.q[n] = queued{ev: Event{Kind: EvOverflow}, bind: bindNow}
+		d.stamp(&d.q[n].ev)
 	}
 	for {
 		if err := d.next(); err != nil {
@@ -654,6 +676,7 @@ func (d *Decoder) read() error {
 				// IP reference (which the flow may have passed:
 				// packets are read lazily); it gets that IP.
 				if p.Aux > d.sinceRef {
+					d.stamp(&e)
 					d.q = append(d.q, queued{ev: e, bind: bindCount, count: p.Aux - d.sinceRef})
 					return nil
 				}
@@ -923,5 +946,24 @@ func (d *Decoder) fire(i int) {
 // emit reports e.
 func (d *Decoder) emit(e *Event) {
 	d.c.Events++
+	d.lastTSC = e.TSC
 	d.h.Event(e)
+}
+
+// stamp gives e the time now (Options.Time).
+func (d *Decoder) stamp(e *Event) {
+	if d.clock != nil {
+		e.TSC = d.clock.TSC()
+	}
+}
+
+// tick reports an EvTick at the branch at ip when the time changed since
+// the last event (Options.Ticks), as libipt does after each query for a
+// branch.
+func (d *Decoder) tick(ip uint64) {
+	if !d.opts.Ticks || d.clock == nil || d.clock.TSC() == d.lastTSC {
+		return
+	}
+	d.qEv = Event{Kind: EvTick, IP: ip, HasIP: true, TSC: d.clock.TSC()}
+	d.emit(&d.qEv)
 }

@@ -110,6 +110,9 @@ const (
 	// EvError: decoding failed at stream Offset and IP with Err; the
 	// decoder resynchronises and goes on.
 	EvError
+	// EvTick: the time (TSC) changed at the branch at IP since the last
+	// event (Options.Ticks).
+	EvTick
 )
 
 // Event is one event of the flow. Fields a kind does not use are zero.
@@ -133,6 +136,9 @@ type Event struct {
 	// Err is an EvError's error: one of the sentinel errors below, for
 	// errors.Is.
 	Err error
+	// TSC is the estimated time stamp counter when the event's packet
+	// was decoded (Options.Time; 0 without).
+	TSC uint64
 }
 
 // CFE event types.

@@ -64,6 +64,7 @@ func (d *Decoder) run() error {
 			}
 			if d.eos {
 				d.qEv = Event{Kind: EvEnd, IP: d.ip, HasIP: true}
+				d.stamp(&d.qEv)
 				d.emit(&d.qEv)
 				return io.EOF
 			}
@@ -282,6 +283,7 @@ func (d *Decoder) takeTIP(from uint64, kind BranchKind) error {
 	if d.tipSupp {
 		return ErrNoIP
 	}
+	d.tick(from)
 	d.h.Branch(from, d.tip, kind)
 	d.ip, d.sinceRef = d.tip, 0
 	d.applyStash()
@@ -349,7 +351,9 @@ func (d *Decoder) exec(in *insn) error {
 			}
 			return ErrBadQuery
 		}
-		if d.takeTNT() {
+		taken := d.takeTNT()
+		d.tick(in.ip)
+		if taken {
 			d.h.Branch(in.ip, in.target, BrCond)
 			d.ip = in.target
 		} else {
@@ -362,7 +366,9 @@ func (d *Decoder) exec(in *insn) error {
 		if d.tntN > 0 {
 			// A compressed return: the TNT bit says "taken", the
 			// target is the return address of the matching call.
-			if !d.takeTNT() || d.sp == 0 {
+			taken := d.takeTNT()
+			d.tick(in.ip)
+			if !taken || d.sp == 0 {
 				return ErrRetComp
 			}
 			to := d.popRet()

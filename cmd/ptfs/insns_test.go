@@ -27,9 +27,6 @@ var insnsKnownFailures = map[string]string{
 	"ptxed-resync-nomap-tip_pge":          reasonResync,
 	"ptxed-resync-psb-bad_status-psb":     reasonResync,
 	"ptxed-resync-psb-nomap-psb":          reasonResync,
-	"mtc-ovf_keep-cyc":                    reasonTick,
-	"mtc-ovf_reset-cyc":                   reasonTick,
-	"ptxed-tick":                          reasonTick,
 	"mwait-pwre-exstop_ip-fup-ovf":        reasonPwreHW,
 	"mwait-pwre-exstop_ip-ovf":            reasonPwreHWOrder,
 	"mwait-pwre-ovf":                      reasonPwreHW,
@@ -40,7 +37,6 @@ var insnsKnownFailures = map[string]string{
 
 const (
 	reasonResync      = "not yet: libipt's exact read-ahead around an error: which event packets (FUP, MODE, PSB+) it consumes before decoding the instruction at a new IP, so the offset an error prints, and what it reports while --resync-on-error resynchronises"
-	reasonTick        = "not yet: --event:tick and --event:time (tick events, timestamps on events): refused as unsupported options"
 	reasonPwreHW      = "libipt quirk: pttc puts PWRE's hw bit at bit 3 of the payload (pt_pl_pwre_hw_mask), the SDM and Linux perf at bit 7; ptfs follows the SDM, so libipt's [pwre c1.0 hw] prints as [pwre c1.0] (as in the ptdump test's known differences)"
 	reasonPwreHWOrder = "the PWRE hw bit quirk (see reasonPwreHW), and libipt reports the PWRE before the MWAIT when the EXSTOP's FUP is lost to an overflow; ptfs keeps MWAIT, EXSTOP, PWRE"
 )
