@@ -80,6 +80,9 @@ var ptxedValueOpts = map[string]bool{
 	"--cpuid-0x15.eax": true, "--cpuid-0x15.ebx": true, "--iscache-limit": false,
 }
 
+// clockOptBits are the widths of the timing options' values.
+var clockOptBits = map[string]uint{"--mtc-freq": 8, "--nom-freq": 8, "--cpuid-0x15.eax": 32, "--cpuid-0x15.ebx": 32}
+
 // PtxedOptionTakesValue tells whether ptxed option opt takes a value.
 func PtxedOptionTakesValue(opt string) bool {
 	_, ok := ptxedValueOpts[opt]
@@ -169,25 +172,18 @@ func ParsePtxedArgs(args []string) (PtxedOptions, error) {
 			if err != nil {
 				return o, fmt.Errorf("%s %q: not a number: %w", a, val, ErrBadOption)
 			}
+			if b, ok := clockOptBits[a]; ok && n>>b != 0 {
+				return o, fmt.Errorf("%s %q: too big: %w", a, val, ErrBadOption)
+			}
 			switch a {
-			case "--mtc-freq", "--nom-freq":
-				if n > 0xff {
-					return o, fmt.Errorf("%s %q: too big: %w", a, val, ErrBadOption)
-				}
-				if a == "--mtc-freq" {
-					o.Clock.MTCFreq = uint8(n)
-				} else {
-					o.Clock.NomFreq = uint8(n)
-				}
-			case "--cpuid-0x15.eax", "--cpuid-0x15.ebx":
-				if n > 0xffffffff {
-					return o, fmt.Errorf("%s %q: too big: %w", a, val, ErrBadOption)
-				}
-				if a == "--cpuid-0x15.eax" {
-					o.Clock.CPUID15EAX = uint32(n)
-				} else {
-					o.Clock.CPUID15EBX = uint32(n)
-				}
+			case "--mtc-freq":
+				o.Clock.MTCFreq = uint8(n)
+			case "--nom-freq":
+				o.Clock.NomFreq = uint8(n)
+			case "--cpuid-0x15.eax":
+				o.Clock.CPUID15EAX = uint32(n)
+			case "--cpuid-0x15.ebx":
+				o.Clock.CPUID15EBX = uint32(n)
 			}
 		}
 	}

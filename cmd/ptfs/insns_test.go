@@ -141,6 +141,8 @@ func TestDecodeInsnsCLI(t *testing.T) {
 		{[]string{"--insns", "--raw", name + ".bin:0x100000"}, 2, "no trace file"},
 		{[]string{"--insns", "--raw", name + ".bin", name + ".pt"}, 2, "FILE[:START[-END]]:BASE"},
 		{[]string{"--insns", "--raw", name + ".bin:0x100000", "--bogus", name + ".pt"}, 2, "unknown option --bogus"},
+		{[]string{"--insns", "--raw", name + ".bin:0x100000", "--nom-freq", "300", name + ".pt"}, 2, "too big"},
+		{[]string{"--insns", "--raw", name + ".bin:0x100000", "--time", name + ".pt"}, 2, "not supported"},
 		{[]string{"--insns", "--raw", name + ".bin:5-1:0x1000", name + ".pt"}, 2, "FILE[:START[-END]]:BASE"},
 		{[]string{"--insns", "--raw", name + ".bin:0x100000:0x1000", name + ".pt"}, 2, "beyond"},
 		{[]string{"--insns", "--raw", filepath.Join(dir, "missing.bin") + ":0x1000", name + ".pt"}, 1, "no such file"},
