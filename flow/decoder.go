@@ -114,8 +114,10 @@ type Decoder struct {
 	// the next TRIG's icnt counts.
 	sinceRef uint32
 	// resyncing: after an error, a TIP (or other IP) resumes the flow
-	// (ResyncOnError).
+	// (ResyncOnError). resyncOn: tracing was on where the error was, so
+	// a TIP.PGE while resynchronising first ends it (libipt's order).
 	resyncing bool
+	resyncOn  bool
 	// errPos is the stream position of the last error (errSeen).
 	errPos  uint64
 	errSeen bool
@@ -203,9 +205,10 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 		if d.opts.ResyncOnError && d.progressed() {
 			// Go on from here with tracing off: the next packet
 			// that gives an IP turns it on again.
-			mode := d.mode
+			mode, on := d.mode, d.enabled
 			d.resetState()
 			d.mode, d.resyncing, resync = mode, true, true
+			d.resyncOn = on
 		}
 	}
 }
@@ -262,7 +265,7 @@ func (d *Decoder) report(err error) {
 func (d *Decoder) resetState() {
 	d.enabled, d.ip, d.stash, d.iflag, d.inTX = false, 0, ModeUnknown, -1, false
 	d.inStub = false
-	d.resyncing = false
+	d.resyncing, d.resyncOn = false, false
 	d.nHeld, d.evdHas = 0, 0
 	d.tnt, d.tntN, d.tipOK, d.eos = 0, 0, false, false
 	d.q = d.q[:0]
@@ -522,6 +525,10 @@ func (d *Decoder) read() error {
 	case decode.TIPPGE:
 		if p.Suppressed() {
 			return ErrNoIP
+		}
+		if d.resyncing && d.resyncOn {
+			d.resyncOn = false
+			d.push(Event{Kind: EvDisabled}, bindNow)
 		}
 		d.push(Event{Kind: EvEnabled, IP: p.IP, HasIP: true}, bindNow)
 	case decode.FUP:

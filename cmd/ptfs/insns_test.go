@@ -24,7 +24,6 @@ var insnsKnownFailures = map[string]string{
 	"ptxed-resync-nomap-mode_tsx-fup-tip": reasonResync,
 	"ptxed-resync-nomap-mode_tsx-tip_pgd": reasonResync,
 	"ptxed-resync-nomap-psb":              reasonResync,
-	"ptxed-resync-nomap-tip_pge":          reasonResync,
 	"ptxed-resync-psb-bad_status-psb":     reasonResync,
 	"ptxed-resync-psb-nomap-psb":          reasonResync,
 	"mwait-pwre-exstop_ip-fup-ovf":        reasonPwreHW,
