@@ -202,6 +202,14 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 		if !d.fail(err) {
 			return
 		}
+		if d.opts.ResyncOnError && errors.Is(err, ErrBadStatus) {
+			// libipt's resync takes the same PSB+ again and
+			// fails the same way; it goes on at the next PSB.
+			d.errv.Flags |= ResyncFailed
+			d.c.Errors++
+			d.h.Event(&d.errv)
+			continue
+		}
 		if d.opts.ResyncOnError && d.progressed() {
 			// Go on from here with tracing off: the next packet
 			// that gives an IP turns it on again.
@@ -390,6 +398,13 @@ func (d *Decoder) psb(first bool) error {
 			ip, hasIP = d.pk.IP, !d.pk.Suppressed()
 		case decode.ModeExec:
 			mode, modeP = execMode(&d.pk), d.pk
+			if !first && d.enabled && d.mode != ModeUnknown && mode != d.mode {
+				// The status contradicts the flow (libipt
+				// reports it at the MODE.Exec).
+				d.unread()
+				d.errIP = d.ip
+				return ErrBadStatus
+			}
 		case decode.ModeTSX:
 			d.inTX = d.pk.Has(decode.FlagInTX)
 		case decode.OVF:

@@ -167,6 +167,10 @@ const (
 	Aborted                       // EvTSX
 	HW                            // EvPwre
 	Mult                          // EvTrig
+	// ResyncFailed marks an EvError of resynchronising after an error
+	// (ResyncOnError) that failed the same way: decoding goes on at
+	// the next PSB.
+	ResyncFailed // EvError
 )
 
 // Sentinel errors of an EvError. Their texts are libipt's (pt_errstr), so
@@ -181,6 +185,9 @@ var (
 	ErrBadPacket  = errors.New("unknown packet")
 	ErrEOS        = errors.New("end of stream")
 	ErrRetComp    = errors.New("bad return compression")
+	// ErrBadStatus: a PSB+ gives an execution mode other than the
+	// flow's.
+	ErrBadStatus = errors.New("bad status update")
 )
 
 // Insn is an executed instruction.

@@ -320,7 +320,11 @@ func (p *Ptxed) Branch(from, to uint64, kind BranchKind) {}
 func (p *Ptxed) Event(e *Event) {
 	p.newBlock = true
 	if e.Kind == EvError {
-		p.buf = fmt.Appendf(p.buf, "[%x, %x: error: %v]\n", e.Offset, e.IP, e.Err)
+		what := "error"
+		if e.Flags&ResyncFailed != 0 {
+			what = "resync error"
+		}
+		p.buf = fmt.Appendf(p.buf, "[%x, %x: %s: %v]\n", e.Offset, e.IP, what, e.Err)
 		p.flushIfFull()
 		return
 	}
