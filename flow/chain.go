@@ -37,7 +37,7 @@ func (d *Decoder) chain(b *block) (*block, error) {
 			}
 			next = &b.fall
 			if d.takeTNT() {
-				d.h.Branch(last.ip, last.target, BrCond)
+				d.branch(last.ip, last.target, BrCond)
 				d.ip, next = last.target, &b.taken
 			} else {
 				d.ip = last.ip + uint64(last.len)
@@ -49,7 +49,7 @@ func (d *Decoder) chain(b *block) (*block, error) {
 				return b, nil
 			}
 			d.steps += n + 1
-			d.h.Branch(last.ip, last.target, BrJump)
+			d.branch(last.ip, last.target, BrJump)
 			d.ip, next = last.target, &b.taken
 		case x86insn.Call:
 			if d.tntN == 0 && !d.tipOK {
@@ -60,14 +60,14 @@ func (d *Decoder) chain(b *block) (*block, error) {
 			if ret := last.ip + uint64(last.len); last.target != ret {
 				d.pushRet(ret)
 			}
-			d.h.Branch(last.ip, last.target, BrCall)
+			d.branch(last.ip, last.target, BrCall)
 			d.ip, next = last.target, &b.taken
 		case x86insn.Ret:
 			if d.tntN == 0 {
 				if ok, err := d.tip1(); !ok {
 					return d.chainStop(b, err)
 				}
-				d.h.Branch(last.ip, d.tip, BrReturn)
+				d.branch(last.ip, d.tip, BrReturn)
 				d.ip, next = d.tip, &b.taken
 				break
 			}
@@ -77,7 +77,7 @@ func (d *Decoder) chain(b *block) (*block, error) {
 			}
 			d.takeTNT()
 			to := d.popRet()
-			d.h.Branch(last.ip, to, BrReturn)
+			d.branch(last.ip, to, BrReturn)
 			d.ip, next = to, &b.taken
 		case x86insn.IndirectJump, x86insn.IndirectCall:
 			if d.tntN > 0 {
@@ -91,7 +91,7 @@ func (d *Decoder) chain(b *block) (*block, error) {
 				kind = BrIndirectCall
 				d.pushRet(last.ip + uint64(last.len))
 			}
-			d.h.Branch(last.ip, d.tip, kind)
+			d.branch(last.ip, d.tip, kind)
 			d.ip, next = d.tip, &b.taken
 		default:
 			return b, nil

@@ -24,6 +24,14 @@ type Options struct {
 	// once while nothing can stop the flow among them; Counters.Insns
 	// still counts them.
 	NoInsns bool
+	// Stubs are the probes' code that no file holds (see Stub).
+	Stubs []Stub
+	// Time, when set, estimates the time from the trace's timing
+	// packets (configured so): events carry it in TSC.
+	Time *decode.ClockConfig
+	// Ticks reports an EvTick at a branch decided by trace when the time
+	// changed since the last event, as libipt's tick events (with Time).
+	Ticks bool
 }
 
 // bind says when a queued event takes effect.
@@ -67,7 +75,10 @@ type Decoder struct {
 
 	ip      uint64
 	enabled bool
-	mode    Mode
+	// inStub: the flow is inside a trap or call stub (Stub), waiting
+	// for the packet that leaves it.
+	inStub bool
+	mode   Mode
 	// stash is a MODE.Exec waiting for the IP packet it binds to, with
 	// its IF bit.
 	stash   Mode
@@ -91,11 +102,11 @@ type Decoder struct {
 
 	q   []queued
 	qEv Event
-	// stub are a probe stub's PTWRITEs waiting for the next branch that
-	// takes trace (or any other event) to be reported.
-	stub []Event
-	ins  Insn
-	errv Event
+	// unnamed are PTWRITEs of a stub that no Stub names, waiting for the
+	// next branch (or any other event) to be reported after it.
+	unnamed []Event
+	ins     Insn
+	errv    Event
 
 	stack [retStackSize]uint64
 	sp    int // entries in use (≤ retStackSize)
@@ -107,23 +118,36 @@ type Decoder struct {
 	resumeOK bool
 
 	steps int
+	// sinceRef counts the instructions executed since the last IP
+	// reference: an IP packet the flow reached, or a TRIG, from which
+	// the next TRIG's icnt counts.
+	sinceRef uint32
 	// resyncing: after an error, a TIP (or other IP) resumes the flow
-	// (ResyncOnError).
+	// (ResyncOnError). resyncOn: tracing was on where the error was, so
+	// a TIP.PGE while resynchronising first ends it (libipt's order).
 	resyncing bool
+	resyncOn  bool
 	// errPos is the stream position of the last error (errSeen).
 	errPos  uint64
 	errSeen bool
 	// errIP is the IP of the last instruction decoded or tried since the
 	// sync, 0 before one: what ptxed reports with an error.
 	errIP uint64
-	cache blockCache
-	buf   [x86insn.MaxLen]byte
-	c     Counters
+	// clock estimates the time (Options.Time); lastTSC is the time of
+	// the last event, against which ticks are told.
+	clock   *decode.Clock
+	lastTSC uint64
+	cache   blockCache
+	buf     [x86insn.MaxLen]byte
+	c       Counters
 }
 
 // New returns a decoder that reads code from mem.
 func New(mem Memory, opts Options) *Decoder {
 	d := &Decoder{mem: mem, opts: opts}
+	if opts.Time != nil {
+		d.clock = decode.NewClock(*opts.Time)
+	}
 	d.gen, _ = mem.(Generationer)
 	if d.opts.MaxInsns <= 0 {
 		d.opts.MaxInsns = 1 << 20
@@ -143,9 +167,13 @@ var errStop = errors.New("stop")
 // after each.
 func (d *Decoder) Decode(trace []byte, h Handler) {
 	d.h = h
-	defer d.flushStub()
+	defer d.flushUnnamed()
 	d.resetPackets(trace)
 	d.resetState()
+	if d.clock != nil {
+		d.clock.Reset()
+		d.lastTSC = 0
+	}
 	if d.gen != nil {
 		d.cache.check(d.gen.Generation())
 	}
@@ -184,12 +212,21 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 		if !d.fail(err) {
 			return
 		}
+		if d.opts.ResyncOnError && errors.Is(err, ErrBadStatus) {
+			// libipt's resync takes the same PSB+ again and
+			// fails the same way; it goes on at the next PSB.
+			d.errv.Flags |= ResyncFailed
+			d.c.Errors++
+			d.h.Event(&d.errv)
+			continue
+		}
 		if d.opts.ResyncOnError && d.progressed() {
 			// Go on from here with tracing off: the next packet
 			// that gives an IP turns it on again.
-			mode := d.mode
+			mode, on := d.mode, d.enabled
 			d.resetState()
 			d.mode, d.resyncing, resync = mode, true, true
+			d.resyncOn = on
 		}
 	}
 }
@@ -237,7 +274,7 @@ func (d *Decoder) report(err error) {
 			err = ErrBadPacket
 		}
 	}
-	d.flushStub()
+	d.flushUnnamed()
 	d.c.Errors++
 	d.errv = Event{Kind: EvError, IP: d.errIP, HasIP: true, Offset: off, Err: err}
 	d.h.Event(&d.errv)
@@ -246,7 +283,8 @@ func (d *Decoder) report(err error) {
 // resetState forgets the flow: after a PSB sync or an error.
 func (d *Decoder) resetState() {
 	d.enabled, d.ip, d.stash, d.iflag, d.inTX = false, 0, ModeUnknown, -1, false
-	d.resyncing = false
+	d.inStub = false
+	d.resyncing, d.resyncOn = false, false
 	d.nHeld, d.evdHas = 0, 0
 	d.tnt, d.tntN, d.tipOK, d.eos = 0, 0, false, false
 	d.q = d.q[:0]
@@ -316,6 +354,7 @@ func (d *Decoder) modeEvents(m Mode, f bool, ip uint64, b bind) {
 }
 
 func (d *Decoder) push(e Event, b bind) {
+	d.stamp(&e)
 	d.q = append(d.q, queued{ev: e, bind: b})
 }
 
@@ -344,6 +383,7 @@ func (d *Decoder) psb(first bool) error {
 			}
 			if first || !d.enabled {
 				d.enabled, d.ip = hasIP, ip
+				d.entered()
 				return nil
 			}
 			if !hasIP {
@@ -357,6 +397,13 @@ func (d *Decoder) psb(first bool) error {
 			ip, hasIP = d.pk.IP, !d.pk.Suppressed()
 		case decode.ModeExec:
 			mode, modeP = execMode(&d.pk), d.pk
+			if !first && d.enabled && d.mode != ModeUnknown && mode != d.mode {
+				// The status contradicts the flow (libipt
+				// reports it at the MODE.Exec).
+				d.unread()
+				d.errIP = d.ip
+				return ErrBadStatus
+			}
 		case decode.ModeTSX:
 			d.inTX = d.pk.Has(decode.FlagInTX)
 		case decode.OVF:
@@ -403,6 +450,7 @@ func (d *Decoder) overflow() error {
 		d.q = append(d.q, queued{})
 		copy(d.q[n+1:], d.q[n:])
 		d.q[n] = queued{ev: Event{Kind: EvOverflow}, bind: bindNow}
+		d.stamp(&d.q[n].ev)
 	}
 	for {
 		if err := d.next(); err != nil {
@@ -428,11 +476,13 @@ func (d *Decoder) overflow() error {
 			d.push(Event{Kind: EvOverflow, IP: d.pk.IP, HasIP: true}, bindNow)
 			d.enabled, d.ip = true, d.pk.IP
 			d.applyStash()
+			d.entered()
 			return nil
 		case decode.TIP:
 			d.push(Event{Kind: EvOverflow, IP: d.pk.IP, HasIP: !d.pk.Suppressed()}, bindNow)
 			d.enabled, d.ip = !d.pk.Suppressed(), d.pk.IP
 			d.applyStash()
+			d.entered()
 			return nil
 		default:
 			d.unread()
@@ -440,21 +490,6 @@ func (d *Decoder) overflow() error {
 		lost()
 		return nil
 	}
-}
-
-// flushStub reports the probe stubs' PTWRITEs read so far.
-func (d *Decoder) flushStub() {
-	for i := range d.stub {
-		d.c.Events++
-		d.h.Event(&d.stub[i])
-	}
-	d.stub = d.stub[:0]
-}
-
-// notCode tells whether no code is mapped at ip.
-func (d *Decoder) notCode(ip uint64) bool {
-	n, _ := d.mem.ReadAt(d.buf[:1], ip)
-	return n <= 0
 }
 
 // fupFor reads the FUP that gives an event its IP.
@@ -504,6 +539,10 @@ func (d *Decoder) read() error {
 	case decode.TIPPGE:
 		if p.Suppressed() {
 			return ErrNoIP
+		}
+		if d.resyncing && d.resyncOn {
+			d.resyncOn = false
+			d.push(Event{Kind: EvDisabled}, bindNow)
 		}
 		d.push(Event{Kind: EvEnabled, IP: p.IP, HasIP: true}, bindNow)
 	case decode.FUP:
@@ -565,18 +604,22 @@ func (d *Decoder) read() error {
 			if err := d.fupFor(&e); err != nil {
 				return err
 			}
-			if d.enabled && e.HasIP && d.notCode(e.IP) {
-				// A probe stub's PTWRITE (DESIGN §1): its page is in
-				// no image, and the flow goes on at the probed site
-				// as if the original instruction ran. It is reported
-				// before the next branch that takes trace: the trace
-				// before it is of the branches before the site.
-				if len(d.stub) >= maxQueued {
-					d.flushStub()
+		}
+		if e.HasIP && d.outside(e.IP) {
+			// A probe's record from its stub: not part of the
+			// flow, which goes on as if the site's instruction ran.
+			// It is reported before the site when the stub names it,
+			// else now (after the last branch the trace showed).
+			b := d.stubPTW(&e)
+			if b == bindNow && d.enabled && !d.inStub && d.stub(e.IP) < 0 {
+				if len(d.unnamed) >= maxQueued {
+					d.flushUnnamed()
 				}
-				d.stub = append(d.stub, e)
+				d.unnamed = append(d.unnamed, e)
 				return nil
 			}
+			d.push(e, b)
+			return nil
 		}
 		if !d.enabled && d.resyncing && e.HasIP {
 			// Resynchronised: the flow goes on at the PTWRITE.
@@ -657,10 +700,16 @@ func (d *Decoder) read() error {
 			}
 		}
 		if !p.Has(decode.FlagIP) {
-			if p.Kind == decode.Trig && p.Has(decode.FlagICNTV) && p.Aux > 0 && d.enabled {
-				// The trigger hit icnt instructions later.
-				d.q = append(d.q, queued{ev: e, bind: bindCount, count: p.Aux})
-				return nil
+			if p.Kind == decode.Trig && p.Has(decode.FlagICNTV) && d.enabled {
+				// The trigger hit icnt instructions after the last
+				// IP reference (which the flow may have passed:
+				// packets are read lazily); it gets that IP.
+				if p.Aux > d.sinceRef {
+					d.stamp(&e)
+					d.q = append(d.q, queued{ev: e, bind: bindCount, count: p.Aux - d.sinceRef})
+					return nil
+				}
+				e.IP, e.HasIP = d.ip, true
 			}
 			d.pushExstop(e, bindNow)
 			return nil
@@ -874,9 +923,15 @@ func (d *Decoder) deliver() {
 // fire takes effect of and reports the queued event i.
 func (d *Decoder) fire(i int) {
 	d.qEv = d.q[i].ev
+	if d.q[i].bind == bindCount {
+		d.qEv.IP, d.qEv.HasIP = d.ip, true
+	}
 	d.q = append(d.q[:i], d.q[i+1:]...)
 	e := &d.qEv
 	d.steps = 0
+	if e.HasIP && e.Kind != EvPTWrite {
+		d.sinceRef = 0
+	}
 	switch e.Kind {
 	case EvEnabled:
 		if d.resumeOK && d.resumeIP == e.IP {
@@ -885,6 +940,7 @@ func (d *Decoder) fire(i int) {
 		d.enabled, d.ip = true, e.IP
 		d.resumeOK = false
 		d.applyStash()
+		d.entered()
 	case EvDisabled:
 		// d.ip is the fall-through of the branch that disabled.
 		d.enabled, d.resumeIP, d.resumeOK = false, d.ip, d.enabled
@@ -895,7 +951,7 @@ func (d *Decoder) fire(i int) {
 		d.enabled, d.resumeIP, d.resumeOK = false, e.At, d.enabled
 	case EvInterrupt:
 		if e.HasIP {
-			d.h.Branch(e.At, e.IP, BrInterrupt)
+			d.branch(e.At, e.IP, BrInterrupt)
 			d.ip, d.enabled = e.IP, true
 			d.applyStash()
 		} else {
@@ -916,9 +972,47 @@ func (d *Decoder) fire(i int) {
 	d.emit(e)
 }
 
+// branch reports a branch, then the unnamed stubs' PTWRITEs read before
+// it: the trace names no site for them, and the branch that the trace
+// showed last before the probe hit is the one into the site.
+func (d *Decoder) branch(from, to uint64, k BranchKind) {
+	d.h.Branch(from, to, k)
+	if len(d.unnamed) > 0 {
+		d.flushUnnamed()
+	}
+}
+
+// flushUnnamed reports the unnamed stubs' PTWRITEs read so far.
+func (d *Decoder) flushUnnamed() {
+	for i := range d.unnamed {
+		d.c.Events++
+		d.h.Event(&d.unnamed[i])
+	}
+	d.unnamed = d.unnamed[:0]
+}
+
 // emit reports e.
 func (d *Decoder) emit(e *Event) {
-	d.flushStub()
+	d.flushUnnamed()
 	d.c.Events++
+	d.lastTSC = e.TSC
 	d.h.Event(e)
+}
+
+// stamp gives e the time now (Options.Time).
+func (d *Decoder) stamp(e *Event) {
+	if d.clock != nil {
+		e.TSC = d.clock.TSC()
+	}
+}
+
+// tick reports an EvTick at the branch at ip when the time changed since
+// the last event (Options.Ticks), as libipt does after each query for a
+// branch.
+func (d *Decoder) tick(ip uint64) {
+	if !d.opts.Ticks || d.clock == nil || d.clock.TSC() == d.lastTSC {
+		return
+	}
+	d.qEv = Event{Kind: EvTick, IP: ip, HasIP: true, TSC: d.clock.TSC()}
+	d.emit(&d.qEv)
 }

@@ -112,6 +112,9 @@ const (
 	// EvError: decoding failed at stream Offset and IP with Err; the
 	// decoder resynchronises and goes on.
 	EvError
+	// EvTick: the time (TSC) changed at the branch at IP since the last
+	// event (Options.Ticks).
+	EvTick
 )
 
 // Event is one event of the flow. Fields a kind does not use are zero.
@@ -135,6 +138,9 @@ type Event struct {
 	// Err is an EvError's error: one of the sentinel errors below, for
 	// errors.Is.
 	Err error
+	// TSC is the estimated time stamp counter when the event's packet
+	// was decoded (Options.Time; 0 without).
+	TSC uint64
 }
 
 // CFE event types.
@@ -163,6 +169,10 @@ const (
 	Aborted                       // EvTSX
 	HW                            // EvPwre
 	Mult                          // EvTrig
+	// ResyncFailed marks an EvError of resynchronising after an error
+	// (ResyncOnError) that failed the same way: decoding goes on at
+	// the next PSB.
+	ResyncFailed // EvError
 )
 
 // Sentinel errors of an EvError. Their texts are libipt's (pt_errstr), so
@@ -177,6 +187,9 @@ var (
 	ErrBadPacket  = errors.New("unknown packet")
 	ErrEOS        = errors.New("end of stream")
 	ErrRetComp    = errors.New("bad return compression")
+	// ErrBadStatus: a PSB+ gives an execution mode other than the
+	// flow's.
+	ErrBadStatus = errors.New("bad status update")
 )
 
 // Insn is an executed instruction.

@@ -199,7 +199,13 @@ func FuzzDecode(f *testing.F) {
 			return
 		}
 		var r nopHandler
-		d := New(&blob{base: base, code: code}, Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1})
+		var stubs []Stub
+		if len(trace)%2 == 1 {
+			// A stub page after the code, its site in the code.
+			end := base + uint64(len(code))
+			stubs = []Stub{{Start: end, End: end + 0x1000, Site: base + 1, Next: base + 2, Kind: StubKind(len(trace) / 2 % 3)}}
+		}
+		d := New(&blob{base: base, code: code}, Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1, Stubs: stubs})
 		done := make(chan struct{})
 		go func() { d.Decode(trace, &r); close(done) }()
 		select {

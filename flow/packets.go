@@ -21,18 +21,24 @@ func (d *Decoder) resetPackets(trace []byte) {
 }
 
 // nextPacket reads the next packet that the flow uses into d.pk, skipping
-// padding and timing packets in the batch, where they cost no copy; errors
+// padding and timing packets in the batch (after the clock, if any, saw
+// them), where they cost no copy; errors
 // come after the packets before them, as the packet decoder's Next gives
 // them.
 func (d *Decoder) nextPacket() error {
 	b := &d.pb
 	for {
 		for ; b.i < b.n; b.i++ {
-			switch b.pkts[b.i].Kind {
+			p := &b.pkts[b.i]
+			if d.clock != nil {
+				// The clock sees every packet, timing ones included.
+				d.clock.Packet(p)
+			}
+			switch p.Kind {
 			case decode.Pad, decode.TSC, decode.MTC, decode.CYC, decode.TMA:
 				continue
 			}
-			d.pk = b.pkts[b.i]
+			d.pk = *p
 			b.i++
 			return nil
 		}

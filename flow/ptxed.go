@@ -39,6 +39,27 @@ type PtxedOptions struct {
 	EndOnCall     bool // --block:end-on-call
 	EndOnJump     bool // --block:end-on-jump
 	ResyncOnError bool // --resync-on-error
+	EventTime     bool // --event:time: the time of events
+	EventTick     bool // --event:tick: tick events when the time changed
+	// Clock is the timing configuration (--mtc-freq, --nom-freq,
+	// --cpuid-0x15.eax/ebx); KeepTcalOnOvf is the chosen decoder's
+	// --insn:/--block:keep-tcal-on-ovf.
+	Clock                       decode.ClockConfig
+	insnKeepTcal, blockKeepTcal bool
+}
+
+// FlowOptions returns the flow decoder's options for o.
+func (o *PtxedOptions) FlowOptions() Options {
+	f := Options{ResyncOnError: o.ResyncOnError, Iflags: o.EventIflags, Ticks: o.EventTick}
+	if o.EventTime || o.EventTick {
+		c := o.Clock
+		c.KeepTcalOnOvf = o.insnKeepTcal
+		if o.Block {
+			c.KeepTcalOnOvf = o.blockKeepTcal
+		}
+		f.Time = &c
+	}
+	return f
 }
 
 // Raw is one --raw argument: the bytes [Start, End) of File (End 0: to its
@@ -55,9 +76,12 @@ var ErrBadOption = errors.New("bad ptxed option")
 // ptxedValueOpts are the options that take a value, with whether ptfs acts
 // on it (the others are timing and filter settings the flow does not use).
 var ptxedValueOpts = map[string]bool{
-	"--raw": true, "--pt": true, "--cpu": true, "--mtc-freq": false, "--nom-freq": false,
-	"--cpuid-0x15.eax": false, "--cpuid-0x15.ebx": false, "--iscache-limit": false,
+	"--raw": true, "--pt": true, "--cpu": true, "--mtc-freq": true, "--nom-freq": true,
+	"--cpuid-0x15.eax": true, "--cpuid-0x15.ebx": true, "--iscache-limit": false,
 }
+
+// clockOptBits are the widths of the timing options' values.
+var clockOptBits = map[string]uint{"--mtc-freq": 8, "--nom-freq": 8, "--cpuid-0x15.eax": 32, "--cpuid-0x15.ebx": 32}
 
 // PtxedOptionTakesValue tells whether ptxed option opt takes a value.
 func PtxedOptionTakesValue(opt string) bool {
@@ -87,14 +111,14 @@ func ParsePtxedArgs(args []string) (PtxedOptions, error) {
 		"--stat": &o.Stat, "--stat:insn": &o.StatInsn, "--stat:blocks": &o.StatBlocks,
 		"--block:show-blocks": &o.ShowBlocks, "--block:end-on-call": &o.EndOnCall,
 		"--block:end-on-jump": &o.EndOnJump, "--resync-on-error": &o.ResyncOnError,
+		"--event:time": &o.EventTime, "--event:tick": &o.EventTick,
+		"--insn:keep-tcal-on-ovf": &o.insnKeepTcal, "--block:keep-tcal-on-ovf": &o.blockKeepTcal,
 	}
-	// Timing calibration only matters for times, which ptfs does not
-	// print; options that would change the listing in ways ptfs does not
-	// model are refused rather than ignored.
-	ignored := map[string]bool{"--insn:keep-tcal-on-ovf": true, "--block:keep-tcal-on-ovf": true,
-		"--verbose": true, "-v": true}
+	// Options that would change the listing in ways ptfs does not model
+	// are refused rather than ignored.
+	ignored := map[string]bool{"--verbose": true, "-v": true}
 	unsupported := map[string]bool{"--att": true, "--raw-insn": true, "--offset": true,
-		"--time": true, "--event:time": true, "--event:tick": true}
+		"--time": true}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if f, ok := flags[a]; ok {
@@ -144,8 +168,22 @@ func ParsePtxedArgs(args []string) (PtxedOptions, error) {
 			}
 			o.CPU = val
 		default:
-			if _, err := strconv.ParseUint(val, 0, 64); err != nil {
+			n, err := strconv.ParseUint(val, 0, 64)
+			if err != nil {
 				return o, fmt.Errorf("%s %q: not a number: %w", a, val, ErrBadOption)
+			}
+			if b, ok := clockOptBits[a]; ok && n>>b != 0 {
+				return o, fmt.Errorf("%s %q: too big: %w", a, val, ErrBadOption)
+			}
+			switch a {
+			case "--mtc-freq":
+				o.Clock.MTCFreq = uint8(n)
+			case "--nom-freq":
+				o.Clock.NomFreq = uint8(n)
+			case "--cpuid-0x15.eax":
+				o.Clock.CPUID15EAX = uint32(n)
+			case "--cpuid-0x15.ebx":
+				o.Clock.CPUID15EBX = uint32(n)
 			}
 		}
 	}
@@ -282,7 +320,11 @@ func (p *Ptxed) Branch(from, to uint64, kind BranchKind) {}
 func (p *Ptxed) Event(e *Event) {
 	p.newBlock = true
 	if e.Kind == EvError {
-		p.buf = fmt.Appendf(p.buf, "[%x, %x: error: %v]\n", e.Offset, e.IP, e.Err)
+		what := "error"
+		if e.Flags&ResyncFailed != 0 {
+			what = "resync error"
+		}
+		p.buf = fmt.Appendf(p.buf, "[%x, %x: %s: %v]\n", e.Offset, e.IP, what, e.Err)
 		p.flushIfFull()
 		return
 	}
@@ -294,6 +336,9 @@ func (p *Ptxed) Event(e *Event) {
 		return
 	}
 	p.buf = append(p.buf, '[')
+	if p.o.EventTime {
+		p.buf = append(appendHex16(p.buf, e.TSC), "  "...)
+	}
 	ip := func(b []byte, name string, v uint64) []byte {
 		return appendHex16(append(b, ", "+name+": "...), v)
 	}
@@ -385,6 +430,8 @@ func (p *Ptxed) Event(e *Event) {
 		}
 	case EvCFE:
 		b = appendCFE(b, e)
+	case EvTick:
+		b = append(b, "tick"...)
 	case EvTrig:
 		b = fmt.Appendf(b, "trig %02x", e.Payload)
 		if e.Flags&Mult != 0 {

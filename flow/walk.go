@@ -27,6 +27,7 @@ func (d *Decoder) run() error {
 				d.tnt, d.tntN = 0, 0
 				d.ip, d.enabled = d.tip, true
 				d.applyStash()
+				d.entered()
 				continue
 			}
 			if d.tntN > 0 || d.tipOK {
@@ -45,6 +46,12 @@ func (d *Decoder) run() error {
 			}
 			continue
 		}
+		if d.inStub {
+			if err := d.stubStep(); err != nil {
+				return err
+			}
+			continue
+		}
 		if len(d.q) == 0 && d.tntN == 0 && !d.tipOK && !d.flowNext() {
 			// Like libipt, look at the next packet: the end of
 			// the trace ends the flow now; then decode the
@@ -57,6 +64,7 @@ func (d *Decoder) run() error {
 			}
 			if d.eos {
 				d.qEv = Event{Kind: EvEnd, IP: d.ip, HasIP: true}
+				d.stamp(&d.qEv)
 				d.emit(&d.qEv)
 				return io.EOF
 			}
@@ -157,6 +165,9 @@ func (d *Decoder) walk() error {
 		if d.steps++; d.steps > d.opts.MaxInsns {
 			return ErrBadQuery
 		}
+		if len(d.opts.Stubs) > 0 && d.atSite(in) {
+			return nil
+		}
 		d.errIP = in.ip
 		if err := d.exec(in); err != nil {
 			// Errors are reported at the instruction.
@@ -244,8 +255,10 @@ func (d *Decoder) fireTIPBound(n int) {
 	}
 }
 
-// takeTNT consumes the oldest TNT bit.
+// takeTNT consumes the oldest TNT bit; the instruction after its branch is
+// an IP reference for TRIG's icnt, as libipt counts it.
 func (d *Decoder) takeTNT() bool {
+	d.sinceRef = 0
 	d.tntN--
 	taken := d.tnt>>d.tntN&1 == 1
 	d.tnt &= 1<<d.tntN - 1
@@ -285,10 +298,12 @@ func (d *Decoder) takeTIP(from uint64, kind BranchKind) error {
 	if d.tipSupp {
 		return ErrNoIP
 	}
-	d.h.Branch(from, d.tip, kind)
-	d.ip = d.tip
+	d.tick(from)
+	d.branch(from, d.tip, kind)
+	d.ip, d.sinceRef = d.tip, 0
 	d.applyStash()
 	d.fireTIPBound(len(d.q))
+	d.entered()
 	return nil
 }
 
@@ -307,6 +322,7 @@ func (d *Decoder) disabledDirect(target uint64) bool {
 // exec executes one instruction.
 func (d *Decoder) exec(in *insn) error {
 	d.c.Insns++
+	d.sinceRef++
 	if !d.opts.NoInsns {
 		d.ins = Insn{IP: in.ip, Len: in.len, Mode: d.mode, Class: in.class, Speculative: d.inTX}
 		d.h.Insn(&d.ins)
@@ -323,11 +339,13 @@ func (d *Decoder) exec(in *insn) error {
 		if i := d.blocker(); i >= 0 && d.q[i].bind == bindPTW && (!d.q[i].ev.HasIP || d.q[i].ev.IP == in.ip) {
 			d.fire(i)
 		}
+	case x86insn.MovCR3:
+		d.movCR3()
 	case x86insn.Jump:
 		if d.disabledDirect(in.target) {
 			return nil
 		}
-		d.h.Branch(in.ip, in.target, BrJump)
+		d.branch(in.ip, in.target, BrJump)
 		d.ip = in.target
 	case x86insn.Call:
 		if d.disabledDirect(in.target) {
@@ -338,21 +356,22 @@ func (d *Decoder) exec(in *insn) error {
 		if in.target != next {
 			d.pushRet(next)
 		}
-		d.h.Branch(in.ip, in.target, BrCall)
+		d.branch(in.ip, in.target, BrCall)
 		d.ip = in.target
 	case x86insn.CondJump:
 		if err := d.await(false); err != nil {
 			return err
 		}
-		d.flushStub()
 		if d.tntN == 0 {
 			if d.disabledAt() {
 				return nil
 			}
 			return ErrBadQuery
 		}
-		if d.takeTNT() {
-			d.h.Branch(in.ip, in.target, BrCond)
+		taken := d.takeTNT()
+		d.tick(in.ip)
+		if taken {
+			d.branch(in.ip, in.target, BrCond)
 			d.ip = in.target
 		} else {
 			d.ip = next
@@ -361,15 +380,16 @@ func (d *Decoder) exec(in *insn) error {
 		if err := d.await(true); err != nil {
 			return err
 		}
-		d.flushStub()
 		if d.tntN > 0 {
 			// A compressed return: the TNT bit says "taken", the
 			// target is the return address of the matching call.
-			if !d.takeTNT() || d.sp == 0 {
+			taken := d.takeTNT()
+			d.tick(in.ip)
+			if !taken || d.sp == 0 {
 				return ErrRetComp
 			}
 			to := d.popRet()
-			d.h.Branch(in.ip, to, BrReturn)
+			d.branch(in.ip, to, BrReturn)
 			d.ip = to
 			return nil
 		}
@@ -378,7 +398,6 @@ func (d *Decoder) exec(in *insn) error {
 		if err := d.await(true); err != nil {
 			return err
 		}
-		d.flushStub()
 		kind := BrIndirectJump
 		switch in.class {
 		case x86insn.IndirectCall:
@@ -390,6 +409,21 @@ func (d *Decoder) exec(in *insn) error {
 		return d.takeTIP(in.ip, kind)
 	}
 	return nil
+}
+
+// movCR3 fires what binds to a MOV to CR3 just executed, as libipt binds
+// it: a TIP.PGD without an IP (tracing stops with the address space), else
+// the first queued paging event (PIP), at most one.
+func (d *Decoder) movCR3() {
+	if i := d.blocker(); i >= 0 && !d.q[i].ev.HasIP && d.disabledAt() {
+		return
+	}
+	for i := range d.q {
+		if d.q[i].bind == bindTIP && d.q[i].ev.Kind == EvPaging {
+			d.fire(i)
+			return
+		}
+	}
 }
 
 func (d *Decoder) pushRet(ip uint64) {

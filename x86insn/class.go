@@ -29,16 +29,20 @@ const (
 	Ret
 	// FarTransfer leaves the code or saves the IP for another context:
 	// far jmp/call/ret, int/int1/int3/into, iret, syscall/sysret,
-	// sysenter/sysexit.
+	// sysenter/sysexit, vmlaunch/vmresume, FRED eretu/erets, uiret.
 	FarTransfer
 	// PTWrite writes its operand into the processor trace.
 	PTWrite
+	// MovCR3 falls through but switches the address space (mov to
+	// CR3): a trace's paging event (PIP) binds to it, as to a far
+	// transfer.
+	MovCR3
 )
 
 var classNames = [...]string{
 	NotBranch: "not a branch", CondJump: "conditional jump", Jump: "jump", Call: "call",
 	IndirectJump: "indirect jump", IndirectCall: "indirect call", Ret: "return",
-	FarTransfer: "far transfer", PTWrite: "ptwrite",
+	FarTransfer: "far transfer", PTWrite: "ptwrite", MovCR3: "mov to cr3",
 }
 
 // String names the class.

@@ -69,6 +69,10 @@ func Decode(code []byte, pc uint64) (Inst, error) {
 		in.Target = pc + uint64(x.Len) + uint64(int64(rel))
 	}
 	in.Class = classify(x.Op, in.RelWidth != 0)
+	if c := s.class(code); c == MovCR3 {
+		// x86asm's op is a plain MOV.
+		in.Class = c
+	}
 	return in, nil
 }
 
@@ -95,6 +99,9 @@ func DecodeMode(code []byte, pc uint64, mode int) (Inst, error) {
 		in.Target = pc + uint64(x.Len) + uint64(int64(rel))
 	}
 	in.Class = classify(x.Op, in.RelWidth != 0)
+	if x.Op == x86asm.MOV && x.Args[0] == x86asm.CR3 {
+		in.Class = MovCR3
+	}
 	return in, nil
 }
 
@@ -145,6 +152,12 @@ var (
 func decodePTWrite(code []byte, pc uint64, s shape) Inst {
 	in := Inst{Class: PTWrite, Len: s.n}
 	modrm := code[s.modrm]
+	if s.pfx&pfxRex2 != 0 {
+		// APX's registers and REX2 are objdump's to name; the
+		// operand stays unnamed.
+		in.Text = "ptwrite"
+		return in
+	}
 	if modrm>>6 == 3 {
 		reg := modrm & 7
 		if s.pfx&pfxRexB != 0 {

@@ -76,6 +76,23 @@ func TestDecode(t *testing.T) {
 		{"vzeroall", []byte{0xc5, 0xfc, 0x77, 0xc3}, NotBranch, x86asm.VZEROALL, "vzeroall", 3, 0, 0},
 		// What x86asm does not know, the length decoder steps over.
 		{"rdpkru", []byte{0x0f, 0x01, 0xee}, NotBranch, 0, "(unknown)", 3, 0, 0},
+		// The 0F 01 forms that leave the context (libipt's far
+		// transfers); without F2/F3, CA is clac.
+		{"vmlaunch", []byte{0x0f, 0x01, 0xc2}, FarTransfer, 0, "(unknown)", 3, 0, 0},
+		{"vmresume", []byte{0x0f, 0x01, 0xc3}, FarTransfer, 0, "(unknown)", 3, 0, 0},
+		{"eretu", []byte{0xf3, 0x0f, 0x01, 0xca}, FarTransfer, 0, "", 4, 0, 0},
+		{"erets", []byte{0xf2, 0x0f, 0x01, 0xca}, FarTransfer, 0, "", 4, 0, 0},
+		{"uiret", []byte{0xf3, 0x0f, 0x01, 0xec}, FarTransfer, 0, "", 4, 0, 0},
+		// APX REX2: jmpabs takes a TIP, like libipt's indirect jump.
+		{"jmpabs", []byte{0xd5, 0x00, 0xa1, 0x0d, 0x10, 0, 0, 0, 0, 0, 0}, IndirectJump, 0, "(unknown)", 11, 0, 0},
+		{"rex2 mov", []byte{0xd5, 0x19, 0x89, 0xc8}, NotBranch, 0, "(unknown)", 4, 0, 0},
+		{"rex2 0f imul", []byte{0xd5, 0x80, 0xaf, 0xc1}, NotBranch, 0, "(unknown)", 4, 0, 0},
+		{"rex2 ptwrite", []byte{0xf3, 0xd5, 0x91, 0xae, 0xe0}, PTWrite, 0, "ptwrite", 5, 0, 0},
+		{"mov cr3", []byte{0x0f, 0x22, 0xd8}, MovCR3, x86asm.MOV, "mov %rax,%cr3", 3, 0, 0},
+		{"mov cr3 mod", []byte{0x41, 0x0f, 0x22, 0x1f}, MovCR3, x86asm.MOV, "mov", 4, 0, 0},
+		{"mov cr0", []byte{0x0f, 0x22, 0xc0}, NotBranch, x86asm.MOV, "mov %rax,%cr0", 3, 0, 0},
+		{"mov from cr3", []byte{0x0f, 0x20, 0xd8}, NotBranch, x86asm.MOV, "mov %cr3,%rax", 3, 0, 0},
+		{"clac", []byte{0x0f, 0x01, 0xca}, NotBranch, 0, "", 3, 0, 0},
 		{"evex fp16", []byte{0x62, 0xf5, 0x7c, 0x48, 0x58, 0xc1}, NotBranch, 0, "(evex)", 6, 0, 0},
 		{"xop", []byte{0x8f, 0xe8, 0x78, 0xc0, 0xc1, 0x05}, NotBranch, 0, "(xop)", 6, 0, 0},
 		{"rdfsbase is not ptwrite", []byte{0xf3, 0x48, 0x0f, 0xae, 0xc0}, NotBranch, x86asm.RDFSBASE, "rdfsbase %rax", 5, 0, 0},
@@ -126,10 +143,30 @@ func TestDecodeErrors(t *testing.T) {
 	}
 }
 
+// TestDecodeModeMovCR3: a MOV to CR3 is an event site in 16- and 32-bit
+// code as in 64-bit; other control registers are not.
+func TestDecodeModeMovCR3(t *testing.T) {
+	for _, tt := range []struct {
+		mode int
+		code []byte
+		want Class
+	}{
+		{32, []byte{0x0f, 0x22, 0xd8}, MovCR3},
+		{16, []byte{0x0f, 0x22, 0xd8}, MovCR3},
+		{32, []byte{0x0f, 0x22, 0xe0}, NotBranch}, // cr4
+		{32, []byte{0x0f, 0x20, 0xd8}, NotBranch}, // from cr3
+	} {
+		in, err := DecodeMode(tt.code, 0x1000, tt.mode)
+		if err != nil || in.Class != tt.want {
+			t.Errorf("DecodeMode(% x, %d) = %+v, %v; want %v", tt.code, tt.mode, in, err, tt.want)
+		}
+	}
+}
+
 func TestClassString(t *testing.T) {
 	for c, want := range map[Class]string{NotBranch: "not a branch", CondJump: "conditional jump", Jump: "jump",
 		Call: "call", IndirectJump: "indirect jump", IndirectCall: "indirect call", Ret: "return",
-		FarTransfer: "far transfer", PTWrite: "ptwrite", 42: "class(42)"} {
+		FarTransfer: "far transfer", PTWrite: "ptwrite", MovCR3: "mov to cr3", 42: "class(42)"} {
 		if c.String() != want {
 			t.Errorf("%d.String() = %q, want %q", c, c.String(), want)
 		}

@@ -107,7 +107,8 @@ var oneByte = [256]uint8{
 	// invalid, iret.
 	opModRMI8, opModRMI8, opI16, opNone, opPrefix, opPrefix, opModRMI8, opModRMIz,
 	opEnter, opNone, opI16, opNone, opNone, opI8, opInvalid, opNone,
-	// D0-DF: shifts, D4 D5 D6 (aam, aad, salc) invalid, xlat, x87.
+	// D0-DF: shifts, D4 D6 (aam, salc) invalid, D5 REX2 (aad in 32-bit
+	// code), xlat, x87.
 	opModRM, opModRM, opModRM, opModRM, opInvalid, opInvalid, opInvalid, opNone,
 	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
 	// E0-EF: loop*, jrcxz, in/out imm8, call, jmp rel32, EA (far jmp)
@@ -186,6 +187,7 @@ const (
 	pfxRexB             // REX.B directly before the opcode
 	pfxRex              // any REX directly before the opcode
 	pfxLock             // F0
+	pfxRex2             // an APX REX2 (D5) before the opcode
 )
 
 // shape is what the length decoder learns of an instruction: enough for
@@ -269,6 +271,8 @@ func (s *shape) opcode(code []byte, i int) error {
 	switch b {
 	case 0x0f:
 		return s.escape(code, i+1)
+	case 0xd5:
+		return s.rex2(code, i)
 	case 0xc4, 0xc5:
 		return s.vex(code, i)
 	case 0x62:
@@ -320,6 +324,46 @@ func (s *shape) escape(code []byte, i int) error {
 		return err
 	}
 	return s.operands(code, i+1, kind)
+}
+
+// rex2 decodes an instruction behind APX's REX2 prefix (D5 and a payload
+// whose bit 7 selects the 1-byte or the 0F map; bit 3 is W, bit 0 B3);
+// code[i] is D5. REX2 is undefined with rows 4, 7, A and E of the 1-byte
+// map and rows 3 and 8 of the 0F map, but for A1 with W 0: jmpabs, an
+// absolute jump to its imm64.
+func (s *shape) rex2(code []byte, i int) error {
+	if s.pfx&pfxRex != 0 {
+		return fmt.Errorf("%w: a REX before REX2: % x", ErrInvalid, head(code, MaxLen))
+	}
+	if i+2 >= len(code) {
+		return truncated(code)
+	}
+	p, b := code[i+1], code[i+2]
+	s.pfx |= pfxRex2
+	if p&8 != 0 {
+		s.pfx |= pfxRexW
+	}
+	if p&1 != 0 {
+		s.pfx |= pfxRexB
+	}
+	if p&0x80 != 0 {
+		if row := b >> 4; row == 3 || row == 8 || b == 0x0f {
+			return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+		}
+		return s.escape(code, i+2)
+	}
+	s.op = b
+	if b == 0xa1 && p&8 == 0 && s.pfx&(pfx66|pfx67|pfxF2|pfxF3|pfxLock) == 0 {
+		s.imm, s.immLen, s.n = i+3, 8, i+3+8
+		return s.check(code)
+	}
+	switch row := b >> 4; {
+	case row == 4, row == 7, row == 0xa, row == 0xe, b == 0x0f, b == 0x62, b == 0xc4, b == 0xc5, b == 0xd5:
+		return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+	case b == 0x8f:
+		return s.operands(code, i+3, opModRM)
+	}
+	return s.operands(code, i+3, oneByte[b])
 }
 
 // vex decodes a C4/C5 instruction; code[i] is C4 or C5.

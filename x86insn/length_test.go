@@ -149,15 +149,23 @@ func TestLengthErrors(t *testing.T) {
 		{"8f e8 78", ErrTruncated},
 		{"66 66 66 66 66 66 66 66 66 66 66 66 66 66 66 90", ErrTooLong},
 		{"f0 66 2e 67 48 81 84 24 01 02 03 04 01 02 03 04", ErrTooLong},
-		{"06", ErrInvalid},                   // push es
-		{"27", ErrInvalid},                   // daa
-		{"60", ErrInvalid},                   // pusha
-		{"82 c0 01", ErrInvalid},             // 82 alias of 80
-		{"9a 01 02 03 04 05 06", ErrInvalid}, // far call ptr
-		{"ce", ErrInvalid},                   // into
-		{"d4 0a", ErrInvalid},                // aam
-		{"d6", ErrInvalid},                   // salc
-		{"ea 01 02 03 04 05 06", ErrInvalid}, // far jmp ptr
+		{"06", ErrInvalid},                                  // push es
+		{"27", ErrInvalid},                                  // daa
+		{"60", ErrInvalid},                                  // pusha
+		{"82 c0 01", ErrInvalid},                            // 82 alias of 80
+		{"9a 01 02 03 04 05 06", ErrInvalid},                // far call ptr
+		{"ce", ErrInvalid},                                  // into
+		{"d4 0a", ErrInvalid},                               // aam
+		{"d6", ErrInvalid},                                  // salc
+		{"d5 00", ErrTruncated},                             // REX2 without an opcode
+		{"d5 00 a1 01 02", ErrTruncated},                    // jmpabs cut short
+		{"48 d5 00 a1 01 02 03 04 05 06 07 08", ErrInvalid}, // REX before REX2
+		{"d5 00 74 00", ErrInvalid},                         // REX2 jcc
+		{"d5 08 a1 01 02 03 04 05 06 07 08", ErrInvalid},    // REX2.W A1: no moffs
+		{"d5 80 85 00 00 00 00", ErrInvalid},                // REX2 0F jcc
+		{"d5 80 38 00 c0", ErrInvalid},                      // REX2 0F 38
+		{"d5 00 66 90", ErrInvalid},                         // a prefix after REX2
+		{"ea 01 02 03 04 05 06", ErrInvalid},                // far jmp ptr
 		{"0f 04", ErrInvalid},
 		{"0f 0a", ErrInvalid},
 		{"0f 24 c0", ErrInvalid}, // mov from a test register

@@ -59,6 +59,10 @@ func (s *shape) class(code []byte) Class {
 			return Jump
 		case op == 0xe8:
 			return Call
+		case op == 0xa1 && s.pfx&pfxRex2 != 0:
+			// jmpabs: libipt and the trace take it as an indirect
+			// jump (a TIP gives the target).
+			return IndirectJump
 		case op == 0xc2, op == 0xc3:
 			return Ret
 		case op == 0xca, op == 0xcb, op == 0xcc, op == 0xcd, op == 0xcf, op == 0xf1:
@@ -79,9 +83,28 @@ func (s *shape) class(code []byte) Class {
 			return CondJump
 		case op == 0x05, op == 0x07, op == 0x34, op == 0x35:
 			return FarTransfer
+		case op == 0x01 && s.isFar01(code[s.modrm]):
+			return FarTransfer
+		case op == 0x22 && reg == 3:
+			return MovCR3
 		case op == 0xae && reg == 4 && s.pfx&pfxF3 != 0 && s.pfx&pfx66 == 0:
 			return PTWrite
 		}
 	}
 	return NotBranch
+}
+
+// isFar01 tells the 0F 01 forms that leave the context: vmlaunch (C2),
+// vmresume (C3), FRED erets (F2 CA) and eretu (F3 CA), uiret (F3 EC).
+// Without the prefix, CA is clac and EC is not a branch.
+func (s *shape) isFar01(modrm byte) bool {
+	switch modrm {
+	case 0xc2, 0xc3:
+		return s.pfx&(pfx66|pfxF2|pfxF3) == 0
+	case 0xca:
+		return s.pfx&(pfxF2|pfxF3) != 0 && s.pfx&pfx66 == 0
+	case 0xec:
+		return s.pfx&pfxF3 != 0 && s.pfx&(pfx66|pfxF2) == 0
+	}
+	return false
 }

@@ -32,10 +32,11 @@ options (--lastip, --no-pad, --time, --mtc-freq N, ...).
 (instruction addresses and [event] lines); it takes ptxed's options: --raw
 FILE[:START[-END]]:BASE (the code; more than one may be given), --pt FILE,
 --cpu F/M|none|auto, --no-inst, --quiet, --check, --event:ip, --event:iflags,
---resync-on-error, --stat, --stat:insn, --stat:blocks, --insn-decoder,
---block-decoder, --block:show-blocks, --block:end-on-call, --block:end-on-jump
-(ptxed's timing and filter options are accepted; --offset, --time,
---event:time, --event:tick, --att and --raw-insn are refused).
+--resync-on-error, --event:time, --event:tick (libipt's time estimate with
+--mtc-freq, --nom-freq, --cpuid-0x15.eax/ebx, --insn:/--block:keep-tcal-on-ovf),
+--stat, --stat:insn, --stat:blocks, --insn-decoder, --block-decoder,
+--block:show-blocks, --block:end-on-call, --block:end-on-jump (ptxed's filter
+options are accepted; --offset, --time, --att and --raw-insn are refused).
 --branches prints the control flow as branch: lines with probe records in
 execution order; IMAGE is --raw FILE[:FROM[-TO]]:BASE, --elf FILE[:BIAS],
 --pages ADDRFILE:DUMPFILE or --maps FILE [--root DIR] [--vdso FILE]

@@ -79,7 +79,7 @@ func listInsns(w io.Writer, args []string) error {
 		return fmt.Errorf("write output: %w", err)
 	}
 	p := flow.NewPtxed(w, &opts)
-	flow.New(img, flow.Options{ResyncOnError: opts.ResyncOnError, Iflags: opts.EventIflags}).Decode(trace, p)
+	flow.New(img, opts.FlowOptions()).Decode(trace, p)
 	p.Stats()
 	if err := p.Flush(); err != nil {
 		return fmt.Errorf("write output: %w", err)

@@ -17,11 +17,6 @@ import (
 // does not meet yet, each with the reason; what ptfs does instead is in
 // docs/DESIGN.md §5 (ptfs decode --insns).
 var insnsKnownFailures = map[string]string{
-	"ptet-int-eretu":                      reasonEretu,
-	"ptet-int-int-erets-eretu":            reasonEretu,
-	"ptet-uint-uiret":                     reasonUiret,
-	"ptet-vmexit-vmentry":                 reasonVmlaunch,
-	"ptet-vmexit-vmentry-root":            reasonVmlaunch,
 	"ptxed-resync-bad_query-fup-tip":      reasonResync,
 	"ptxed-resync-nomap-fup-tip":          reasonResync,
 	"ptxed-resync-nomap-mode_exec-fup":    reasonResync,
@@ -29,40 +24,19 @@ var insnsKnownFailures = map[string]string{
 	"ptxed-resync-nomap-mode_tsx-fup-tip": reasonResync,
 	"ptxed-resync-nomap-mode_tsx-tip_pgd": reasonResync,
 	"ptxed-resync-nomap-psb":              reasonResync,
-	"ptxed-resync-nomap-tip_pge":          reasonResync,
-	"ptxed-resync-psb-bad_status-psb":     reasonResync,
 	"ptxed-resync-psb-nomap-psb":          reasonResync,
-	"int-eretu-cpl_0":                     reasonEretu,
-	"int-eretu":                           reasonEretu,
-	"tip-jmpabs":                          reasonJmpabs,
-	"tip_pgd-jmpabs":                      reasonJmpabs,
-	"mtc-ovf_keep-cyc":                    reasonTick,
-	"mtc-ovf_reset-cyc":                   reasonTick,
-	"ptxed-tick":                          reasonTick,
 	"mwait-pwre-exstop_ip-fup-ovf":        reasonPwreHW,
 	"mwait-pwre-exstop_ip-ovf":            reasonPwreHWOrder,
 	"mwait-pwre-ovf":                      reasonPwreHW,
 	"ovf-pwre-pwrx-tip_pge":               reasonPwreHW,
 	"pwre-exstop_ip-pwrx":                 reasonPwreHW,
 	"tip_pge-pwre-pwrx-tip_pgd":           reasonPwreHW,
-	"pip-pip_mov_cr3-fail":                reasonCr3,
-	"pip_mov_cr3-pip_mov_cr3":             reasonCr3,
-	"tip_pgd_noip-mov_cr3":                reasonCr3,
-	"pip-vmcs-tip_pgd":                    reasonVmlaunch,
-	"psb-fup-ptw-trig":                    reasonPtwtrig,
 }
 
 const (
-	reasonResync      = "not yet: libipt's exact read-ahead around an error: which event packets (FUP, MODE, PSB+) it consumes before decoding the instruction at a new IP, so the offset an error prints, and what it reports while --resync-on-error resynchronises"
-	reasonEretu       = "x86insn does not decode FRED eretu/erets yet (the x86insn length decoder will)"
-	reasonJmpabs      = "x86insn does not decode APX jmpabs yet (the x86insn length decoder will)"
-	reasonTick        = "not yet: --event:tick and --event:time (tick events, timestamps on events): refused as unsupported options"
+	reasonResync      = "libipt's read-ahead around an error (not modelled yet): before decoding the instruction at a new IP it takes the event packets that follow (FUP, MODE.Exec, MODE.TSX, PSB+ up to its PSBEND), so its error names a later offset, and with --resync-on-error it resumes at the IP those packets give and reports their events; ptfs reports the same error at the offset of the first packet it has not read and resumes at the next packet that gives an IP, so it may skip an event or an error libipt prints"
 	reasonPwreHW      = "libipt quirk: pttc puts PWRE's hw bit at bit 3 of the payload (pt_pl_pwre_hw_mask), the SDM and Linux perf at bit 7; ptfs follows the SDM, so libipt's [pwre c1.0 hw] prints as [pwre c1.0] (as in the ptdump test's known differences)"
 	reasonPwreHWOrder = "the PWRE hw bit quirk (see reasonPwreHW), and libipt reports the PWRE before the MWAIT when the EXSTOP's FUP is lost to an overflow; ptfs keeps MWAIT, EXSTOP, PWRE"
-	reasonCr3         = "not yet: PIP and TIP.PGD binding to a MOV to CR3 (x86insn classes it as no branch)"
-	reasonVmlaunch    = "x86insn does not decode vmlaunch/vmresume yet (the x86insn length decoder will)"
-	reasonUiret       = "x86insn does not decode uiret yet (the x86insn length decoder will)"
-	reasonPtwtrig     = "not yet: a TRIG whose IP comes from a PTWRITE's FUP"
 )
 
 var (
@@ -165,6 +139,8 @@ func TestDecodeInsnsCLI(t *testing.T) {
 		{[]string{"--insns", "--raw", name + ".bin:0x100000"}, 2, "no trace file"},
 		{[]string{"--insns", "--raw", name + ".bin", name + ".pt"}, 2, "FILE[:START[-END]]:BASE"},
 		{[]string{"--insns", "--raw", name + ".bin:0x100000", "--bogus", name + ".pt"}, 2, "unknown option --bogus"},
+		{[]string{"--insns", "--raw", name + ".bin:0x100000", "--nom-freq", "300", name + ".pt"}, 2, "too big"},
+		{[]string{"--insns", "--raw", name + ".bin:0x100000", "--time", name + ".pt"}, 2, "not supported"},
 		{[]string{"--insns", "--raw", name + ".bin:5-1:0x1000", name + ".pt"}, 2, "FILE[:START[-END]]:BASE"},
 		{[]string{"--insns", "--raw", name + ".bin:0x100000:0x1000", name + ".pt"}, 2, "beyond"},
 		{[]string{"--insns", "--raw", filepath.Join(dir, "missing.bin") + ":0x1000", name + ".pt"}, 1, "no such file"},
