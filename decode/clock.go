@@ -78,3 +78,7 @@ func (k *Clock) Packet(p *Packet) {
 // TSC returns the estimated time stamp counter; relative time (from 0)
 // when the trace has given no TSC yet.
 func (k *Clock) TSC() uint64 { return k.time.tsc }
+
+// HasTSC tells whether the trace has given a TSC yet: before one, TSC is
+// relative and no wall-clock time can be made of it.
+func (k *Clock) HasTSC() bool { return k.time.haveTSC }

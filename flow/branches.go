@@ -48,6 +48,12 @@ type BranchCounters struct {
 	PTWrites uint64
 }
 
+// TimeSource gives the trace's time at the packet decoded last; Decoder is
+// one (with Options.Time).
+type TimeSource interface {
+	TSC() (tsc uint64, ok bool)
+}
+
 // Branches is a Handler that prints the flow as `branch:`, `trace:`,
 // `gap:` and `manual ptwrite:` lines (DESIGN §5) to a writer. Lines are
 // appended to one reused buffer and symbols are cached per address, so a
@@ -80,6 +86,14 @@ type Branches struct {
 	farOK   bool
 
 	c BranchCounters
+
+	// clock and TimeConv make the ` time=` of each line: perf time
+	// (SEC.NSEC) of the clock's TSC. Without either (raw PT has no TSC
+	// conversion) lines carry no time: never a guessed one.
+	clock TimeSource
+	// TimeConv converts a TSC to perf time in nanoseconds
+	// (perfdata.TimeConv.NS); nil: no time= on lines.
+	TimeConv func(tsc uint64) uint64
 }
 
 // NewBranches returns a Branches printing to w; mem is the traced code
@@ -99,6 +113,10 @@ func (b *Branches) SetContext(tid, cpu int32) {
 	b.recs.SetTID(tid)
 	b.recs.SetCPU(cpu)
 }
+
+// SetClock sets where the lines' time comes from (the Decoder, decoding
+// with Options.Time); with TimeConv set, lines carry ` time=`.
+func (b *Branches) SetClock(c TimeSource) { b.clock = c }
 
 // Record prints a probe record line (decode.Output).
 func (b *Branches) Record(r *decode.Record) {
@@ -163,6 +181,12 @@ func (b *Branches) appendContext(dst []byte) []byte {
 	if b.cpu >= 0 {
 		dst = append(dst, " cpu="...)
 		dst = strconv.AppendInt(dst, int64(b.cpu), 10)
+	}
+	if b.clock != nil && b.TimeConv != nil {
+		if tsc, ok := b.clock.TSC(); ok {
+			dst = append(dst, " time="...)
+			dst = decode.AppendTime(dst, b.TimeConv(tsc))
+		}
 	}
 	return dst
 }

@@ -136,12 +136,14 @@ func TestBranchesWriteError(t *testing.T) {
 }
 
 // TestBranchesNoAlloc checks that a branch line costs no allocation once
-// its addresses' symbols are cached.
+// its addresses' symbols are cached, also with its time.
 func TestBranchesNoAlloc(t *testing.T) {
 	var out bytes.Buffer
 	out.Grow(1 << 20)
 	b := NewBranches(&out, nil, syms{0x1000: {"f", "/bin/p", 4}}, nil)
 	b.SetContext(1, 2)
+	b.SetClock(fixedTime{1 << 40, true})
+	b.TimeConv = func(tsc uint64) uint64 { return tsc / 3 }
 	b.Branch(0x1000, 0x1000, BrCall)
 	in := Insn{IP: 0x1000, Len: 1, Class: x86insn.CondJump}
 	if n := testing.AllocsPerRun(1000, func() {
@@ -154,10 +156,19 @@ func TestBranchesNoAlloc(t *testing.T) {
 }
 
 // BenchmarkBranchLines measures formatting branch: lines (symbols cached).
-func BenchmarkBranchLines(b *testing.B) {
+func BenchmarkBranchLines(b *testing.B) { benchBranchLines(b, false) }
+
+// BenchmarkBranchLinesTime measures branch: lines with time=.
+func BenchmarkBranchLinesTime(b *testing.B) { benchBranchLines(b, true) }
+
+func benchBranchLines(b *testing.B, timed bool) {
 	var out bytes.Buffer
 	br := NewBranches(&out, nil, syms{0x401840: {"fib", "/usr/bin/flow-static", 0}, 0x40185a: {"fib", "/usr/bin/flow-static", 0x1a}}, nil)
 	br.SetContext(1234, 1)
+	if timed {
+		br.SetClock(fixedTime{8_061_235_912_410 * 3, true})
+		br.TimeConv = func(tsc uint64) uint64 { return tsc / 3 }
+	}
 	b.ReportAllocs()
 	for b.Loop() {
 		br.Branch(0x40185a, 0x401840, BrCall)
@@ -179,6 +190,17 @@ func FuzzBranches(f *testing.F) {
 	e.IP(ptenc.TIPPGD, 0)
 	e.IP(ptenc.TIPPGE, 0x100a)
 	f.Add(e.Bytes(), code)
+	e = ptenc.New()
+	e.PSB()
+	e.TSC(1000)
+	e.TMA(0x10, 4)
+	e.PSBEnd()
+	e.IP(ptenc.TIPPGE, 0x1000)
+	e.MTC(0x13)
+	e.TNT(0b10, 2)
+	e.MTC(0x15)
+	e.IP(ptenc.TIP, 0x1008)
+	f.Add(e.Bytes(), code)
 	f.Fuzz(func(t *testing.T, trace, code []byte) {
 		if len(trace) > 1<<14 || len(code) > 1<<12 {
 			return
@@ -186,7 +208,9 @@ func FuzzBranches(f *testing.F) {
 		mem := &blob{base: 0x1000, code: code}
 		var out bytes.Buffer
 		b := NewBranches(&out, mem, nil, nil)
-		d := New(mem, Options{MaxInsns: 1 << 12})
+		d := New(mem, Options{MaxInsns: 1 << 12, Time: &decode.ClockConfig{CPUID15EAX: 1, CPUID15EBX: 2}})
+		b.SetClock(d)
+		b.TimeConv = func(tsc uint64) uint64 { return tsc }
 		d.Decode(trace, b)
 		b.Finish()
 		if err := b.Flush(); err != nil {
@@ -203,4 +227,106 @@ func FuzzBranches(f *testing.F) {
 	})
 }
 
-var fuzzLine = regexp.MustCompile(`^(branch: 0x[0-9a-f]+ \[unknown\] \(\[unknown\]\) => 0x[0-9a-f]+ \[unknown\] \(\[unknown\]\) (jcc|jmp|call|ret|ijmp|icall|syscall|far|async)|trace: (start at|resume at|stop at|stop after|end at|sync at) 0x[0-9a-f]+ \[unknown\] \(\[unknown\]\)|gap: (overflow( resume=0x[0-9a-f]+ \[unknown\] \(\[unknown\]\))?|error offset=0x[0-9a-f]+( ip=0x[0-9a-f]+ \[unknown\] \(\[unknown\]\))? err=[a-z ]+)|manual ptwrite: payload=0x[0-9a-f]+( ip=0x[0-9a-f]+)?)\n$`)
+var fuzzLine = regexp.MustCompile(`^(branch: 0x[0-9a-f]+ \[unknown\] \(\[unknown\]\) => 0x[0-9a-f]+ \[unknown\] \(\[unknown\]\) (jcc|jmp|call|ret|ijmp|icall|syscall|far|async)|trace: (start at|resume at|stop at|stop after|end at|sync at) 0x[0-9a-f]+ \[unknown\] \(\[unknown\]\)|gap: (overflow( resume=0x[0-9a-f]+ \[unknown\] \(\[unknown\]\))?|error offset=0x[0-9a-f]+( ip=0x[0-9a-f]+ \[unknown\] \(\[unknown\]\))? err=[a-z ]+)|manual ptwrite: payload=0x[0-9a-f]+( ip=0x[0-9a-f]+)?)( time=[0-9]+\.[0-9]{9})?\n$`)
+
+// fixedTime is a TimeSource at one TSC.
+type fixedTime struct {
+	tsc uint64
+	ok  bool
+}
+
+func (f fixedTime) TSC() (uint64, bool) { return f.tsc, f.ok }
+
+// TestBranchesTime checks the ` time=` of lines: printed only with both a
+// clock that has a TSC and a conversion (DESIGN §5), after tid= and cpu=.
+func TestBranchesTime(t *testing.T) {
+	sy := syms{0x1000: {"main", "/bin/p", 0}, 0x2000: {"f", "/bin/p", 0}}
+	conv := func(tsc uint64) uint64 { return tsc*10 + 7 }
+	for _, tt := range []struct {
+		name  string
+		clock TimeSource
+		conv  func(uint64) uint64
+		want  string
+	}{
+		{"no clock", nil, conv, "branch: 0x1000 main+0x0 (/bin/p) => 0x2000 f+0x0 (/bin/p) call tid=5 cpu=1\n"},
+		{"no conversion (raw PT)", fixedTime{100, true}, nil, "branch: 0x1000 main+0x0 (/bin/p) => 0x2000 f+0x0 (/bin/p) call tid=5 cpu=1\n"},
+		{"no TSC yet", fixedTime{100, false}, conv, "branch: 0x1000 main+0x0 (/bin/p) => 0x2000 f+0x0 (/bin/p) call tid=5 cpu=1\n"},
+		{"time", fixedTime{300_000_000, true}, conv, "branch: 0x1000 main+0x0 (/bin/p) => 0x2000 f+0x0 (/bin/p) call tid=5 cpu=1 time=3.000000007\n"},
+		{"sub-second", fixedTime{12, true}, conv, "branch: 0x1000 main+0x0 (/bin/p) => 0x2000 f+0x0 (/bin/p) call tid=5 cpu=1 time=0.000000127\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			b := NewBranches(&out, nil, sy, nil)
+			b.SetContext(5, 1)
+			b.SetClock(tt.clock)
+			b.TimeConv = tt.conv
+			b.Branch(0x1000, 0x2000, BrCall)
+			if err := b.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if out.String() != tt.want {
+				t.Errorf("got  %q\nwant %q", out.String(), tt.want)
+			}
+		})
+	}
+}
+
+// TestBranchesTimeTrace decodes a trace with TSC, TMA and MTC packets and
+// checks each line's time against the estimate computed by hand.
+func TestBranchesTimeTrace(t *testing.T) {
+	// 0x1000: je +0; 0x1002: je +0; 0x1004: jmp 0x1000.
+	mem := &blob{base: 0x1000, code: []byte{0x74, 0x00, 0x74, 0x00, 0xeb, 0xfa}}
+	e := ptenc.New()
+	e.PSB()
+	e.TSC(1000)
+	// TMA: CTC 0x10, FastCounter 4: the TSC was 4 past the CTC's tick,
+	// so the MTC base is 996.
+	e.TMA(0x10, 4)
+	e.PSBEnd()
+	e.IP(ptenc.TIPPGE, 0x1000)
+	e.TNT(1, 1)
+	// CTC 0x13: 3 ticks of 2 TSC each (cpuid 0x15 2/1) past 996: 1002.
+	e.MTC(0x13)
+	e.TNT(1, 1)
+	// CTC 0x15: 2 more ticks: 1006.
+	e.MTC(0x15)
+	e.TNT(1, 1)
+	e.IP(ptenc.TIPPGD, 0x1002)
+	cfg := &decode.ClockConfig{CPUID15EAX: 1, CPUID15EBX: 2}
+	want := "trace: start at 0x1000 [unknown] ([unknown]) time=1.000000000\n" +
+		"branch: 0x1000 [unknown] ([unknown]) => 0x1002 [unknown] ([unknown]) jcc time=1.000000000\n" +
+		"branch: 0x1002 [unknown] ([unknown]) => 0x1004 [unknown] ([unknown]) jcc time=1.002000000\n" +
+		// A direct jump is decided by no packet: the decoder reads on
+		// to the next TNT/TIP (does tracing stop at the jump?), and the
+		// MTC before it, so the jump has the time of the next branch.
+		"branch: 0x1004 [unknown] ([unknown]) => 0x1000 [unknown] ([unknown]) jmp time=1.006000000\n" +
+		"branch: 0x1000 [unknown] ([unknown]) => 0x1002 [unknown] ([unknown]) jcc time=1.006000000\n" +
+		"trace: stop at 0x1002 [unknown] ([unknown]) time=1.006000000\n"
+	// Without Options.Time the same trace prints the same lines without
+	// time: raw PT's ptsim runs are unchanged.
+	noTime := regexp.MustCompile(` time=[0-9.]+`).ReplaceAllString(want, "")
+	for _, tt := range []struct {
+		name string
+		opts Options
+		want string
+	}{
+		{"timed", Options{Time: cfg}, want},
+		{"untimed", Options{}, noTime},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			b := NewBranches(&out, mem, nil, nil)
+			b.TimeConv = func(tsc uint64) uint64 { return tsc * 1_000_000 }
+			d := New(mem, tt.opts)
+			b.SetClock(d)
+			d.Decode(e.Bytes(), b)
+			b.Finish()
+			if err := b.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if out.String() != tt.want {
+				t.Errorf("got\n%s\nwant\n%s", out.String(), tt.want)
+			}
+		})
+	}
+}

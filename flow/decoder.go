@@ -1006,6 +1006,17 @@ func (d *Decoder) stamp(e *Event) {
 	}
 }
 
+// TSC returns the estimated time stamp counter at the packet decoded last
+// (the clock is advanced per timing packet, so this costs no work per
+// branch); ok is false without Options.Time or before the trace's first
+// TSC.
+func (d *Decoder) TSC() (tsc uint64, ok bool) {
+	if d.clock == nil || !d.clock.HasTSC() {
+		return 0, false
+	}
+	return d.clock.TSC(), true
+}
+
 // tick reports an EvTick at the branch at ip when the time changed since
 // the last event (Options.Ticks), as libipt does after each query for a
 // branch.

@@ -241,6 +241,9 @@ func listBranches(w io.Writer, args []string) error {
 	b := flow.NewBranches(w, s, s, events)
 	b.SetContext(a.tid, a.cpu)
 	d := flow.New(s, flow.Options{})
+	// Lines carry time= once a TSC conversion (perf.data) sets b.TimeConv
+	// and the decoder runs with Options.Time; raw PT has neither.
+	b.SetClock(d)
 	d.Decode(trace, b)
 	b.Finish()
 	c, bc, rc := d.Counters(), b.Counters(), b.RecordCounters()
