@@ -75,8 +75,9 @@ type Buffer struct {
 	// CPU is the buffer's CPU, -1 in per-thread mode; TID its thread, -1
 	// in per-CPU mode.
 	CPU, TID int32
-	// PID is the process the first ITRACE_START of the buffer names, -1
-	// if there is none.
+	// PID is the process the first ITRACE_START of the buffer names (or
+	// the one every ITRACE_START names, when their sample_id trailers do
+	// not tell the buffer), -1 if none is known.
 	PID int32
 	// Chunks are the AUXTRACE payloads in file order. They alias the
 	// data given to Parse.
@@ -453,6 +454,15 @@ func (p *parser) finish() *File {
 			b.PID = s.pid
 		} else if b := p.threadBuffer(s.tid); b != nil {
 			b.PID = s.pid
+		}
+	}
+	// Without trailers that tell the buffer, a recording whose
+	// ITRACE_STARTs all name one process traced that process.
+	if len(p.starts) > 0 && !slices.ContainsFunc(p.starts, func(s start) bool { return s.pid != p.starts[0].pid }) {
+		for _, b := range p.f.Buffers {
+			if b.PID < 0 {
+				b.PID = p.starts[0].pid
+			}
 		}
 	}
 	for _, l := range p.losses {

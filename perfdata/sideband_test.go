@@ -187,6 +187,12 @@ func TestCorpusSideBand(t *testing.T) {
 	if kinds[Mmap] == 0 || kinds[Comm] == 0 || kinds[ItraceStart] == 0 {
 		t.Errorf("side band kinds %v", kinds)
 	}
+	// perf traced `echo` as pid 3174.
+	for _, b := range f.Buffers {
+		if b.PID != 3174 {
+			t.Errorf("buffer %d: pid %d, want 3174", b.Idx, b.PID)
+		}
+	}
 }
 
 // FuzzSideBand checks that no record panics the side-band parser and that
