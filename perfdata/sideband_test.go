@@ -1,18 +1,15 @@
 package perfdata
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"testing"
 
-	"ptfs/internal/testkit"
+	"ptfs/images"
 )
 
 // record returns one record of type typ and misc flags with body.
@@ -147,34 +144,21 @@ func TestBuildIDs(t *testing.T) {
 // TestCorpusSideBand compares the side band of the corpus recording with
 // perf buildid-list's output and checks its mappings.
 func TestCorpusSideBand(t *testing.T) {
-	dir := filepath.Join(testkit.Corpus(t), "perf")
-	data, err := os.ReadFile(filepath.Join(dir, "perf.data.intel_pt-4.14"))
+	dir, f := corpusFile(t)
+	list, err := os.ReadFile(filepath.Join(dir, "perf.data.intel_pt-4.14.buildids"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := Parse(data)
+	want, err := images.ParseBuildIDs(list)
 	if err != nil {
 		t.Fatal(err)
-	}
-	list, err := os.Open(filepath.Join(dir, "perf.data.intel_pt-4.14.buildids"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer list.Close()
-	want := map[string]string{}
-	sc := bufio.NewScanner(list)
-	for sc.Scan() {
-		id, name, ok := strings.Cut(sc.Text(), " ")
-		if ok {
-			want[name] = id
-		}
 	}
 	if len(want) == 0 || len(f.BuildIDs) != len(want) {
 		t.Fatalf("%d build ids, want %d", len(f.BuildIDs), len(want))
 	}
 	for name, id := range want {
-		if got := hex.EncodeToString(f.BuildIDs[name]); got != id {
-			t.Errorf("%s: build id %s, want %s", name, got, id)
+		if !bytes.Equal(f.BuildIDs[name], id) {
+			t.Errorf("%s: build id %x, want %x", name, f.BuildIDs[name], id)
 		}
 	}
 	kinds := map[Kind]int{}
