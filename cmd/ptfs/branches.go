@@ -312,6 +312,13 @@ func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
 	if err != nil {
 		return err
 	}
+	// An MMAP2 may carry its file's build id (perf record
+	// --buildid-mmap) where the header has none.
+	for _, e := range f.Events {
+		if _, ok := f.BuildIDs[e.Name]; !ok && e.Kind == perfdata.Mmap && len(e.BuildID) > 0 {
+			f.BuildIDs[e.Name] = e.BuildID
+		}
+	}
 	p, closeP, err := branchProcesses(a, f.BuildIDs)
 	if err != nil {
 		return err

@@ -46,11 +46,16 @@ func TestBranchesPerfCorpus(t *testing.T) {
 	if !strings.Contains(out, "branch summary: branches=0 insns=0 gaps=10\n") {
 		t.Errorf("branch summary:\n%s", out)
 	}
+	// Image options are the raw trace's: perf.data refuses them.
+	if code, _, errs := runDecodeT("--branches", "--raw", "x:0x1000", path); code != 2 || !strings.Contains(errs, "brings its own images") {
+		t.Errorf("--raw with perf.data: exit %d, %q", code, errs)
+	}
 }
 
 // perfSideBand writes a pipe-mode perf.data in which pid 100 execs and
-// maps bin (recorded with build id id), and one AUX buffer of trace.
-func perfSideBand(t *testing.T, bin string, id, trace []byte) string {
+// maps bin (recorded with build id id: in the MMAP2 if inMmap, else in a
+// HEADER_BUILD_ID), and one AUX buffer of trace.
+func perfSideBand(t *testing.T, bin string, id, trace []byte, inMmap bool) string {
 	var recs []byte
 	rec := func(typ uint32, misc uint16, body ...[]byte) {
 		b := bytes.Join(body, nil)
@@ -64,13 +69,22 @@ func perfSideBand(t *testing.T, bin string, id, trace []byte) string {
 	bid := make([]byte, 24)
 	copy(bid, id)
 	bid[20] = byte(len(id))
-	rec(67, 1<<15, le.AppendUint32(nil, 0xffffffff), bid, name)                                    // HEADER_BUILD_ID, sized
+	if !inMmap {
+		rec(67, 1<<15, le.AppendUint32(nil, 0xffffffff), bid, name)
+	} // HEADER_BUILD_ID, sized
 	rec(3, 1<<13, le.AppendUint32(le.AppendUint32(nil, 100), 100), []byte("prog\x00\x00\x00\x00")) // COMM exec
 	m := le.AppendUint32(le.AppendUint32(nil, 100), 100)
 	m = le.AppendUint64(le.AppendUint64(le.AppendUint64(m, 0x555555554000), 0x1000), 0)
-	m = append(m, make([]byte, 24)...) // maj, min, ino, ino_generation
+	var misc uint16
+	if inMmap {
+		// build_id_size, 3 reserved bytes, build_id[20]
+		m = append(append(m, byte(len(id)), 0, 0, 0), bid[:20]...)
+		misc = 1 << 14
+	} else {
+		m = append(m, make([]byte, 24)...) // maj, min, ino, ino_generation
+	}
 	m = le.AppendUint32(le.AppendUint32(m, 5), 2)
-	rec(10, 0, m, name)                                         // MMAP2
+	rec(10, misc, m, name)                                      // MMAP2
 	rec(12, 0, le.AppendUint32(le.AppendUint32(nil, 100), 100)) // ITRACE_START
 	a := le.AppendUint64(le.AppendUint64(le.AppendUint64(nil, uint64(len(trace))), 0), 0)
 	a = le.AppendUint32(le.AppendUint32(le.AppendUint32(le.AppendUint32(a, 0), 0xffffffff), 0), 0)
@@ -105,20 +119,22 @@ func TestBranchesPerfBuildID(t *testing.T) {
 	enc.PSBEnd()
 	trace := enc.Bytes()
 
-	code, out, errs := runDecodeT("--branches", perfSideBand(t, bin, id, trace))
-	if code != 0 || strings.Contains(out, "image: ") || !strings.Contains(out, "unknown-mappings=0 image-errors=0\n") || !strings.Contains(out, "pid=100\n") {
-		t.Errorf("own build id: exit %d, %s\n%s", code, errs, out)
-	}
+	for _, inMmap := range []bool{false, true} {
+		code, out, errs := runDecodeT("--branches", perfSideBand(t, bin, id, trace, inMmap))
+		if code != 0 || strings.Contains(out, "image: ") || !strings.Contains(out, "unknown-mappings=0 image-errors=0\n") || !strings.Contains(out, "pid=100\n") {
+			t.Errorf("own build id (in mmap2 %v): exit %d, %s\n%s", inMmap, code, errs, out)
+		}
 
-	other := bytes.Clone(id)
-	other[0] ^= 0xff
-	code, out, errs = runDecodeT("--branches", perfSideBand(t, bin, other, trace))
-	if code != 0 || !strings.Contains(out, "unknown-mappings=1 image-errors=1\n") {
-		t.Errorf("other build id: exit %d, %s\n%s", code, errs, out)
-	}
-	first, _, _ := strings.Cut(out, "\n")
-	if !strings.HasPrefix(first, "image: ") || !strings.Contains(first, images.ErrBuildIDMismatch.Error()) ||
-		!strings.Contains(first, hex.EncodeToString(id)) || !strings.Contains(first, hex.EncodeToString(other)) {
-		t.Errorf("refusal line %q, want the mismatch naming %x and %x", first, id, other)
+		other := bytes.Clone(id)
+		other[0] ^= 0xff
+		code, out, errs = runDecodeT("--branches", perfSideBand(t, bin, other, trace, inMmap))
+		if code != 0 || !strings.Contains(out, "unknown-mappings=1 image-errors=1\n") {
+			t.Errorf("other build id (in mmap2 %v): exit %d, %s\n%s", inMmap, code, errs, out)
+		}
+		first, _, _ := strings.Cut(out, "\n")
+		if !strings.HasPrefix(first, "image: ") || !strings.Contains(first, images.ErrBuildIDMismatch.Error()) ||
+			!strings.Contains(first, hex.EncodeToString(id)) || !strings.Contains(first, hex.EncodeToString(other)) {
+			t.Errorf("refusal line %q (in mmap2 %v), want the mismatch naming %x and %x", first, inMmap, id, other)
+		}
 	}
 }
