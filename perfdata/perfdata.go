@@ -61,6 +61,12 @@ type File struct {
 	// Buffer.Losses); LostEvents sums PERF_RECORD_LOST counts;
 	// AuxtraceErrors counts PERF_RECORD_AUXTRACE_ERROR records.
 	LostAux, LostEvents, AuxtraceErrors uint64
+	// Events are the side-band records (MMAP, MMAP2, COMM, FORK, EXIT,
+	// ITRACE_START) in file order.
+	Events []Event
+	// BuildIDs are the build ids perf recorded (HEADER_BUILD_ID), by
+	// file name.
+	BuildIDs map[string][]byte
 }
 
 // Buffer is the trace of one AUX buffer.
@@ -69,6 +75,10 @@ type Buffer struct {
 	// CPU is the buffer's CPU, -1 in per-thread mode; TID its thread, -1
 	// in per-CPU mode.
 	CPU, TID int32
+	// PID is the process the first ITRACE_START of the buffer names (or
+	// the one every ITRACE_START names, when their sample_id trailers do
+	// not tell the buffer), -1 if none is known.
+	PID int32
 	// Chunks are the AUXTRACE payloads in file order. They alias the
 	// data given to Parse.
 	Chunks []Chunk
@@ -182,7 +192,7 @@ func Parse(data []byte) (*File, error) {
 		}
 		return nil, fmt.Errorf("magic %q: %w", data[:8], ErrNotPerfData)
 	}
-	p := &parser{f: &File{}, byIdx: map[uint32]*Buffer{}}
+	p := &parser{f: &File{BuildIDs: map[string][]byte{}}, byIdx: map[uint32]*Buffer{}}
 	hsize := binary.LittleEndian.Uint64(data[8:])
 	if hsize == 16 {
 		p.f.Pipe = true
@@ -218,6 +228,9 @@ func Parse(data []byte) (*File, error) {
 	if err := p.records(data, base, base+uint64(len(body))); err != nil {
 		return nil, err
 	}
+	if err := featureBuildIDs(data, p.f.BuildIDs); err != nil {
+		return nil, err
+	}
 	return p.finish(), nil
 }
 
@@ -238,6 +251,13 @@ type parser struct {
 	// losses are AUX records with loss flags, attributed after parsing
 	// when the trailer layout is known.
 	losses []loss
+	// starts are the ITRACE_START records, which tell a buffer's pid.
+	starts []start
+}
+
+type start struct {
+	pid, tid int32
+	trailer  []byte
 }
 
 type loss struct {
@@ -274,6 +294,16 @@ func (p *parser) records(data []byte, off, end uint64) error {
 		}
 		rec := data[off : off+size]
 		next := off + size
+		ev, ok, err := sideBand(typ, rec, off)
+		if err != nil {
+			return err
+		}
+		if ok {
+			p.f.Events = append(p.f.Events, ev)
+			if ev.Kind == ItraceStart {
+				p.starts = append(p.starts, start{pid: ev.PID, tid: ev.TID, trailer: rec[16:]})
+			}
+		}
 		switch typ {
 		case recAuxtrace:
 			n, err := p.auxtrace(data, rec, off, end)
@@ -324,6 +354,10 @@ func (p *parser) records(data []byte, off, end uint64) error {
 			p.timeConv(rec)
 		case recAuxtraceInfo:
 			p.auxtraceInfo(rec)
+		case recBuildID:
+			if err := buildIDs(rec, off, p.f.BuildIDs); err != nil {
+				return err
+			}
 		case recCompressed, recCompressed2:
 			return fmt.Errorf("record at %d: zstd-compressed records (perf record -z): %w", off, ErrUnsupported)
 		}
@@ -412,17 +446,27 @@ func (p *parser) finish() *File {
 		}
 		layout = a.sampleType & trailerBits
 	}
-	for _, l := range p.losses {
-		cpu, tid, found := trailerIDs(l.trailer, layout)
-		var b *Buffer
-		if ok && found {
-			for _, c := range p.f.Buffers {
-				if (c.CPU >= 0 && c.CPU == cpu) || (c.CPU < 0 && c.TID == tid) {
-					b = c
-					break
-				}
+	for _, b := range p.f.Buffers {
+		b.PID = -1
+	}
+	for _, s := range slices.Backward(p.starts) {
+		if b := p.buffer(s.trailer, layout, ok); b != nil {
+			b.PID = s.pid
+		} else if b := p.threadBuffer(s.tid); b != nil {
+			b.PID = s.pid
+		}
+	}
+	// Without trailers that tell the buffer, a recording whose
+	// ITRACE_STARTs all name one process traced that process.
+	if len(p.starts) > 0 && !slices.ContainsFunc(p.starts, func(s start) bool { return s.pid != p.starts[0].pid }) {
+		for _, b := range p.f.Buffers {
+			if b.PID < 0 {
+				b.PID = p.starts[0].pid
 			}
 		}
+	}
+	for _, l := range p.losses {
+		b := p.buffer(l.trailer, layout, ok)
 		if b == nil {
 			p.f.LostAux++
 			continue
@@ -433,6 +477,31 @@ func (p *parser) finish() *File {
 		slices.Sort(b.Losses)
 	}
 	return p.f
+}
+
+// buffer returns the buffer a record with the sample_id trailer t belongs
+// to, nil if that cannot be told.
+func (p *parser) buffer(t []byte, layout uint64, ok bool) *Buffer {
+	cpu, tid, found := trailerIDs(t, layout)
+	if !ok || !found {
+		return nil
+	}
+	for _, c := range p.f.Buffers {
+		if (c.CPU >= 0 && c.CPU == cpu) || (c.CPU < 0 && c.TID == tid) {
+			return c
+		}
+	}
+	return nil
+}
+
+// threadBuffer returns the per-thread buffer of tid, nil if there is none.
+func (p *parser) threadBuffer(tid int32) *Buffer {
+	for _, c := range p.f.Buffers {
+		if c.CPU < 0 && c.TID == tid {
+			return c
+		}
+	}
+	return nil
 }
 
 // trailerIDs reads the CPU and TID from a sample_id trailer with the given

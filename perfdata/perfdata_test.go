@@ -14,12 +14,8 @@ import (
 // TestCorpus extracts the two AUX buffers of a real recording and compares
 // them with the bytes extracted independently.
 func TestCorpus(t *testing.T) {
-	dir := filepath.Join(testkit.Corpus(t), "perf")
+	dir, f := corpusFile(t)
 	data, err := os.ReadFile(filepath.Join(dir, "perf.data.intel_pt-4.14"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := Parse(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,6 +69,21 @@ func TestCorpus(t *testing.T) {
 			t.Fatalf("truncated to %d bytes: err %v", n, err)
 		}
 	}
+}
+
+// corpusFile parses the corpus recording and returns its directory.
+func corpusFile(t *testing.T) (string, *File) {
+	t.Helper()
+	dir := filepath.Join(testkit.Corpus(t), "perf")
+	data, err := os.ReadFile(filepath.Join(dir, "perf.data.intel_pt-4.14"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, f
 }
 
 // builder writes synthetic perf.data.

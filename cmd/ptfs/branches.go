@@ -13,10 +13,12 @@ import (
 	"ptfs/decode"
 	"ptfs/flow"
 	"ptfs/images"
+	"ptfs/perfdata"
 	"ptfs/tracefs"
 )
 
 const branchesUsage = `usage: ptfs decode --branches IMAGE... [--tid N] [--cpu N] FILE
+       ptfs decode --branches [--root DIR] [--vdso FILE] FILE.perf.data
 
 Reconstructs the control flow of the raw Intel PT trace FILE and prints a
 branch: line per taken control transfer, trace: lines where tracing starts,
@@ -29,6 +31,9 @@ IMAGE says where the traced code was (later ones win where they overlap):
   --maps FILE                  /proc/PID/maps snapshots ('#' lines skipped; a
                                later line wins), files read under --root DIR,
                                [vdso] from --vdso FILE
+perf.data brings its own images: the files its side band maps, read under
+--root DIR, refused (an image: line) if their build id is not the recorded
+one; each AUX buffer is decoded in the memory of its process.
 --events DIR is a tracefs events directory (or a copy) giving the probe
 events whose records the ptwrites carry: probe records are printed where
 they ran, between the branch: lines; without it every ptwrite is a manual
@@ -103,9 +108,6 @@ func parseBranchesArgs(args []string) (branchesArgs, error) {
 	if a.trace == "" {
 		return a, fmt.Errorf("no trace FILE: %w", flow.ErrBadOption)
 	}
-	if len(a.raws)+len(a.elfs)+len(a.pages)+len(a.maps) == 0 {
-		return a, fmt.Errorf("%w: %w", errNoImage, flow.ErrBadOption)
-	}
 	return a, nil
 }
 
@@ -127,25 +129,11 @@ func branchImages(a *branchesArgs) (s *images.Space, closeAll func() error, err 
 	}()
 	s = images.NewSpace()
 	if len(a.maps) > 0 {
-		var vdso images.Source
-		if a.vdso != "" {
-			e, err := images.OpenELF(a.vdso)
-			if err != nil {
-				return nil, closeAll, fmt.Errorf("--vdso: %w", err)
-			}
-			closers = append(closers, e.Close)
-			vdso = e
+		p, closeP, err := branchProcesses(a, nil)
+		if err != nil {
+			return nil, closeAll, err
 		}
-		root := a.root
-		p := images.NewProcesses(images.Options{VDSO: vdso, Path: func(name string) string {
-			if root == "" {
-				return name
-			}
-			// Under root whatever the name says: a maps file is input,
-			// its names must not reach outside the directory given.
-			return filepath.Join(root, filepath.Clean("/"+name))
-		}})
-		closers = append(closers, p.Close)
+		closers = append(closers, closeP)
 		const pid = 1
 		p.Exec(pid)
 		for _, m := range a.maps {
@@ -193,6 +181,37 @@ func branchImages(a *branchesArgs) (s *images.Space, closeAll func() error, err 
 	return s, closeAll, nil
 }
 
+// branchProcesses returns the processes whose files are read under
+// --root, the vDSO from --vdso, refusing a file whose build id differs
+// from buildIDs'.
+func branchProcesses(a *branchesArgs, buildIDs map[string][]byte) (*images.Processes, func() error, error) {
+	var vdso images.Source
+	var closeVDSO func() error
+	if a.vdso != "" {
+		e, err := images.OpenELF(a.vdso)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--vdso: %w", err)
+		}
+		vdso, closeVDSO = e, e.Close
+	}
+	root := a.root
+	p := images.NewProcesses(images.Options{VDSO: vdso, BuildIDs: buildIDs, Path: func(name string) string {
+		if root == "" {
+			return name
+		}
+		// Under root whatever the name says: a maps file or perf.data is
+		// input, its names must not reach outside the directory given.
+		return filepath.Join(root, filepath.Clean("/"+name))
+	}})
+	return p, func() error {
+		err := p.Close()
+		if closeVDSO != nil {
+			err = errors.Join(err, closeVDSO())
+		}
+		return err
+	}, nil
+}
+
 // readMaps reads /proc/PID/maps text, skipping '#' comment lines (ptsim's
 // snapshot and dump lines).
 func readMaps(path string) ([]images.MapsEntry, error) {
@@ -219,12 +238,19 @@ func listBranches(w io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	streams, _, err := input(a.trace)
+	data, err := readTrace(a.trace)
 	if err != nil {
 		return err
 	}
-	if len(streams) != 1 || streams[0].cpu >= 0 {
-		return fmt.Errorf("%s: perf.data input is not supported by --branches yet (give the raw AUX bytes): %w", a.trace, flow.ErrBadOption)
+	if isPerfData(data) {
+		return perfBranches(w, &a, data)
+	}
+	if len(a.raws)+len(a.elfs)+len(a.pages)+len(a.maps) == 0 {
+		return fmt.Errorf("%w: %w", errNoImage, flow.ErrBadOption)
+	}
+	streams, _, err := inputData(a.trace, data)
+	if err != nil {
+		return err
 	}
 	var trace []byte
 	streams[0].segments(func(d []byte, _ bool) { trace = d })
@@ -232,11 +258,9 @@ func listBranches(w io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	events := map[uint16]*decode.Event{}
-	if a.events != "" {
-		if events, err = tracefs.LoadEvents(os.DirFS(a.events)); err != nil {
-			return errors.Join(fmt.Errorf("events %s: %w", a.events, err), closeAll())
-		}
+	events, err := branchEvents(&a)
+	if err != nil {
+		return errors.Join(err, closeAll())
 	}
 	b := flow.NewBranches(w, s, s, events)
 	b.SetContext(a.tid, a.cpu)
@@ -256,4 +280,119 @@ func listBranches(w io.Writer, args []string) error {
 		return errors.Join(fmt.Errorf("write output: %w", err), closeAll())
 	}
 	return closeAll()
+}
+
+// branchEvents loads the probe events of --events (none without it).
+func branchEvents(a *branchesArgs) (map[uint16]*decode.Event, error) {
+	if a.events == "" {
+		return map[uint16]*decode.Event{}, nil
+	}
+	events, err := tracefs.LoadEvents(os.DirFS(a.events))
+	if err != nil {
+		return nil, fmt.Errorf("events %s: %w", a.events, err)
+	}
+	return events, nil
+}
+
+// perfBranches implements `ptfs decode --branches` on perf.data: the
+// side band builds each process's memory from the binaries on disk (under
+// --root), refusing one whose build id is not the recorded one, and each
+// AUX buffer is decoded in the space of the process its ITRACE_START names
+// (DESIGN §5). Code whose file is missing or refused is unknown: its
+// mappings are counted, its errors printed as image: lines.
+func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
+	if len(a.raws)+len(a.elfs)+len(a.pages)+len(a.maps) > 0 {
+		return fmt.Errorf("%s: perf.data brings its own images (its side band, with --root and --vdso): %w", a.trace, flow.ErrBadOption)
+	}
+	f, err := perfdata.Parse(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w", a.trace, err)
+	}
+	if len(f.Buffers) == 0 {
+		return fmt.Errorf("%s: perf.data without AUX area trace (record with -e intel_pt//): %w", a.trace, errNoTrace)
+	}
+	events, err := branchEvents(a)
+	if err != nil {
+		return err
+	}
+	// An MMAP2 may carry its file's build id (perf record
+	// --buildid-mmap) where the header has none.
+	for _, e := range f.Events {
+		if _, ok := f.BuildIDs[e.Name]; !ok && e.Kind == perfdata.Mmap && len(e.BuildID) > 0 {
+			f.BuildIDs[e.Name] = e.BuildID
+		}
+	}
+	p, closeP, err := branchProcesses(a, f.BuildIDs)
+	if err != nil {
+		return err
+	}
+	imageErrs := sideBand(p, f.Events)
+	for _, e := range imageErrs {
+		if _, err := fmt.Fprintf(w, "image: %v\n", e); err != nil {
+			return errors.Join(fmt.Errorf("write output: %w", err), closeP())
+		}
+	}
+	var bc flow.BranchCounters
+	var c flow.Counters
+	var rc decode.Counters
+	var lost uint64
+	for _, buf := range f.Buffers {
+		s, ok := p.Space(buf.PID)
+		if !ok {
+			s = images.NewSpace()
+		}
+		if _, err := fmt.Fprintf(w, "perf buffer: idx=%d cpu=%d tid=%d pid=%d\n", buf.Idx, buf.CPU, buf.TID, buf.PID); err != nil {
+			return errors.Join(fmt.Errorf("write output: %w", err), closeP())
+		}
+		b := flow.NewBranches(w, s, s, events)
+		b.SetContext(a.tid, buf.CPU)
+		if buf.TID >= 0 {
+			b.SetContext(buf.TID, buf.CPU)
+		}
+		d := flow.New(s, flow.Options{})
+		buf.Segments(func(seg []byte, gap bool) {
+			if gap {
+				lost++
+			}
+			if len(seg) > 0 {
+				d.Decode(seg, b)
+			}
+		})
+		b.Finish()
+		if err := b.Flush(); err != nil {
+			return errors.Join(fmt.Errorf("write output: %w", err), closeP())
+		}
+		dc, bcc, rcc := d.Counters(), b.Counters(), b.RecordCounters()
+		bc.Branches, bc.Gaps, c.Insns, c.Errors = bc.Branches+bcc.Branches, bc.Gaps+bcc.Gaps, c.Insns+dc.Insns, c.Errors+dc.Errors
+		rc.Add(&rcc)
+	}
+	rc.Errors += c.Errors
+	line := fmt.Appendf(nil, "perf summary: buffers=%d lost=%d unknown-mappings=%d image-errors=%d\n",
+		len(f.Buffers), lost+f.LostAux+f.LostEvents+f.AuxtraceErrors, p.Unknown(), len(imageErrs))
+	line = fmt.Appendf(line, "branch summary: branches=%d insns=%d gaps=%d\n", bc.Branches, c.Insns, bc.Gaps)
+	if _, err := w.Write(decode.AppendSummary(line, &rc)); err != nil {
+		return errors.Join(fmt.Errorf("write output: %w", err), closeP())
+	}
+	return closeP()
+}
+
+// sideBand applies the side band to p in file order and returns the
+// errors of the mappings whose bytes stay unknown. Every mapping is
+// applied before decoding (exits are not: the spaces must outlive them),
+// so a buffer sees its process's last mappings.
+func sideBand(p *images.Processes, evs []perfdata.Event) []error {
+	var errs []error
+	for _, e := range evs {
+		switch {
+		case e.Kind == perfdata.Mmap && e.PID >= 0:
+			if err := p.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name); err != nil {
+				errs = append(errs, err)
+			}
+		case e.Kind == perfdata.Comm && e.Exec:
+			p.Exec(e.PID)
+		case e.Kind == perfdata.Fork && e.PID != e.PPID:
+			p.Fork(e.PPID, e.PID)
+		}
+	}
+	return errs
 }
