@@ -198,9 +198,7 @@ func perfOpen(t *testing.T, id uint16, cpu int) int {
 
 func TestAddRemoveProbe(t *testing.T) {
 	tf := tracefsT(t)
-	path := buildC(t, "sites", builds[0].flags...)
-	cleanPath(t, tf, path)
-	b := openBinary(t, path)
+	path, b := sitesBinary(t, tf)
 	g := testGroup(t, tf, "add")
 
 	s, site := resolve(t, b, "target a=%di %si:u32 c=+0(%sp):s32")
@@ -321,9 +319,7 @@ func TestRemoveProbe(t *testing.T) {
 
 func TestAddProbeRefused(t *testing.T) {
 	tf := tracefsT(t)
-	path := buildC(t, "sites", builds[0].flags...)
-	cleanPath(t, tf, path)
-	b := openBinary(t, path)
+	path, b := sitesBinary(t, tf)
 	g := testGroup(t, tf, "refused")
 	_, site := resolve(t, b, "sites+5")
 	st, err := os.Stat(path)
@@ -369,9 +365,7 @@ func TestAddProbeRefused(t *testing.T) {
 // ptwrite uprobes lists it as ptw:.
 func TestAddProbePTW(t *testing.T) {
 	tf := tracefsT(t)
-	path := buildC(t, "sites", builds[0].flags...)
-	cleanPath(t, tf, path)
-	b := openBinary(t, path)
+	path, b := sitesBinary(t, tf)
 	g := testGroup(t, tf, "ptw")
 	s, site := resolve(t, b, "target %di %si")
 	err := tf.AddProbe(PTWLine(g, "e", path, site.Offset, s))
@@ -457,9 +451,7 @@ func TestPTWStandInReal(t *testing.T) {
 
 func TestRemoveStale(t *testing.T) {
 	tf := tracefsT(t)
-	path := buildC(t, "sites", builds[0].flags...)
-	cleanPath(t, tf, path)
-	b := openBinary(t, path)
+	path, b := sitesBinary(t, tf)
 
 	// A dead PID: a child that has exited and been reaped.
 	dead := exec.Command("true")
@@ -572,9 +564,7 @@ func TestReadmeMentionsPTW(t *testing.T) {
 // cannot be removed.
 func TestEnable(t *testing.T) {
 	tf := tracefsT(t)
-	path := buildC(t, "sites", builds[0].flags...)
-	cleanPath(t, tf, path)
-	b := openBinary(t, path)
+	path, b := sitesBinary(t, tf)
 	g := testGroup(t, tf, "enable")
 	s, site := resolve(t, b, "sites %di")
 	if err := tf.AddProbe(ClassicLine(g, "on", path, site.Offset, s)); err != nil {
@@ -609,4 +599,13 @@ func TestEnable(t *testing.T) {
 	if err := tf.Enable(g, "on", true); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Enable of a removed probe: %v, want ErrNotExist", err)
 	}
+}
+
+// sitesBinary builds testdata/sites.c, leaves no probe of tf on it when the
+// test ends, and opens it.
+func sitesBinary(t *testing.T, tf *Tracefs) (string, *probes.Binary) {
+	t.Helper()
+	path := buildC(t, "sites", builds[0].flags...)
+	cleanPath(t, tf, path)
+	return path, openBinary(t, path)
 }
