@@ -154,12 +154,14 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		}
 		// 64-bit code takes the length decoder's tables alone (no text,
 		// no allocation, lengths x86asm misreads); 16/32-bit is x86asm's.
-		var in x86insn.Inst
+		var in x86insn.Flow
 		var err error
 		if bits := mode.bits(); bits == 64 {
 			in, err = x86insn.Step(d.buf[:n], pc)
 		} else {
-			in, err = x86insn.DecodeMode(d.buf[:n], pc, bits)
+			var x x86insn.Inst
+			x, err = x86insn.DecodeMode(d.buf[:n], pc, bits)
+			in = x.Flow
 		}
 		if err != nil {
 			berr = ErrBadInsn

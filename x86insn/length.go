@@ -50,6 +50,8 @@ const (
 	opModRMReg              // ModRM whose mod is ignored: always a register (mov cr/dr)
 	opModRMI8               // ModRM and imm8
 	opModRMIz               // ModRM and imm16/32 (66 gives 16)
+	opGroup3I8              // F6: ModRM, with an imm8 for /0 and /1 only
+	opGroup3Iz              // F7: ModRM, with an imm16/32 for /0 and /1 only
 	opI8                    // imm8 or rel8
 	opI16                   // imm16 (ret, lret)
 	opIz                    // imm16/32 (66 gives 16)
@@ -57,8 +59,8 @@ const (
 	opIv                    // imm16/32/64: B8+r mov (REX.W gives 64, else 66 gives 16)
 	opMoffs                 // 8-byte offset, 4 with 67
 	opEnter                 // imm16, imm8
-	opGroup3                // F6/F7: ModRM, with an immediate for /0 and /1 only
-	opPrefix                // a legacy prefix, REX, or an escape to another map
+	opPrefix                // a legacy prefix, REX, REX2, or an escape to another map
+	numKinds
 )
 
 // oneByte is the 1-byte opcode map in 64-bit mode, row by row.
@@ -109,7 +111,7 @@ var oneByte = [256]uint8{
 	opEnter, opNone, opI16, opNone, opNone, opI8, opInvalid, opNone,
 	// D0-DF: shifts, D4 D6 (aam, salc) invalid, D5 REX2 (aad in 32-bit
 	// code), xlat, x87.
-	opModRM, opModRM, opModRM, opModRM, opInvalid, opInvalid, opInvalid, opNone,
+	opModRM, opModRM, opModRM, opModRM, opInvalid, opPrefix, opInvalid, opNone,
 	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
 	// E0-EF: loop*, jrcxz, in/out imm8, call, jmp rel32, EA (far jmp)
 	// invalid, jmp rel8, in/out dx.
@@ -117,7 +119,7 @@ var oneByte = [256]uint8{
 	opRel32, opRel32, opInvalid, opI8, opNone, opNone, opNone, opNone,
 	// F0-FF: lock, int1, rep prefixes, hlt, cmc, group 3, flag ops,
 	// groups 4 and 5.
-	opPrefix, opNone, opPrefix, opPrefix, opNone, opNone, opGroup3, opGroup3,
+	opPrefix, opNone, opPrefix, opPrefix, opNone, opNone, opGroup3I8, opGroup3Iz,
 	opNone, opNone, opNone, opNone, opNone, opNone, opModRM, opModRM,
 }
 
@@ -188,7 +190,35 @@ const (
 	pfxRex              // any REX directly before the opcode
 	pfxLock             // F0
 	pfxRex2             // an APX REX2 (D5) before the opcode
+	pfxSeg              // a segment prefix (it changes no length)
 )
+
+// prefixes tells, per byte, how a legacy prefix or REX changes the prefix
+// flags (flags = flags&^clear | set); set is 0 for every other byte. A REX
+// counts only directly before the opcode: a legacy prefix or another REX
+// after it drops it. Of F2 and F3 the last counts.
+var prefixes = func() (t [256]struct{ clear, set uint16 }) {
+	const rex = pfxRex | pfxRexW | pfxRexB
+	for _, p := range []struct {
+		b          byte
+		clear, set uint16
+	}{
+		{0x66, 0, pfx66}, {0x67, 0, pfx67}, {0xf2, pfxF3, pfxF2}, {0xf3, pfxF2, pfxF3}, {0xf0, 0, pfxLock},
+		{0x26, 0, pfxSeg}, {0x2e, 0, pfxSeg}, {0x36, 0, pfxSeg}, {0x3e, 0, pfxSeg}, {0x64, 0, pfxSeg}, {0x65, 0, pfxSeg},
+	} {
+		t[p.b].clear, t[p.b].set = rex|p.clear, p.set
+	}
+	for b := 0x40; b < 0x50; b++ {
+		t[b].clear, t[b].set = pfxRexW|pfxRexB, pfxRex
+		if b&8 != 0 {
+			t[b].set |= pfxRexW
+		}
+		if b&1 != 0 {
+			t[b].set |= pfxRexB
+		}
+	}
+	return t
+}()
 
 // shape is what the length decoder learns of an instruction: enough for
 // Step to class it without a second decode.
@@ -218,45 +248,28 @@ func Length(code []byte) (int, error) {
 
 // scan decodes the shape of the instruction at the start of code.
 func scan(code []byte) (shape, error) {
-	s := shape{modrm: -1}
-	i := 0
+	var s shape
+	err := s.scan(code)
+	return s, err
+}
+
+// scan decodes the shape of the instruction at the start of code into s.
+// It is Step's hot path: table lookups where a switch would mispredict.
+func (s *shape) scan(code []byte) error {
+	*s = shape{modrm: -1}
 	// Legacy prefixes in any order, then perhaps a REX.
-	for ; ; i++ {
+	for i := 0; ; i++ {
 		if i >= MaxLen {
-			return s, fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
+			return fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
 		}
 		if i >= len(code) {
-			return s, truncated(code)
+			return truncated(code)
 		}
-		b := code[i]
-		switch {
-		case b == 0x66:
-			s.pfx |= pfx66
-		case b == 0x67:
-			s.pfx |= pfx67
-		case b == 0xf2:
-			s.pfx = s.pfx&^pfxF3 | pfxF2 // the last of F2/F3 counts
-		case b == 0xf3:
-			s.pfx = s.pfx&^pfxF2 | pfxF3
-		case b == 0xf0:
-			s.pfx |= pfxLock
-		case b == 0x26 || b == 0x2e || b == 0x36 || b == 0x3e || b == 0x64 || b == 0x65:
-		case b&0xf0 == 0x40:
-			// A REX counts only directly before the opcode: a legacy
-			// prefix or another REX after it drops it.
-			s.pfx = s.pfx&^(pfxRexW|pfxRexB) | pfxRex
-			if b&8 != 0 {
-				s.pfx |= pfxRexW
-			}
-			if b&1 != 0 {
-				s.pfx |= pfxRexB
-			}
-			continue
-		default:
-			err := s.opcode(code, i)
-			return s, err
+		p := prefixes[code[i]]
+		if p.set == 0 {
+			return s.opcode(code, i)
 		}
-		s.pfx &^= pfxRex | pfxRexW | pfxRexB
+		s.pfx = s.pfx&^p.clear | p.set
 	}
 }
 
@@ -268,26 +281,28 @@ func truncated(code []byte) error {
 // opcode decodes from the opcode byte at code[i] on.
 func (s *shape) opcode(code []byte, i int) error {
 	b := code[i]
-	switch b {
-	case 0x0f:
-		return s.escape(code, i+1)
-	case 0xd5:
-		return s.rex2(code, i)
-	case 0xc4, 0xc5:
-		return s.vex(code, i)
-	case 0x62:
-		return s.evex(code, i)
-	case 0x8f:
-		// XOP when the map field is 8 or more; pop r/m (8F /0) has
-		// ModRM.reg 0, which keeps those bits clear.
-		if i+1 < len(code) && code[i+1]&0x1f >= 8 {
-			return s.xop(code, i)
-		}
-		s.op = b
-		return s.operands(code, i+1, opModRM)
-	}
 	s.op = b
-	return s.operands(code, i+1, oneByte[b])
+	kind := oneByte[b]
+	if kind == opPrefix { // the escapes; scan took the prefixes
+		switch b {
+		case 0x0f:
+			return s.escape(code, i+1)
+		case 0xd5:
+			return s.rex2(code, i)
+		case 0xc4, 0xc5:
+			return s.vex(code, i)
+		case 0x62:
+			return s.evex(code, i)
+		case 0x8f:
+			// XOP when the map field is 8 or more; pop r/m (8F /0) has
+			// ModRM.reg 0, which keeps those bits clear.
+			if i+1 < len(code) && code[i+1]&0x1f >= 8 {
+				return s.xop(code, i)
+			}
+			kind = opModRM
+		}
+	}
+	return s.operands(code, i+1, kind)
 }
 
 // escape decodes a legacy 0F-map instruction; code[i] follows the 0F.
@@ -460,53 +475,27 @@ func (s *shape) xop(code []byte, i int) error {
 // operands decodes what follows an opcode of the given kind; code[i] is
 // the byte after the opcode.
 func (s *shape) operands(code []byte, i int, kind uint8) error {
-	switch kind {
-	case opInvalid, opPrefix:
+	if kind == opInvalid || kind == opPrefix {
 		return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
-	case opModRMReg:
-		if i >= len(code) {
-			return truncated(code)
-		}
-		s.modrm, i = i, i+1
-	case opModRM, opModRMI8, opModRMIz, opGroup3:
+	}
+	if m := kindModRM[kind]; m != noModRM {
 		if i >= len(code) {
 			return truncated(code)
 		}
 		s.modrm = i
-		if s.opmap == map1Byte && invalidGroupMember(s.op, code[i]) {
-			return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+		if m == modrmReg {
+			i++
+		} else {
+			if s.opmap == map1Byte && invalidGroupMember(s.op, code[i]) {
+				return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+			}
+			i = modrmEnd(code, i)
 		}
-		i = modrmEnd(code[i], code, i)
 	}
 	s.imm = i
-	switch kind {
-	case opModRMI8, opI8:
-		s.immLen = 1
-	case opI16:
-		s.immLen = 2
-	case opEnter:
-		s.immLen = 3
-	case opIz, opModRMIz:
-		s.immLen = s.sizeZ()
-	case opRel32:
-		s.immLen = 4
-	case opIv:
-		s.immLen = s.sizeZ()
-		if s.pfx&pfxRexW != 0 {
-			s.immLen = 8
-		}
-	case opMoffs:
-		s.immLen = 8
-		if s.pfx&pfx67 != 0 {
-			s.immLen = 4
-		}
-	case opGroup3:
-		if (code[s.modrm]>>3)&7 < 2 { // test r/m, imm
-			s.immLen = 1
-			if s.op == 0xf7 {
-				s.immLen = s.sizeZ()
-			}
-		}
+	s.immLen = int(immLens[kind][immSel(s.pfx)])
+	if (kind == opGroup3I8 || kind == opGroup3Iz) && (code[s.modrm]>>3)&7 >= 2 {
+		s.immLen = 0 // only test r/m, imm (/0, /1) has one
 	}
 	if s.opmap == map1Byte && s.op == 0xc7 && code[s.modrm] == 0xf8 {
 		s.immLen = 4 // xbegin: rel32 (rel16 under 66) as C7 /0's imm
@@ -516,6 +505,69 @@ func (s *shape) operands(code []byte, i int, kind uint8) error {
 	}
 	s.n = i + s.immLen
 	return s.check(code)
+}
+
+// ModRM forms of the operand kinds.
+const (
+	noModRM  = iota
+	modrmMem // ModRM, SIB and displacement by mod and r/m
+	modrmReg // a ModRM whose mod is ignored
+)
+
+// kindModRM is the ModRM form of each operand kind.
+var kindModRM = [numKinds]uint8{
+	opModRM: modrmMem, opModRMI8: modrmMem, opModRMIz: modrmMem, opGroup3I8: modrmMem, opGroup3Iz: modrmMem,
+	opModRMReg: modrmReg,
+}
+
+// immSel indexes immLens by the prefixes that size immediates: 66, 67 and
+// REX.W.
+func immSel(pfx uint16) int {
+	return int(pfx&(pfx66|pfx67) | pfx&pfxRexW>>2)
+}
+
+// immLens is immSize by kind and immSel, so that operands looks the size up
+// instead of branching on the kind.
+var immLens = func() (t [numKinds][8]uint8) {
+	for kind := range t {
+		for sel := range t[kind] {
+			pfx := uint16(sel&(pfx66|pfx67) | sel&4<<2)
+			if immSel(pfx) != sel {
+				panic("x86insn: immSel does not invert")
+			}
+			t[kind][sel] = uint8(immSize(uint8(kind), pfx))
+		}
+	}
+	return t
+}()
+
+// immSize is the size of the immediate (or relative displacement) of an
+// operand kind under the prefix flags pfx; for group 3 that of test r/m,
+// imm.
+func immSize(kind uint8, pfx uint16) int {
+	switch kind {
+	case opModRMI8, opI8, opGroup3I8:
+		return 1
+	case opI16:
+		return 2
+	case opEnter:
+		return 3
+	case opIz, opModRMIz, opGroup3Iz:
+		return sizeZ(pfx)
+	case opRel32:
+		return 4
+	case opIv:
+		if pfx&pfxRexW != 0 {
+			return 8
+		}
+		return sizeZ(pfx)
+	case opMoffs:
+		if pfx&pfx67 != 0 {
+			return 4
+		}
+		return 8
+	}
+	return 0
 }
 
 // invalidGroupMember tells the undefined members of the 1-byte map's
@@ -535,15 +587,15 @@ func invalidGroupMember(op, m byte) bool {
 }
 
 // sizeZ is the size of an imm16/32: 2 under 66 unless REX.W.
-func (s shape) sizeZ() int {
-	if s.pfx&pfx66 != 0 && s.pfx&pfxRexW == 0 {
+func sizeZ(pfx uint16) int {
+	if pfx&pfx66 != 0 && pfx&pfxRexW == 0 {
 		return 2
 	}
 	return 4
 }
 
 // check refuses a shape longer than MaxLen or than code.
-func (s shape) check(code []byte) error {
+func (s *shape) check(code []byte) error {
 	if s.n > MaxLen {
 		return fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
 	}
@@ -553,32 +605,49 @@ func (s shape) check(code []byte) error {
 	return nil
 }
 
-// modrmEnd returns the offset after the ModRM byte m at code[i] and its SIB
-// and displacement. In 64-bit mode 67 selects 32-bit addressing, which
-// has the same forms as 64-bit: it changes no displacement size. The end
-// may lie beyond code: check says so.
-func modrmEnd(m byte, code []byte, i int) int {
+// modrmEnd returns the offset after the ModRM byte at code[i] and its SIB
+// and displacement, from modrmLens. The end may lie beyond code: check says
+// so.
+func modrmEnd(code []byte, i int) int {
+	base5 := 0 // SIB base 5: no base under mod 0 (the table ignores it elsewhere)
+	if i+1 < len(code) && code[i+1]&7 == 5 {
+		base5 = 1
+	}
+	return i + int(modrmLens[base5][code[i]])
+}
+
+// modrmLens is modrmSize by SIB base 5 (0 or 1) and ModRM byte.
+var modrmLens = func() (t [2][256]uint8) {
+	for m := range 256 {
+		t[0][m] = uint8(modrmSize(byte(m), 0))
+		t[1][m] = uint8(modrmSize(byte(m), 5))
+	}
+	return t
+}()
+
+// modrmSize returns the size of the ModRM byte m with its SIB and
+// displacement, given the base field of the SIB byte (when m has one). In
+// 64-bit mode 67 selects 32-bit addressing, which has the same forms as
+// 64-bit: it changes no displacement size.
+func modrmSize(m, sibBase byte) int {
 	mod, rm := m>>6, m&7
-	i++
+	n := 1
 	if mod == 3 {
-		return i
+		return n
 	}
 	if rm == 4 { // SIB
-		if i >= len(code) {
-			return i + 1 // truncated: any end beyond code will do
+		if mod == 0 && sibBase == 5 { // no base: disp32
+			return n + 5
 		}
-		if mod == 0 && code[i]&7 == 5 { // no base: disp32
-			return i + 5
-		}
-		i++
+		n++
 	}
 	switch {
 	case mod == 0 && rm == 5: // RIP-relative disp32
-		return i + 4
+		return n + 4
 	case mod == 1:
-		return i + 1
+		return n + 1
 	case mod == 2:
-		return i + 4
+		return n + 4
 	}
-	return i
+	return n
 }
