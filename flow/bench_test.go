@@ -142,6 +142,11 @@ func BenchmarkFlow(b *testing.B) {
 					b.Fatalf("%d branches, %d errors", c.branches, c.errors)
 				}
 				b.ReportMetric(float64(c.branches), "branches/op")
+				if mode == "cold" {
+					// What a cold pass decodes: each block once.
+					b.ReportMetric(float64(d.cache.n), "blocks/op")
+					b.ReportMetric(float64(d.cache.insns-d.cache.n), "decoded-insns/op")
+				}
 			})
 		}
 	}
