@@ -44,22 +44,25 @@ const (
 
 // Operand kinds after the opcode, one per opcode of a map.
 const (
-	opInvalid  uint8 = iota // undefined or invalid in 64-bit mode
-	opNone                  // no ModRM, no immediate
-	opModRM                 // ModRM (+SIB, displacement)
-	opModRMReg              // ModRM whose mod is ignored: always a register (mov cr/dr)
-	opModRMI8               // ModRM and imm8
-	opModRMIz               // ModRM and imm16/32 (66 gives 16)
-	opGroup3I8              // F6: ModRM, with an imm8 for /0 and /1 only
-	opGroup3Iz              // F7: ModRM, with an imm16/32 for /0 and /1 only
-	opI8                    // imm8 or rel8
-	opI16                   // imm16 (ret, lret)
-	opIz                    // imm16/32 (66 gives 16)
-	opRel32                 // rel32, kept even under 66 (Intel 64; AMD would use rel16)
-	opIv                    // imm16/32/64: B8+r mov (REX.W gives 64, else 66 gives 16)
-	opMoffs                 // 8-byte offset, 4 with 67
-	opEnter                 // imm16, imm8
-	opPrefix                // a legacy prefix, REX, REX2, or an escape to another map
+	opInvalid   uint8 = iota // undefined or invalid in 64-bit mode
+	opNone                   // no ModRM, no immediate
+	opModRM                  // ModRM (+SIB, displacement)
+	opModRMReg               // ModRM whose mod is ignored: always a register (mov cr/dr)
+	opModRMI8                // ModRM and imm8
+	opModRMIz                // ModRM and imm16/32 (66 gives 16)
+	opGroup3I8               // F6: ModRM, with an imm8 for /0 and /1 only
+	opGroup3Iz               // F7: ModRM, with an imm16/32 for /0 and /1 only
+	opI8                     // imm8 or rel8
+	opI16                    // imm16 (ret, lret)
+	opIz                     // imm16/32 (66 gives 16)
+	opRel32                  // rel32, kept even under 66 (Intel 64; AMD would use rel16)
+	opIv                     // imm16/32/64: B8+r mov (REX.W gives 64, else 66 gives 16)
+	opMoffs                  // 8-byte offset, 4 with 67
+	opEnter                  // imm16, imm8
+	opModRMI8I8              // ModRM, imm8, imm8 (extrq, insertq)
+	opModRMI32               // ModRM and imm32 whatever the prefixes (XOP map 10)
+	opImm64                  // imm64 whatever the prefixes (jmpabs)
+	opPrefix                 // a legacy prefix, REX, REX2, or an escape to another map
 	numKinds
 )
 
@@ -254,11 +257,14 @@ func scan(code []byte) (shape, error) {
 }
 
 // scan decodes the shape of the instruction at the start of code into s.
-// It is Step's hot path: table lookups where a switch would mispredict.
+// It is Step's hot path: one function over locals and table lookups where
+// a switch would mispredict; only the escapes (0F, VEX, EVEX, XOP, REX2)
+// call out, to find the opcode and its operand kind.
 func (s *shape) scan(code []byte) error {
-	*s = shape{modrm: -1}
 	// Legacy prefixes in any order, then perhaps a REX.
-	for i := 0; ; i++ {
+	var pfx uint16
+	i := 0
+	for ; ; i++ {
 		if i >= MaxLen {
 			return fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
 		}
@@ -267,10 +273,59 @@ func (s *shape) scan(code []byte) error {
 		}
 		p := prefixes[code[i]]
 		if p.set == 0 {
-			return s.opcode(code, i)
+			break
 		}
-		s.pfx = s.pfx&^p.clear | p.set
+		pfx = pfx&^p.clear | p.set
 	}
+	op := code[i]
+	*s = shape{op: op, pfx: pfx}
+	kind := oneByte[op]
+	i++
+	if kind == opPrefix { // an escape: scan took the prefixes
+		var err error
+		if i, kind, err = s.escape(code, i-1); err != nil {
+			return err
+		}
+		op, pfx = s.op, s.pfx
+	}
+	if kind == opInvalid || kind == opPrefix {
+		return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+	}
+	modrm := -1
+	if m := kindModRM[kind]; m != noModRM {
+		if i >= len(code) {
+			return truncated(code)
+		}
+		modrm = i
+		if m == modrmReg {
+			i++
+		} else {
+			if s.opmap == map1Byte && invalidGroupMember(op, code[i]) {
+				return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+			}
+			i = modrmEnd(code, i)
+		}
+	}
+	immLen := int(immLens[kind][immSel(pfx)])
+	if modrm >= 0 && s.opmap == map1Byte {
+		switch {
+		case (kind == opGroup3I8 || kind == opGroup3Iz) && (code[modrm]>>3)&7 >= 2:
+			immLen = 0 // only test r/m, imm (/0, /1) has one
+		case op == 0xc7 && code[modrm] == 0xf8:
+			immLen = 4 // xbegin: rel32 (rel16 under 66) as C7 /0's imm
+			if pfx&pfx66 != 0 {
+				immLen = 2
+			}
+		}
+	}
+	s.modrm, s.imm, s.immLen, s.n = modrm, i, immLen, i+immLen
+	if s.n > MaxLen {
+		return fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
+	}
+	if s.n > len(code) {
+		return truncated(code)
+	}
+	return nil
 }
 
 // truncated is ErrTruncated with the bytes.
@@ -278,80 +333,72 @@ func truncated(code []byte) error {
 	return fmt.Errorf("%w: % x", ErrTruncated, head(code, MaxLen))
 }
 
-// opcode decodes from the opcode byte at code[i] on.
-func (s *shape) opcode(code []byte, i int) error {
-	b := code[i]
-	s.op = b
-	kind := oneByte[b]
-	if kind == opPrefix { // the escapes; scan took the prefixes
-		switch b {
-		case 0x0f:
-			return s.escape(code, i+1)
-		case 0xd5:
-			return s.rex2(code, i)
-		case 0xc4, 0xc5:
-			return s.vex(code, i)
-		case 0x62:
-			return s.evex(code, i)
-		case 0x8f:
-			// XOP when the map field is 8 or more; pop r/m (8F /0) has
-			// ModRM.reg 0, which keeps those bits clear.
-			if i+1 < len(code) && code[i+1]&0x1f >= 8 {
-				return s.xop(code, i)
-			}
-			kind = opModRM
+// escape finds the opcode behind the escape byte code[i] (0F, D5, C4,
+// C5, 62, or 8F, which is pop r/m unless XOP): it sets s's encoding, map
+// and opcode, and returns the offset after the opcode and its operand
+// kind.
+func (s *shape) escape(code []byte, i int) (int, uint8, error) {
+	switch code[i] {
+	case 0x0f:
+		return s.map0F(code, i+1)
+	case 0xd5:
+		return s.rex2(code, i)
+	case 0xc4, 0xc5:
+		return s.vex(code, i)
+	case 0x62:
+		return s.evex(code, i)
+	case 0x8f:
+		// XOP when the map field is 8 or more; pop r/m (8F /0) has
+		// ModRM.reg 0, which keeps those bits clear.
+		if i+1 < len(code) && code[i+1]&0x1f >= 8 {
+			return s.xop(code, i)
 		}
+		return i + 1, opModRM, nil
 	}
-	return s.operands(code, i+1, kind)
+	return i + 1, opInvalid, nil
 }
 
-// escape decodes a legacy 0F-map instruction; code[i] follows the 0F.
-func (s *shape) escape(code []byte, i int) error {
+// map0F finds a legacy 0F-map (or 0F38, 0F3A, 3DNow!) opcode; code[i]
+// follows the 0F.
+func (s *shape) map0F(code []byte, i int) (int, uint8, error) {
 	if i >= len(code) {
-		return truncated(code)
+		return 0, 0, truncated(code)
 	}
 	b := code[i]
 	switch b {
 	case 0x38, 0x3a:
 		if i+1 >= len(code) {
-			return truncated(code)
+			return 0, 0, truncated(code)
 		}
 		s.opmap, s.op = map0F38, code[i+1]
-		kind := opModRM
 		if b == 0x3a {
-			s.opmap, kind = map0F3A, opModRMI8
+			s.opmap = map0F3A
+			return i + 2, opModRMI8, nil
 		}
-		return s.operands(code, i+2, kind)
+		return i + 2, opModRM, nil
 	case 0x0f:
 		s.opmap, s.op = map3DNow, b
-		return s.operands(code, i+1, opModRMI8)
+		return i + 1, opModRMI8, nil
 	}
 	s.opmap, s.op = map0F, b
-	kind := twoByte[b]
 	if b == 0x78 && s.pfx&(pfx66|pfxF2) != 0 {
 		// extrq/insertq (SSE4a) take imm8, imm8 where vmread takes none.
-		err := s.operands(code, i+1, opModRMI8)
-		if err == nil {
-			s.immLen++
-			s.n++
-			err = s.check(code)
-		}
-		return err
+		return i + 1, opModRMI8I8, nil
 	}
-	return s.operands(code, i+1, kind)
+	return i + 1, twoByte[b], nil
 }
 
-// rex2 decodes an instruction behind APX's REX2 prefix (D5 and a payload
-// whose bit 7 selects the 1-byte or the 0F map; bit 3 is W, bit 0 B3);
-// code[i] is D5. REX2 is undefined with rows 4, 7, A and E of the 1-byte
-// map and rows 3 and 8 of the 0F map, but for A1 with W 0: jmpabs, an
-// absolute jump to its imm64.
-func (s *shape) rex2(code []byte, i int) error {
+// rex2 finds the opcode behind APX's REX2 prefix (D5 and a payload whose
+// bit 7 selects the 1-byte or the 0F map; bit 3 is W, bit 0 B3); code[i]
+// is D5. REX2 is undefined with rows 4, 7, A and E of the 1-byte map and
+// rows 3 and 8 of the 0F map, but for A1 with W 0: jmpabs, an absolute
+// jump to its imm64.
+func (s *shape) rex2(code []byte, i int) (int, uint8, error) {
 	if s.pfx&pfxRex != 0 {
-		return fmt.Errorf("%w: a REX before REX2: % x", ErrInvalid, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: a REX before REX2: % x", ErrInvalid, head(code, MaxLen))
 	}
 	if i+2 >= len(code) {
-		return truncated(code)
+		return 0, 0, truncated(code)
 	}
 	p, b := code[i+1], code[i+2]
 	s.pfx |= pfxRex2
@@ -363,47 +410,46 @@ func (s *shape) rex2(code []byte, i int) error {
 	}
 	if p&0x80 != 0 {
 		if row := b >> 4; row == 3 || row == 8 || b == 0x0f {
-			return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+			return 0, 0, fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
 		}
-		return s.escape(code, i+2)
+		return s.map0F(code, i+2)
 	}
 	s.op = b
 	if b == 0xa1 && p&8 == 0 && s.pfx&(pfx66|pfx67|pfxF2|pfxF3|pfxLock) == 0 {
-		s.imm, s.immLen, s.n = i+3, 8, i+3+8
-		return s.check(code)
+		return i + 3, opImm64, nil
 	}
 	switch row := b >> 4; {
 	case row == 4, row == 7, row == 0xa, row == 0xe, b == 0x0f, b == 0x62, b == 0xc4, b == 0xc5, b == 0xd5:
-		return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
 	case b == 0x8f:
-		return s.operands(code, i+3, opModRM)
+		return i + 3, opModRM, nil
 	}
-	return s.operands(code, i+3, oneByte[b])
+	return i + 3, oneByte[b], nil
 }
 
-// vex decodes a C4/C5 instruction; code[i] is C4 or C5.
-func (s *shape) vex(code []byte, i int) error {
+// vex finds a C4/C5 instruction's opcode; code[i] is C4 or C5.
+func (s *shape) vex(code []byte, i int) (int, uint8, error) {
 	if s.pfx&(pfx66|pfxF2|pfxF3|pfxLock|pfxRex) != 0 {
-		return fmt.Errorf("%w: a legacy prefix or REX before VEX: % x", ErrInvalid, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: a legacy prefix or REX before VEX: % x", ErrInvalid, head(code, MaxLen))
 	}
 	s.enc, s.opmap = vex, map0F
 	j := i + 2 // the opcode after C5 and one payload byte
 	if code[i] == 0xc4 {
 		if i+1 >= len(code) {
-			return truncated(code)
+			return 0, 0, truncated(code)
 		}
 		s.opmap = code[i+1] & 0x1f
 		j = i + 3
 	}
 	if j >= len(code) {
-		return truncated(code)
+		return 0, 0, truncated(code)
 	}
 	s.op = code[j]
 	kind, err := vexKind(s.opmap, s.op)
 	if err != nil {
-		return fmt.Errorf("%w: % x", err, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: % x", err, head(code, MaxLen))
 	}
-	return s.operands(code, j+1, kind)
+	return j + 1, kind, nil
 }
 
 // vexKind is the operand kind of a VEX or EVEX opcode in map m.
@@ -425,86 +471,46 @@ func vexKind(m, op byte) (uint8, error) {
 	return opInvalid, fmt.Errorf("%w: opcode map %d", ErrInvalid, m)
 }
 
-// evex decodes a 62 instruction; code[i] is 62. Payload bit 10, fixed
-// at 1 before APX made it X4, does not change the length: it is not
+// evex finds a 62 instruction's opcode; code[i] is 62. Payload bit 10,
+// fixed at 1 before APX made it X4, does not change the length: it is not
 // checked.
-func (s *shape) evex(code []byte, i int) error {
+func (s *shape) evex(code []byte, i int) (int, uint8, error) {
 	if s.pfx&(pfx66|pfxF2|pfxF3|pfxLock|pfxRex) != 0 {
-		return fmt.Errorf("%w: a legacy prefix or REX before EVEX: % x", ErrInvalid, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: a legacy prefix or REX before EVEX: % x", ErrInvalid, head(code, MaxLen))
 	}
 	if i+4 >= len(code) {
-		return truncated(code)
+		return 0, 0, truncated(code)
 	}
 	s.enc, s.opmap, s.op = evex, code[i+1]&7, code[i+4]
 	if s.opmap == map1Byte || s.opmap == 4 || s.opmap == 7 {
-		return fmt.Errorf("%w: EVEX opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: EVEX opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
 	}
 	kind, err := vexKind(s.opmap, s.op)
 	if err != nil {
-		return fmt.Errorf("%w: % x", err, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: % x", err, head(code, MaxLen))
 	}
 	if kind == opNone { // no vzeroupper in EVEX: every opcode has ModRM
 		kind = opModRM
 	}
-	return s.operands(code, i+5, kind)
+	return i + 5, kind, nil
 }
 
-// xop decodes an 8F instruction whose map is 8 or more; code[i] is 8F.
-func (s *shape) xop(code []byte, i int) error {
+// xop finds an 8F instruction's opcode whose map is 8 or more; code[i]
+// is 8F.
+func (s *shape) xop(code []byte, i int) (int, uint8, error) {
 	if i+3 >= len(code) {
-		return truncated(code)
+		return 0, 0, truncated(code)
 	}
 	s.enc, s.opmap, s.op = xop, code[i+1]&0x1f, code[i+3]
 	switch s.opmap {
 	case 8:
-		return s.operands(code, i+4, opModRMI8)
+		return i + 4, opModRMI8, nil
 	case 9:
-		return s.operands(code, i+4, opModRM)
+		return i + 4, opModRM, nil
 	case 10: // bextr, lwpins, lwpval take an imm32
-		err := s.operands(code, i+4, opModRM)
-		if err == nil {
-			s.imm, s.immLen = s.n, 4
-			s.n += 4
-			err = s.check(code)
-		}
-		return err
+		return i + 4, opModRMI32, nil
 	}
-	return fmt.Errorf("%w: XOP opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
-}
-
-// operands decodes what follows an opcode of the given kind; code[i] is
-// the byte after the opcode.
-func (s *shape) operands(code []byte, i int, kind uint8) error {
-	if kind == opInvalid || kind == opPrefix {
-		return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
-	}
-	if m := kindModRM[kind]; m != noModRM {
-		if i >= len(code) {
-			return truncated(code)
-		}
-		s.modrm = i
-		if m == modrmReg {
-			i++
-		} else {
-			if s.opmap == map1Byte && invalidGroupMember(s.op, code[i]) {
-				return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
-			}
-			i = modrmEnd(code, i)
-		}
-	}
-	s.imm = i
-	s.immLen = int(immLens[kind][immSel(s.pfx)])
-	if (kind == opGroup3I8 || kind == opGroup3Iz) && (code[s.modrm]>>3)&7 >= 2 {
-		s.immLen = 0 // only test r/m, imm (/0, /1) has one
-	}
-	if s.opmap == map1Byte && s.op == 0xc7 && code[s.modrm] == 0xf8 {
-		s.immLen = 4 // xbegin: rel32 (rel16 under 66) as C7 /0's imm
-		if s.pfx&pfx66 != 0 {
-			s.immLen = 2
-		}
-	}
-	s.n = i + s.immLen
-	return s.check(code)
+	return 0, 0, fmt.Errorf("%w: XOP opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
 }
 
 // ModRM forms of the operand kinds.
@@ -517,6 +523,7 @@ const (
 // kindModRM is the ModRM form of each operand kind.
 var kindModRM = [numKinds]uint8{
 	opModRM: modrmMem, opModRMI8: modrmMem, opModRMIz: modrmMem, opGroup3I8: modrmMem, opGroup3Iz: modrmMem,
+	opModRMI8I8: modrmMem, opModRMI32: modrmMem,
 	opModRMReg: modrmReg,
 }
 
@@ -548,14 +555,16 @@ func immSize(kind uint8, pfx uint16) int {
 	switch kind {
 	case opModRMI8, opI8, opGroup3I8:
 		return 1
-	case opI16:
+	case opI16, opModRMI8I8:
 		return 2
 	case opEnter:
 		return 3
 	case opIz, opModRMIz, opGroup3Iz:
 		return sizeZ(pfx)
-	case opRel32:
+	case opRel32, opModRMI32:
 		return 4
+	case opImm64:
+		return 8
 	case opIv:
 		if pfx&pfxRexW != 0 {
 			return 8
@@ -592,17 +601,6 @@ func sizeZ(pfx uint16) int {
 		return 2
 	}
 	return 4
-}
-
-// check refuses a shape longer than MaxLen or than code.
-func (s *shape) check(code []byte) error {
-	if s.n > MaxLen {
-		return fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
-	}
-	if s.n > len(code) {
-		return truncated(code)
-	}
-	return nil
 }
 
 // modrmEnd returns the offset after the ModRM byte at code[i] and its SIB
