@@ -152,6 +152,35 @@ func BenchmarkFlow(b *testing.B) {
 	}
 }
 
+// BenchmarkBlockDecode times the cold path alone: decoding, into an empty
+// block cache each pass, the blocks that a cold pass over mruby decodes;
+// ns/insn is per instruction decoded.
+func BenchmarkBlockDecode(b *testing.B) {
+	bt := loadBench(b, "mruby")
+	d := New(bt.space, Options{NoInsns: true})
+	var c counter
+	d.Decode(bt.trace, &c)
+	var starts []slot
+	for _, s := range d.cache.slots {
+		if s.b != nil {
+			starts = append(starts, s)
+		}
+	}
+	insns := d.cache.insns - d.cache.n
+	b.ReportAllocs()
+	for b.Loop() {
+		d.cache = blockCache{}
+		d.cache.init()
+		for _, s := range starts {
+			d.block(s.ip, s.mode)
+		}
+	}
+	if d.cache.insns-d.cache.n != insns {
+		b.Fatalf("decoded %d instructions, the pass %d", d.cache.insns-d.cache.n, insns)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*insns), "ns/insn")
+}
+
 // BenchmarkLibiptBlock times libipt's block decoder (a fresh decoder each
 // pass, with ptxed's image section cache) on the same traces and memory.
 func BenchmarkLibiptBlock(b *testing.B) {

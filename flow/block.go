@@ -135,6 +135,15 @@ func (c *blockCache) alloc(insns []insn, err error) *block {
 	return b
 }
 
+// viewAt returns the Viewer's bytes at pc; none and no error without a
+// Viewer.
+func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
+	if d.view == nil {
+		return nil, nil
+	}
+	return d.view.View(pc)
+}
+
 // block returns the block at ip in mode, decoding it on a miss.
 func (d *Decoder) block(ip uint64, mode Mode) *block {
 	if b := d.cache.lookup(ip, mode); b != nil {
@@ -145,22 +154,38 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 	}
 	ins := d.cache.tmp[:0]
 	var berr error
+	// view is the Viewer's bytes from vpc on; an instruction within
+	// MaxLen of its end is read through ReadAt, which goes on into an
+	// adjacent mapping.
+	var view []byte
+	var vpc uint64
 	pc := ip
 	for len(ins) < maxBlock {
-		n, _ := d.mem.ReadAt(d.buf[:], pc)
-		if n <= 0 {
+		var code []byte
+		if off := pc - vpc; off < uint64(len(view)) && uint64(len(view))-off >= x86insn.MaxLen {
+			code = view[off : off+x86insn.MaxLen]
+		} else if v, err := d.viewAt(pc); len(v) >= x86insn.MaxLen {
+			view, vpc, code = v, pc, v[:x86insn.MaxLen]
+		} else if err != nil { // no byte known at pc
 			berr = ErrNoMap
 			break
+		} else {
+			n, _ := d.mem.ReadAt(d.buf[:], pc)
+			if n <= 0 {
+				berr = ErrNoMap
+				break
+			}
+			code = d.buf[:n]
 		}
 		// 64-bit code takes the length decoder's tables alone (no text,
 		// no allocation, lengths x86asm misreads); 16/32-bit is x86asm's.
 		var in x86insn.Flow
 		var err error
 		if bits := mode.bits(); bits == 64 {
-			in, err = x86insn.Step(d.buf[:n], pc)
+			in, err = x86insn.Step(code, pc)
 		} else {
 			var x x86insn.Inst
-			x, err = x86insn.DecodeMode(d.buf[:n], pc, bits)
+			x, err = x86insn.DecodeMode(code, pc, bits)
 			in = x.Flow
 		}
 		if err != nil {
