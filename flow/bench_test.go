@@ -168,6 +168,7 @@ func BenchmarkBlockDecode(b *testing.B) {
 	}
 	insns := d.cache.insns - d.cache.n
 	b.ReportAllocs()
+	cpu0 := cpuTime()
 	for b.Loop() {
 		d.cache = blockCache{}
 		d.cache.init()
@@ -179,6 +180,7 @@ func BenchmarkBlockDecode(b *testing.B) {
 		b.Fatalf("decoded %d instructions, the pass %d", d.cache.insns-d.cache.n, insns)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*insns), "ns/insn")
+	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N*insns), "cpu-ns/insn")
 }
 
 // BenchmarkLibiptBlock times libipt's block decoder (a fresh decoder each
