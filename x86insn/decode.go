@@ -72,7 +72,7 @@ func Decode(code []byte, pc uint64) (Inst, error) {
 		in.Target = pc + uint64(x.Len) + uint64(int64(rel))
 	}
 	in.Class = classify(x.Op, in.RelWidth != 0)
-	if c := s.class(code); c == MovCR3 {
+	if c := s.class; c == MovCR3 {
 		// x86asm's op is a plain MOV.
 		in.Class = c
 	}
@@ -135,7 +135,7 @@ func decodeSpecial(code []byte, pc uint64, s shape) (Inst, bool) {
 		}
 		return Inst{Text: name, Flow: Flow{Len: 4}}, true
 	}
-	if s.class(code) != PTWrite {
+	if s.class != PTWrite {
 		return Inst{}, false
 	}
 	return decodePTWrite(code, pc, s), true

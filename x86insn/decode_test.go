@@ -193,7 +193,7 @@ func checkAgainstX86asm(t *testing.T, code []byte, pc uint64) (in Inst, ok, misr
 		t.Fatalf("% x: Decode %+v, Step %+v, Length %d", head(code, MaxLen), in, st, n)
 	}
 	s, _ := scan(code)
-	if s.class(code) == PTWrite || in.Text == "endbr64" || in.Text == "endbr32" {
+	if s.class == PTWrite || in.Text == "endbr64" || in.Text == "endbr32" {
 		return in, true, false
 	}
 	x, xerr := x86asm.Decode(code, 64)

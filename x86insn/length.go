@@ -234,6 +234,8 @@ type shape struct {
 	imm    int      // offset of the immediate or relative displacement
 	immLen int      // its size
 	pfx    uint16   // prefix flags
+	class  Class    // how it moves the program counter
+	rel    bool     // it has a relative target: a relative branch or xbegin
 }
 
 // Length returns the length of the 64-bit instruction at the start of code,
@@ -278,15 +280,16 @@ func (s *shape) scan(code []byte) error {
 		pfx = pfx&^p.clear | p.set
 	}
 	op := code[i]
-	*s = shape{op: op, pfx: pfx}
+	enc, opmap := legacy, uint8(map1Byte)
 	kind := oneByte[op]
 	i++
 	if kind == opPrefix { // an escape: scan took the prefixes
+		s.enc, s.opmap, s.op, s.pfx = enc, opmap, op, pfx
 		var err error
 		if i, kind, err = s.escape(code, i-1); err != nil {
 			return err
 		}
-		op, pfx = s.op, s.pfx
+		enc, opmap, op, pfx = s.enc, s.opmap, s.op, s.pfx
 	}
 	if kind == opInvalid || kind == opPrefix {
 		return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
@@ -300,31 +303,46 @@ func (s *shape) scan(code []byte) error {
 		if m == modrmReg {
 			i++
 		} else {
-			if s.opmap == map1Byte && invalidGroupMember(op, code[i]) {
+			if opmap == map1Byte && invalidGroupMember(op, code[i]) {
 				return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
 			}
 			i = modrmEnd(code, i)
 		}
 	}
 	immLen := int(immLens[kind][immSel(pfx)])
-	if modrm >= 0 && s.opmap == map1Byte {
+	xbegin := false
+	if modrm >= 0 && opmap == map1Byte {
 		switch {
 		case (kind == opGroup3I8 || kind == opGroup3Iz) && (code[modrm]>>3)&7 >= 2:
 			immLen = 0 // only test r/m, imm (/0, /1) has one
 		case op == 0xc7 && code[modrm] == 0xf8:
-			immLen = 4 // xbegin: rel32 (rel16 under 66) as C7 /0's imm
+			// xbegin: rel32 (rel16 under 66) as C7 /0's imm; not a
+			// branch (an abort reaches its target), but relative.
+			xbegin, immLen = true, 4
 			if pfx&pfx66 != 0 {
 				immLen = 2
 			}
 		}
 	}
-	s.modrm, s.imm, s.immLen, s.n = modrm, i, immLen, i+immLen
-	if s.n > MaxLen {
+	n := i + immLen
+	if n > MaxLen {
 		return fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
 	}
-	if s.n > len(code) {
+	if n > len(code) {
 		return truncated(code)
 	}
+	// VEX, EVEX and XOP encode no control transfer, nor do the legacy
+	// maps but 1-byte and 0F.
+	class := NotBranch
+	if enc == legacy && opmap <= map0F {
+		class = classes[opmap][op]
+	}
+	*s = shape{n: n, enc: enc, opmap: opmap, op: op, modrm: modrm, imm: i, immLen: immLen, pfx: pfx, class: class}
+	if class == byOperand {
+		s.class = s.operandClass(code)
+	}
+	// CondJump, Jump and Call are the relative branches.
+	s.rel = xbegin || s.class >= CondJump && s.class <= Call
 	return nil
 }
 

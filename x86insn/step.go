@@ -16,9 +16,8 @@ func Step(code []byte, pc uint64) (Flow, error) {
 // flow builds the Flow of a scanned instruction at pc: class, and the
 // target of a relative branch.
 func (s *shape) flow(code []byte, pc uint64) Flow {
-	in := Flow{Len: s.n, Class: s.class(code)}
-	// CondJump, Jump and Call are the relative branches.
-	if in.Class >= CondJump && in.Class <= Call || s.isXbegin(code) {
+	in := Flow{Len: s.n, Class: s.class}
+	if s.rel {
 		in.RelWidth = s.immLen
 		var rel int64
 		switch s.immLen {
@@ -33,12 +32,6 @@ func (s *shape) flow(code []byte, pc uint64) Flow {
 		in.Target = pc + uint64(s.n) + uint64(rel)
 	}
 	return in
-}
-
-// isXbegin tells xbegin (C7 F8 rel32), which is not a branch (its target
-// is reached only by an abort) but has a relative target.
-func (s *shape) isXbegin(code []byte) bool {
-	return s.enc == legacy && s.opmap == map1Byte && s.op == 0xc7 && code[s.modrm] == 0xf8
 }
 
 // byOperand marks the opcodes of classes whose class depends on their
@@ -71,18 +64,6 @@ var classes = func() (t [map0F + 1][256]Class) {
 	t[map0F][0x01], t[map0F][0x22], t[map0F][0xae] = byOperand, byOperand, byOperand
 	return t
 }()
-
-// class classes a scanned instruction. VEX, EVEX and XOP encode no
-// control transfer.
-func (s *shape) class(code []byte) Class {
-	if s.enc != legacy || s.opmap > map0F {
-		return NotBranch
-	}
-	if c := classes[s.opmap][s.op]; c != byOperand {
-		return c
-	}
-	return s.operandClass(code)
-}
 
 // operandClass classes the opcodes that classes marks byOperand.
 func (s *shape) operandClass(code []byte) Class {
