@@ -268,7 +268,7 @@ func (s *shape) scan(code []byte) error {
 	i := 0
 	for ; ; i++ {
 		if i >= MaxLen {
-			return fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
+			return badBytes(ErrTooLong, code)
 		}
 		if i >= len(code) {
 			return truncated(code)
@@ -292,7 +292,7 @@ func (s *shape) scan(code []byte) error {
 		enc, opmap, op, pfx = s.enc, s.opmap, s.op, s.pfx
 	}
 	if kind == opInvalid || kind == opPrefix {
-		return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+		return badBytes(ErrInvalid, code)
 	}
 	modrm := -1
 	if m := kindModRM[kind]; m != noModRM {
@@ -304,7 +304,7 @@ func (s *shape) scan(code []byte) error {
 			i++
 		} else {
 			if opmap == map1Byte && invalidGroupMember(op, code[i]) {
-				return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+				return badBytes(ErrInvalid, code)
 			}
 			i = modrmEnd(code, i)
 		}
@@ -326,7 +326,7 @@ func (s *shape) scan(code []byte) error {
 	}
 	n := i + immLen
 	if n > MaxLen {
-		return fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
+		return badBytes(ErrTooLong, code)
 	}
 	if n > len(code) {
 		return truncated(code)
@@ -337,18 +337,26 @@ func (s *shape) scan(code []byte) error {
 	if enc == legacy && opmap <= map0F {
 		class = classes[opmap][op]
 	}
-	*s = shape{n: n, enc: enc, opmap: opmap, op: op, modrm: modrm, imm: i, immLen: immLen, pfx: pfx, class: class}
+	// Field by field: a composite literal is built aside and copied.
+	s.n, s.enc, s.opmap, s.op, s.modrm, s.imm, s.immLen, s.pfx = n, enc, opmap, op, modrm, i, immLen, pfx
 	if class == byOperand {
-		s.class = s.operandClass(code)
+		class = s.operandClass(code)
 	}
+	s.class = class
 	// CondJump, Jump and Call are the relative branches.
-	s.rel = xbegin || s.class >= CondJump && s.class <= Call
+	s.rel = xbegin || class >= CondJump && class <= Call
 	return nil
 }
 
 // truncated is ErrTruncated with the bytes.
-func truncated(code []byte) error {
-	return fmt.Errorf("%w: % x", ErrTruncated, head(code, MaxLen))
+func truncated(code []byte) error { return badBytes(ErrTruncated, code) }
+
+// badBytes is err with the bytes. Kept out of line, the formatting costs
+// scan's hot path no stack or registers.
+//
+//go:noinline
+func badBytes(err error, code []byte) error {
+	return fmt.Errorf("%w: % x", err, head(code, MaxLen))
 }
 
 // escape finds the opcode behind the escape byte code[i] (0F, D5, C4,
@@ -428,7 +436,7 @@ func (s *shape) rex2(code []byte, i int) (int, uint8, error) {
 	}
 	if p&0x80 != 0 {
 		if row := b >> 4; row == 3 || row == 8 || b == 0x0f {
-			return 0, 0, fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+			return 0, 0, badBytes(ErrInvalid, code)
 		}
 		return s.map0F(code, i+2)
 	}
@@ -438,7 +446,7 @@ func (s *shape) rex2(code []byte, i int) (int, uint8, error) {
 	}
 	switch row := b >> 4; {
 	case row == 4, row == 7, row == 0xa, row == 0xe, b == 0x0f, b == 0x62, b == 0xc4, b == 0xc5, b == 0xd5:
-		return 0, 0, fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+		return 0, 0, badBytes(ErrInvalid, code)
 	case b == 0x8f:
 		return i + 3, opModRM, nil
 	}
