@@ -142,7 +142,9 @@ func (c *blockCache) alloc(n int, err error) *block {
 	}
 	b := &c.blocks[0]
 	c.blocks = c.blocks[1:]
-	*b = block{insns: c.code[:n:n], err: err}
+	// Field by field into the zeroed slab: a whole block written at
+	// once is copied with a bulk write barrier while the GC marks.
+	b.insns, b.err = c.code[:n:n], err
 	c.code = c.code[n:]
 	return b
 }
