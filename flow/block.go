@@ -170,6 +170,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 	ins := c.room()
 	var berr error
 	pc := ip
+	bits := mode.bits()
 	for len(ins) < maxBlock {
 		// The instruction's bytes: in place in the Viewer's bytes, but
 		// within MaxLen of their end, where ReadAt goes on into an
@@ -194,7 +195,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		// no allocation, lengths x86asm misreads); 16/32-bit is x86asm's.
 		var in x86insn.Flow
 		var err error
-		if bits := mode.bits(); bits == 64 {
+		if bits == 64 {
 			in, err = x86insn.Step(code, pc)
 		} else {
 			var x x86insn.Inst
