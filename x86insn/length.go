@@ -265,21 +265,22 @@ func scan(code []byte) (shape, error) {
 func (s *shape) scan(code []byte) error {
 	// Legacy prefixes in any order, then perhaps a REX.
 	var pfx uint16
+	var op byte
 	i := 0
-	for ; ; i++ {
-		if i >= MaxLen {
-			return badBytes(ErrTooLong, code)
-		}
+	for {
 		if i >= len(code) {
 			return truncated(code)
 		}
-		p := prefixes[code[i]]
+		op = code[i]
+		p := prefixes[op]
 		if p.set == 0 {
 			break
 		}
 		pfx = pfx&^p.clear | p.set
+		if i++; i >= MaxLen {
+			return badBytes(ErrTooLong, code)
+		}
 	}
-	op := code[i]
 	enc, opmap := legacy, uint8(map1Byte)
 	kind := oneByte[op]
 	i++
