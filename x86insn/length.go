@@ -244,8 +244,8 @@ type shape struct {
 // memory is allowed): only what decides the length, and the opcodes and
 // prefixes that are undefined or invalid in 64-bit mode.
 func Length(code []byte) (int, error) {
-	s, err := scan(code)
-	if err != nil {
+	var s shape
+	if err := s.scan(code); err != nil {
 		return 0, err
 	}
 	return s.n, nil
