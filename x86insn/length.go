@@ -223,8 +223,8 @@ var prefixes = func() (t [256]struct{ clear, set uint16 }) {
 	return t
 }()
 
-// shape is what the length decoder learns of an instruction: enough for
-// Step to class it without a second decode.
+// shape is what the length decoder learns of an instruction, its class
+// included: Step needs no second decode.
 type shape struct {
 	n      int      // length
 	enc    encoding // how the opcode is encoded
