@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -92,17 +91,6 @@ func libiptBlk(t testing.TB, bt benchTrace) func() (insns, errors int, cpu time.
 	}
 }
 
-// cpuTime is the CPU time the process used so far: on a machine shared
-// with other work it measures the decoder, where wall time measures the
-// load too.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // reportCPU reports the throughput of b.N passes over size bytes in cpu.
 func reportCPU(b *testing.B, size int, cpu time.Duration) {
 	if cpu > 0 {
@@ -128,7 +116,7 @@ func BenchmarkFlow(b *testing.B) {
 				b.SetBytes(int64(len(bt.trace)))
 				b.ReportAllocs()
 				b.ResetTimer()
-				cpu0 := cpuTime()
+				cpu0 := testkit.CPUTime()
 				for i := 0; i < b.N; i++ {
 					if mode == "cold" {
 						d = New(bt.space, opts)
@@ -137,14 +125,50 @@ func BenchmarkFlow(b *testing.B) {
 					d.Decode(bt.trace, &c)
 				}
 				b.StopTimer()
-				reportCPU(b, len(bt.trace), cpuTime()-cpu0)
+				reportCPU(b, len(bt.trace), testkit.CPUTime()-cpu0)
 				if c.errors != 0 || c.branches == 0 {
 					b.Fatalf("%d branches, %d errors", c.branches, c.errors)
 				}
 				b.ReportMetric(float64(c.branches), "branches/op")
+				if mode == "cold" {
+					// What a cold pass decodes: each block once.
+					b.ReportMetric(float64(d.cache.n), "blocks/op")
+					b.ReportMetric(float64(d.cache.insns-d.cache.n), "decoded-insns/op")
+				}
 			})
 		}
 	}
+}
+
+// BenchmarkBlockDecode times the cold path alone: decoding, into an empty
+// block cache each pass, the blocks that a cold pass over mruby decodes;
+// ns/insn is per instruction decoded.
+func BenchmarkBlockDecode(b *testing.B) {
+	bt := loadBench(b, "mruby")
+	d := New(bt.space, Options{NoInsns: true})
+	var c counter
+	d.Decode(bt.trace, &c)
+	var starts []slot
+	for _, s := range d.cache.slots {
+		if s.b != nil {
+			starts = append(starts, s)
+		}
+	}
+	insns := d.cache.insns - d.cache.n
+	b.ReportAllocs()
+	cpu0 := testkit.CPUTime()
+	for b.Loop() {
+		d.cache = blockCache{}
+		d.cache.init()
+		for _, s := range starts {
+			d.block(s.ip, s.mode)
+		}
+	}
+	if d.cache.insns-d.cache.n != insns {
+		b.Fatalf("decoded %d instructions, the pass %d", d.cache.insns-d.cache.n, insns)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*insns), "ns/insn")
+	b.ReportMetric(float64((testkit.CPUTime()-cpu0).Nanoseconds())/float64(b.N*insns), "cpu-ns/insn")
 }
 
 // BenchmarkLibiptBlock times libipt's block decoder (a fresh decoder each

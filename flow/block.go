@@ -43,7 +43,12 @@ type blockCache struct {
 
 	blocks []block // slab the next blocks are taken from
 	code   []insn  // slab the next blocks' instructions are taken from
-	tmp    [maxBlock]insn
+
+	// view is the Memory's bytes from vpc on (Viewer), kept from block
+	// to block: the next block is often in the same mapping. It is
+	// dropped with the blocks, when the memory changes.
+	view []byte
+	vpc  uint64
 }
 
 type slot struct {
@@ -76,6 +81,7 @@ func (c *blockCache) drop() {
 	clear(c.slots)
 	c.n, c.insns = 0, 0
 	c.blocks, c.code = nil, nil
+	c.view = nil
 }
 
 func (c *blockCache) hash(ip uint64, mode Mode) uint64 {
@@ -119,20 +125,37 @@ func (c *blockCache) put(s slot) {
 	c.slots[i] = s
 }
 
-// alloc returns a block holding a copy of insns, from the slabs.
-func (c *blockCache) alloc(insns []insn, err error) *block {
+// room returns the free part of the instruction slab, at least maxBlock
+// long and empty: block decodes into it, alloc takes what it used.
+func (c *blockCache) room() []insn {
+	if len(c.code) < maxBlock {
+		c.code = make([]insn, insnSlab)
+	}
+	return c.code[:0:maxBlock]
+}
+
+// alloc returns a block, from the slab, of the first n instructions of
+// room.
+func (c *blockCache) alloc(n int, err error) *block {
 	if len(c.blocks) == 0 {
 		c.blocks = make([]block, blockSlab)
 	}
-	if len(c.code) < len(insns) {
-		c.code = make([]insn, insnSlab)
-	}
 	b := &c.blocks[0]
 	c.blocks = c.blocks[1:]
-	n := copy(c.code, insns)
-	*b = block{insns: c.code[:n:n], err: err}
+	// Field by field into the zeroed slab: a whole block written at
+	// once is copied with a bulk write barrier while the GC marks.
+	b.insns, b.err = c.code[:n:n], err
 	c.code = c.code[n:]
 	return b
+}
+
+// viewAt returns the Viewer's bytes at pc; none and no error without a
+// Viewer.
+func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
+	if d.view == nil {
+		return nil, nil
+	}
+	return d.view.View(pc)
 }
 
 // block returns the block at ip in mode, decoding it on a miss.
@@ -143,23 +166,41 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 	if d.cache.insns >= maxCached {
 		d.cache.drop()
 	}
-	ins := d.cache.tmp[:0]
+	c := &d.cache
+	ins := c.room()
 	var berr error
 	pc := ip
+	bits := mode.bits()
 	for len(ins) < maxBlock {
-		n, _ := d.mem.ReadAt(d.buf[:], pc)
-		if n <= 0 {
+		// The instruction's bytes: in place in the Viewer's bytes, but
+		// within MaxLen of their end, where ReadAt goes on into an
+		// adjacent mapping.
+		var code []byte
+		if off := pc - c.vpc; off < uint64(len(c.view)) && uint64(len(c.view))-off >= x86insn.MaxLen {
+			code = c.view[off : off+x86insn.MaxLen]
+		} else if v, err := d.viewAt(pc); len(v) >= x86insn.MaxLen {
+			c.view, c.vpc, code = v, pc, v[:x86insn.MaxLen]
+		} else if err != nil { // no byte known at pc
 			berr = ErrNoMap
 			break
+		} else {
+			n, _ := d.mem.ReadAt(d.buf[:], pc)
+			if n <= 0 {
+				berr = ErrNoMap
+				break
+			}
+			code = d.buf[:n]
 		}
 		// 64-bit code takes the length decoder's tables alone (no text,
 		// no allocation, lengths x86asm misreads); 16/32-bit is x86asm's.
-		var in x86insn.Inst
+		var in x86insn.Flow
 		var err error
-		if bits := mode.bits(); bits == 64 {
-			in, err = x86insn.Step(d.buf[:n], pc)
+		if bits == 64 {
+			in, err = x86insn.Step(code, pc)
 		} else {
-			in, err = x86insn.DecodeMode(d.buf[:n], pc, bits)
+			var x x86insn.Inst
+			x, err = x86insn.DecodeMode(code, pc, bits)
+			in = x.Flow
 		}
 		if err != nil {
 			berr = ErrBadInsn
@@ -171,7 +212,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		}
 		pc += uint64(in.Len)
 	}
-	b := d.cache.alloc(ins, berr)
-	d.cache.insert(ip, mode, b)
+	b := c.alloc(len(ins), berr)
+	c.insert(ip, mode, b)
 	return b
 }

@@ -64,6 +64,7 @@ const retStackSize = 64
 type Decoder struct {
 	mem  Memory
 	gen  Generationer
+	view Viewer // mem's, when it has one
 	opts Options
 	h    Handler
 	pd   decode.PacketDecoder
@@ -149,6 +150,7 @@ func New(mem Memory, opts Options) *Decoder {
 		d.clock = decode.NewClock(*opts.Time)
 	}
 	d.gen, _ = mem.(Generationer)
+	d.view, _ = mem.(Viewer)
 	if d.opts.MaxInsns <= 0 {
 		d.opts.MaxInsns = 1 << 20
 	}

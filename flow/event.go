@@ -14,6 +14,15 @@ type Memory interface {
 	ReadAt(dst []byte, addr uint64) (int, error)
 }
 
+// Viewer is an optional interface of a Memory that shows its bytes in
+// place (images.Space): View returns the known bytes from addr on without
+// copying, perhaps fewer than ReadAt reads (it may stop at a mapping's
+// end, where ReadAt goes on into the next); the decoder steps through them
+// and reads with ReadAt only near their end.
+type Viewer interface {
+	View(addr uint64) ([]byte, error)
+}
+
 // Generationer is an optional interface of a Memory whose contents change
 // (code loaded or unloaded): the block cache is dropped when the generation
 // changes.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"ptfs/decode/ptenc"
+	"ptfs/images"
 	"ptfs/internal/testkit"
 )
 
@@ -220,7 +221,46 @@ func FuzzDecode(f *testing.F) {
 		if c.Insns > uint64(len(trace)+1)*(1<<12)*64 {
 			t.Fatalf("%d instructions for %d bytes of trace: unbounded", c.Insns, len(trace))
 		}
+		// The same flow over an images.Space of the same bytes cut in
+		// two adjacent mappings: the decoder steps through View's bytes
+		// in place and reads across the cut with ReadAt.
+		s := images.NewSpace()
+		half := len(code) / 2
+		for _, part := range [][2]int{{0, half}, {half, len(code)}} {
+			if part[0] < part[1] && s.Map(base+uint64(part[0]), uint64(part[1]-part[0]), images.NewBlob(code[part[0]:part[1]]), 0, "part") != nil {
+				return // wraps the address space
+			}
+		}
+		opts := Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1, Stubs: stubs}
+		var viewed, read digest
+		New(s, opts).Decode(trace, &viewed)
+		New(&blob{base: base, code: code}, opts).Decode(trace, &read)
+		if viewed != read {
+			t.Fatalf("flow through View %+v, through ReadAt %+v", viewed, read)
+		}
 	})
+}
+
+// digest is a Handler that folds the flow into a hash and counts.
+type digest struct{ hash, insns, branches, events uint64 }
+
+func (h *digest) mix(v uint64) { h.hash = (h.hash ^ v) * 0x100000001b3 }
+func (h *digest) Insn(in *Insn) {
+	h.insns++
+	h.mix(in.IP)
+	h.mix(uint64(in.Len)<<8 | uint64(in.Class))
+}
+func (h *digest) Branch(from, to uint64, kind BranchKind) {
+	h.branches++
+	h.mix(from)
+	h.mix(to)
+	h.mix(uint64(kind))
+}
+func (h *digest) Event(e *Event) {
+	h.events++
+	h.mix(uint64(e.Kind))
+	h.mix(e.IP)
+	h.mix(e.Offset)
 }
 
 // fuzzSeeds adds the flow fuzz targets' seeds (trace, code, base): a small

@@ -1,8 +1,12 @@
 package flow
 
 import (
+	"errors"
 	"runtime"
+	"slices"
 	"testing"
+
+	"ptfs/images"
 )
 
 // TestBoundedMemory streams the mruby trace through one decoder again and
@@ -76,5 +80,50 @@ func TestBlockCacheBound(t *testing.T) {
 	}
 	if len(d.cache.slots) > 4*maxCached {
 		t.Errorf("cache table grew to %d slots", len(d.cache.slots))
+	}
+}
+
+// TestBlockView decodes blocks through images.Space, whose View the decoder
+// steps through in place, and through the same bytes behind ReadAt alone:
+// the blocks are the same, also where instructions straddle adjacent
+// mappings of different sources and where the code runs into a gap.
+func TestBlockView(t *testing.T) {
+	// movabs (10 bytes), a 5-byte nop and a 15-byte one in turns, a ret at
+	// the end.
+	var code []byte
+	for len(code) < 3*4096 {
+		code = append(code, 0x48, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8)
+		code = append(code, 0x0f, 0x1f, 0x44, 0x00, 0x00)
+		code = append(code, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0)
+	}
+	code = append(code, 0xc3)
+	const base = 0x400000
+	s := images.NewSpace()
+	// Three adjacent mappings, each of its own copy, cut inside
+	// instructions, then a gap: the last mapping ends inside one.
+	cuts := []int{0, 4093, 4101, 9000}
+	for i := 0; i+1 < len(cuts); i++ {
+		src := images.NewBlob(slices.Clone(code[cuts[i]:cuts[i+1]]))
+		if err := s.Map(base+uint64(cuts[i]), uint64(cuts[i+1]-cuts[i]), src, 0, "part"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	viewed := New(s, Options{})
+	read := New(&blob{base: base, code: code[:cuts[len(cuts)-1]]}, Options{})
+	if viewed.view == nil || read.view != nil {
+		t.Fatal("a Space must be a Viewer, blob must not")
+	}
+	gaps := 0
+	for ip := uint64(base); ip < base+uint64(cuts[len(cuts)-1]); ip++ {
+		v, r := viewed.block(ip, Mode64), read.block(ip, Mode64)
+		if !slices.Equal(v.insns, r.insns) || !errors.Is(v.err, r.err) || !errors.Is(r.err, v.err) {
+			t.Fatalf("block at 0x%x: through View %v %v, through ReadAt %v %v", ip, v.insns, v.err, r.insns, r.err)
+		}
+		if errors.Is(v.err, ErrNoMap) {
+			gaps++
+		}
+	}
+	if gaps == 0 {
+		t.Error("no block ran into the gap")
 	}
 }

@@ -160,27 +160,47 @@ func (s *Space) find(addr uint64) int {
 // It fails only when no byte is known at addr: ErrNotMapped or ErrNoBytes.
 // It does not allocate, but on error.
 func (s *Space) ReadAt(dst []byte, addr uint64) (int, error) {
-	i := s.find(addr)
-	if i < 0 {
-		return 0, fmt.Errorf("%w: 0x%x", ErrNotMapped, addr)
+	i, v, err := s.view(addr)
+	if err != nil {
+		return 0, err
 	}
-	n := 0
-	for {
-		m := &s.maps[i]
-		if rel := addr - m.Start; rel < uint64(len(m.data)) {
-			c := copy(dst[n:], m.data[rel:])
-			n += c
-			addr += uint64(c)
-		}
-		if n == len(dst) || addr != m.End || i+1 == len(s.maps) || s.maps[i+1].Start != addr {
+	n := copy(dst, v)
+	addr += uint64(n)
+	for n < len(dst) && addr == s.maps[i].End && i+1 < len(s.maps) && s.maps[i+1].Start == addr {
+		i++
+		c := copy(dst[n:], s.maps[i].data)
+		if c == 0 {
 			break
 		}
-		i++
-	}
-	if n == 0 && len(dst) > 0 {
-		return 0, fmt.Errorf("%w: 0x%x (in %s)", ErrNoBytes, addr, s.maps[i].Name)
+		n += c
+		addr += uint64(c)
 	}
 	return n, nil
+}
+
+// View returns the known bytes from addr on without copying them: the rest
+// of the mapping that holds addr. It stops at the mapping's end, where an
+// adjacent mapping's bytes lie elsewhere in memory: ReadAt reads across.
+// The caller must not change the bytes. It fails as ReadAt does, and does
+// not allocate but on error.
+func (s *Space) View(addr uint64) ([]byte, error) {
+	_, v, err := s.view(addr)
+	return v, err
+}
+
+// view returns the index of the mapping that holds addr and its known
+// bytes from addr on (at least one).
+func (s *Space) view(addr uint64) (int, []byte, error) {
+	i := s.find(addr)
+	if i < 0 {
+		return 0, nil, fmt.Errorf("%w: 0x%x", ErrNotMapped, addr)
+	}
+	m := &s.maps[i]
+	rel := addr - m.Start
+	if rel >= uint64(len(m.data)) {
+		return 0, nil, fmt.Errorf("%w: 0x%x (in %s)", ErrNoBytes, addr, m.Name)
+	}
+	return i, m.data[rel:len(m.data):len(m.data)], nil
 }
 
 // Lookup returns the mapping holding addr.

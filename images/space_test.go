@@ -110,19 +110,20 @@ func TestReadAt(t *testing.T) {
 		addr uint64
 		size int
 		want []byte
+		view int // View's length: to the end of the mapping's bytes
 		err  error
 	}{
-		{"inside", 0x1010, 4, []byte{0x20, 0x21, 0x22, 0x23}, nil},
-		{"across adjacent", 0x10fe, 4, []byte{0x0e, 0x0f, 0x90, 0x91}, nil},
-		{"to a gap", 0x117e, 15, []byte{0x0e, 0x0f}, nil},
-		{"source ends before mapping", 0x121e, 15, []byte{0xde, 0xdf}, nil},
-		{"past source end", 0x1250, 4, nil, ErrNoBytes},
-		{"source end then anon", 0x12ff, 4, nil, ErrNoBytes},
-		{"anon", 0x1300, 4, nil, ErrNoBytes},
-		{"gap", 0x1180, 4, nil, ErrNotMapped},
-		{"below all", 0x10, 4, nil, ErrNotMapped},
-		{"above all", 0x2000, 4, nil, ErrNotMapped},
-		{"empty dst", 0x1000, 0, []byte{}, nil},
+		{"inside", 0x1010, 4, []byte{0x20, 0x21, 0x22, 0x23}, 0xf0, nil},
+		{"across adjacent", 0x10fe, 4, []byte{0x0e, 0x0f, 0x90, 0x91}, 2, nil},
+		{"to a gap", 0x117e, 15, []byte{0x0e, 0x0f}, 2, nil},
+		{"source ends before mapping", 0x121e, 15, []byte{0xde, 0xdf}, 2, nil},
+		{"past source end", 0x1250, 4, nil, 0, ErrNoBytes},
+		{"source end then anon", 0x12ff, 4, nil, 0, ErrNoBytes},
+		{"anon", 0x1300, 4, nil, 0, ErrNoBytes},
+		{"gap", 0x1180, 4, nil, 0, ErrNotMapped},
+		{"below all", 0x10, 4, nil, 0, ErrNotMapped},
+		{"above all", 0x2000, 4, nil, 0, ErrNotMapped},
+		{"empty dst", 0x1000, 0, []byte{}, 0x100, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -133,6 +134,15 @@ func TestReadAt(t *testing.T) {
 			}
 			if tt.err == nil && !bytes.Equal(dst[:n], tt.want) {
 				t.Errorf("ReadAt(0x%x) = % x, want % x", tt.addr, dst[:n], tt.want)
+			}
+			// View shows the same bytes in place, up to the mapping's end,
+			// and fails as ReadAt does.
+			v, err := s.View(tt.addr)
+			if !errors.Is(err, tt.err) || len(v) != tt.view || cap(v) != len(v) {
+				t.Fatalf("View(0x%x) = %d bytes (cap %d), %v; want %d, %v", tt.addr, len(v), cap(v), err, tt.view, tt.err)
+			}
+			if k := min(n, len(v)); !bytes.Equal(v[:k], dst[:k]) {
+				t.Errorf("View(0x%x) = % x..., ReadAt % x", tt.addr, v[:k], dst[:k])
 			}
 		})
 	}
@@ -154,6 +164,11 @@ func TestReadAtPages(t *testing.T) {
 		want = want[:min(15, len(want))]
 		if err != nil || !bytes.Equal(buf[:n], want) {
 			t.Fatalf("ReadAt(0x%x) = % x, %v, want % x", a, buf[:n], err, want)
+		}
+		// View stops at the page's end: the next page is another mapping.
+		v, err := s.View(a)
+		if rest := PageSize - a%PageSize; err != nil || uint64(len(v)) != rest || !bytes.Equal(v, src.Bytes()[a-0x400000:][:rest]) {
+			t.Fatalf("View(0x%x) = %d bytes, %v; want the page's last %d", a, len(v), err, rest)
 		}
 	}
 }

@@ -25,10 +25,17 @@ type Inst struct {
 	// Op is x86asm's opcode; 0 for the instructions that x86asm does not
 	// know (endbr64, endbr32, ptwrite), which Class and Text still name.
 	Op x86asm.Op
-	// Len is the length in bytes.
-	Len int
 	// Text is the instruction in GNU (AT&T) syntax.
 	Text string
+	// Flow is its length, class and relative target.
+	Flow
+}
+
+// Flow is what control-flow decoding needs of an instruction (Step's
+// result): small enough to be returned in registers.
+type Flow struct {
+	// Len is the length in bytes.
+	Len int
 	// Class says how the instruction moves the program counter.
 	Class Class
 	// RelWidth is the width in bytes of a branch's relative displacement
@@ -53,23 +60,19 @@ func Decode(code []byte, pc uint64) (Inst, error) {
 	x, err := x86asm.Decode(code, 64)
 	// What x86asm does not know, the length decoder still steps over.
 	if !x86asmKnows(s, x, err) {
-		in := s.inst(code, pc)
-		in.Text = encodingNames[s.enc]
-		return in, nil
+		return Inst{Text: encodingNames[s.enc], Flow: s.flow(code, pc)}, nil
 	}
 	if x.Len != s.n {
 		// x86asm knows the opcode but not its operands' bytes.
-		in := s.inst(code, pc)
-		in.Op, in.Text = x.Op, strings.ToLower(x.Op.String())
-		return in, nil
+		return Inst{Op: x.Op, Text: strings.ToLower(x.Op.String()), Flow: s.flow(code, pc)}, nil
 	}
-	in := Inst{Op: x.Op, Len: x.Len, Text: x86asm.GNUSyntax(x, pc, nil)}
+	in := Inst{Op: x.Op, Text: x86asm.GNUSyntax(x, pc, nil), Flow: Flow{Len: x.Len}}
 	if rel, ok := x.Args[0].(x86asm.Rel); ok {
 		in.RelWidth = x.PCRel
 		in.Target = pc + uint64(x.Len) + uint64(int64(rel))
 	}
 	in.Class = classify(x.Op, in.RelWidth != 0)
-	if c := s.class(code); c == MovCR3 {
+	if c := s.class; c == MovCR3 {
 		// x86asm's op is a plain MOV.
 		in.Class = c
 	}
@@ -93,7 +96,7 @@ func DecodeMode(code []byte, pc uint64, mode int) (Inst, error) {
 	if x.Op == 0 || x.Len == 0 {
 		return Inst{}, fmt.Errorf("unknown instruction % x", head(code, 4))
 	}
-	in := Inst{Op: x.Op, Len: x.Len, Text: x86asm.GNUSyntax(x, pc, nil)}
+	in := Inst{Op: x.Op, Text: x86asm.GNUSyntax(x, pc, nil), Flow: Flow{Len: x.Len}}
 	if rel, ok := x.Args[0].(x86asm.Rel); ok {
 		in.RelWidth = x.PCRel
 		in.Target = pc + uint64(x.Len) + uint64(int64(rel))
@@ -130,9 +133,9 @@ func decodeSpecial(code []byte, pc uint64, s shape) (Inst, bool) {
 		if code[3] == 0xfb {
 			name = "endbr32"
 		}
-		return Inst{Text: name, Len: 4}, true
+		return Inst{Text: name, Flow: Flow{Len: 4}}, true
 	}
-	if s.class(code) != PTWrite {
+	if s.class != PTWrite {
 		return Inst{}, false
 	}
 	return decodePTWrite(code, pc, s), true
@@ -150,7 +153,7 @@ var (
 // (f3 REX.W 0f ae /4), whose shape s the length decoder found, printed as
 // objdump does: "ptwrite %eax", "ptwriteq 0x8(%rsp)".
 func decodePTWrite(code []byte, pc uint64, s shape) Inst {
-	in := Inst{Class: PTWrite, Len: s.n}
+	in := Inst{Flow: Flow{Class: PTWrite, Len: s.n}}
 	modrm := code[s.modrm]
 	if s.pfx&pfxRex2 != 0 {
 		// APX's registers and REX2 are objdump's to name; the

@@ -44,21 +44,26 @@ const (
 
 // Operand kinds after the opcode, one per opcode of a map.
 const (
-	opInvalid  uint8 = iota // undefined or invalid in 64-bit mode
-	opNone                  // no ModRM, no immediate
-	opModRM                 // ModRM (+SIB, displacement)
-	opModRMReg              // ModRM whose mod is ignored: always a register (mov cr/dr)
-	opModRMI8               // ModRM and imm8
-	opModRMIz               // ModRM and imm16/32 (66 gives 16)
-	opI8                    // imm8 or rel8
-	opI16                   // imm16 (ret, lret)
-	opIz                    // imm16/32 (66 gives 16)
-	opRel32                 // rel32, kept even under 66 (Intel 64; AMD would use rel16)
-	opIv                    // imm16/32/64: B8+r mov (REX.W gives 64, else 66 gives 16)
-	opMoffs                 // 8-byte offset, 4 with 67
-	opEnter                 // imm16, imm8
-	opGroup3                // F6/F7: ModRM, with an immediate for /0 and /1 only
-	opPrefix                // a legacy prefix, REX, or an escape to another map
+	opInvalid   uint8 = iota // undefined or invalid in 64-bit mode
+	opNone                   // no ModRM, no immediate
+	opModRM                  // ModRM (+SIB, displacement)
+	opModRMReg               // ModRM whose mod is ignored: always a register (mov cr/dr)
+	opModRMI8                // ModRM and imm8
+	opModRMIz                // ModRM and imm16/32 (66 gives 16)
+	opGroup3I8               // F6: ModRM, with an imm8 for /0 and /1 only
+	opGroup3Iz               // F7: ModRM, with an imm16/32 for /0 and /1 only
+	opI8                     // imm8 or rel8
+	opI16                    // imm16 (ret, lret)
+	opIz                     // imm16/32 (66 gives 16)
+	opRel32                  // rel32, kept even under 66 (Intel 64; AMD would use rel16)
+	opIv                     // imm16/32/64: B8+r mov (REX.W gives 64, else 66 gives 16)
+	opMoffs                  // 8-byte offset, 4 with 67
+	opEnter                  // imm16, imm8
+	opModRMI8I8              // ModRM, imm8, imm8 (extrq, insertq)
+	opModRMI32               // ModRM and imm32 whatever the prefixes (XOP map 10)
+	opImm64                  // imm64 whatever the prefixes (jmpabs)
+	opPrefix                 // a legacy prefix, REX, REX2, or an escape to another map
+	numKinds
 )
 
 // oneByte is the 1-byte opcode map in 64-bit mode, row by row.
@@ -109,7 +114,7 @@ var oneByte = [256]uint8{
 	opEnter, opNone, opI16, opNone, opNone, opI8, opInvalid, opNone,
 	// D0-DF: shifts, D4 D6 (aam, salc) invalid, D5 REX2 (aad in 32-bit
 	// code), xlat, x87.
-	opModRM, opModRM, opModRM, opModRM, opInvalid, opInvalid, opInvalid, opNone,
+	opModRM, opModRM, opModRM, opModRM, opInvalid, opPrefix, opInvalid, opNone,
 	opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM, opModRM,
 	// E0-EF: loop*, jrcxz, in/out imm8, call, jmp rel32, EA (far jmp)
 	// invalid, jmp rel8, in/out dx.
@@ -117,7 +122,7 @@ var oneByte = [256]uint8{
 	opRel32, opRel32, opInvalid, opI8, opNone, opNone, opNone, opNone,
 	// F0-FF: lock, int1, rep prefixes, hlt, cmc, group 3, flag ops,
 	// groups 4 and 5.
-	opPrefix, opNone, opPrefix, opPrefix, opNone, opNone, opGroup3, opGroup3,
+	opPrefix, opNone, opPrefix, opPrefix, opNone, opNone, opGroup3I8, opGroup3Iz,
 	opNone, opNone, opNone, opNone, opNone, opNone, opModRM, opModRM,
 }
 
@@ -188,10 +193,38 @@ const (
 	pfxRex              // any REX directly before the opcode
 	pfxLock             // F0
 	pfxRex2             // an APX REX2 (D5) before the opcode
+	pfxSeg              // a segment prefix (it changes no length)
 )
 
-// shape is what the length decoder learns of an instruction: enough for
-// Step to class it without a second decode.
+// prefixes tells, per byte, how a legacy prefix or REX changes the prefix
+// flags (flags = flags&^clear | set); set is 0 for every other byte. A REX
+// counts only directly before the opcode: a legacy prefix or another REX
+// after it drops it. Of F2 and F3 the last counts.
+var prefixes = func() (t [256]struct{ clear, set uint16 }) {
+	const rex = pfxRex | pfxRexW | pfxRexB
+	for _, p := range []struct {
+		b          byte
+		clear, set uint16
+	}{
+		{0x66, 0, pfx66}, {0x67, 0, pfx67}, {0xf2, pfxF3, pfxF2}, {0xf3, pfxF2, pfxF3}, {0xf0, 0, pfxLock},
+		{0x26, 0, pfxSeg}, {0x2e, 0, pfxSeg}, {0x36, 0, pfxSeg}, {0x3e, 0, pfxSeg}, {0x64, 0, pfxSeg}, {0x65, 0, pfxSeg},
+	} {
+		t[p.b].clear, t[p.b].set = rex|p.clear, p.set
+	}
+	for b := 0x40; b < 0x50; b++ {
+		t[b].clear, t[b].set = pfxRexW|pfxRexB, pfxRex
+		if b&8 != 0 {
+			t[b].set |= pfxRexW
+		}
+		if b&1 != 0 {
+			t[b].set |= pfxRexB
+		}
+	}
+	return t
+}()
+
+// shape is what the length decoder learns of an instruction, its class
+// included: Step needs no second decode.
 type shape struct {
 	n      int      // length
 	enc    encoding // how the opcode is encoded
@@ -201,6 +234,8 @@ type shape struct {
 	imm    int      // offset of the immediate or relative displacement
 	immLen int      // its size
 	pfx    uint16   // prefix flags
+	class  Class    // how it moves the program counter
+	rel    bool     // it has a relative target: a relative branch or xbegin
 }
 
 // Length returns the length of the 64-bit instruction at the start of code,
@@ -209,8 +244,8 @@ type shape struct {
 // memory is allowed): only what decides the length, and the opcodes and
 // prefixes that are undefined or invalid in 64-bit mode.
 func Length(code []byte) (int, error) {
-	s, err := scan(code)
-	if err != nil {
+	var s shape
+	if err := s.scan(code); err != nil {
 		return 0, err
 	}
 	return s.n, nil
@@ -218,59 +253,121 @@ func Length(code []byte) (int, error) {
 
 // scan decodes the shape of the instruction at the start of code.
 func scan(code []byte) (shape, error) {
-	s := shape{modrm: -1}
-	i := 0
+	var s shape
+	err := s.scan(code)
+	return s, err
+}
+
+// scan decodes the shape of the instruction at the start of code into s.
+// It is Step's hot path: one function over locals and table lookups where
+// a switch would mispredict; only the escapes (0F, VEX, EVEX, XOP, REX2)
+// call out, to find the opcode and its operand kind.
+func (s *shape) scan(code []byte) error {
 	// Legacy prefixes in any order, then perhaps a REX.
-	for ; ; i++ {
-		if i >= MaxLen {
-			return s, fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
-		}
+	var pfx uint16
+	var op byte
+	i := 0
+	for {
 		if i >= len(code) {
-			return s, truncated(code)
+			return truncated(code)
 		}
-		b := code[i]
-		switch {
-		case b == 0x66:
-			s.pfx |= pfx66
-		case b == 0x67:
-			s.pfx |= pfx67
-		case b == 0xf2:
-			s.pfx = s.pfx&^pfxF3 | pfxF2 // the last of F2/F3 counts
-		case b == 0xf3:
-			s.pfx = s.pfx&^pfxF2 | pfxF3
-		case b == 0xf0:
-			s.pfx |= pfxLock
-		case b == 0x26 || b == 0x2e || b == 0x36 || b == 0x3e || b == 0x64 || b == 0x65:
-		case b&0xf0 == 0x40:
-			// A REX counts only directly before the opcode: a legacy
-			// prefix or another REX after it drops it.
-			s.pfx = s.pfx&^(pfxRexW|pfxRexB) | pfxRex
-			if b&8 != 0 {
-				s.pfx |= pfxRexW
-			}
-			if b&1 != 0 {
-				s.pfx |= pfxRexB
-			}
-			continue
-		default:
-			err := s.opcode(code, i)
-			return s, err
+		op = code[i]
+		p := prefixes[op]
+		if p.set == 0 {
+			break
 		}
-		s.pfx &^= pfxRex | pfxRexW | pfxRexB
+		pfx = pfx&^p.clear | p.set
+		if i++; i >= MaxLen {
+			return badBytes(ErrTooLong, code)
+		}
 	}
+	enc, opmap := legacy, uint8(map1Byte)
+	kind := oneByte[op]
+	i++
+	if kind == opPrefix { // an escape: scan took the prefixes
+		s.enc, s.opmap, s.op, s.pfx = enc, opmap, op, pfx
+		var err error
+		if i, kind, err = s.escape(code, i-1); err != nil {
+			return err
+		}
+		enc, opmap, op, pfx = s.enc, s.opmap, s.op, s.pfx
+	}
+	if kind == opInvalid || kind == opPrefix {
+		return badBytes(ErrInvalid, code)
+	}
+	modrm := -1
+	if m := kindModRM[kind]; m != noModRM {
+		if i >= len(code) {
+			return truncated(code)
+		}
+		modrm = i
+		if m == modrmReg {
+			i++
+		} else {
+			if opmap == map1Byte && invalidGroupMember(op, code[i]) {
+				return badBytes(ErrInvalid, code)
+			}
+			i = modrmEnd(code, i)
+		}
+	}
+	immLen := int(immLens[kind][immSel(pfx)])
+	xbegin := false
+	if modrm >= 0 && opmap == map1Byte {
+		switch {
+		case (kind == opGroup3I8 || kind == opGroup3Iz) && (code[modrm]>>3)&7 >= 2:
+			immLen = 0 // only test r/m, imm (/0, /1) has one
+		case op == 0xc7 && code[modrm] == 0xf8:
+			// xbegin: rel32 (rel16 under 66) as C7 /0's imm; not a
+			// branch (an abort reaches its target), but relative.
+			xbegin, immLen = true, 4
+			if pfx&pfx66 != 0 {
+				immLen = 2
+			}
+		}
+	}
+	n := i + immLen
+	if n > MaxLen {
+		return badBytes(ErrTooLong, code)
+	}
+	if n > len(code) {
+		return truncated(code)
+	}
+	// VEX, EVEX and XOP encode no control transfer, nor do the legacy
+	// maps but 1-byte and 0F.
+	class := NotBranch
+	if enc == legacy && opmap <= map0F {
+		class = classes[opmap][op]
+	}
+	// Field by field: a composite literal is built aside and copied.
+	s.n, s.enc, s.opmap, s.op, s.modrm, s.imm, s.immLen, s.pfx = n, enc, opmap, op, modrm, i, immLen, pfx
+	if class == byOperand {
+		class = s.operandClass(code)
+	}
+	s.class = class
+	// CondJump, Jump and Call are the relative branches.
+	s.rel = xbegin || class >= CondJump && class <= Call
+	return nil
 }
 
 // truncated is ErrTruncated with the bytes.
-func truncated(code []byte) error {
-	return fmt.Errorf("%w: % x", ErrTruncated, head(code, MaxLen))
+func truncated(code []byte) error { return badBytes(ErrTruncated, code) }
+
+// badBytes is err with the bytes. Kept out of line, the formatting costs
+// scan's hot path no stack or registers.
+//
+//go:noinline
+func badBytes(err error, code []byte) error {
+	return fmt.Errorf("%w: % x", err, head(code, MaxLen))
 }
 
-// opcode decodes from the opcode byte at code[i] on.
-func (s *shape) opcode(code []byte, i int) error {
-	b := code[i]
-	switch b {
+// escape finds the opcode behind the escape byte code[i] (0F, D5, C4,
+// C5, 62, or 8F, which is pop r/m unless XOP): it sets s's encoding, map
+// and opcode, and returns the offset after the opcode and its operand
+// kind.
+func (s *shape) escape(code []byte, i int) (int, uint8, error) {
+	switch code[i] {
 	case 0x0f:
-		return s.escape(code, i+1)
+		return s.map0F(code, i+1)
 	case 0xd5:
 		return s.rex2(code, i)
 	case 0xc4, 0xc5:
@@ -283,60 +380,52 @@ func (s *shape) opcode(code []byte, i int) error {
 		if i+1 < len(code) && code[i+1]&0x1f >= 8 {
 			return s.xop(code, i)
 		}
-		s.op = b
-		return s.operands(code, i+1, opModRM)
+		return i + 1, opModRM, nil
 	}
-	s.op = b
-	return s.operands(code, i+1, oneByte[b])
+	return i + 1, opInvalid, nil
 }
 
-// escape decodes a legacy 0F-map instruction; code[i] follows the 0F.
-func (s *shape) escape(code []byte, i int) error {
+// map0F finds a legacy 0F-map (or 0F38, 0F3A, 3DNow!) opcode; code[i]
+// follows the 0F.
+func (s *shape) map0F(code []byte, i int) (int, uint8, error) {
 	if i >= len(code) {
-		return truncated(code)
+		return 0, 0, truncated(code)
 	}
 	b := code[i]
 	switch b {
 	case 0x38, 0x3a:
 		if i+1 >= len(code) {
-			return truncated(code)
+			return 0, 0, truncated(code)
 		}
 		s.opmap, s.op = map0F38, code[i+1]
-		kind := opModRM
 		if b == 0x3a {
-			s.opmap, kind = map0F3A, opModRMI8
+			s.opmap = map0F3A
+			return i + 2, opModRMI8, nil
 		}
-		return s.operands(code, i+2, kind)
+		return i + 2, opModRM, nil
 	case 0x0f:
 		s.opmap, s.op = map3DNow, b
-		return s.operands(code, i+1, opModRMI8)
+		return i + 1, opModRMI8, nil
 	}
 	s.opmap, s.op = map0F, b
-	kind := twoByte[b]
 	if b == 0x78 && s.pfx&(pfx66|pfxF2) != 0 {
 		// extrq/insertq (SSE4a) take imm8, imm8 where vmread takes none.
-		err := s.operands(code, i+1, opModRMI8)
-		if err == nil {
-			s.immLen++
-			s.n++
-			err = s.check(code)
-		}
-		return err
+		return i + 1, opModRMI8I8, nil
 	}
-	return s.operands(code, i+1, kind)
+	return i + 1, twoByte[b], nil
 }
 
-// rex2 decodes an instruction behind APX's REX2 prefix (D5 and a payload
-// whose bit 7 selects the 1-byte or the 0F map; bit 3 is W, bit 0 B3);
-// code[i] is D5. REX2 is undefined with rows 4, 7, A and E of the 1-byte
-// map and rows 3 and 8 of the 0F map, but for A1 with W 0: jmpabs, an
-// absolute jump to its imm64.
-func (s *shape) rex2(code []byte, i int) error {
+// rex2 finds the opcode behind APX's REX2 prefix (D5 and a payload whose
+// bit 7 selects the 1-byte or the 0F map; bit 3 is W, bit 0 B3); code[i]
+// is D5. REX2 is undefined with rows 4, 7, A and E of the 1-byte map and
+// rows 3 and 8 of the 0F map, but for A1 with W 0: jmpabs, an absolute
+// jump to its imm64.
+func (s *shape) rex2(code []byte, i int) (int, uint8, error) {
 	if s.pfx&pfxRex != 0 {
-		return fmt.Errorf("%w: a REX before REX2: % x", ErrInvalid, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: a REX before REX2: % x", ErrInvalid, head(code, MaxLen))
 	}
 	if i+2 >= len(code) {
-		return truncated(code)
+		return 0, 0, truncated(code)
 	}
 	p, b := code[i+1], code[i+2]
 	s.pfx |= pfxRex2
@@ -348,47 +437,46 @@ func (s *shape) rex2(code []byte, i int) error {
 	}
 	if p&0x80 != 0 {
 		if row := b >> 4; row == 3 || row == 8 || b == 0x0f {
-			return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+			return 0, 0, badBytes(ErrInvalid, code)
 		}
-		return s.escape(code, i+2)
+		return s.map0F(code, i+2)
 	}
 	s.op = b
 	if b == 0xa1 && p&8 == 0 && s.pfx&(pfx66|pfx67|pfxF2|pfxF3|pfxLock) == 0 {
-		s.imm, s.immLen, s.n = i+3, 8, i+3+8
-		return s.check(code)
+		return i + 3, opImm64, nil
 	}
 	switch row := b >> 4; {
 	case row == 4, row == 7, row == 0xa, row == 0xe, b == 0x0f, b == 0x62, b == 0xc4, b == 0xc5, b == 0xd5:
-		return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
+		return 0, 0, badBytes(ErrInvalid, code)
 	case b == 0x8f:
-		return s.operands(code, i+3, opModRM)
+		return i + 3, opModRM, nil
 	}
-	return s.operands(code, i+3, oneByte[b])
+	return i + 3, oneByte[b], nil
 }
 
-// vex decodes a C4/C5 instruction; code[i] is C4 or C5.
-func (s *shape) vex(code []byte, i int) error {
+// vex finds a C4/C5 instruction's opcode; code[i] is C4 or C5.
+func (s *shape) vex(code []byte, i int) (int, uint8, error) {
 	if s.pfx&(pfx66|pfxF2|pfxF3|pfxLock|pfxRex) != 0 {
-		return fmt.Errorf("%w: a legacy prefix or REX before VEX: % x", ErrInvalid, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: a legacy prefix or REX before VEX: % x", ErrInvalid, head(code, MaxLen))
 	}
 	s.enc, s.opmap = vex, map0F
 	j := i + 2 // the opcode after C5 and one payload byte
 	if code[i] == 0xc4 {
 		if i+1 >= len(code) {
-			return truncated(code)
+			return 0, 0, truncated(code)
 		}
 		s.opmap = code[i+1] & 0x1f
 		j = i + 3
 	}
 	if j >= len(code) {
-		return truncated(code)
+		return 0, 0, truncated(code)
 	}
 	s.op = code[j]
 	kind, err := vexKind(s.opmap, s.op)
 	if err != nil {
-		return fmt.Errorf("%w: % x", err, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: % x", err, head(code, MaxLen))
 	}
-	return s.operands(code, j+1, kind)
+	return j + 1, kind, nil
 }
 
 // vexKind is the operand kind of a VEX or EVEX opcode in map m.
@@ -410,112 +498,112 @@ func vexKind(m, op byte) (uint8, error) {
 	return opInvalid, fmt.Errorf("%w: opcode map %d", ErrInvalid, m)
 }
 
-// evex decodes a 62 instruction; code[i] is 62. Payload bit 10, fixed
-// at 1 before APX made it X4, does not change the length: it is not
+// evex finds a 62 instruction's opcode; code[i] is 62. Payload bit 10,
+// fixed at 1 before APX made it X4, does not change the length: it is not
 // checked.
-func (s *shape) evex(code []byte, i int) error {
+func (s *shape) evex(code []byte, i int) (int, uint8, error) {
 	if s.pfx&(pfx66|pfxF2|pfxF3|pfxLock|pfxRex) != 0 {
-		return fmt.Errorf("%w: a legacy prefix or REX before EVEX: % x", ErrInvalid, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: a legacy prefix or REX before EVEX: % x", ErrInvalid, head(code, MaxLen))
 	}
 	if i+4 >= len(code) {
-		return truncated(code)
+		return 0, 0, truncated(code)
 	}
 	s.enc, s.opmap, s.op = evex, code[i+1]&7, code[i+4]
 	if s.opmap == map1Byte || s.opmap == 4 || s.opmap == 7 {
-		return fmt.Errorf("%w: EVEX opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: EVEX opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
 	}
 	kind, err := vexKind(s.opmap, s.op)
 	if err != nil {
-		return fmt.Errorf("%w: % x", err, head(code, MaxLen))
+		return 0, 0, fmt.Errorf("%w: % x", err, head(code, MaxLen))
 	}
 	if kind == opNone { // no vzeroupper in EVEX: every opcode has ModRM
 		kind = opModRM
 	}
-	return s.operands(code, i+5, kind)
+	return i + 5, kind, nil
 }
 
-// xop decodes an 8F instruction whose map is 8 or more; code[i] is 8F.
-func (s *shape) xop(code []byte, i int) error {
+// xop finds an 8F instruction's opcode whose map is 8 or more; code[i]
+// is 8F.
+func (s *shape) xop(code []byte, i int) (int, uint8, error) {
 	if i+3 >= len(code) {
-		return truncated(code)
+		return 0, 0, truncated(code)
 	}
 	s.enc, s.opmap, s.op = xop, code[i+1]&0x1f, code[i+3]
 	switch s.opmap {
 	case 8:
-		return s.operands(code, i+4, opModRMI8)
+		return i + 4, opModRMI8, nil
 	case 9:
-		return s.operands(code, i+4, opModRM)
+		return i + 4, opModRM, nil
 	case 10: // bextr, lwpins, lwpval take an imm32
-		err := s.operands(code, i+4, opModRM)
-		if err == nil {
-			s.imm, s.immLen = s.n, 4
-			s.n += 4
-			err = s.check(code)
-		}
-		return err
+		return i + 4, opModRMI32, nil
 	}
-	return fmt.Errorf("%w: XOP opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
+	return 0, 0, fmt.Errorf("%w: XOP opcode map %d: % x", ErrInvalid, s.opmap, head(code, MaxLen))
 }
 
-// operands decodes what follows an opcode of the given kind; code[i] is
-// the byte after the opcode.
-func (s *shape) operands(code []byte, i int, kind uint8) error {
-	switch kind {
-	case opInvalid, opPrefix:
-		return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
-	case opModRMReg:
-		if i >= len(code) {
-			return truncated(code)
-		}
-		s.modrm, i = i, i+1
-	case opModRM, opModRMI8, opModRMIz, opGroup3:
-		if i >= len(code) {
-			return truncated(code)
-		}
-		s.modrm = i
-		if s.opmap == map1Byte && invalidGroupMember(s.op, code[i]) {
-			return fmt.Errorf("%w: % x", ErrInvalid, head(code, MaxLen))
-		}
-		i = modrmEnd(code[i], code, i)
-	}
-	s.imm = i
-	switch kind {
-	case opModRMI8, opI8:
-		s.immLen = 1
-	case opI16:
-		s.immLen = 2
-	case opEnter:
-		s.immLen = 3
-	case opIz, opModRMIz:
-		s.immLen = s.sizeZ()
-	case opRel32:
-		s.immLen = 4
-	case opIv:
-		s.immLen = s.sizeZ()
-		if s.pfx&pfxRexW != 0 {
-			s.immLen = 8
-		}
-	case opMoffs:
-		s.immLen = 8
-		if s.pfx&pfx67 != 0 {
-			s.immLen = 4
-		}
-	case opGroup3:
-		if (code[s.modrm]>>3)&7 < 2 { // test r/m, imm
-			s.immLen = 1
-			if s.op == 0xf7 {
-				s.immLen = s.sizeZ()
+// ModRM forms of the operand kinds.
+const (
+	noModRM  = iota
+	modrmMem // ModRM, SIB and displacement by mod and r/m
+	modrmReg // a ModRM whose mod is ignored
+)
+
+// kindModRM is the ModRM form of each operand kind.
+var kindModRM = [numKinds]uint8{
+	opModRM: modrmMem, opModRMI8: modrmMem, opModRMIz: modrmMem, opGroup3I8: modrmMem, opGroup3Iz: modrmMem,
+	opModRMI8I8: modrmMem, opModRMI32: modrmMem,
+	opModRMReg: modrmReg,
+}
+
+// immSel indexes immLens by the prefixes that size immediates: 66, 67 and
+// REX.W.
+func immSel(pfx uint16) int {
+	return int(pfx&(pfx66|pfx67) | pfx&pfxRexW>>2)
+}
+
+// immLens is immSize by kind and immSel, so that operands looks the size up
+// instead of branching on the kind.
+var immLens = func() (t [numKinds][8]uint8) {
+	for kind := range t {
+		for sel := range t[kind] {
+			pfx := uint16(sel&(pfx66|pfx67) | sel&4<<2)
+			if immSel(pfx) != sel {
+				panic("x86insn: immSel does not invert")
 			}
+			t[kind][sel] = uint8(immSize(uint8(kind), pfx))
 		}
 	}
-	if s.opmap == map1Byte && s.op == 0xc7 && code[s.modrm] == 0xf8 {
-		s.immLen = 4 // xbegin: rel32 (rel16 under 66) as C7 /0's imm
-		if s.pfx&pfx66 != 0 {
-			s.immLen = 2
+	return t
+}()
+
+// immSize is the size of the immediate (or relative displacement) of an
+// operand kind under the prefix flags pfx; for group 3 that of test r/m,
+// imm.
+func immSize(kind uint8, pfx uint16) int {
+	switch kind {
+	case opModRMI8, opI8, opGroup3I8:
+		return 1
+	case opI16, opModRMI8I8:
+		return 2
+	case opEnter:
+		return 3
+	case opIz, opModRMIz, opGroup3Iz:
+		return sizeZ(pfx)
+	case opRel32, opModRMI32:
+		return 4
+	case opImm64:
+		return 8
+	case opIv:
+		if pfx&pfxRexW != 0 {
+			return 8
 		}
+		return sizeZ(pfx)
+	case opMoffs:
+		if pfx&pfx67 != 0 {
+			return 4
+		}
+		return 8
 	}
-	s.n = i + s.immLen
-	return s.check(code)
+	return 0
 }
 
 // invalidGroupMember tells the undefined members of the 1-byte map's
@@ -535,50 +623,56 @@ func invalidGroupMember(op, m byte) bool {
 }
 
 // sizeZ is the size of an imm16/32: 2 under 66 unless REX.W.
-func (s shape) sizeZ() int {
-	if s.pfx&pfx66 != 0 && s.pfx&pfxRexW == 0 {
+func sizeZ(pfx uint16) int {
+	if pfx&pfx66 != 0 && pfx&pfxRexW == 0 {
 		return 2
 	}
 	return 4
 }
 
-// check refuses a shape longer than MaxLen or than code.
-func (s shape) check(code []byte) error {
-	if s.n > MaxLen {
-		return fmt.Errorf("%w: % x", ErrTooLong, head(code, MaxLen))
+// modrmEnd returns the offset after the ModRM byte at code[i] and its SIB
+// and displacement, from modrmLens. The end may lie beyond code: check says
+// so.
+func modrmEnd(code []byte, i int) int {
+	base5 := 0 // SIB base 5: no base under mod 0 (the table ignores it elsewhere)
+	if i+1 < len(code) && code[i+1]&7 == 5 {
+		base5 = 1
 	}
-	if s.n > len(code) {
-		return truncated(code)
-	}
-	return nil
+	return i + int(modrmLens[base5][code[i]])
 }
 
-// modrmEnd returns the offset after the ModRM byte m at code[i] and its SIB
-// and displacement. In 64-bit mode 67 selects 32-bit addressing, which
-// has the same forms as 64-bit: it changes no displacement size. The end
-// may lie beyond code: check says so.
-func modrmEnd(m byte, code []byte, i int) int {
+// modrmLens is modrmSize by SIB base 5 (0 or 1) and ModRM byte.
+var modrmLens = func() (t [2][256]uint8) {
+	for m := range 256 {
+		t[0][m] = uint8(modrmSize(byte(m), 0))
+		t[1][m] = uint8(modrmSize(byte(m), 5))
+	}
+	return t
+}()
+
+// modrmSize returns the size of the ModRM byte m with its SIB and
+// displacement, given the base field of the SIB byte (when m has one). In
+// 64-bit mode 67 selects 32-bit addressing, which has the same forms as
+// 64-bit: it changes no displacement size.
+func modrmSize(m, sibBase byte) int {
 	mod, rm := m>>6, m&7
-	i++
+	n := 1
 	if mod == 3 {
-		return i
+		return n
 	}
 	if rm == 4 { // SIB
-		if i >= len(code) {
-			return i + 1 // truncated: any end beyond code will do
+		if mod == 0 && sibBase == 5 { // no base: disp32
+			return n + 5
 		}
-		if mod == 0 && code[i]&7 == 5 { // no base: disp32
-			return i + 5
-		}
-		i++
+		n++
 	}
 	switch {
 	case mod == 0 && rm == 5: // RIP-relative disp32
-		return i + 4
+		return n + 4
 	case mod == 1:
-		return i + 1
+		return n + 1
 	case mod == 2:
-		return i + 4
+		return n + 4
 	}
-	return i
+	return n
 }

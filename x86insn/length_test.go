@@ -452,13 +452,15 @@ func libcText(t testing.TB) ([]byte, uint64) {
 }
 
 // BenchmarkWalk walks libc's .text instruction by instruction, reporting
-// ns per instruction: Step (the flow decoder's path), Length, Decode, and
-// x86asm.Decode alone (without GNU text).
+// ns (wall and CPU) per instruction: Step (the flow decoder's path),
+// Length, Decode, and x86asm.Decode alone (without GNU text), the reference
+// in the same run.
 func BenchmarkWalk(b *testing.B) {
 	code, addr := libcText(b)
 	walk := func(b *testing.B, step func(code []byte, pc uint64) (int, error)) {
 		b.ReportAllocs()
 		insns := 0
+		cpu0 := testkit.CPUTime()
 		for b.Loop() {
 			for pc := 0; pc < len(code); insns++ {
 				n, err := step(code[pc:], addr+uint64(pc))
@@ -469,6 +471,8 @@ func BenchmarkWalk(b *testing.B) {
 			}
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(insns), "ns/insn")
+		// CPU time: on a shared machine, wall time measures the load too.
+		b.ReportMetric(float64((testkit.CPUTime()-cpu0).Nanoseconds())/float64(insns), "cpu-ns/insn")
 	}
 	b.Run("Step", func(b *testing.B) {
 		walk(b, func(code []byte, pc uint64) (int, error) {

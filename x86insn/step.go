@@ -3,21 +3,21 @@ package x86insn
 // Step decodes the length, class and relative target of the 64-bit
 // instruction at the start of code, located at pc, from the length
 // decoder's tables alone: no x86asm, no text, no allocation. It is the
-// control-flow decoder's hot path; Op and Text stay empty (Decode fills
-// them). Step classes as Decode does: the tests hold them together.
-func Step(code []byte, pc uint64) (Inst, error) {
-	s, err := scan(code)
-	if err != nil {
-		return Inst{}, err
+// control-flow decoder's hot path; Decode adds Op and Text. Step classes
+// as Decode does: the tests hold them together.
+func Step(code []byte, pc uint64) (Flow, error) {
+	var s shape
+	if err := s.scan(code); err != nil {
+		return Flow{}, err
 	}
-	return s.inst(code, pc), nil
+	return s.flow(code, pc), nil
 }
 
-// inst builds the Inst of a scanned instruction at pc: class, and the
+// flow builds the Flow of a scanned instruction at pc: class, and the
 // target of a relative branch.
-func (s *shape) inst(code []byte, pc uint64) Inst {
-	in := Inst{Len: s.n, Class: s.class(code)}
-	if in.Class == CondJump || in.Class == Jump || in.Class == Call || s.isXbegin(code) {
+func (s *shape) flow(code []byte, pc uint64) Flow {
+	in := Flow{Len: s.n, Class: s.class}
+	if s.rel {
 		in.RelWidth = s.immLen
 		var rel int64
 		switch s.immLen {
@@ -34,60 +34,69 @@ func (s *shape) inst(code []byte, pc uint64) Inst {
 	return in
 }
 
-// isXbegin tells xbegin (C7 F8 rel32), which is not a branch (its target
-// is reached only by an abort) but has a relative target.
-func (s *shape) isXbegin(code []byte) bool {
-	return s.enc == legacy && s.opmap == map1Byte && s.op == 0xc7 && code[s.modrm] == 0xf8
-}
+// byOperand marks the opcodes of classes whose class depends on their
+// ModRM or prefixes (operandClass).
+const byOperand Class = 0xff
 
-// class classes a scanned instruction. VEX, EVEX and XOP encode no
-// control transfer.
-func (s *shape) class(code []byte) Class {
-	if s.enc != legacy {
-		return NotBranch
+// classes classes the legacy 1-byte and 0F maps' opcodes (the other maps
+// hold no control transfer), a lookup instead of a chain of compares.
+var classes = func() (t [map0F + 1][256]Class) {
+	for op := 0x70; op <= 0x7f; op++ {
+		t[map1Byte][op] = CondJump   // jcc rel8
+		t[map0F][op+0x10] = CondJump // jcc rel32
 	}
+	for _, op := range []byte{0xe0, 0xe1, 0xe2, 0xe3} { // loop*, jrcxz
+		t[map1Byte][op] = CondJump
+	}
+	t[map1Byte][0xeb], t[map1Byte][0xe9], t[map1Byte][0xe8] = Jump, Jump, Call
+	t[map1Byte][0xc2], t[map1Byte][0xc3] = Ret, Ret
+	// lret imm16, lret, int3, int, iret, int1.
+	for _, op := range []byte{0xca, 0xcb, 0xcc, 0xcd, 0xcf, 0xf1} {
+		t[map1Byte][op] = FarTransfer
+	}
+	// syscall, sysret, sysenter, sysexit.
+	for _, op := range []byte{0x05, 0x07, 0x34, 0x35} {
+		t[map0F][op] = FarTransfer
+	}
+	// jmpabs (A1 behind REX2), group 5 (FF), group 7 (0F 01), mov to a
+	// control register (0F 22), group 15 (0F AE).
+	t[map1Byte][0xa1], t[map1Byte][0xff] = byOperand, byOperand
+	t[map0F][0x01], t[map0F][0x22], t[map0F][0xae] = byOperand, byOperand, byOperand
+	return t
+}()
+
+// operandClass classes the opcodes that classes marks byOperand.
+func (s *shape) operandClass(code []byte) Class {
 	var reg byte
 	if s.modrm >= 0 {
 		reg = (code[s.modrm] >> 3) & 7
 	}
-	switch s.opmap {
-	case map1Byte:
-		switch op := s.op; {
-		case op >= 0x70 && op <= 0x7f, op >= 0xe0 && op <= 0xe3:
-			return CondJump
-		case op == 0xeb, op == 0xe9:
-			return Jump
-		case op == 0xe8:
-			return Call
-		case op == 0xa1 && s.pfx&pfxRex2 != 0:
+	switch {
+	case s.opmap == map1Byte && s.op == 0xa1:
+		if s.pfx&pfxRex2 != 0 {
 			// jmpabs: libipt and the trace take it as an indirect
 			// jump (a TIP gives the target).
 			return IndirectJump
-		case op == 0xc2, op == 0xc3:
-			return Ret
-		case op == 0xca, op == 0xcb, op == 0xcc, op == 0xcd, op == 0xcf, op == 0xf1:
-			return FarTransfer
-		case op == 0xff:
-			switch reg {
-			case 2:
-				return IndirectCall
-			case 4:
-				return IndirectJump
-			case 3, 5:
-				return FarTransfer
-			}
 		}
-	case map0F:
-		switch op := s.op; {
-		case op >= 0x80 && op <= 0x8f:
-			return CondJump
-		case op == 0x05, op == 0x07, op == 0x34, op == 0x35:
+	case s.opmap == map1Byte && s.op == 0xff:
+		switch reg {
+		case 2:
+			return IndirectCall
+		case 4:
+			return IndirectJump
+		case 3, 5:
 			return FarTransfer
-		case op == 0x01 && s.isFar01(code[s.modrm]):
+		}
+	case s.op == 0x01:
+		if s.isFar01(code[s.modrm]) {
 			return FarTransfer
-		case op == 0x22 && reg == 3:
+		}
+	case s.op == 0x22:
+		if reg == 3 {
 			return MovCR3
-		case op == 0xae && reg == 4 && s.pfx&pfxF3 != 0 && s.pfx&pfx66 == 0:
+		}
+	case s.op == 0xae:
+		if reg == 4 && s.pfx&pfxF3 != 0 && s.pfx&pfx66 == 0 {
 			return PTWrite
 		}
 	}

@@ -13,7 +13,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // Unavailable stops a test that lacks something of its environment (root,
@@ -25,6 +27,17 @@ func Unavailable(t testing.TB, format string, args ...any) {
 		t.Fatalf("CI is set, so this cannot be skipped: "+format, args...)
 	}
 	t.Skipf(format, args...)
+}
+
+// CPUTime is the CPU time the process used so far: on a machine shared
+// with other work a benchmark that reports it measures its code, where wall
+// time measures the load too.
+func CPUTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // Root returns the repository root: the nearest directory above the test's
