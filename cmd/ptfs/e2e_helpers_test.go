@@ -254,9 +254,14 @@ func runProg(t testing.TB, bin string, args ...string) {
 // waitLines waits until the file has at least n lines and returns them.
 func (m *mountProc) waitLines(n int, parts ...string) []string {
 	m.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	// The deadline moves while lines keep coming: a loaded machine (the
+	// race detector, other work) delivers late, which is not a loss.
+	deadline, seen := time.Now().Add(10*time.Second), -1
 	for {
 		lines := lines(m.read(parts...))
+		if len(lines) > seen {
+			deadline, seen = time.Now().Add(10*time.Second), len(lines)
+		}
 		if len(lines) >= n || time.Now().After(deadline) {
 			return lines
 		}
