@@ -17,26 +17,6 @@ import (
 // does not meet yet, each with the reason; what ptfs does instead is in
 // docs/DESIGN.md §5 (ptfs decode --insns).
 var insnsKnownFailures = map[string]string{
-	"ptxed-resync-bad_query-fup-tip": reasonLookahead + "the jnz finds FUP p4 taken (an async branch queued for TIP p5, the lookahead): " +
-		"error at p5 (0x1e); the resync's TIP p5 completes it: [interrupt] and l4 listed. ptfs read FUP and TIP: error at 0x21, resumes at FUP p6 + TIP.PGD p7 ([disabled] only)",
-	"ptxed-resync-nomap-fup-tip": reasonLookahead + "FUP p4 taken before decoding at 0x100100 (lookahead TIP p5): error at 0x1e, " +
-		"[interrupt] to 0x100300, whose FUP p6 is taken (lookahead TIP p7): a second error at 0x24. ptfs: error at 0x21, resumes at FUP p6 + TIP p7 (one error, one interrupt)",
-	"ptxed-resync-nomap-mode_exec-fup": reasonLookahead + "MODE.Exec p5 taken before decoding the call's target (queued for FUP p6, the lookahead): " +
-		"error at 0x24; the resync's FUP p6 gives l2: [interrupts disabled] and l2 (0x100003) listed. ptfs has not read the MODE.Exec: " +
-		"error at 0x22, and resumes with tracing off, so l2 is not listed",
-	"ptxed-resync-nomap-mode_tsx-eos": reasonLookahead + "MODE.TSX p4 taken (queued for FUP p5): error at 0x1d; the resync's FUP p5 gives " +
-		"[begin transaction] at 0x100200, no code there: error at 0x26 (MODE.TSX p6 taken), [committed] at 0x100300 by FUP p7, then the end. " +
-		"ptfs read MODE.TSX and FUP: error at 0x24, [committed], and the last FUP, read on its own while resynchronising, an error (unexpected packet context)",
-	"ptxed-resync-nomap-mode_tsx-fup-tip": reasonLookahead + "MODE.TSX abort p5 taken (queued for FUP p6): error at 0x1f; the resync's FUP p6 gives " +
-		"[aborted]; an abort leaves the FUP unbound (pt_evt_decode_fup sets bound only when not aborted), so with TIP p7 it is also an async branch: " +
-		"[interrupt] to l3, l3 listed. ptfs read MODE.TSX, FUP and TIP: error at 0x27, resumes at FUP p8 + TIP.PGD p9 ([disabled] only)",
-	"ptxed-resync-nomap-mode_tsx-tip_pgd": reasonLookahead + "as mode_tsx-eos (errors at 0x1d, 0x26, [begin transaction], [committed]), then TIP.PGD p8 " +
-		"taken to reach 0x100300: a third error at the end (0x32) and [disabled]. ptfs: error at 0x24, [committed], [disabled]",
-	"ptxed-resync-nomap-psb": reasonLookahead + "the PSB+ p4-p7 taken up to its PSBEND (header events wait for it) before decoding at 0x100100: " +
-		"error at 0x34; the resync resumes at its FUP's 0x100200, no code: a second error at 0x37 (TNT p8 cached, lookahead PSB p9). " +
-		"ptfs read the whole PSB+: error at 0x36, resumes at PSB p9 (one error)",
-	"ptxed-resync-psb-nomap-psb": reasonLookahead + "after syncing at PSB p0 (IP 0x100100) the next PSB+ is taken up to its PSBEND before decoding: " +
-		"the first error at 0x34; ptfs has not read that PSB+ yet: 0x1b. The rest is equal",
 	"mwait-pwre-exstop_ip-fup-ovf": reasonPwreHW,
 	"mwait-pwre-exstop_ip-ovf":     reasonPwreHWOrder,
 	"mwait-pwre-ovf":               reasonPwreHW,
@@ -46,23 +26,6 @@ var insnsKnownFailures = map[string]string{
 }
 
 const (
-	// reasonLookahead is libipt's event decoder (pt_event_decoder.c),
-	// which ptfs does not model: one packet of lookahead (decoder->packet),
-	// an error reported at that packet's offset (pt_evt_get_offset:
-	// position minus decoder->packet.size), and, before the flow decodes
-	// at a new IP, the packets that open an event taken into its queue,
-	// the packet that closes it left as the lookahead: a FUP queues an
-	// async branch for the next TIP (pt_evt_decode_fup), MODE.Exec and
-	// MODE.TSX queue an event for the FUP after them, PSB+ header
-	// packets wait for PSBEND (pt_evt_decode_psbend). pt_insn_resync
-	// (pt_blk_resync) goes on from that lookahead with the queue, so it
-	// reports the queued events and resumes at the IP they give. ptfs
-	// reads an event's packets together when the flow needs them (its
-	// error offset is after them, or before a MODE/PSB+ not read yet)
-	// and resynchronises at the next packet that gives an IP after what
-	// it read, dropping a half-read event. Each case says what that
-	// makes of it.
-	reasonLookahead   = "libipt's one-packet lookahead and event queue around an error (see reasonLookahead): "
 	reasonPwreHW      = "libipt quirk: pttc puts PWRE's hw bit at bit 3 of the payload (pt_pl_pwre_hw_mask), the SDM and Linux perf at bit 7; ptfs follows the SDM, so libipt's [pwre c1.0 hw] prints as [pwre c1.0] (as in the ptdump test's known differences)"
 	reasonPwreHWOrder = "the PWRE hw bit quirk (see reasonPwreHW), and libipt reports the PWRE before the MWAIT when the EXSTOP's FUP is lost to an overflow; ptfs keeps MWAIT, EXSTOP, PWRE"
 )
