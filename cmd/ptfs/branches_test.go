@@ -347,6 +347,9 @@ func ptsimExact(t *testing.T, out, trace string) (lines string, vex, evex int) {
 // disable. ptsim follows one thread only (its README: other threads and
 // children are not stepped), so no run has threads.
 func TestBranchesPtsimRuns(t *testing.T) {
+	if testkit.Race {
+		t.Skip("single-threaded recording and decoding: the race detector only slows them many times over")
+	}
 	p := newPtsim(t)
 	tests := filepath.Join(p.tools, "tests")
 	for _, tc := range []struct {
