@@ -79,11 +79,16 @@ type Branches struct {
 	last    Insn
 	hasLast bool
 	off     bool
-	// far is a far transfer (a syscall) at which tracing stopped: the
-	// next enable is its target.
-	far     uint64
-	farKind string
-	farOK   bool
+	// stop is where tracing stopped without a line yet, in user-only
+	// tracing the kernel having run: at a far transfer (a syscall) or
+	// before an interrupted instruction (FUP + TIP.PGD without an IP: a
+	// signal, an exception). An enable elsewhere is where it went, a
+	// branch of stopKind; anything else gets the stop's trace line
+	// (stopWhat).
+	stop     uint64
+	stopKind string
+	stopWhat string
+	stopOK   bool
 
 	c BranchCounters
 
@@ -135,14 +140,26 @@ func (b *Branches) Manual(m *decode.Manual) {
 }
 
 // Finish ends the listing: a record cut short by the end of the trace is
-// counted (not printed), a pending ptwrite printed, and a stop at a far
-// transfer that nothing resumed gets its line.
+// counted (not printed), a pending ptwrite printed, and a stop that
+// nothing resumed gets its line.
 func (b *Branches) Finish() {
 	b.recs.End()
-	if b.farOK {
-		b.farOK = false
-		b.trace("stop after", b.far)
+	b.flushStop()
+}
+
+// flushStop prints the line of a stop that no enable followed.
+func (b *Branches) flushStop() {
+	if b.stopOK {
+		b.stopOK = false
+		b.trace(b.stopWhat, b.stop)
 	}
+}
+
+// stopped keeps a stop's line until what follows says whether it was a
+// branch (stopped at ip, of kind, else the line `trace: what ip`).
+func (b *Branches) stopped(ip uint64, kind, what string) {
+	b.off = true
+	b.stop, b.stopKind, b.stopWhat, b.stopOK = ip, kind, what, true
 }
 
 // RecordCounters returns the counters of the records and ptwrites
@@ -276,21 +293,25 @@ func (b *Branches) Branch(from, to uint64, kind BranchKind) {
 func (b *Branches) Event(e *Event) {
 	switch e.Kind {
 	case EvEnabled:
-		if b.farOK {
-			// Tracing stopped at a far transfer (user-only tracing:
-			// the kernel ran) and starts again at its target.
-			b.farOK = false
-			b.branch(b.far, e.IP, b.farKind)
+		if b.stopOK && (b.stopKind != "async" || e.Flags&Resumed == 0) {
+			// Tracing stopped at a far transfer or an interrupt
+			// (user-only tracing: the kernel ran) and starts again
+			// where it went: a handler, the syscall's return. An
+			// interrupted instruction resumed is no branch.
+			b.stopOK = false
+			b.branch(b.stop, e.IP, b.stopKind)
 		} else if e.Flags&Resumed != 0 {
+			b.flushStop()
 			b.trace("resume at", e.IP)
 		} else {
 			b.trace("start at", e.IP)
 		}
 		b.off = false
 	case EvDisabled:
+		b.flushStop()
 		b.off = true
 		if b.hasLast && b.last.Class == x86insn.FarTransfer && !e.HasIP {
-			b.far, b.farKind, b.farOK = b.last.IP, b.farKindAt(b.last.IP), true
+			b.stopped(b.last.IP, b.farKindAt(b.last.IP), "stop after")
 			return
 		}
 		if e.HasIP {
@@ -298,13 +319,16 @@ func (b *Branches) Event(e *Event) {
 		} else if b.hasLast {
 			b.trace("stop after", b.last.IP)
 		}
-	case EvAsyncDisabled:
-		b.off, b.farOK = true, false
-		b.trace("stop at", e.At)
-	case EvInterrupt:
-		if !e.HasIP {
-			b.off, b.farOK = true, false
+	case EvAsyncDisabled, EvInterrupt:
+		if e.Kind == EvInterrupt && e.HasIP {
+			return // its Branch
+		}
+		b.flushStop()
+		if e.HasIP {
+			b.off = true
 			b.trace("stop at", e.At)
+		} else {
+			b.stopped(e.At, "async", "stop at")
 		}
 	case EvOverflow:
 		b.gap()
@@ -327,10 +351,11 @@ func (b *Branches) Event(e *Event) {
 		b.buf = append(b.buf, e.Err.Error()...)
 		b.line()
 	case EvEnd:
+		b.flushStop()
 		if !b.off {
 			b.trace("end at", e.IP)
 		}
-		b.off, b.farOK = true, false
+		b.off = true
 	case EvPTWrite:
 		b.recs.PTWrite(e.Payload, uint8(e.Aux), e.IP, e.HasIP)
 	}
@@ -339,8 +364,9 @@ func (b *Branches) Event(e *Event) {
 // gap starts a `gap:` line: the path between the last line and the next is
 // unknown.
 func (b *Branches) gap() {
+	b.flushStop()
 	b.c.Gaps++
-	b.off, b.farOK = true, false
+	b.off = true
 	// A record open across the gap lost words: dropped, never printed.
 	b.recs.End()
 	b.buf = append(b.buf, "gap: "...)

@@ -71,6 +71,40 @@ func TestBranchesLines(t *testing.T) {
 		}, "trace: start at 0x1000 main+0x10 (/bin/p) tid=42 cpu=3\n" +
 			"branch: 0x1000 main+0x10 (/bin/p) => 0x1002 main+0x12 (/bin/p) syscall tid=42 cpu=3\n" +
 			"trace: end at 0x1004 [unknown] ([unknown]) tid=42 cpu=3\n"},
+		{"interrupts in user-only tracing", func(b *Branches) {
+			b.Event(&Event{Kind: EvEnabled, IP: 0x1002, HasIP: true})
+			b.Insn(&Insn{IP: 0x1002, Len: 2})
+			// A signal: tracing stops before 0x1002 and starts at
+			// the handler.
+			b.Event(&Event{Kind: EvAsyncDisabled, At: 0x1002})
+			b.Event(&Event{Kind: EvEnabled, IP: 0x3000, HasIP: true})
+			// An interrupt that returned to the instruction it
+			// interrupted: no branch.
+			b.Event(&Event{Kind: EvAsyncDisabled, At: 0x3000})
+			b.Event(&Event{Kind: EvEnabled, IP: 0x3000, HasIP: true, Flags: Resumed})
+			// FUP + TIP without an IP, then a gap: the stop's line
+			// comes before the gap's.
+			b.Event(&Event{Kind: EvInterrupt, At: 0x3000})
+			b.Event(&Event{Kind: EvError, Offset: 0x40, Err: ErrBadQuery})
+			b.Event(&Event{Kind: EvEnabled, IP: 0x1000, HasIP: true})
+			b.Insn(&Insn{IP: 0x1000, Len: 2, Class: x86insn.FarTransfer})
+			b.Event(&Event{Kind: EvDisabled})
+			b.Event(&Event{Kind: EvOverflow})
+			// A fatal signal ends the trace.
+			b.Event(&Event{Kind: EvEnabled, IP: 0x1002, HasIP: true})
+			b.Event(&Event{Kind: EvAsyncDisabled, At: 0x1002})
+			b.Finish()
+		}, "trace: start at 0x1002 main+0x12 (/bin/p)\n" +
+			"branch: 0x1002 main+0x12 (/bin/p) => 0x3000 _Z1fv+0x0 (/bin/p) async\n" +
+			"trace: stop at 0x3000 _Z1fv+0x0 (/bin/p)\n" +
+			"trace: resume at 0x3000 _Z1fv+0x0 (/bin/p)\n" +
+			"trace: stop at 0x3000 _Z1fv+0x0 (/bin/p)\n" +
+			"gap: error offset=0x40 err=trace stream does not match query\n" +
+			"trace: start at 0x1000 main+0x10 (/bin/p)\n" +
+			"trace: stop after 0x1000 main+0x10 (/bin/p)\n" +
+			"gap: overflow\n" +
+			"trace: start at 0x1002 main+0x12 (/bin/p)\n" +
+			"trace: stop at 0x1002 main+0x12 (/bin/p)\n"},
 		{"stops, gaps, sync", func(b *Branches) {
 			b.Event(&Event{Kind: EvEnabled, IP: 0x3000, HasIP: true, Flags: Resumed})
 			b.Insn(&Insn{IP: 0x3000, Len: 1, Class: x86insn.Ret})

@@ -51,6 +51,13 @@ type queued struct {
 	ev    Event
 	bind  bind
 	count uint32
+	// look is 1 + the offset of the packet that completes the event
+	// (the TIP after its FUP, the FUP after MODE.TSX or MODE.Exec,
+	// PSBEND), 0 for none: libipt's event decoder keeps that packet as
+	// its lookahead until the event is delivered
+	// (pt_evt_decode_fup, pt_evt_get_offset), so an error meanwhile is
+	// reported at its offset.
+	look uint64
 }
 
 // evStatus is a PSB+ status update: it checks the IP and is not reported.
@@ -224,11 +231,20 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 		}
 		if d.opts.ResyncOnError && d.progressed() {
 			// Go on from here with tracing off: the next packet
-			// that gives an IP turns it on again.
-			mode, on := d.mode, d.enabled
+			// that gives an IP turns it on again. As libipt's
+			// resync, it goes on with the events already read: an
+			// interrupt or a disable takes effect at once; a
+			// status or an event at an IP (TSX, MODE.Exec with its
+			// FUP) is where the flow goes on.
+			mode, on, q := d.mode, d.enabled, d.q
 			d.resetState()
 			d.mode, d.resyncing, resync = mode, true, true
 			d.resyncOn = on
+			d.q = q
+			if len(q) > 0 && (q[0].bind == bindIP && q[0].ev.HasIP || q[0].bind == bindStatus) &&
+				q[0].ev.Kind != EvInterrupt && q[0].ev.Kind != EvAsyncDisabled {
+				d.ip, d.enabled = q[0].ev.IP, true
+			}
 		}
 	}
 }
@@ -263,6 +279,11 @@ func (d *Decoder) report(err error) {
 	off := d.pos()
 	if d.hasBack {
 		off = d.back.Offset
+	}
+	for i := range d.q {
+		if l := d.q[i].look; l > 0 && l-1 < off {
+			off = l - 1
+		}
 	}
 	var pe *decode.PacketError
 	if errors.As(err, &pe) {
@@ -360,6 +381,10 @@ func (d *Decoder) push(e Event, b bind) {
 	d.q = append(d.q, queued{ev: e, bind: b})
 }
 
+// completedBy notes that the packet at off completed the event queued
+// last (queued.look).
+func (d *Decoder) completedBy(off uint64) { d.q[len(d.q)-1].look = off + 1 }
+
 // psb reads a PSB+ (d.pk is the PSB). At a sync (first) it sets the state;
 // later its IP binds silently as a status update.
 func (d *Decoder) psb(first bool) error {
@@ -379,6 +404,7 @@ func (d *Decoder) psb(first bool) error {
 			if ovf {
 				return nil
 			}
+			end := d.pk.Offset
 			if mode != ModeUnknown {
 				d.pk = modeP
 				d.setMode()
@@ -394,6 +420,7 @@ func (d *Decoder) psb(first bool) error {
 				return nil
 			}
 			d.push(Event{Kind: evStatus, IP: ip, HasIP: true}, bindStatus)
+			d.completedBy(end)
 			return nil
 		case decode.FUP:
 			ip, hasIP = d.pk.IP, !d.pk.Suppressed()
@@ -560,7 +587,11 @@ func (d *Decoder) read() error {
 			if !d.enabled {
 				b = bindNow
 			}
+			n := len(d.q)
 			d.modeEvents(m, f, d.pk.IP, b)
+			for i := n; i < len(d.q) && b == bindIP; i++ {
+				d.q[i].look = d.pk.Offset + 1 // each completed by the FUP
+			}
 			return nil
 		} else if err == nil {
 			d.unread()
@@ -581,6 +612,9 @@ func (d *Decoder) read() error {
 			return err
 		}
 		d.push(e, bindIP)
+		if !d.hasBack && d.pk.Kind == decode.FUP {
+			d.completedBy(d.pk.Offset)
+		}
 		if e.Flags&Aborted != 0 {
 			// An abort is an asynchronous branch: a TIP (or
 			// TIP.PGD) follows the FUP.
@@ -834,7 +868,9 @@ func (d *Decoder) asyncAfter(ip uint64) error {
 		d.push(Event{Kind: EvAsyncDisabled, At: ip, IP: d.pk.IP, HasIP: !d.pk.Suppressed()}, bindIP)
 	default:
 		d.unread()
+		return nil
 	}
+	d.completedBy(d.pk.Offset)
 	return nil
 }
 
@@ -867,6 +903,7 @@ func (d *Decoder) fup() error {
 				kind = EvAsyncDisabled
 			}
 			d.push(Event{Kind: kind, At: at, IP: p.IP, HasIP: !p.Suppressed()}, bindIP)
+			d.completedBy(p.Offset)
 			// Queued behind the branch, they follow it.
 			for i := n - 1; i >= 0; i-- {
 				d.push(side[i], bindNow)

@@ -17,7 +17,7 @@ import (
 
 // ptsimSpace maps a ptsim run of the corpus's static flow program: the
 // binary (non-PIE) and its vDSO dump.
-func ptsimSpace(t *testing.T, run string) *images.Space {
+func ptsimSpace(t testing.TB, run string) *images.Space {
 	t.Helper()
 	s := images.NewSpace()
 	e, err := images.MapELF(s, filepath.Join(filepath.Dir(run), "flow-static"), 0)

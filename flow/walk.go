@@ -54,11 +54,12 @@ func (d *Decoder) run() error {
 		}
 		if len(d.q) == 0 && d.tntN == 0 && !d.tipOK && !d.flowNext() {
 			// Like libipt, look at the next packet: the end of
-			// the trace ends the flow now; then decode the
-			// instruction at the IP before reading on (code that is
-			// not there is the error, whatever the trace says next);
-			// an event packet is taken now, TNT and TIP wait for the
-			// branch that needs them.
+			// the trace ends the flow now; a TNT (into the cache)
+			// or an event packet is taken before the instruction at
+			// the IP is decoded, as libipt's event decoder reads on
+			// to the next event; a TIP waits for the branch that
+			// needs it, once the code at the IP is known to be
+			// there (else that is the error).
 			if err := d.peek(); err != nil {
 				return err
 			}
@@ -68,7 +69,7 @@ func (d *Decoder) run() error {
 				d.emit(&d.qEv)
 				return io.EOF
 			}
-			if k := d.back.Kind; k == decode.TNT8 || k == decode.TNT64 {
+			if !d.flowNext() {
 				if err := d.read(); err != nil {
 					return err
 				}
@@ -77,11 +78,6 @@ func (d *Decoder) run() error {
 			if b := d.block(d.ip, d.mode); len(b.insns) == 0 {
 				d.errIP = d.ip
 				return b.err
-			}
-			if !d.flowNext() {
-				if err := d.read(); err != nil {
-					return err
-				}
 			}
 			continue
 		}

@@ -43,7 +43,10 @@ func TestBranchesPerfCorpus(t *testing.T) {
 			t.Errorf("gap other than unknown code: %s", line)
 		}
 	}
-	if !strings.Contains(out, "branch summary: branches=0 insns=0 gaps=10\n") {
+	// One interrupt (FUP + TIP) at the IP a PSB+ synchronised at is
+	// taken before the code there is missed, as libipt takes events:
+	// an async branch between two addresses of the trace.
+	if !strings.Contains(out, "branch summary: branches=1 insns=0 gaps=10\n") {
 		t.Errorf("branch summary:\n%s", out)
 	}
 	// Image options are the raw trace's: perf.data refuses them.

@@ -228,33 +228,85 @@ func TestBranchesArgs(t *testing.T) {
 	}
 }
 
-// TestBranchesPtsimDynamic records a dynamically linked program (ld.so,
-// libc's vector string functions on long strings) with ptsim, built into a
-// temp dir, and holds ptfs decode --branches to its ground truth: every
-// branch (address, target, kind) and every instruction exact, through
-// images built from its maps snapshots and the files on disk.
-func TestBranchesPtsimDynamic(t *testing.T) {
-	tools := filepath.Join(testkit.Root(t), "..", "shared", "tools", "ptsim")
-	if _, err := os.Stat(filepath.Join(tools, "ptsim-run")); err != nil {
+// ptsim builds ../shared/tools/ptsim (read-only there) into a temp dir
+// and records programs with it.
+type ptsim struct{ tools, bin string }
+
+// newPtsim builds ptsim's tracer and encoder into t's temp dir.
+func newPtsim(t *testing.T) *ptsim {
+	t.Helper()
+	p := &ptsim{tools: filepath.Join(testkit.Root(t), "..", "shared", "tools", "ptsim"), bin: filepath.Join(t.TempDir(), "bin")}
+	if _, err := os.Stat(filepath.Join(p.tools, "ptsim-run")); err != nil {
 		testkit.Unavailable(t, "ptsim not found: %v", err)
 	}
-	prog := testkit.BuildC(t, "testdata/ptsim-strings.c")
-	tmp := t.TempDir()
-	bin := filepath.Join(tmp, "bin")
-	if b, err := exec.Command("make", "-s", "-C", tools, "BIN="+bin).CombinedOutput(); err != nil {
+	if b, err := exec.Command("make", "-s", "-C", p.tools, "BIN="+p.bin).CombinedOutput(); err != nil {
 		testkit.Unavailable(t, "cannot build ptsim: %v\n%s", err, b)
 	}
-	out := filepath.Join(tmp, "out")
-	cmd := exec.Command(filepath.Join(tools, "ptsim-run"), "--no-validate", out, prog)
-	cmd.Env = append(os.Environ(), "PTSIM_BIN="+bin)
+	return p
+}
+
+// record runs prog single-stepped into out (trace.pt, insns.bin,
+// expected.branches, maps.txt, mem/), with ptsim-run's options opts.
+func (p *ptsim) record(t *testing.T, out string, opts []string, prog ...string) {
+	t.Helper()
+	args := append(append(append([]string{"--no-validate"}, opts...), out), prog...)
+	cmd := exec.Command(filepath.Join(p.tools, "ptsim-run"), args...)
+	cmd.Env = append(os.Environ(), "PTSIM_BIN="+p.bin)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		testkit.Unavailable(t, "ptsim-run cannot record here: %v\n%s", err, b)
 	}
-	args := []string{"--maps", filepath.Join(out, "maps.txt")}
-	if vdso, _ := filepath.Glob(filepath.Join(out, "mem", "*vdso*")); len(vdso) == 1 {
-		args = append(args, "--vdso", vdso[0])
+}
+
+// encode writes the PT trace of the recording in out, encoded with other
+// ptsim-encode options, to file (the branches are the recording's).
+func (p *ptsim) encode(t *testing.T, out, file string, opts ...string) {
+	t.Helper()
+	if b, err := exec.Command(filepath.Join(p.bin, "ptsim-encode"), append(append(opts, "-o", file), out)...).CombinedOutput(); err != nil {
+		t.Fatalf("ptsim-encode %q: %v\n%s", opts, err, b)
 	}
-	trace := filepath.Join(out, "trace.pt")
+}
+
+// ptsimRecArgs are the --branches images of a recording: its maps
+// snapshots (files read where they are) and the dumps of code no file
+// holds that maps.txt names: the vDSO as --vdso, others as --raw.
+func ptsimRecArgs(t *testing.T, out string) []string {
+	t.Helper()
+	maps := filepath.Join(out, "maps.txt")
+	text, err := os.ReadFile(maps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--maps", maps}
+	vdso := map[string]bool{}
+	for l := range strings.Lines(string(text)) {
+		if f := strings.Fields(l); len(f) == 6 && f[5] == "[vdso]" {
+			vdso[f[0]] = true
+		}
+	}
+	for l := range strings.Lines(string(text)) {
+		// # dump START-END FILE
+		f := strings.Fields(l)
+		if len(f) != 4 || f[0] != "#" || f[1] != "dump" {
+			continue
+		}
+		if vdso[f[2]] {
+			args = append(args, "--vdso", filepath.Join(out, f[3]))
+		} else {
+			start, _, _ := strings.Cut(f[2], "-")
+			args = append(args, "--raw", filepath.Join(out, f[3])+":0x"+start)
+		}
+	}
+	return args
+}
+
+// ptsimExact holds ptfs decode --branches on a ptsim recording in out
+// (its trace, or the trace file given) to the ground truth: every branch
+// (address, target, kind) of expected.branches and every instruction of
+// insns.bin, no gap and no error. It returns the branch lines and the
+// number of VEX and EVEX instructions executed.
+func ptsimExact(t *testing.T, out, trace string) (lines string, vex, evex int) {
+	t.Helper()
+	args := ptsimRecArgs(t, out)
 	code, stdout, errs := runDecodeT(append(append([]string{"--branches"}, args...), trace)...)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
@@ -266,28 +318,137 @@ func TestBranchesPtsimDynamic(t *testing.T) {
 	}
 	want := strings.Split(strings.TrimSuffix(string(exp), "\n"), "\n")
 	diffLines(t, "branch", got, want)
-	if !strings.Contains(stdout, "(/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2)") || !strings.Contains(stdout, "(/usr/lib/x86_64-linux-gnu/libc.so.6)") {
-		t.Errorf("no branch names ld.so and libc")
-	}
-	if last := rest[len(rest)-1]; last != "summary: records=0 dropped=0 stray=0 unknown=0 errors=0" {
-		t.Errorf("summary %q", last)
-	}
-
-	s, data := decodeImages(t, append(args, trace))
 	insns, err := os.ReadFile(filepath.Join(out, "insns.bin"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	wantSum := "branch summary: branches=" + strconv.Itoa(len(want)) + " insns=" + strconv.Itoa(len(insns)/8) + " gaps=0"
+	if n := len(rest); n < 2 || rest[n-2] != wantSum || rest[n-1] != "summary: records=0 dropped=0 stray=0 unknown=0 errors=0" {
+		t.Errorf("summaries %q, want %q and no error", rest[max(0, n-2):], wantSum)
+	}
+
+	s, data := decodeImages(t, append(args, trace))
 	c := &vexCounter{insnChecker: insnChecker{Handler: flow.NewBranches(io.Discard, s, s, nil), want: insns}, mem: s}
 	flow.New(s, flow.Options{}).Decode(data, c)
 	if c.bad != 0 || c.n*8 != len(insns) {
 		t.Fatalf("%d instructions, want %d; %d differ, the first at %d", c.n, len(insns)/8, c.bad, c.at)
 	}
-	// The point of the run: vector code was stepped over.
-	if c.vex == 0 {
-		t.Errorf("no VEX/EVEX instruction executed")
+	t.Logf("%s: %d instructions, %d branches equal (%d bytes of trace)", filepath.Base(trace), c.n, len(got), len(data))
+	return stdout, c.vex, c.evex
+}
+
+// TestBranchesPtsimRuns records programs with ptsim, built into a temp
+// dir, and holds ptfs decode --branches to each run's ground truth
+// (ptsimExact): dynamic linking (ld.so), libc's vector string functions,
+// the vDSO (dumped, no file), signals (asynchronous ones: FUP + TIP.PGD,
+// then TIP.PGE at the handler, an `async` branch), system programs (one
+// cut by --max), and a trace encoded with a PSB+ at almost every
+// instruction boundary and with the return stack flushed at each
+// disable. ptsim follows one thread only (its README: other threads and
+// children are not stepped), so no run has threads.
+func TestBranchesPtsimRuns(t *testing.T) {
+	if testkit.Race {
+		t.Skip("single-threaded recording and decoding: the race detector only slows them many times over")
 	}
-	t.Logf("%d branches, %d instructions (%d VEX, %d EVEX) equal", len(got), c.n, c.vex, c.evex)
+	p := newPtsim(t)
+	tests := filepath.Join(p.tools, "tests")
+	for _, tc := range []struct {
+		name  string
+		opts  []string
+		prog  func(t *testing.T) []string
+		check func(t *testing.T, out, lines string, vex, evex int)
+	}{{
+		name: "strings",
+		prog: func(t *testing.T) []string { return []string{testkit.BuildC(t, "testdata/ptsim-strings.c")} },
+		check: func(t *testing.T, out, lines string, vex, evex int) {
+			if !strings.Contains(lines, "(/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2)") || !strings.Contains(lines, "(/usr/lib/x86_64-linux-gnu/libc.so.6)") {
+				t.Errorf("no branch names ld.so and libc")
+			}
+			// The point of the run: vector code was stepped over.
+			if vex == 0 {
+				t.Errorf("no VEX/EVEX instruction executed")
+			}
+			t.Logf("%d VEX, %d EVEX instructions", vex, evex)
+		},
+	}, {
+		name: "flow",
+		prog: func(t *testing.T) []string { return []string{testkit.BuildC(t, filepath.Join(tests, "flow.c"))} },
+		check: func(t *testing.T, out, lines string, vex, evex int) {
+			vdsoBranches(t, lines, 1)
+			// The same recording, encoded with a PSB+ at almost every
+			// boundary (also while disabled in syscalls), and with the
+			// return stack cleared at every TIP.PGD.
+			for _, enc := range []struct {
+				name string
+				opts []string
+			}{{"psb16.pt", []string{"-psb-period", "16"}}, {"retflush.pt", []string{"-ret-flush-on-disable"}}} {
+				pt := filepath.Join(out, enc.name)
+				p.encode(t, out, pt, enc.opts...)
+				ptsimExact(t, out, pt)
+			}
+		},
+	}, {
+		name: "vdso",
+		prog: func(t *testing.T) []string { return []string{testkit.BuildC(t, "testdata/ptsim-vdso.c")} },
+		check: func(t *testing.T, out, lines string, vex, evex int) {
+			vdsoBranches(t, lines, 1000)
+		},
+	}, {
+		name: "sigs",
+		prog: func(t *testing.T) []string { return []string{testkit.BuildC(t, filepath.Join(tests, "sigs.c"))} },
+		check: func(t *testing.T, out, lines string, vex, evex int) {
+			// The SIGSEGV interrupts user code, and so do the SIGALRMs
+			// that do not come at a syscall's exit (under load, some
+			// do); SIGUSR1 comes at a syscall's exit (a syscall
+			// branch to its handler). ptsimExact held the kinds to
+			// the ground truth.
+			n := strings.Count(lines, " async\n")
+			if n == 0 {
+				t.Errorf("no async branch")
+			}
+			t.Logf("%d async branches", n)
+			if !strings.Contains(lines, "syscall\n") || strings.Contains(lines, "trace: stop at") {
+				t.Errorf("a stop line, or no syscall branch")
+			}
+		},
+	}, {
+		name: "true",
+		prog: func(t *testing.T) []string { return []string{"/bin/true"} },
+	}, {
+		name: "date-max",
+		opts: []string{"--max", "100000"},
+		prog: func(t *testing.T) []string { return []string{"/bin/date"} },
+		check: func(t *testing.T, out, lines string, vex, evex int) {
+			// --max ends the trace with FUP + TIP.PGD.
+			if !strings.Contains(lines, "trace: stop at ") {
+				t.Errorf("no stop line at the end")
+			}
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out")
+			p.record(t, out, tc.opts, tc.prog(t)...)
+			lines, vex, evex := ptsimExact(t, out, filepath.Join(out, "trace.pt"))
+			if tc.check != nil {
+				tc.check(t, out, lines, vex, evex)
+			}
+		})
+	}
+}
+
+// vdsoBranches checks that at least atLeast branch lines leave from the vDSO.
+func vdsoBranches(t *testing.T, lines string, atLeast int) {
+	t.Helper()
+	n := 0
+	for l := range strings.Lines(lines) {
+		if f := strings.Fields(l); len(f) == 9 && f[0] == "branch:" && f[3] == "([vdso])" {
+			n++
+		}
+	}
+	if n < atLeast {
+		t.Errorf("%d branches from the vDSO, want %d or more", n, atLeast)
+	}
+	t.Logf("%d branches from the vDSO", n)
 }
 
 // vexCounter counts the executed VEX- and EVEX-encoded instructions.

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"ptfs/decode"
 	"ptfs/flow"
 	"ptfs/internal/testkit"
 	"ptfs/x86insn"
@@ -72,21 +75,64 @@ func (e *edger) Event(ev *flow.Event) {
 }
 
 // nextCF returns the address of the first control-flow instruction at or
-// after ip, 0 if the code there cannot be decoded.
-func nextCF(mem flow.Memory, ip uint64) uint64 {
+// after ip, 0 if the code there cannot be decoded, and whether the run
+// from ip to it passed the instruction at via.
+func nextCF(mem flow.Memory, ip, via uint64) (cf uint64, passed bool) {
 	var b [x86insn.MaxLen]byte
 	for range 4096 {
+		passed = passed || ip == via
 		n, _ := mem.ReadAt(b[:], ip)
 		in, err := x86insn.Step(b[:n], ip)
 		if err != nil {
-			return 0
+			return 0, passed
 		}
 		if in.Class != x86insn.NotBranch && in.Class != x86insn.PTWrite {
-			return ip
+			return ip, passed
 		}
 		ip += uint64(in.Len)
 	}
-	return 0
+	return 0, passed
+}
+
+// psbAfterTIP returns the pairs (TIP IP, FUP IP) of the trace's PSB+ that
+// come right after a TIP (no other IP or TNT packet between): the FUP is
+// the status, the IP execution reached from the TIP's target when the PSB
+// went out.
+func psbAfterTIP(t *testing.T, trace []byte) map[[2]uint64]bool {
+	t.Helper()
+	pairs := map[[2]uint64]bool{}
+	d := decode.NewPacketDecoder(trace)
+	if err := d.SyncForward(); err != nil {
+		t.Fatalf("no PSB: %v", err)
+	}
+	var p decode.Packet
+	var tip uint64
+	afterTIP, inPSB := false, false
+	for {
+		err := d.Next(&p)
+		if errors.Is(err, io.EOF) {
+			return pairs
+		}
+		if err != nil {
+			afterTIP, inPSB = false, false
+			continue
+		}
+		switch p.Kind {
+		case decode.TIP:
+			tip, afterTIP = p.IP, true
+		case decode.PSB:
+			inPSB = true
+		case decode.PSBEnd:
+			inPSB, afterTIP = false, false
+		case decode.FUP:
+			if inPSB && afterTIP {
+				pairs[[2]uint64{tip, p.IP}] = true
+			}
+			afterTIP = afterTIP && inPSB
+		case decode.TNT8, decode.TNT64, decode.TIPPGE, decode.TIPPGD:
+			afterTIP = false
+		}
+	}
 }
 
 // edgeParts splits "SRC->DST".
@@ -99,15 +145,19 @@ func edgeParts(e string) (src, dst uint64, ok bool) {
 // line for line; where they differ, both sides are skipped to the next
 // four equal lines (within a window), and the window is classified:
 // "async" where ptfs saw an asynchronous stop (FUP + TIP.PGD, which libxdc
-// renders as an edge from a later instruction); "libxdc-target" where both
-// leave the same instruction for different targets and ptfs's target runs
+// renders as an edge from a later instruction); "psb-fup" where both leave
+// the same instruction, ptfs for the IP of the TIP that decided it, libxdc
+// for the FUP IP of the PSB+ right after that TIP (a pair in psb), which
+// the straight run from the TIP's IP passes: libxdc takes the PSB+'s
+// status FUP for the branch's target; "libxdc-target" where both leave
+// the same instruction for different targets and ptfs's target runs
 // straight into the next edge's source in the code while libxdc's does
 // not; "pgd-target" where both leave the same instruction and ptfs goes
 // to the TIP.PGD's IP that libxdc's next line names as the stretch's end
 // while libxdc's edge names another address; "libxdc-extra" where only
 // libxdc has edges and ptfs's path across them runs straight through the
 // code; "other" for the rest.
-func edgeDiff(t *testing.T, mem flow.Memory, ref, got []string) (equal int, classes map[string]int, others []string) {
+func edgeDiff(t *testing.T, mem flow.Memory, psb map[[2]uint64]bool, ref, got []string) (equal int, classes map[string]int, others []string) {
 	classes = map[string]int{}
 	const window = 12
 	same := func(i, j int) bool {
@@ -158,17 +208,21 @@ func edgeDiff(t *testing.T, mem flow.Memory, ref, got []string) (equal int, clas
 			rs, rd, ok1 := edgeParts(rw[0])
 			gs, gd, ok2 := edgeParts(gw[0])
 			ns, _, ok3 := edgeParts(ref[i+di])
+			gcf, passed := nextCF(mem, gd, rd)
+			rcf, _ := nextCF(mem, rd, 0)
 			switch {
 			case ok1 && ok2 && rs == gs && ref[i+di] == fmt.Sprintf("%x->%s", gd, stretch):
 				class = "pgd-target"
-			case ok1 && ok2 && ok3 && rs == gs && rd != gd && nextCF(mem, gd) == ns && nextCF(mem, rd) != ns:
+			case ok1 && ok2 && ok3 && rs == gs && rd != gd && psb[[2]uint64{gd, rd}] && passed && gcf == ns:
+				class = "psb-fup"
+			case ok1 && ok2 && ok3 && rs == gs && rd != gd && gcf == ns && rcf != ns:
 				class = "libxdc-target"
 			}
 		}
 		if class == "other" && len(gw) == 0 && j > 0 && j < len(got) {
 			_, pd, ok1 := edgeParts(got[j-1])
 			ns, _, ok2 := edgeParts(got[j])
-			if ok1 && ok2 && nextCF(mem, pd) == ns {
+			if cf, _ := nextCF(mem, pd, 0); ok1 && ok2 && cf == ns {
 				class = "libxdc-extra"
 			}
 		}
@@ -189,15 +243,13 @@ func TestBranchesLibxdc(t *testing.T) {
 	for _, tt := range []struct {
 		name, trace string
 		lo, hi      uint64
-		// other is the number of unexplained difference windows.
-		other int
+		// psbFUP is the number of "psb-fup" windows: mruby's two rets
+		// (40626e, 403754) whose TIP (406434, 403721: the return
+		// addresses of their calls) is the last packet before a PSB+
+		// whose FUP (40644c, 40372d) lies on the straight run from it.
+		psbFUP int
 	}{
 		{"foo", "trace", 0x7ffff7819000, 0x7ffff79ca000, 0},
-		// mruby: two indirect jumps (40626e, 403754) where libxdc and
-		// ptfs name different targets and both targets run straight
-		// into the next common edge; ptfs takes the TIPs in stream
-		// order as libipt does (libipt's ptxed decodes mruby without
-		// error). Not yet traced to the packet offset.
 		{"mruby", "trace", 0x400000, 0x4b6000, 2},
 		{"Unzip", "trace", 0x400000, 0x427000, 0},
 		{"icelake_tip", "ptlog", 0x1000, 0xfffffffffffff000, 0},
@@ -213,13 +265,13 @@ func TestBranchesLibxdc(t *testing.T) {
 			e := &edger{lo: tt.lo, hi: tt.hi}
 			flow.New(s, flow.Options{}).Decode(data, e)
 			ref := gzLines(t, filepath.Join(dir, "ref.edges.gz"))
-			equal, classes, others := edgeDiff(t, s, ref, e.edges)
+			equal, classes, others := edgeDiff(t, s, psbAfterTIP(t, data), ref, e.edges)
 			t.Logf("%d of %d libxdc edges equal; difference windows %v", equal, len(ref), classes)
 			for _, o := range others {
 				t.Logf("other: %s", o)
 			}
-			if len(others) != tt.other {
-				t.Errorf("%d unexplained differences, want %d", len(others), tt.other)
+			if len(others) != 0 || classes["psb-fup"] != tt.psbFUP {
+				t.Errorf("%d unexplained differences, %d psb-fup; want 0 and %d", len(others), classes["psb-fup"], tt.psbFUP)
 			}
 			if equal < len(ref)*99/100 && tt.name != "icelake_tip" {
 				t.Errorf("only %d of %d edges equal", equal, len(ref))

@@ -17,24 +17,15 @@ import (
 // does not meet yet, each with the reason; what ptfs does instead is in
 // docs/DESIGN.md §5 (ptfs decode --insns).
 var insnsKnownFailures = map[string]string{
-	"ptxed-resync-bad_query-fup-tip":      reasonResync,
-	"ptxed-resync-nomap-fup-tip":          reasonResync,
-	"ptxed-resync-nomap-mode_exec-fup":    reasonResync,
-	"ptxed-resync-nomap-mode_tsx-eos":     reasonResync,
-	"ptxed-resync-nomap-mode_tsx-fup-tip": reasonResync,
-	"ptxed-resync-nomap-mode_tsx-tip_pgd": reasonResync,
-	"ptxed-resync-nomap-psb":              reasonResync,
-	"ptxed-resync-psb-nomap-psb":          reasonResync,
-	"mwait-pwre-exstop_ip-fup-ovf":        reasonPwreHW,
-	"mwait-pwre-exstop_ip-ovf":            reasonPwreHWOrder,
-	"mwait-pwre-ovf":                      reasonPwreHW,
-	"ovf-pwre-pwrx-tip_pge":               reasonPwreHW,
-	"pwre-exstop_ip-pwrx":                 reasonPwreHW,
-	"tip_pge-pwre-pwrx-tip_pgd":           reasonPwreHW,
+	"mwait-pwre-exstop_ip-fup-ovf": reasonPwreHW,
+	"mwait-pwre-exstop_ip-ovf":     reasonPwreHWOrder,
+	"mwait-pwre-ovf":               reasonPwreHW,
+	"ovf-pwre-pwrx-tip_pge":        reasonPwreHW,
+	"pwre-exstop_ip-pwrx":          reasonPwreHW,
+	"tip_pge-pwre-pwrx-tip_pgd":    reasonPwreHW,
 }
 
 const (
-	reasonResync      = "libipt's read-ahead around an error (not modelled yet): before decoding the instruction at a new IP it takes the event packets that follow (FUP, MODE.Exec, MODE.TSX, PSB+ up to its PSBEND), so its error names a later offset, and with --resync-on-error it resumes at the IP those packets give and reports their events; ptfs reports the same error at the offset of the first packet it has not read and resumes at the next packet that gives an IP, so it may skip an event or an error libipt prints"
 	reasonPwreHW      = "libipt quirk: pttc puts PWRE's hw bit at bit 3 of the payload (pt_pl_pwre_hw_mask), the SDM and Linux perf at bit 7; ptfs follows the SDM, so libipt's [pwre c1.0 hw] prints as [pwre c1.0] (as in the ptdump test's known differences)"
 	reasonPwreHWOrder = "the PWRE hw bit quirk (see reasonPwreHW), and libipt reports the PWRE before the MWAIT when the EXSTOP's FUP is lost to an overflow; ptfs keeps MWAIT, EXSTOP, PWRE"
 )
