@@ -108,15 +108,17 @@ func sameFlow(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
 	return d.Counters()
 }
 
-// FuzzNoInsns holds chaining blocks (NoInsns) to the instruction walk on
-// random and mutated traces and code: the same branches, events and
-// counters.
+// FuzzNoInsns holds chaining blocks (NoInsns) to the instruction walk, and
+// the fast path (fast.go) to chaining, on random and mutated traces and
+// code: the same branches, events and counters.
 func FuzzNoInsns(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, trace, code []byte, base uint64) {
 		if len(trace) > 1<<16 || len(code) > 1<<16 {
 			return
 		}
-		sameFlow(t, &blob{base: base, code: code}, trace, Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1})
+		mem, opts := &blob{base: base, code: code}, Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1}
+		sameFlow(t, mem, trace, opts)
+		sameFast(t, mem, trace, opts)
 	})
 }

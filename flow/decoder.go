@@ -140,6 +140,9 @@ type Decoder struct {
 	cache   blockCache
 	buf     [x86insn.MaxLen]byte
 	c       Counters
+	// noFast turns the fast path (fast.go) off: tests hold it to the
+	// packet-by-packet flow.
+	noFast bool
 }
 
 // New returns a decoder that reads code from mem.

@@ -12,12 +12,16 @@ type packetBatch struct {
 	pkts [batchSize]decode.Packet
 	i, n int
 	err  error
+	// size is how many packets the next batch decodes: after the fast
+	// path handed over (fast.go), 1, doubling up to batchSize, so that
+	// few packets are decoded ahead when it can take over again.
+	size int
 }
 
 // resetPackets starts decoding trace.
 func (d *Decoder) resetPackets(trace []byte) {
 	d.pd.Reset(trace)
-	d.pb.i, d.pb.n, d.pb.err = 0, 0, nil
+	d.pb.i, d.pb.n, d.pb.err, d.pb.size = 0, 0, nil, batchSize
 }
 
 // nextPacket reads the next packet that the flow uses into d.pk, skipping
@@ -46,8 +50,8 @@ func (d *Decoder) nextPacket() error {
 			b.err = nil
 			return err
 		}
-		n, err := d.pd.Decode(b.pkts[:])
-		b.i, b.n, b.err = 0, n, err
+		n, err := d.pd.Decode(b.pkts[:b.size])
+		b.i, b.n, b.err, b.size = 0, n, err, min(2*b.size, batchSize)
 		if n == 0 {
 			b.err = nil
 			return err

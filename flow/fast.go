@@ -1,0 +1,345 @@
+package flow
+
+import (
+	"encoding/binary"
+	"math/bits"
+
+	"ptfs/decode"
+	"ptfs/x86insn"
+)
+
+// The fast path: while the decoder's state is simple (a reader of branches,
+// tracing plainly on or off, nothing queued, held or stashed, no stubs, no
+// ticks), the flow is driven from the trace bytes themselves instead of
+// decoded packets: PAD, TNT.8, TNT.64, TIP, TIP.PGD and TIP.PGE (and the
+// timing packets without a clock, which the slow path skips too), with
+// the packet decoder's last-IP rule (decode.ApplyIP). It does what chain,
+// walk and run do for them, in their order, and hands anything else over to
+// them in exactly the state they would have reached: pending TNT bits in
+// tnt/tntN, a TIP read ahead in back, a TIP.PGD queued, the packet decoder
+// at the first packet not taken.
+
+// fastTIP is a TIP the fast path read ahead and the flow has not taken yet.
+type fastTIP struct {
+	ok, supp bool
+	// back: it is d.back (the slow path's read-ahead); else it starts at
+	// pos, after the last IP last.
+	back bool
+	ip   uint64
+	pos  int
+	last uint64
+}
+
+// fastOK tells whether the fast path can take the flow from here.
+func (d *Decoder) fastOK() bool {
+	if d.noFast || !d.opts.NoInsns || d.opts.Ticks || len(d.opts.Stubs) > 0 || len(d.q) > 0 || d.inStub ||
+		d.stash != ModeUnknown || d.nHeld > 0 || len(d.unnamed) > 0 || d.resyncing || d.eos || d.tipOK ||
+		d.pb.i < d.pb.n || d.pb.err != nil {
+		return false
+	}
+	if d.enabled {
+		return !d.hasBack || d.back.Kind == decode.TIP
+	}
+	return !d.hasBack && d.tntN == 0
+}
+
+// fast runs the flow from the trace bytes until it meets what it leaves to
+// the slow path; it returns an error only where the slow path would have
+// (none it finds itself).
+func (d *Decoder) fast() error {
+	buf, pos, last, ok := d.pd.Raw()
+	if !ok {
+		return nil
+	}
+	// Packets are read from 16-byte windows, as the packet decoder's
+	// fast loop reads them; the last ones are the slow path's.
+	end := len(buf) - 16
+	pos0, insns0 := pos, d.c.Insns
+	var tip fastTIP
+	if d.hasBack {
+		tip = fastTIP{ok: true, back: true, ip: d.back.IP, supp: d.back.Suppressed()}
+		d.hasBack = false
+	}
+	tnt, nb := d.tnt, uint(d.tntN)
+	steps, ip, errIP := d.steps, d.ip, d.errIP
+	maxInsns := d.opts.MaxInsns
+	skipTiming := d.clock == nil
+	var b *block
+	var succ **block
+	h := d.h
+loop:
+	for {
+		if !d.enabled {
+			// Tracing is off: a TIP.PGE turns it on, as read and
+			// fire do.
+			pos = skipPad(buf, pos, end, skipTiming)
+			if pos > end {
+				break
+			}
+			c := buf[pos]
+			if c&0x1f != 0x11 {
+				break
+			}
+			n := decode.IPSize(c)
+			if n <= 0 {
+				break // suppressed (ErrNoIP) or reserved
+			}
+			last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:])&lowBytes(n), last)
+			pos += 1 + n
+			d.push(Event{Kind: EvEnabled, IP: last, HasIP: true}, bindNow)
+			d.fire(0)
+			ip, steps, b = d.ip, d.steps, nil
+		}
+		if nb == 0 && !tip.ok {
+			// Nothing pending: the next packet, as chain's and run's
+			// read-ahead takes it.
+			pos = skipPad(buf, pos, end, skipTiming)
+			if pos > end {
+				break
+			}
+			c := buf[pos]
+			switch {
+			case c&1 == 0 && c != 2:
+				p := c >> 1
+				nb = uint(bits.Len8(p) - 1)
+				tnt = uint64(p) &^ (1 << nb)
+				pos++
+			case c == 2 && buf[pos+1] == 0xa3:
+				v := binary.LittleEndian.Uint64(buf[pos+2:]) & lowBytes(6)
+				if v <= 1 {
+					break loop // no stop bit, or no bits: the slow path's
+				}
+				nb = uint(bits.Len64(v) - 1)
+				tnt = v &^ (1 << nb)
+				pos += 8
+			case c&0x1f == 0x0d:
+				n := decode.IPSize(c)
+				if n < 0 {
+					break loop
+				}
+				tip = fastTIP{ok: true, supp: n == 0, pos: pos, last: last}
+				last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:])&lowBytes(n), last)
+				tip.ip = last
+				pos += 1 + n
+			case c&0x1f == 0x01:
+				n := decode.IPSize(c)
+				if n < 0 {
+					break loop
+				}
+				// run decodes the instruction at the IP before it
+				// reads an event packet: code that is not there is
+				// the error.
+				if b = d.fastBlock(b, succ, ip); len(b.insns) == 0 {
+					break loop
+				}
+				pgd := decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:])&lowBytes(n), last)
+				last, pos = pgd, pos+1+n
+				if n == 0 {
+					pgd = 0
+				}
+				d.ip, d.steps, d.errIP = ip, steps, errIP
+				d.push(Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}, bindBranch)
+				if !d.fastDisable(b) {
+					ip, steps, errIP = d.ip, d.steps, d.errIP
+					break loop
+				}
+				ip, steps, errIP, b = d.ip, d.steps, d.errIP, nil
+				continue
+			default:
+				break loop
+			}
+		}
+		b = d.fastBlock(b, succ, ip)
+		n := len(b.insns) - 1
+		if n < 0 || steps+n+1 > maxInsns {
+			break
+		}
+		lst := &b.insns[n]
+		switch lst.class {
+		case x86insn.CondJump:
+			if nb == 0 {
+				break loop
+			}
+			nb--
+			taken := tnt>>nb&1 == 1
+			tnt &= 1<<nb - 1
+			d.sinceRef, steps = 0, 0
+			if taken {
+				h.Branch(lst.ip, lst.target, BrCond)
+				ip, succ = lst.target, &b.taken
+			} else {
+				ip, succ = lst.ip+uint64(lst.len), &b.fall
+			}
+		case x86insn.Jump, x86insn.Call:
+			if nb == 0 {
+				// The TIP read ahead is not for this branch: walk
+				// executes it, counting it for a TRIG.
+				d.sinceRef++
+			}
+			steps += n + 1
+			kind := BrJump
+			// As exec: a call to the next instruction pushes nothing.
+			if ret := lst.ip + uint64(lst.len); lst.class == x86insn.Call {
+				kind = BrCall
+				if lst.target != ret {
+					d.pushRet(ret)
+				}
+			}
+			h.Branch(lst.ip, lst.target, kind)
+			ip, succ = lst.target, &b.taken
+		case x86insn.Ret:
+			if nb > 0 {
+				// A compressed return; anything else is exec's
+				// to report.
+				if tnt>>(nb-1)&1 == 0 || d.sp == 0 {
+					break loop
+				}
+				nb--
+				tnt &= 1<<nb - 1
+				d.sinceRef, steps = 0, 0
+				ip = d.popRet()
+				h.Branch(lst.ip, ip, BrReturn)
+				succ = &b.taken
+				break
+			}
+			if tip.supp {
+				break loop
+			}
+			tip.ok, steps = false, 0
+			h.Branch(lst.ip, tip.ip, BrReturn)
+			ip, succ = tip.ip, &b.taken
+		case x86insn.IndirectJump, x86insn.IndirectCall:
+			if nb > 0 || tip.supp {
+				break loop
+			}
+			tip.ok, steps = false, 0
+			kind := BrIndirectJump
+			if lst.class == x86insn.IndirectCall {
+				kind = BrIndirectCall
+				d.pushRet(lst.ip + uint64(lst.len))
+			}
+			h.Branch(lst.ip, tip.ip, kind)
+			ip, succ = tip.ip, &b.taken
+		default:
+			break loop
+		}
+		d.c.Insns += uint64(n + 1)
+		errIP = lst.ip
+	}
+	d.ip, d.steps, d.errIP = ip, steps, errIP
+	d.tnt, d.tntN = tnt, uint8(nb)
+	d.pd.SetRaw(pos, last)
+	if pos != pos0 || d.c.Insns != insns0 {
+		// Few packets decoded ahead: the fast path can take over
+		// again soon.
+		d.pb.size = 1
+	}
+	if tip.ok {
+		if tip.back {
+			d.hasBack = true
+		} else {
+			// Read ahead, as the slow path would have it.
+			d.pd.SetRaw(tip.pos, tip.last)
+			d.pb.size = 1
+			return d.peek()
+		}
+	}
+	return nil
+}
+
+// fastBlock is the block at ip: the successor the last block's branch led
+// to (succ) when it is that one, else the cache's, kept as the successor.
+func (d *Decoder) fastBlock(b *block, succ **block, ip uint64) *block {
+	if b != nil && succ != nil {
+		if s := *succ; s != nil && len(s.insns) > 0 && s.insns[0].ip == ip {
+			return s
+		}
+		s := d.block(ip, d.mode)
+		*succ = s
+		return s
+	}
+	if b != nil && len(b.insns) > 0 && b.insns[0].ip == ip {
+		return b
+	}
+	return d.block(ip, d.mode)
+}
+
+// fastDisable walks from block b with a TIP.PGD queued, as walk and exec do:
+// direct branches are taken until one to the TIP.PGD's IP, or a branch that
+// needs trace, which the disable binds to. It tells whether the disable
+// fired; else the walk is left, at a block's start, to the slow path.
+func (d *Decoder) fastDisable(b *block) bool {
+	for {
+		n := len(b.insns) - 1
+		if n < 0 || d.steps+n+1 > d.opts.MaxInsns {
+			return false
+		}
+		lst := &b.insns[n]
+		switch lst.class {
+		case x86insn.CondJump, x86insn.Ret, x86insn.IndirectJump, x86insn.IndirectCall, x86insn.FarTransfer,
+			x86insn.Jump, x86insn.Call:
+		default:
+			return false
+		}
+		d.c.Insns += uint64(n + 1)
+		d.sinceRef += uint32(n + 1)
+		d.steps += n + 1
+		d.errIP = lst.ip
+		next := lst.ip + uint64(lst.len)
+		d.ip = next
+		switch lst.class {
+		case x86insn.Jump, x86insn.Call:
+			if ev := &d.q[0].ev; ev.HasIP && ev.IP == lst.target {
+				d.fire(0)
+				return true
+			}
+			kind := BrJump
+			if lst.class == x86insn.Call {
+				kind = BrCall
+				if lst.target != next {
+					d.pushRet(next)
+				}
+			}
+			d.branch(lst.ip, lst.target, kind)
+			d.ip = lst.target
+			b = d.fastBlock(b, &b.taken, d.ip)
+			continue
+		case x86insn.IndirectCall:
+			d.pushRet(next)
+		}
+		d.fire(0)
+		return true
+	}
+}
+
+// skipPad returns the position of the first packet at or after pos that is
+// not a PAD (nor, with timing, a TSC, MTC or one-byte CYC, which the slow
+// path skips when no clock sees them); end+1 or beyond when none is
+// before end.
+func skipPad(buf []byte, pos, end int, timing bool) int {
+	for pos <= end {
+		switch c := buf[pos]; {
+		case c == 0:
+			pos++
+		case !timing:
+			return pos
+		case c == 0x59: // MTC
+			pos += 2
+		case c == 0x19: // TSC
+			pos += 8
+		case c&7 == 3: // CYC without extension bytes
+			pos++
+		default:
+			return pos
+		}
+	}
+	return pos
+}
+
+// lowBytes keeps the low n (0..8) bytes of a word.
+func lowBytes(n int) uint64 {
+	if n >= 8 {
+		return ^uint64(0)
+	}
+	return 1<<(8*uint(n)) - 1
+}

@@ -1,0 +1,202 @@
+package flow
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"ptfs/decode"
+	"ptfs/images"
+	"ptfs/internal/testkit"
+)
+
+// fullLog keeps every branch, and every field of every event.
+type fullLog struct {
+	// items are the branches in order; an event is an item whose ev is
+	// its line in events plus one.
+	items  []logItem
+	events []string
+}
+
+type logItem struct {
+	from, to uint64
+	kind     BranchKind
+	ev       int
+}
+
+func (l *fullLog) Insn(*Insn) {}
+func (l *fullLog) Branch(from, to uint64, kind BranchKind) {
+	l.items = append(l.items, logItem{from: from, to: to, kind: kind})
+}
+func (l *fullLog) Event(e *Event) {
+	l.events = append(l.events, fmt.Sprintf("ev %+v", *e))
+	l.items = append(l.items, logItem{ev: len(l.events)})
+}
+
+func (l *fullLog) line(i int) string {
+	if it := l.items[i]; it.ev > 0 {
+		return l.events[it.ev-1]
+	}
+	it := l.items[i]
+	return fmt.Sprintf("%x %x %v", it.from, it.to, it.kind)
+}
+
+// sameFast decodes trace for a reader of branches with the fast path off
+// and on, fails t where the branches, events or counters differ, and
+// returns the counters. Each decoder decodes twice, the second time with
+// its caches warm (and what a decoder keeps from one trace to the next).
+func sameFast(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
+	t.Helper()
+	opts.NoInsns = true
+	ds, df := New(mem, opts), New(mem, opts)
+	ds.noFast = true
+	for pass := range 2 {
+		var slow, fast fullLog
+		ds.c, df.c = Counters{}, Counters{}
+		ds.Decode(trace, &slow)
+		df.Decode(trace, &fast)
+		if ds.Counters() != df.Counters() {
+			t.Errorf("pass %d: counters %+v with the fast path, %+v without", pass, df.Counters(), ds.Counters())
+		}
+		if len(slow.items) != len(fast.items) {
+			t.Errorf("pass %d: %d branches and events with the fast path, %d without", pass, len(fast.items), len(slow.items))
+		}
+		for i := range min(len(slow.items), len(fast.items)) {
+			a, b := slow.items[i], fast.items[i]
+			if a != b || a.ev > 0 && slow.events[a.ev-1] != fast.events[b.ev-1] {
+				t.Fatalf("pass %d: line %d: %q with the fast path, %q without", pass, i, fast.line(i), slow.line(i))
+			}
+		}
+	}
+	return ds.Counters()
+}
+
+// fastTrace is a corpus trace and the memory it ran from.
+type fastTrace struct {
+	name  string
+	mem   Memory
+	trace []byte
+}
+
+// fastCorpus returns the traces the fast path is held to: libxdc's four
+// with their page dumps, the ptsim runs, and every libipt test trace with
+// its code.
+func fastCorpus(t *testing.T) []fastTrace {
+	t.Helper()
+	corpus := testkit.Corpus(t)
+	var out []fastTrace
+	for _, name := range []string{"foo", "mruby", "Unzip", "icelake_tip"} {
+		dir := filepath.Join(corpus, "libxdc", name)
+		addr, _ := filepath.Glob(filepath.Join(dir, "*.addr"))
+		dump, _ := filepath.Glob(filepath.Join(dir, "*.dump"))
+		if len(addr) != 1 || len(dump) != 1 {
+			t.Fatalf("%s: page dump not found", dir)
+		}
+		s := images.NewSpace()
+		if err := images.MapPageDump(s, addr[0], dump[0]); err != nil {
+			t.Fatal(err)
+		}
+		file := "trace"
+		if name == "icelake_tip" {
+			file = "ptlog"
+		}
+		trace, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fastTrace{"libxdc/" + name, s, trace})
+	}
+	for _, run := range []string{"run-static", "run-static-ptw"} {
+		dir := filepath.Join(corpus, "ptsim", run)
+		trace, err := os.ReadFile(filepath.Join(dir, "trace.pt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fastTrace{"ptsim/" + run, ptsimSpace(t, dir), trace})
+	}
+	ptts, _ := filepath.Glob(filepath.Join(corpus, "libipt", "*.ptt"))
+	for _, ptt := range ptts {
+		base := strings.TrimSuffix(ptt, ".ptt")
+		src, err := os.ReadFile(ptt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := fuzzOrg.FindSubmatch(src)
+		code, err1 := os.ReadFile(base + ".bin")
+		trace, err2 := os.ReadFile(base + ".pt")
+		if m == nil || err1 != nil || err2 != nil {
+			continue // not assembled, or no code
+		}
+		org, err := strconv.ParseUint(string(m[1]), 0, 64)
+		if err != nil {
+			t.Fatalf("%s: org %s: %v", ptt, m[1], err)
+		}
+		out = append(out, fastTrace{"libipt/" + filepath.Base(base), &blob{base: org, code: code}, trace})
+	}
+	if len(ptts) == 0 {
+		testkit.Unavailable(t, "no libipt tests in %s", filepath.Join(corpus, "libipt"))
+	}
+	return out
+}
+
+// mutate returns a damaged copy of trace: bytes flipped, cut short, or a
+// piece of it spliced in elsewhere.
+func mutate(r *rand.Rand, trace []byte) []byte {
+	if len(trace) < 2 {
+		return slices.Clone(trace)
+	}
+	out := slices.Clone(trace)
+	switch r.IntN(3) {
+	case 0:
+		for range 1 + r.IntN(8) {
+			out[r.IntN(len(out))] ^= byte(1 + r.IntN(255))
+		}
+	case 1:
+		out = out[:r.IntN(len(out))]
+	default:
+		i, j := r.IntN(len(out)), r.IntN(len(out))
+		n := r.IntN(min(len(out)-i, 4096) + 1)
+		out = append(slices.Clone(out[:j]), append(slices.Clone(out[i:i+n]), out[j:]...)...)
+	}
+	return out
+}
+
+// TestFastSameFlow holds the fast path to the packet-by-packet flow: the
+// same branches, events (every field) and counters on every corpus trace,
+// whole and damaged, with and without ResyncOnError and a clock.
+func TestFastSameFlow(t *testing.T) {
+	r := rand.New(rand.NewPCG(10, 500))
+	var insns, errs uint64
+	for _, ft := range fastCorpus(t) {
+		t.Run(ft.name, func(t *testing.T) {
+			// Fewer damaged copies of the large traces, with the
+			// default options only: each is decoded four times.
+			copies, large := 12, len(ft.trace) > 1<<16
+			if large {
+				copies = 2
+			}
+			for i := range 1 + copies {
+				trace := ft.trace
+				if i > 0 {
+					trace = mutate(r, ft.trace)
+				}
+				for j, opts := range []Options{{}, {ResyncOnError: true}, {Time: &decode.ClockConfig{CPUID15EAX: 1, CPUID15EBX: 2}}} {
+					if i > 0 && j > 0 && large {
+						continue
+					}
+					c := sameFast(t, ft.mem, trace, opts)
+					insns += c.Insns
+					errs += c.Errors
+				}
+			}
+		})
+	}
+	if insns == 0 || errs == 0 {
+		t.Errorf("%d instructions, %d errors: the flow or its error paths went untested", insns, errs)
+	}
+}
