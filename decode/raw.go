@@ -10,9 +10,11 @@ func (d *PacketDecoder) Raw() (buf []byte, pos int, lastIP uint64, ok bool) {
 }
 
 // SetRaw moves d to pos, a packet boundary that a reader of Raw's bytes
-// reached, with the last IP there.
+// reached (or a packet Decode returned), with the last IP there, outside a
+// PEBS block; an error after pos is forgotten, to be met again.
 func (d *PacketDecoder) SetRaw(pos int, lastIP uint64) {
 	d.pos, d.lastIP = min(max(pos, 0), len(d.buf)), lastIP
+	d.failed, d.ctx = false, ctxNone
 }
 
 // IPSize is the number of IP bytes that follow the first byte b of an IP

@@ -28,6 +28,9 @@ type block struct {
 	// (taken: a direct jump, call or taken conditional branch), once
 	// chain went there; nil until then.
 	taken, fall *block
+	// id tells the block from every other the decoder made: the key of
+	// its TNT runs (tntrun.go).
+	id uint64
 }
 
 // blockCache maps an address and mode to its block, so that a hot loop
@@ -44,6 +47,10 @@ type blockCache struct {
 	blocks []block // slab the next blocks are taken from
 	code   []insn  // slab the next blocks' instructions are taken from
 	tmp    [maxBlock]insn
+	// nextID is the next block's id; never reset, so that a block kept
+	// past a drop cannot be taken for a new one.
+	nextID uint64
+	runs   runCache
 }
 
 type slot struct {
@@ -76,6 +83,7 @@ func (c *blockCache) drop() {
 	clear(c.slots)
 	c.n, c.insns = 0, 0
 	c.blocks, c.code = nil, nil
+	c.runs.drop()
 }
 
 func (c *blockCache) hash(ip uint64, mode Mode) uint64 {
@@ -130,7 +138,8 @@ func (c *blockCache) alloc(insns []insn, err error) *block {
 	b := &c.blocks[0]
 	c.blocks = c.blocks[1:]
 	n := copy(c.code, insns)
-	*b = block{insns: c.code[:n:n], err: err}
+	*b = block{insns: c.code[:n:n], err: err, id: c.nextID}
+	c.nextID++
 	c.code = c.code[n:]
 	return b
 }

@@ -140,9 +140,7 @@ type Decoder struct {
 	cache   blockCache
 	buf     [x86insn.MaxLen]byte
 	c       Counters
-	// noFast turns the fast path (fast.go) off: tests hold it to the
-	// packet-by-packet flow.
-	noFast bool
+	fp      fastState
 }
 
 // New returns a decoder that reads code from mem.

@@ -19,6 +19,16 @@ import (
 // tnt/tntN, a TIP read ahead in back, a TIP.PGD queued, the packet decoder
 // at the first packet not taken.
 
+// fastState is the fast path's own state.
+type fastState struct {
+	// off turns the fast path off: tests hold it to the slow path.
+	off bool
+	// noPos and noIP are where it last found nothing to do: it does not
+	// try again before the flow moved.
+	noPos int
+	noIP  uint64
+}
+
 // fastTIP is a TIP the fast path read ahead and the flow has not taken yet.
 type fastTIP struct {
 	ok, supp bool
@@ -32,9 +42,8 @@ type fastTIP struct {
 
 // fastOK tells whether the fast path can take the flow from here.
 func (d *Decoder) fastOK() bool {
-	if d.noFast || !d.opts.NoInsns || d.opts.Ticks || len(d.opts.Stubs) > 0 || len(d.q) > 0 || d.inStub ||
-		d.stash != ModeUnknown || d.nHeld > 0 || len(d.unnamed) > 0 || d.resyncing || d.eos || d.tipOK ||
-		d.pb.i < d.pb.n || d.pb.err != nil {
+	if d.fp.off || !d.opts.NoInsns || d.opts.Ticks || len(d.opts.Stubs) > 0 || len(d.q) > 0 || d.inStub ||
+		d.stash != ModeUnknown || d.nHeld > 0 || len(d.unnamed) > 0 || d.resyncing || d.eos || d.tipOK {
 		return false
 	}
 	if d.enabled {
@@ -47,8 +56,8 @@ func (d *Decoder) fastOK() bool {
 // the slow path; it returns an error only where the slow path would have
 // (none it finds itself).
 func (d *Decoder) fast() error {
-	buf, pos, last, ok := d.pd.Raw()
-	if !ok {
+	buf, pos, last, ok := d.rawCursor()
+	if !ok || pos == d.fp.noPos && d.ip == d.fp.noIP {
 		return nil
 	}
 	// Packets are read from 16-byte windows, as the packet decoder's
@@ -155,6 +164,29 @@ loop:
 			break
 		}
 		lst := &b.insns[n]
+		if c := lst.class; nb > 0 && (c == x86insn.CondJump || c == x86insn.Jump || c == x86insn.Call) {
+			// The next bits' run, worked out once (tntrun.go).
+			k := min(nb, runBits)
+			r := d.tntRun(b, uint8(1<<k|tnt>>(nb-k)), k)
+			if steps+r.pre <= maxInsns && r.post <= maxInsns {
+				for i := range r.edges {
+					e := &r.edges[i]
+					if e.push {
+						d.pushRet(e.ret)
+					}
+					h.Branch(e.from, e.to, e.kind)
+				}
+				nb -= uint(r.used)
+				tnt &= 1<<nb - 1
+				steps += r.steps
+				if r.bit {
+					d.sinceRef, steps = 0, r.steps
+				}
+				d.c.Insns += r.insns
+				errIP, ip, b, succ = r.errIP, r.endIP, r.end, nil
+				continue
+			}
+		}
 		switch lst.class {
 		case x86insn.CondJump:
 			if nb == 0 {
@@ -226,21 +258,24 @@ loop:
 		d.c.Insns += uint64(n + 1)
 		errIP = lst.ip
 	}
+	if pos == pos0 && d.c.Insns == insns0 {
+		// Nothing done: the state is as it was.
+		d.hasBack = tip.back
+		d.fp.noPos, d.fp.noIP = pos, d.ip
+		return nil
+	}
 	d.ip, d.steps, d.errIP = ip, steps, errIP
 	d.tnt, d.tntN = tnt, uint8(nb)
+	// The packets decoded ahead are the fast path's now; few are
+	// decoded ahead again, so that it can take over again soon.
+	d.pb.i, d.pb.n, d.pb.err, d.pb.size = 0, 0, nil, 1
 	d.pd.SetRaw(pos, last)
-	if pos != pos0 || d.c.Insns != insns0 {
-		// Few packets decoded ahead: the fast path can take over
-		// again soon.
-		d.pb.size = 1
-	}
 	if tip.ok {
 		if tip.back {
 			d.hasBack = true
 		} else {
 			// Read ahead, as the slow path would have it.
 			d.pd.SetRaw(tip.pos, tip.last)
-			d.pb.size = 1
 			return d.peek()
 		}
 	}

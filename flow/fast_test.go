@@ -54,7 +54,7 @@ func sameFast(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
 	t.Helper()
 	opts.NoInsns = true
 	ds, df := New(mem, opts), New(mem, opts)
-	ds.noFast = true
+	ds.fp.off = true
 	for pass := range 2 {
 		var slow, fast fullLog
 		ds.c, df.c = Counters{}, Counters{}
