@@ -73,16 +73,15 @@ func (d *Decoder) fast() error {
 	steps, ip, errIP := d.steps, d.ip, d.errIP
 	maxInsns := d.opts.MaxInsns
 	skipTiming := d.clock == nil
+	// b is the block at ip, once known.
 	var b *block
-	var succ **block
 	h := d.h
 loop:
 	for {
 		if !d.enabled {
 			// Tracing is off: a TIP.PGE turns it on, as read and
 			// fire do.
-			pos = skipPad(buf, pos, end, skipTiming)
-			if pos > end {
+			if pos = skipPad(buf, pos, end, skipTiming); pos > end {
 				break
 			}
 			c := buf[pos]
@@ -95,15 +94,16 @@ loop:
 			}
 			last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:])&lowBytes(n), last)
 			pos += 1 + n
-			d.push(Event{Kind: EvEnabled, IP: last, HasIP: true}, bindNow)
-			d.fire(0)
+			// As read queues it and deliver fires it.
+			d.qEv = Event{Kind: EvEnabled, IP: last, HasIP: true}
+			d.stamp(&d.qEv)
+			d.fireEv()
 			ip, steps, b = d.ip, d.steps, nil
 		}
 		if nb == 0 && !tip.ok {
 			// Nothing pending: the next packet, as chain's and run's
 			// read-ahead takes it.
-			pos = skipPad(buf, pos, end, skipTiming)
-			if pos > end {
+			if pos = skipPad(buf, pos, end, skipTiming); pos > end {
 				break
 			}
 			c := buf[pos]
@@ -138,7 +138,10 @@ loop:
 				// run decodes the instruction at the IP before it
 				// reads an event packet: code that is not there is
 				// the error.
-				if b = d.fastBlock(b, succ, ip); len(b.insns) == 0 {
+				if b == nil {
+					b = d.block(ip, d.mode)
+				}
+				if len(b.insns) == 0 {
 					break loop
 				}
 				pgd := decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:])&lowBytes(n), last)
@@ -147,18 +150,23 @@ loop:
 					pgd = 0
 				}
 				d.ip, d.steps, d.errIP = ip, steps, errIP
-				d.push(Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}, bindBranch)
-				if !d.fastDisable(b) {
-					ip, steps, errIP = d.ip, d.steps, d.errIP
+				ev := Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
+				d.stamp(&ev)
+				fired := d.fastDisable(b, &ev)
+				ip, steps, errIP, b = d.ip, d.steps, d.errIP, nil
+				if !fired {
+					// Queued as read queues it.
+					d.q = append(d.q, queued{ev: ev, bind: bindBranch})
 					break loop
 				}
-				ip, steps, errIP, b = d.ip, d.steps, d.errIP, nil
 				continue
 			default:
 				break loop
 			}
 		}
-		b = d.fastBlock(b, succ, ip)
+		if b == nil {
+			b = d.block(ip, d.mode)
+		}
 		n := len(b.insns) - 1
 		if n < 0 || steps+n+1 > maxInsns {
 			break
@@ -183,7 +191,7 @@ loop:
 					d.sinceRef, steps = 0, r.steps
 				}
 				d.c.Insns += r.insns
-				errIP, ip, b, succ = r.errIP, r.endIP, r.end, nil
+				errIP, ip, b = r.errIP, r.endIP, r.end
 				continue
 			}
 		}
@@ -198,9 +206,10 @@ loop:
 			d.sinceRef, steps = 0, 0
 			if taken {
 				h.Branch(lst.ip, lst.target, BrCond)
-				ip, succ = lst.target, &b.taken
+				ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
 			} else {
-				ip, succ = lst.ip+uint64(lst.len), &b.fall
+				ip = lst.ip + uint64(lst.len)
+				b = d.fixedSucc(&b.fall, ip)
 			}
 		case x86insn.Jump, x86insn.Call:
 			if nb == 0 {
@@ -218,7 +227,7 @@ loop:
 				}
 			}
 			h.Branch(lst.ip, lst.target, kind)
-			ip, succ = lst.target, &b.taken
+			ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
 		case x86insn.Ret:
 			if nb > 0 {
 				// A compressed return; anything else is exec's
@@ -231,7 +240,7 @@ loop:
 				d.sinceRef, steps = 0, 0
 				ip = d.popRet()
 				h.Branch(lst.ip, ip, BrReturn)
-				succ = &b.taken
+				b = d.lastSucc(&b.taken, ip)
 				break
 			}
 			if tip.supp {
@@ -239,7 +248,7 @@ loop:
 			}
 			tip.ok, steps = false, 0
 			h.Branch(lst.ip, tip.ip, BrReturn)
-			ip, succ = tip.ip, &b.taken
+			ip, b = tip.ip, d.lastSucc(&b.taken, tip.ip)
 		case x86insn.IndirectJump, x86insn.IndirectCall:
 			if nb > 0 || tip.supp {
 				break loop
@@ -251,7 +260,7 @@ loop:
 				d.pushRet(lst.ip + uint64(lst.len))
 			}
 			h.Branch(lst.ip, tip.ip, kind)
-			ip, succ = tip.ip, &b.taken
+			ip, b = tip.ip, d.lastSucc(&b.taken, tip.ip)
 		default:
 			break loop
 		}
@@ -282,28 +291,35 @@ loop:
 	return nil
 }
 
-// fastBlock is the block at ip: the successor the last block's branch led
-// to (succ) when it is that one, else the cache's, kept as the successor.
-func (d *Decoder) fastBlock(b *block, succ **block, ip uint64) *block {
-	if b != nil && succ != nil {
-		if s := *succ; s != nil && len(s.insns) > 0 && s.insns[0].ip == ip {
-			return s
-		}
-		s := d.block(ip, d.mode)
-		*succ = s
+// fixedSucc is the block at ip, the fixed target of a branch whose
+// successor *p keeps it (a block of the same mode: the mode changes only
+// through an event, never on the fast path).
+func (d *Decoder) fixedSucc(p **block, ip uint64) *block {
+	if s := *p; s != nil {
 		return s
 	}
-	if b != nil && len(b.insns) > 0 && b.insns[0].ip == ip {
-		return b
-	}
-	return d.block(ip, d.mode)
+	s := d.block(ip, d.mode)
+	*p = s
+	return s
 }
 
-// fastDisable walks from block b with a TIP.PGD queued, as walk and exec do:
-// direct branches are taken until one to the TIP.PGD's IP, or a branch that
-// needs trace, which the disable binds to. It tells whether the disable
-// fired; else the walk is left, at a block's start, to the slow path.
-func (d *Decoder) fastDisable(b *block) bool {
+// lastSucc is the block at ip, the varying target of a return or an
+// indirect branch whose successor *p keeps the last target's block.
+func (d *Decoder) lastSucc(p **block, ip uint64) *block {
+	if s := *p; s != nil && len(s.insns) > 0 && s.insns[0].ip == ip {
+		return s
+	}
+	s := d.block(ip, d.mode)
+	*p = s
+	return s
+}
+
+// fastDisable walks from block b with the TIP.PGD's event ev waiting for
+// the branch it binds to, as walk and exec do with it queued: direct
+// branches are taken until one to its IP, or a branch that needs trace,
+// which it binds to. It tells whether it fired; else the walk is left, at
+// a block's start, to the slow path.
+func (d *Decoder) fastDisable(b *block, ev *Event) bool {
 	for {
 		n := len(b.insns) - 1
 		if n < 0 || d.steps+n+1 > d.opts.MaxInsns {
@@ -324,9 +340,8 @@ func (d *Decoder) fastDisable(b *block) bool {
 		d.ip = next
 		switch lst.class {
 		case x86insn.Jump, x86insn.Call:
-			if ev := &d.q[0].ev; ev.HasIP && ev.IP == lst.target {
-				d.fire(0)
-				return true
+			if ev.HasIP && ev.IP == lst.target {
+				break // disabledDirect
 			}
 			kind := BrJump
 			if lst.class == x86insn.Call {
@@ -337,25 +352,29 @@ func (d *Decoder) fastDisable(b *block) bool {
 			}
 			d.branch(lst.ip, lst.target, kind)
 			d.ip = lst.target
-			b = d.fastBlock(b, &b.taken, d.ip)
+			b = d.fixedSucc(&b.taken, d.ip)
 			continue
 		case x86insn.IndirectCall:
 			d.pushRet(next)
 		}
-		d.fire(0)
+		// disabledAt
+		d.qEv = *ev
+		d.fireEv()
 		return true
 	}
 }
 
 // skipPad returns the position of the first packet at or after pos that is
 // not a PAD (nor, with timing, a TSC, MTC or one-byte CYC, which the slow
-// path skips when no clock sees them); end+1 or beyond when none is
-// before end.
+// path skips when no clock sees them); beyond end when none is up to end.
 func skipPad(buf []byte, pos, end int, timing bool) int {
 	for pos <= end {
+		// Runs of PADs a word at a time.
+		if v := binary.LittleEndian.Uint64(buf[pos:]); v&0xff == 0 {
+			pos += min(bits.TrailingZeros64(v)/8, 8)
+			continue
+		}
 		switch c := buf[pos]; {
-		case c == 0:
-			pos++
 		case !timing:
 			return pos
 		case c == 0x59: // MTC

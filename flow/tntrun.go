@@ -190,7 +190,7 @@ walk:
 		}
 		r.insns += uint64(n + 1)
 		r.errIP = lst.ip
-		b = d.fastBlock(b, succ, next)
+		b = d.fixedSucc(succ, next)
 		r.endIP = next
 	}
 	r.end, r.steps = b, steps
