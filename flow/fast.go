@@ -27,6 +27,9 @@ type fastState struct {
 	// try again before the flow moved.
 	noPos int
 	noIP  uint64
+	// bytes counts the trace bytes it took: tests check that it takes
+	// the bulk of a trace.
+	bytes uint64
 }
 
 // fastTIP is a TIP the fast path read ahead and the flow has not taken yet.
@@ -275,6 +278,7 @@ loop:
 	}
 	d.ip, d.steps, d.errIP = ip, steps, errIP
 	d.tnt, d.tntN = tnt, uint8(nb)
+	d.fp.bytes += uint64(pos - pos0)
 	// The packets decoded ahead are the fast path's now; few are
 	// decoded ahead again, so that it can take over again soon.
 	d.pb.i, d.pb.n, d.pb.err, d.pb.size = 0, 0, nil, 1

@@ -55,6 +55,7 @@ func sameFast(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
 	opts.NoInsns = true
 	ds, df := New(mem, opts), New(mem, opts)
 	ds.fp.off = true
+	defer func() { fastBytes += df.fp.bytes }()
 	for pass := range 2 {
 		var slow, fast fullLog
 		ds.c, df.c = Counters{}, Counters{}
@@ -75,6 +76,10 @@ func sameFast(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
 	}
 	return ds.Counters()
 }
+
+// fastBytes counts the trace bytes sameFast's decoders took on the fast
+// path.
+var fastBytes uint64
 
 // fastTrace is a corpus trace and the memory it ran from.
 type fastTrace struct {
@@ -171,7 +176,8 @@ func mutate(r *rand.Rand, trace []byte) []byte {
 // whole and damaged, with and without ResyncOnError and a clock.
 func TestFastSameFlow(t *testing.T) {
 	r := rand.New(rand.NewPCG(10, 500))
-	var insns, errs uint64
+	var insns, errs, size uint64
+	fastBytes = 0
 	for _, ft := range fastCorpus(t) {
 		t.Run(ft.name, func(t *testing.T) {
 			// Fewer damaged copies of the large traces, with the
@@ -189,6 +195,7 @@ func TestFastSameFlow(t *testing.T) {
 					if i > 0 && j > 0 && large {
 						continue
 					}
+					size += 2 * uint64(len(trace))
 					c := sameFast(t, ft.mem, trace, opts)
 					insns += c.Insns
 					errs += c.Errors
@@ -198,5 +205,33 @@ func TestFastSameFlow(t *testing.T) {
 	}
 	if insns == 0 || errs == 0 {
 		t.Errorf("%d instructions, %d errors: the flow or its error paths went untested", insns, errs)
+	}
+	if fastBytes < size/2 {
+		t.Errorf("the fast path took %d of %d bytes: it went untested", fastBytes, size)
+	}
+	t.Logf("the fast path took %d of %d bytes", fastBytes, size)
+}
+
+// TestFastTakesOver checks that the fast path takes the bulk of the
+// benchmark trace, and allocates nothing once the caches are warm.
+func TestFastTakesOver(t *testing.T) {
+	bt := loadBench(t, "mruby")
+	d := New(bt.space, Options{NoInsns: true})
+	var c counter
+	d.Decode(bt.trace, &c)
+	if c.errors != 0 || d.fp.bytes < uint64(len(bt.trace))*95/100 {
+		t.Errorf("%d errors; the fast path took %d of %d bytes", c.errors, d.fp.bytes, len(bt.trace))
+	}
+	if a := testing.AllocsPerRun(3, func() { d.Decode(bt.trace, &c) }); a != 0 {
+		t.Errorf("%v allocations per warm decode, want 0", a)
+	}
+	mem, trace := loopTrace(1000)
+	d = New(mem, Options{NoInsns: true})
+	d.Decode(trace, &c)
+	if d.fp.bytes < uint64(len(trace))*9/10 {
+		t.Errorf("the fast path took %d of %d bytes of a loop", d.fp.bytes, len(trace))
+	}
+	if a := testing.AllocsPerRun(5, func() { d.Decode(trace, &c) }); a != 0 {
+		t.Errorf("%v allocations per warm decode of a loop, want 0", a)
 	}
 }
