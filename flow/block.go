@@ -28,9 +28,8 @@ type block struct {
 	// (taken: a direct jump, call or taken conditional branch), once
 	// chain went there; nil until then.
 	taken, fall *block
-	// id tells the block from every other the decoder made: the key of
-	// its TNT runs (tntrun.go).
-	id uint64
+	// runs are the TNT runs from the block (tntrun.go), a list.
+	runs *tntRun
 }
 
 // blockCache maps an address and mode to its block, so that a hot loop
@@ -47,9 +46,6 @@ type blockCache struct {
 	blocks []block // slab the next blocks are taken from
 	code   []insn  // slab the next blocks' instructions are taken from
 	tmp    [maxBlock]insn
-	// nextID is the next block's id; never reset, so that a block kept
-	// past a drop cannot be taken for a new one.
-	nextID uint64
 	runs   runCache
 }
 
@@ -129,18 +125,8 @@ func (c *blockCache) put(s slot) {
 
 // alloc returns a block holding a copy of insns, from the slabs.
 func (c *blockCache) alloc(insns []insn, err error) *block {
-	if len(c.blocks) == 0 {
-		c.blocks = make([]block, blockSlab)
-	}
-	if len(c.code) < len(insns) {
-		c.code = make([]insn, insnSlab)
-	}
-	b := &c.blocks[0]
-	c.blocks = c.blocks[1:]
-	n := copy(c.code, insns)
-	*b = block{insns: c.code[:n:n], err: err, id: c.nextID}
-	c.nextID++
-	c.code = c.code[n:]
+	b := slabTake(&c.blocks, blockSlab)
+	*b = block{insns: slabCopy(&c.code, insns, insnSlab), err: err}
 	return b
 }
 

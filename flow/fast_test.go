@@ -81,8 +81,8 @@ func sameFast(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
 // path.
 var fastBytes uint64
 
-// fastTrace is a corpus trace and the memory it ran from.
-type fastTrace struct {
+// corpusTrace is a corpus trace and the memory it ran from.
+type corpusTrace struct {
 	name  string
 	mem   Memory
 	trace []byte
@@ -91,10 +91,10 @@ type fastTrace struct {
 // fastCorpus returns the traces the fast path is held to: libxdc's four
 // with their page dumps, the ptsim runs, and every libipt test trace with
 // its code.
-func fastCorpus(t *testing.T) []fastTrace {
+func fastCorpus(t *testing.T) []corpusTrace {
 	t.Helper()
 	corpus := testkit.Corpus(t)
-	var out []fastTrace
+	var out []corpusTrace
 	for _, name := range []string{"foo", "mruby", "Unzip", "icelake_tip"} {
 		dir := filepath.Join(corpus, "libxdc", name)
 		addr, _ := filepath.Glob(filepath.Join(dir, "*.addr"))
@@ -114,7 +114,7 @@ func fastCorpus(t *testing.T) []fastTrace {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, fastTrace{"libxdc/" + name, s, trace})
+		out = append(out, corpusTrace{"libxdc/" + name, s, trace})
 	}
 	for _, run := range []string{"run-static", "run-static-ptw"} {
 		dir := filepath.Join(corpus, "ptsim", run)
@@ -122,9 +122,20 @@ func fastCorpus(t *testing.T) []fastTrace {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, fastTrace{"ptsim/" + run, ptsimSpace(t, dir), trace})
+		out = append(out, corpusTrace{"ptsim/" + run, ptsimSpace(t, dir), trace})
 	}
-	ptts, _ := filepath.Glob(filepath.Join(corpus, "libipt", "*.ptt"))
+	return append(out, libiptTraces(t)...)
+}
+
+// libiptTraces returns every libipt test trace that has its code.
+func libiptTraces(t *testing.T) []corpusTrace {
+	t.Helper()
+	dir := filepath.Join(testkit.Corpus(t), "libipt")
+	ptts, _ := filepath.Glob(filepath.Join(dir, "*.ptt"))
+	if len(ptts) == 0 {
+		testkit.Unavailable(t, "no libipt tests in %s", dir)
+	}
+	var out []corpusTrace
 	for _, ptt := range ptts {
 		base := strings.TrimSuffix(ptt, ".ptt")
 		src, err := os.ReadFile(ptt)
@@ -141,10 +152,7 @@ func fastCorpus(t *testing.T) []fastTrace {
 		if err != nil {
 			t.Fatalf("%s: org %s: %v", ptt, m[1], err)
 		}
-		out = append(out, fastTrace{"libipt/" + filepath.Base(base), &blob{base: org, code: code}, trace})
-	}
-	if len(ptts) == 0 {
-		testkit.Unavailable(t, "no libipt tests in %s", filepath.Join(corpus, "libipt"))
+		out = append(out, corpusTrace{"libipt/" + filepath.Base(base), &blob{base: org, code: code}, trace})
 	}
 	return out
 }

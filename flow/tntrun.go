@@ -49,103 +49,48 @@ type tntRun struct {
 	pre, post, steps int
 	used             uint8 // bits taken
 	bit              bool
+	// pat is the bits the run is for (below a stop bit, as in a TNT.8);
+	// next is the start block's next run (block.runs).
+	pat  uint8
+	next *tntRun
 }
 
-// runCache maps a block (its id) and a pattern of TNT bits (with a stop
-// bit above them, as in a TNT.8) to its run: an open-addressing table over
-// runs and edges allocated from slabs, dropped with the block cache.
+// runCache holds the slabs runs and their edges are allocated from; a
+// block lists its runs (block.runs), so they are dropped with the block
+// cache.
 type runCache struct {
-	slots []runSlot // a power of two long, at most half full
-	n     int
-	runs  []tntRun // slab the next runs are taken from
-	edges []edge   // slab the next runs' edges are taken from
+	runs  []tntRun
+	edges []edge
 	tmp   [maxRunEdges]edge
 }
 
-type runSlot struct {
-	key uint64
-	r   *tntRun // nil: empty
-}
-
 const (
-	minRunSlots = 1 << 10
-	runSlab     = 1 << 9
-	edgeSlab    = 1 << 12
+	runSlab  = 1 << 9
+	edgeSlab = 1 << 12
 )
 
-func (c *runCache) drop() {
-	clear(c.slots)
-	c.n = 0
-	c.runs, c.edges = nil, nil
-}
+func (c *runCache) drop() { c.runs, c.edges = nil, nil }
 
-func runKey(b *block, pat uint8) uint64 { return b.id<<8 | uint64(pat) }
-
-func (c *runCache) hash(key uint64) uint64 { return key * 0x9e3779b97f4a7c15 >> 32 }
-
-// lookup returns the run of key, or nil.
-func (c *runCache) lookup(key uint64) *tntRun {
-	if len(c.slots) == 0 {
-		return nil
-	}
-	mask := uint64(len(c.slots) - 1)
-	for i := c.hash(key) & mask; ; i = (i + 1) & mask {
-		s := &c.slots[i]
-		if s.r == nil || s.key == key {
-			return s.r
-		}
-	}
-}
-
-// add keeps a copy of r with edges under key (not held yet) and returns it.
-func (c *runCache) add(key uint64, r *tntRun, edges []edge) *tntRun {
-	if len(c.slots) == 0 {
-		c.slots = make([]runSlot, minRunSlots)
-	}
-	if 2*(c.n+1) > len(c.slots) {
-		old := c.slots
-		c.slots = make([]runSlot, 2*len(old))
-		for i := range old {
-			if old[i].r != nil {
-				c.put(old[i])
-			}
-		}
-	}
-	if len(c.runs) == 0 {
-		c.runs = make([]tntRun, runSlab)
-	}
-	if len(c.edges) < len(edges) {
-		c.edges = make([]edge, edgeSlab)
-	}
-	kept := &c.runs[0]
-	c.runs = c.runs[1:]
+// add keeps a copy of r with edges as a run of b.
+func (c *runCache) add(b *block, r *tntRun, edges []edge) *tntRun {
+	kept := slabTake(&c.runs, runSlab)
 	*kept = *r
-	n := copy(c.edges, edges)
-	kept.edges = c.edges[:n:n]
-	c.edges = c.edges[n:]
-	c.put(runSlot{key, kept})
-	c.n++
+	kept.edges = slabCopy(&c.edges, edges, edgeSlab)
+	kept.next, b.runs = b.runs, kept
 	return kept
-}
-
-func (c *runCache) put(s runSlot) {
-	mask := uint64(len(c.slots) - 1)
-	i := c.hash(s.key) & mask
-	for c.slots[i].r != nil {
-		i = (i + 1) & mask
-	}
-	c.slots[i] = s
 }
 
 // tntRun returns the run from block b (ending in a conditional branch or a
 // direct jump or call) with the k (1..runBits) bits of pat below its stop
 // bit, working it out on the first use.
 func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
-	key := runKey(b, pat)
-	if r := d.cache.runs.lookup(key); r != nil {
-		return r
+	for r := b.runs; r != nil; r = r.next {
+		if r.pat == pat {
+			return r
+		}
 	}
-	var r tntRun
+	start := b
+	r := tntRun{pat: pat}
 	edges := d.cache.runs.tmp[:0]
 	steps, jumps := 0, 0
 walk:
@@ -196,5 +141,5 @@ walk:
 	r.end, r.steps = b, steps
 	c := &d.cache
 	c.insns += 2 + len(edges)
-	return c.runs.add(key, &r, edges)
+	return c.runs.add(start, &r, edges)
 }
