@@ -78,6 +78,7 @@ func (d *Decoder) fast() error {
 	skipTiming := d.clock == nil
 	// b is the block at ip, once known.
 	var b *block
+	var runEnd endInfo
 	h := d.h
 loop:
 	for {
@@ -170,12 +171,19 @@ loop:
 		if b == nil {
 			b = d.block(ip, d.mode)
 		}
-		n := len(b.insns) - 1
+		// The last instruction's index and class; a run's end block's
+		// from the run, so that a run leads to the next without a look
+		// at the block's instructions.
+		n, class := runEnd.n, runEnd.class
+		if b != runEnd.b {
+			if n = len(b.insns) - 1; n >= 0 {
+				class = b.insns[n].class
+			}
+		}
 		if n < 0 || steps+n+1 > maxInsns {
 			break
 		}
-		lst := &b.insns[n]
-		if c := lst.class; nb > 0 && (c == x86insn.CondJump || c == x86insn.Jump || c == x86insn.Call) {
+		if c := class; nb > 0 && (c == x86insn.CondJump || c == x86insn.Jump || c == x86insn.Call) {
 			// The next bits' run, worked out once (tntrun.go).
 			k := min(nb, runBits)
 			r := d.tntRun(b, uint8(1<<k|tnt>>(nb-k)), k)
@@ -194,10 +202,11 @@ loop:
 					d.sinceRef, steps = 0, r.steps
 				}
 				d.c.Insns += r.insns
-				errIP, ip, b = r.errIP, r.endIP, r.end
+				errIP, ip, b, runEnd = r.errIP, r.endIP, r.end.b, r.end
 				continue
 			}
 		}
+		lst := &b.insns[n]
 		switch lst.class {
 		case x86insn.CondJump:
 			if nb == 0 {

@@ -37,7 +37,7 @@ type tntRun struct {
 	// bit, or before a block it does not go through (a return, an
 	// indirect branch, anything but a conditional branch or direct jump
 	// or call, more than runJumps blocks without a bit).
-	end   *block
+	end   endInfo
 	endIP uint64
 	// errIP is the last branch instruction of the run.
 	errIP uint64
@@ -53,6 +53,15 @@ type tntRun struct {
 	// next is the start block's next run (block.runs).
 	pat  uint8
 	next *tntRun
+}
+
+// endInfo is a run's end block, and its last instruction's index (-1 for
+// none) and class, which decide what comes next without a look at the
+// block's instructions.
+type endInfo struct {
+	b     *block
+	n     int
+	class x86insn.Class
 }
 
 // runCache holds the slabs runs and their edges are allocated from; a
@@ -84,8 +93,13 @@ func (c *runCache) add(b *block, r *tntRun, edges []edge) *tntRun {
 // direct jump or call) with the k (1..runBits) bits of pat below its stop
 // bit, working it out on the first use.
 func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
-	for r := b.runs; r != nil; r = r.next {
-		if r.pat == pat {
+	for p := &b.runs; *p != nil; p = &(*p).next {
+		if r := *p; r.pat == pat {
+			// The last one used first: a loop's pattern is
+			// found at once.
+			if p != &b.runs {
+				*p, r.next, b.runs = r.next, b.runs, r
+			}
 			return r
 		}
 	}
@@ -138,7 +152,10 @@ walk:
 		b = d.fixedSucc(succ, next)
 		r.endIP = next
 	}
-	r.end, r.steps = b, steps
+	r.end, r.steps = endInfo{b: b, n: len(b.insns) - 1}, steps
+	if r.end.n >= 0 {
+		r.end.class = b.insns[r.end.n].class
+	}
 	c := &d.cache
 	c.insns += 2 + len(edges)
 	return c.runs.add(start, &r, edges)
