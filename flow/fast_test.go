@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"ptfs/decode"
+	"ptfs/decode/ptenc"
 	"ptfs/images"
 	"ptfs/internal/testkit"
 )
@@ -241,5 +242,48 @@ func TestFastTakesOver(t *testing.T) {
 	}
 	if a := testing.AllocsPerRun(5, func() { d.Decode(trace, &c) }); a != 0 {
 		t.Errorf("%v allocations per warm decode of a loop, want 0", a)
+	}
+}
+
+// TestFastBoundedLoop: a jump to itself while TNT bits wait (a run takes
+// no bit there) ends in the walk's MaxInsns error, as without the fast
+// path.
+func TestFastBoundedLoop(t *testing.T) {
+	mem := &blob{base: 0x1000, code: []byte{0xeb, 0xfe}} // jmp .
+	e := ptenc.New()
+	start(e, 0x1000)
+	e.TNT(1, 1)
+	for range 32 {
+		e.Pad()
+	}
+	c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: 100})
+	if c.Errors != 1 || c.Insns != 100 {
+		t.Errorf("counters %+v, want 1 error after 100 instructions", c)
+	}
+	d := New(mem, Options{MaxInsns: 100, NoInsns: true})
+	d.Decode(e.Bytes(), &counter{})
+	if d.fp.bytes == 0 {
+		t.Error("the fast path took no byte of the loop's trace")
+	}
+}
+
+// TestFastTrigCount: a direct jump taken while a TIP waits for a later
+// branch counts toward a TRIG's instruction count as the walk counts it.
+func TestFastTrigCount(t *testing.T) {
+	// jmp 0x1002; jmp *%rax; ... 0x1010: nop; nop; nop; ret
+	code := []byte{0xeb, 0x00, 0xff, 0xe0, 15: 0, 16: 0x90, 0x90, 0x90, 0xc3}
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1000)
+	e.IP(ptenc.TIP, 0x1010)
+	e.Raw(0xd9, 0x40, 0x01, 0x01, 0x00) // TRIG, instruction count 1
+	for range 32 {
+		e.Pad()
+	}
+	sameFast(t, mem, e.Bytes(), Options{})
+	d := New(mem, Options{NoInsns: true})
+	d.Decode(e.Bytes(), &counter{})
+	if d.fp.bytes == 0 {
+		t.Error("the fast path took no byte of the trace")
 	}
 }
