@@ -287,3 +287,51 @@ func TestFastTrigCount(t *testing.T) {
 		t.Error("the fast path took no byte of the trace")
 	}
 }
+
+// TestFastDisable: a TIP.PGD binds to a direct jump to its IP, and to the
+// branch that needs trace; tracing resumes where it stopped.
+func TestFastDisable(t *testing.T) {
+	// 0x1000: jmp 0x1010; 0x1010: nop; jne 0x1010; ret
+	code := []byte{0xeb, 0x0e, 15: 0, 16: 0x90, 0x75, 0xfd, 0xc3}
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1000)
+	e.IP(ptenc.TIPPGD, 0x1010) // at the jump to it
+	e.IP(ptenc.TIPPGE, 0x1010)
+	e.TNT(0b110, 3)
+	e.IPC(ptenc.TIPPGD, 0, 0) // at the ret
+	e.IP(ptenc.TIPPGE, 0x1000)
+	for range 32 {
+		e.Pad()
+	}
+	if c := sameFast(t, mem, e.Bytes(), Options{}); c.Errors != 0 || c.Events != 5 {
+		t.Errorf("counters %+v, want 4 events and the end", c)
+	}
+	d := New(mem, Options{NoInsns: true})
+	d.Decode(e.Bytes(), &counter{})
+	if d.fp.bytes == 0 {
+		t.Error("the fast path took no byte of the trace")
+	}
+}
+
+// TestFastReturnBound: a compressed return starts the count toward
+// MaxInsns anew, as the walk's does.
+func TestFastReturnBound(t *testing.T) {
+	// 0x1000: call 0x1010; 0x1005: jmp .; 0x1010: 40 nops; ret
+	code := make([]byte, 0x10+41)
+	copy(code, []byte{0xe8, 0x0b, 0, 0, 0, 0xeb, 0xfe})
+	for i := 0x10; i < len(code)-1; i++ {
+		code[i] = 0x90
+	}
+	code[len(code)-1] = 0xc3
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1000)
+	e.TNT(0b11, 2) // the return, then a bit for nobody
+	for range 32 {
+		e.Pad()
+	}
+	if c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: 60}); c.Errors != 1 || c.Insns != 1+41+60 {
+		t.Errorf("counters %+v, want 1 error after %d instructions", c, 1+41+60)
+	}
+}
