@@ -26,7 +26,8 @@ type block struct {
 	err   error
 	// taken and fall are the blocks the branch at the end leads to
 	// (taken: a direct jump, call or taken conditional branch), once
-	// chain went there; nil until then.
+	// chain went there; nil until then. For a return or an indirect
+	// branch, the last target's and the one's before (fast.go).
 	taken, fall *block
 	// runs are the TNT runs from the block (tntrun.go), a list.
 	runs *tntRun

@@ -252,7 +252,7 @@ loop:
 				d.sinceRef, steps = 0, 0
 				ip = d.popRet()
 				h.Branch(lst.ip, ip, BrReturn)
-				b = d.lastSucc(&b.taken, ip)
+				b = d.lastSucc(b, ip)
 				break
 			}
 			if tip.supp {
@@ -260,7 +260,7 @@ loop:
 			}
 			tip.ok, steps = false, 0
 			h.Branch(lst.ip, tip.ip, BrReturn)
-			ip, b = tip.ip, d.lastSucc(&b.taken, tip.ip)
+			ip, b = tip.ip, d.lastSucc(b, tip.ip)
 		case x86insn.IndirectJump, x86insn.IndirectCall:
 			if nb > 0 || tip.supp {
 				break loop
@@ -272,7 +272,7 @@ loop:
 				d.pushRet(lst.ip + uint64(lst.len))
 			}
 			h.Branch(lst.ip, tip.ip, kind)
-			ip, b = tip.ip, d.lastSucc(&b.taken, tip.ip)
+			ip, b = tip.ip, d.lastSucc(b, tip.ip)
 		default:
 			break loop
 		}
@@ -316,14 +316,19 @@ func (d *Decoder) fixedSucc(p **block, ip uint64) *block {
 	return s
 }
 
-// lastSucc is the block at ip, the varying target of a return or an
-// indirect branch whose successor *p keeps the last target's block.
-func (d *Decoder) lastSucc(p **block, ip uint64) *block {
-	if s := *p; s != nil && len(s.insns) > 0 && s.insns[0].ip == ip {
+// lastSucc is the block at ip, the varying target of the return or
+// indirect branch ending b, whose successors keep the last two targets'
+// blocks: taken the last (as chain keeps it), fall (which such a branch
+// has no use for) the one before.
+func (d *Decoder) lastSucc(b *block, ip uint64) *block {
+	if s := b.taken; s != nil && len(s.insns) > 0 && s.insns[0].ip == ip {
 		return s
 	}
-	s := d.block(ip, d.mode)
-	*p = s
+	s := b.fall
+	if s == nil || len(s.insns) == 0 || s.insns[0].ip != ip {
+		s = d.block(ip, d.mode)
+	}
+	b.taken, b.fall = s, b.taken
 	return s
 }
 
