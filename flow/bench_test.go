@@ -103,14 +103,16 @@ var benchNames = []string{"mruby", "ptsim"}
 // BenchmarkFlow decodes each trace with ptfs's flow decoder for a reader of
 // branches (NoInsns): cold (a new decoder, empty block cache, every pass)
 // and warm (one decoder, the cache kept across passes, as a live mount
-// decodes the same images); warm-insns also reports every instruction.
+// decodes the same images); warm-slow is warm without the fast path
+// (fast.go), warm-insns also reports every instruction.
 func BenchmarkFlow(b *testing.B) {
 	for _, name := range benchNames {
 		bt := loadBench(b, name)
-		for _, mode := range []string{"cold", "warm", "warm-insns"} {
+		for _, mode := range []string{"cold", "warm", "warm-slow", "warm-insns"} {
 			b.Run(name+"/"+mode, func(b *testing.B) {
 				opts := Options{NoInsns: mode != "warm-insns"}
 				d := New(bt.space, opts)
+				d.fp.off = mode == "warm-slow"
 				var c counter
 				d.Decode(bt.trace, &c) // fills the cache for warm
 				b.SetBytes(int64(len(bt.trace)))

@@ -26,8 +26,11 @@ type block struct {
 	err   error
 	// taken and fall are the blocks the branch at the end leads to
 	// (taken: a direct jump, call or taken conditional branch), once
-	// chain went there; nil until then.
+	// chain went there; nil until then. For a return or an indirect
+	// branch, the last target's and the one's before (fast.go).
 	taken, fall *block
+	// runs are the TNT runs from the block (tntrun.go), a list.
+	runs *tntRun
 }
 
 // blockCache maps an address and mode to its block, so that a hot loop
@@ -49,6 +52,7 @@ type blockCache struct {
 	// dropped with the blocks, when the memory changes.
 	view []byte
 	vpc  uint64
+	runs runCache
 }
 
 type slot struct {
@@ -82,6 +86,7 @@ func (c *blockCache) drop() {
 	c.n, c.insns = 0, 0
 	c.blocks, c.code = nil, nil
 	c.view = nil
+	c.runs.drop()
 }
 
 func (c *blockCache) hash(ip uint64, mode Mode) uint64 {
@@ -137,11 +142,7 @@ func (c *blockCache) room() []insn {
 // alloc returns a block, from the slab, of the first n instructions of
 // room.
 func (c *blockCache) alloc(n int, err error) *block {
-	if len(c.blocks) == 0 {
-		c.blocks = make([]block, blockSlab)
-	}
-	b := &c.blocks[0]
-	c.blocks = c.blocks[1:]
+	b := slabTake(&c.blocks, blockSlab)
 	// Field by field into the zeroed slab: a whole block written at
 	// once is copied with a bulk write barrier while the GC marks.
 	b.insns, b.err = c.code[:n:n], err

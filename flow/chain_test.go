@@ -2,14 +2,8 @@ package flow
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
-
-	"ptfs/internal/testkit"
 )
 
 // flowLog keeps every branch and event as one line.
@@ -49,30 +43,10 @@ func TestNoInsnsSameFlow(t *testing.T) {
 			})
 		}
 	}
-	dir := filepath.Join(testkit.Corpus(t), "libipt")
-	ptts, _ := filepath.Glob(filepath.Join(dir, "*.ptt"))
-	if len(ptts) == 0 {
-		testkit.Unavailable(t, "no libipt tests in %s", dir)
-	}
 	var errs uint64
-	for _, ptt := range ptts {
-		base := strings.TrimSuffix(ptt, ".ptt")
-		src, err := os.ReadFile(ptt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := fuzzOrg.FindSubmatch(src)
-		code, err1 := os.ReadFile(base + ".bin")
-		trace, err2 := os.ReadFile(base + ".pt")
-		if m == nil || err1 != nil || err2 != nil {
-			continue // not assembled, or no code
-		}
-		org, err := strconv.ParseUint(string(m[1]), 0, 64)
-		if err != nil {
-			t.Fatalf("%s: org %s: %v", ptt, m[1], err)
-		}
-		t.Run("libipt/"+filepath.Base(base), func(t *testing.T) {
-			errs += sameFlow(t, &blob{base: org, code: code}, trace, Options{}).Errors
+	for _, lt := range libiptTraces(t) {
+		t.Run(lt.name, func(t *testing.T) {
+			errs += sameFlow(t, lt.mem, lt.trace, Options{}).Errors
 		})
 	}
 	if errs == 0 {
@@ -108,15 +82,17 @@ func sameFlow(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
 	return d.Counters()
 }
 
-// FuzzNoInsns holds chaining blocks (NoInsns) to the instruction walk on
-// random and mutated traces and code: the same branches, events and
-// counters.
+// FuzzNoInsns holds chaining blocks (NoInsns) to the instruction walk, and
+// the fast path (fast.go) to chaining, on random and mutated traces and
+// code: the same branches, events and counters.
 func FuzzNoInsns(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, trace, code []byte, base uint64) {
 		if len(trace) > 1<<16 || len(code) > 1<<16 {
 			return
 		}
-		sameFlow(t, &blob{base: base, code: code}, trace, Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1})
+		mem, opts := &blob{base: base, code: code}, Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1}
+		sameFlow(t, mem, trace, opts)
+		sameFast(t, mem, trace, opts)
 	})
 }

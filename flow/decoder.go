@@ -148,6 +148,7 @@ type Decoder struct {
 	cache   blockCache
 	buf     [x86insn.MaxLen]byte
 	c       Counters
+	fp      fastState
 }
 
 // New returns a decoder that reads code from mem.
@@ -966,6 +967,11 @@ func (d *Decoder) fire(i int) {
 		d.qEv.IP, d.qEv.HasIP = d.ip, true
 	}
 	d.q = append(d.q[:i], d.q[i+1:]...)
+	d.fireEv()
+}
+
+// fireEv takes effect of and reports d.qEv, an event due now.
+func (d *Decoder) fireEv() {
 	e := &d.qEv
 	d.steps = 0
 	if e.HasIP && e.Kind != EvPTWrite {

@@ -12,12 +12,21 @@ type packetBatch struct {
 	pkts [batchSize]decode.Packet
 	i, n int
 	err  error
+	// size is how many packets the next batch decodes: after the fast
+	// path handed over (fast.go), 1, doubling up to batchSize, so that
+	// few packets are decoded ahead when it can take over again.
+	size int
+	// last0 is the last IP before the batch; raw0 tells whether the
+	// fast path could have started there (decode.PacketDecoder.Raw).
+	last0 uint64
+	raw0  bool
 }
 
 // resetPackets starts decoding trace.
 func (d *Decoder) resetPackets(trace []byte) {
 	d.pd.Reset(trace)
-	d.pb.i, d.pb.n, d.pb.err = 0, 0, nil
+	d.pb.i, d.pb.n, d.pb.err, d.pb.size = 0, 0, nil, batchSize
+	d.fp.noPos = -1
 }
 
 // nextPacket reads the next packet that the flow uses into d.pk, skipping
@@ -46,8 +55,9 @@ func (d *Decoder) nextPacket() error {
 			b.err = nil
 			return err
 		}
-		n, err := d.pd.Decode(b.pkts[:])
-		b.i, b.n, b.err = 0, n, err
+		_, _, b.last0, b.raw0 = d.pd.Raw()
+		n, err := d.pd.Decode(b.pkts[:b.size])
+		b.i, b.n, b.err, b.size = 0, n, err, min(2*b.size, batchSize)
 		if n == 0 {
 			b.err = nil
 			return err
@@ -62,6 +72,39 @@ func (d *Decoder) pos() uint64 {
 		return d.pb.pkts[d.pb.i].Offset
 	}
 	return d.pd.Pos()
+}
+
+// rawCursor is where the packets the flow read end, for the fast path: the
+// trace, the offset of the first packet not read, and the last IP there;
+// ok is false where the fast path cannot start (a batch in or after a PEBS
+// block, or decode.PacketDecoder.Raw's cases).
+func (d *Decoder) rawCursor() (buf []byte, pos int, last uint64, ok bool) {
+	buf, pos, last, ok = d.pd.Raw()
+	b := &d.pb
+	if b.i == b.n {
+		return buf, pos, last, ok && b.err == nil
+	}
+	if !b.raw0 {
+		return buf, 0, 0, false
+	}
+	for i := range b.pkts[:b.n] {
+		if k := b.pkts[i].Kind; k == decode.BBP || k == decode.BIP || k == decode.BEP {
+			return buf, 0, 0, false
+		}
+	}
+	// The last IP is the last one a packet before gave.
+	last = b.last0
+	for i := b.i - 1; i >= 0; i-- {
+		p := &b.pkts[i]
+		if k := p.Kind; k == decode.PSB {
+			last = 0
+			break
+		} else if (k == decode.TIP || k == decode.TIPPGE || k == decode.TIPPGD || k == decode.FUP) && !p.Suppressed() {
+			last = p.IP
+			break
+		}
+	}
+	return buf, int(b.pkts[b.i].Offset), last, true
 }
 
 // syncForward moves to the next PSB from the next packet not read.

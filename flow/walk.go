@@ -13,6 +13,11 @@ import (
 // (io.EOF) or an error.
 func (d *Decoder) run() error {
 	for {
+		if d.fastOK() {
+			if err := d.fast(); err != nil {
+				return err
+			}
+		}
 		d.deliver()
 		if d.enabled {
 			d.resyncing = false

@@ -1,0 +1,89 @@
+package decode
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"ptfs/decode/ptenc"
+)
+
+// TestRawIP holds IPSize and ApplyIP to the packet decoder: for every IP
+// packet kind and compression, the IP bytes after the first byte, applied
+// to the last IP, give the IP and the last IP that Next gives.
+func TestRawIP(t *testing.T) {
+	const last = 0xffff_8000_1234_5678
+	for _, kind := range []ptenc.IPKind{ptenc.TIP, ptenc.TIPPGE, ptenc.TIPPGD, ptenc.FUP} {
+		for _, ipc := range []int{0, 1, 2, 3, 4, 6} {
+			e := ptenc.New()
+			e.PSB()
+			e.IP(ptenc.FUP, last)
+			e.IPC(kind, ipc, 0x0000_7fff_cafe_f00d)
+			e.IP(ptenc.TIP, 0x0000_7fff_cafe_f00d) // shows the last IP after it
+			buf := append(e.Bytes(), make([]byte, 16)...)
+			d := NewPacketDecoder(buf)
+			var p Packet
+			for d.Next(&p) == nil && !(p.Kind == FUP && p.IP == last) {
+			}
+			b, pos, lastIP, ok := d.Raw()
+			if !ok || lastIP != last {
+				t.Fatalf("kind %x ipc %d: Raw gives last IP %#x, ok %v", kind, ipc, lastIP, ok)
+			}
+			n := IPSize(b[pos])
+			if n != int(ipCompressions[ipc].size) {
+				t.Errorf("kind %x ipc %d: IPSize %d, want %d", kind, ipc, n, ipCompressions[ipc].size)
+			}
+			got := ApplyIP(b[pos], binary.LittleEndian.Uint64(b[pos+1:])&(1<<(8*uint(n))-1), lastIP)
+			if err := d.Next(&p); err != nil {
+				t.Fatal(err)
+			}
+			if ipc != 0 && got != p.IP || ipc == 0 && got != last {
+				t.Errorf("kind %x ipc %d: ApplyIP gives %#x, Next %#x", kind, ipc, got, p.IP)
+			}
+			if _, _, after, _ := d.Raw(); after != got {
+				t.Errorf("kind %x ipc %d: last IP %#x after the packet, ApplyIP %#x", kind, ipc, after, got)
+			}
+		}
+	}
+	for _, b := range []byte{5 << 5, 7 << 5} {
+		if n := IPSize(b | 0x0d); n != -1 {
+			t.Errorf("reserved IPBytes %d: IPSize %d, want -1", b>>5, n)
+		}
+	}
+}
+
+// TestSetRaw: a position and last IP that Raw gave, set again after
+// decoding on (and after an error), decode the same packets again.
+func TestSetRaw(t *testing.T) {
+	e := ptenc.New()
+	e.PSB()
+	e.IP(ptenc.FUP, 0x401000)
+	e.PSBEnd()
+	e.IP(ptenc.TIP, 0x401234)
+	e.TNT(0b101, 3)
+	e.Raw(0x02, 0xff) // bad opcode
+	buf := e.Bytes()
+	d := NewPacketDecoder(buf)
+	var p Packet
+	for d.Next(&p) == nil && p.Kind != PSBEnd {
+	}
+	_, pos, last, ok := d.Raw()
+	var first []Packet
+	for d.Next(&p) == nil {
+		first = append(first, p)
+	}
+	if _, _, _, ok := d.Raw(); ok {
+		t.Error("Raw is ok after an error")
+	}
+	d.SetRaw(pos, last)
+	if !ok || len(first) != 2 {
+		t.Fatalf("ok %v, %d packets before the error, want 2", ok, len(first))
+	}
+	for i := range first {
+		if err := d.Next(&p); err != nil || p != first[i] {
+			t.Errorf("packet %d again: %+v (%v), want %+v", i, p, err, first[i])
+		}
+	}
+	if err := d.Next(&p); err == nil {
+		t.Error("the bad opcode decodes after SetRaw")
+	}
+}

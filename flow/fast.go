@@ -1,0 +1,417 @@
+package flow
+
+import (
+	"encoding/binary"
+	"math/bits"
+
+	"ptfs/decode"
+	"ptfs/x86insn"
+)
+
+// The fast path: while the decoder's state is simple (a reader of branches,
+// tracing plainly on or off, nothing queued, held or stashed, no stubs, no
+// ticks), the flow is driven from the trace bytes themselves instead of
+// decoded packets: PAD, TNT.8, TNT.64, TIP, TIP.PGD and TIP.PGE (and the
+// timing packets without a clock, which the slow path skips too), with
+// the packet decoder's last-IP rule (decode.ApplyIP). It does what chain,
+// walk and run do for them, in their order, and hands anything else over to
+// them in exactly the state they would have reached: pending TNT bits in
+// tnt/tntN, a TIP read ahead in back, a TIP.PGD queued, the packet decoder
+// at the first packet not taken.
+
+// fastState is the fast path's own state.
+type fastState struct {
+	// off turns the fast path off: tests hold it to the slow path.
+	off bool
+	// noPos and noIP are where it last found nothing to do: it does not
+	// try again before the flow moved.
+	noPos int
+	noIP  uint64
+	// bytes counts the trace bytes it took: tests check that it takes
+	// the bulk of a trace.
+	bytes uint64
+}
+
+// fastTIP is a TIP the fast path read ahead and the flow has not taken yet.
+type fastTIP struct {
+	ok, supp bool
+	// back: it is d.back (the slow path's read-ahead); else it starts at
+	// pos, after the last IP last.
+	back bool
+	ip   uint64
+	pos  int
+	last uint64
+}
+
+// fastOK tells whether the fast path can take the flow from here.
+func (d *Decoder) fastOK() bool {
+	if d.fp.off || !d.opts.NoInsns || d.opts.Ticks || len(d.opts.Stubs) > 0 || len(d.q) > 0 || d.inStub ||
+		d.stash != ModeUnknown || d.nHeld > 0 || len(d.unnamed) > 0 || d.resyncing || d.eos || d.tipOK {
+		return false
+	}
+	if d.enabled {
+		return !d.hasBack || d.back.Kind == decode.TIP
+	}
+	return !d.hasBack && d.tntN == 0
+}
+
+// fast runs the flow from the trace bytes until it meets what it leaves to
+// the slow path; it returns an error only where the slow path would have
+// (none it finds itself).
+func (d *Decoder) fast() error {
+	buf, pos, last, ok := d.rawCursor()
+	if !ok || pos == d.fp.noPos && d.ip == d.fp.noIP {
+		return nil
+	}
+	// Packets are read from 16-byte windows, as the packet decoder's
+	// fast loop reads them; the last ones are the slow path's.
+	end := len(buf) - 16
+	pos0, insns0 := pos, d.c.Insns
+	var tip fastTIP
+	if d.hasBack {
+		tip = fastTIP{ok: true, back: true, ip: d.back.IP, supp: d.back.Suppressed()}
+		d.hasBack = false
+	}
+	tnt, nb := d.tnt, uint(d.tntN)
+	steps, ip, errIP := d.steps, d.ip, d.errIP
+	maxInsns := d.opts.MaxInsns
+	skipTiming := d.clock == nil
+	// b is the block at ip, once known.
+	var b *block
+	var runEnd endInfo
+	h := d.h
+loop:
+	for {
+		if !d.enabled {
+			// Tracing is off: a TIP.PGE turns it on, as read and
+			// fire do.
+			if pos = skipPad(buf, pos, end, skipTiming); pos > end {
+				break
+			}
+			c := buf[pos]
+			if c&0x1f != 0x11 {
+				break
+			}
+			n := decode.IPSize(c)
+			if n <= 0 {
+				break // suppressed (ErrNoIP) or reserved
+			}
+			last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:])&lowBytes(n), last)
+			pos += 1 + n
+			// As read queues it and deliver fires it.
+			d.qEv = Event{Kind: EvEnabled, IP: last, HasIP: true}
+			d.stamp(&d.qEv)
+			d.fireEv()
+			ip, steps, b = d.ip, d.steps, nil
+		}
+		if nb == 0 && !tip.ok {
+			// Nothing pending: the next packet, as chain's and run's
+			// read-ahead takes it.
+			if pos = skipPad(buf, pos, end, skipTiming); pos > end {
+				break
+			}
+			c := buf[pos]
+			switch {
+			case c&1 == 0 && c != 2:
+				p := c >> 1
+				nb = uint(bits.Len8(p) - 1)
+				tnt = uint64(p) &^ (1 << nb)
+				pos++
+			case c == 2 && buf[pos+1] == 0xa3:
+				v := binary.LittleEndian.Uint64(buf[pos+2:]) & lowBytes(6)
+				if v <= 1 {
+					break loop // no stop bit, or no bits: the slow path's
+				}
+				nb = uint(bits.Len64(v) - 1)
+				tnt = v &^ (1 << nb)
+				pos += 8
+			case c&0x1f == 0x0d:
+				n := decode.IPSize(c)
+				if n < 0 {
+					break loop
+				}
+				tip = fastTIP{ok: true, supp: n == 0, pos: pos, last: last}
+				last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:])&lowBytes(n), last)
+				tip.ip = last
+				pos += 1 + n
+			case c&0x1f == 0x01:
+				n := decode.IPSize(c)
+				if n < 0 {
+					break loop
+				}
+				// run decodes the instruction at the IP before it
+				// reads an event packet: code that is not there is
+				// the error.
+				if b == nil {
+					b = d.block(ip, d.mode)
+				}
+				if len(b.insns) == 0 {
+					break loop
+				}
+				pgd := decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:])&lowBytes(n), last)
+				last, pos = pgd, pos+1+n
+				if n == 0 {
+					pgd = 0
+				}
+				d.ip, d.steps, d.errIP = ip, steps, errIP
+				ev := Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
+				d.stamp(&ev)
+				fired := d.fastDisable(b, &ev)
+				ip, steps, errIP, b = d.ip, d.steps, d.errIP, nil
+				if !fired {
+					// Queued as read queues it.
+					d.q = append(d.q, queued{ev: ev, bind: bindBranch})
+					break loop
+				}
+				continue
+			default:
+				break loop
+			}
+		}
+		if b == nil {
+			b = d.block(ip, d.mode)
+		}
+		// The last instruction's index and class; a run's end block's
+		// from the run, so that a run leads to the next without a look
+		// at the block's instructions.
+		n, class := runEnd.n, runEnd.class
+		if b != runEnd.b {
+			if n = len(b.insns) - 1; n >= 0 {
+				class = b.insns[n].class
+			}
+		}
+		if n < 0 || steps+n+1 > maxInsns {
+			break
+		}
+		if c := class; nb > 0 && (c == x86insn.CondJump || c == x86insn.Jump || c == x86insn.Call) {
+			// The next bits' run, worked out once (tntrun.go).
+			k := min(nb, runBits)
+			r := d.tntRun(b, uint8(1<<k|tnt>>(nb-k)), k)
+			if steps+r.pre <= maxInsns && r.post <= maxInsns {
+				for i := range r.edges {
+					e := &r.edges[i]
+					if e.push {
+						d.pushRet(e.ret)
+					}
+					h.Branch(e.from, e.to, e.kind)
+				}
+				nb -= uint(r.used)
+				tnt &= 1<<nb - 1
+				steps += r.steps
+				if r.bit {
+					d.sinceRef, steps = 0, r.steps
+				}
+				d.c.Insns += r.insns
+				errIP, ip, b, runEnd = r.errIP, r.endIP, r.end.b, r.end
+				continue
+			}
+		}
+		lst := &b.insns[n]
+		switch lst.class {
+		case x86insn.CondJump:
+			if nb == 0 {
+				break loop
+			}
+			nb--
+			taken := tnt>>nb&1 == 1
+			tnt &= 1<<nb - 1
+			d.sinceRef, steps = 0, 0
+			if taken {
+				h.Branch(lst.ip, lst.target, BrCond)
+				ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
+			} else {
+				ip = lst.ip + uint64(lst.len)
+				b = d.fixedSucc(&b.fall, ip)
+			}
+		case x86insn.Jump, x86insn.Call:
+			if nb == 0 {
+				// The TIP read ahead is not for this branch: walk
+				// executes it, counting it for a TRIG.
+				d.sinceRef++
+			}
+			steps += n + 1
+			kind := BrJump
+			// As exec: a call to the next instruction pushes nothing.
+			if ret := lst.ip + uint64(lst.len); lst.class == x86insn.Call {
+				kind = BrCall
+				if lst.target != ret {
+					d.pushRet(ret)
+				}
+			}
+			h.Branch(lst.ip, lst.target, kind)
+			ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
+		case x86insn.Ret:
+			if nb > 0 {
+				// A compressed return; anything else is exec's
+				// to report.
+				if tnt>>(nb-1)&1 == 0 || d.sp == 0 {
+					break loop
+				}
+				nb--
+				tnt &= 1<<nb - 1
+				d.sinceRef, steps = 0, 0
+				ip = d.popRet()
+				h.Branch(lst.ip, ip, BrReturn)
+				b = d.lastSucc(b, ip)
+				break
+			}
+			if tip.supp {
+				break loop
+			}
+			tip.ok, steps = false, 0
+			h.Branch(lst.ip, tip.ip, BrReturn)
+			ip, b = tip.ip, d.lastSucc(b, tip.ip)
+		case x86insn.IndirectJump, x86insn.IndirectCall:
+			if nb > 0 || tip.supp {
+				break loop
+			}
+			tip.ok, steps = false, 0
+			kind := BrIndirectJump
+			if lst.class == x86insn.IndirectCall {
+				kind = BrIndirectCall
+				d.pushRet(lst.ip + uint64(lst.len))
+			}
+			h.Branch(lst.ip, tip.ip, kind)
+			ip, b = tip.ip, d.lastSucc(b, tip.ip)
+		default:
+			break loop
+		}
+		d.c.Insns += uint64(n + 1)
+		errIP = lst.ip
+	}
+	if pos == pos0 && d.c.Insns == insns0 {
+		// Nothing done: the state is as it was.
+		d.hasBack = tip.back
+		d.fp.noPos, d.fp.noIP = pos, d.ip
+		return nil
+	}
+	d.ip, d.steps, d.errIP = ip, steps, errIP
+	d.tnt, d.tntN = tnt, uint8(nb)
+	d.fp.bytes += uint64(pos - pos0)
+	// The packets decoded ahead are the fast path's now; few are
+	// decoded ahead again, so that it can take over again soon.
+	d.pb.i, d.pb.n, d.pb.err, d.pb.size = 0, 0, nil, 1
+	d.pd.SetRaw(pos, last)
+	if tip.ok {
+		if tip.back {
+			d.hasBack = true
+		} else {
+			// Read ahead, as the slow path would have it.
+			d.pd.SetRaw(tip.pos, tip.last)
+			return d.peek()
+		}
+	}
+	return nil
+}
+
+// fixedSucc is the block at ip, the fixed target of a branch whose
+// successor *p keeps it (a block of the same mode: the mode changes only
+// through an event, never on the fast path).
+func (d *Decoder) fixedSucc(p **block, ip uint64) *block {
+	if s := *p; s != nil {
+		return s
+	}
+	s := d.block(ip, d.mode)
+	*p = s
+	return s
+}
+
+// lastSucc is the block at ip, the varying target of the return or
+// indirect branch ending b, whose successors keep the last two targets'
+// blocks: taken the last (as chain keeps it), fall (which such a branch
+// has no use for) the one before.
+func (d *Decoder) lastSucc(b *block, ip uint64) *block {
+	if s := b.taken; s != nil && len(s.insns) > 0 && s.insns[0].ip == ip {
+		return s
+	}
+	s := b.fall
+	if s == nil || len(s.insns) == 0 || s.insns[0].ip != ip {
+		s = d.block(ip, d.mode)
+	}
+	b.taken, b.fall = s, b.taken
+	return s
+}
+
+// fastDisable walks from block b with the TIP.PGD's event ev waiting for
+// the branch it binds to, as walk and exec do with it queued: direct
+// branches are taken until one to its IP, or a branch that needs trace,
+// which it binds to. It tells whether it fired; else the walk is left, at
+// a block's start, to the slow path.
+func (d *Decoder) fastDisable(b *block, ev *Event) bool {
+	for {
+		n := len(b.insns) - 1
+		if n < 0 || d.steps+n+1 > d.opts.MaxInsns {
+			return false
+		}
+		lst := &b.insns[n]
+		switch lst.class {
+		case x86insn.CondJump, x86insn.Ret, x86insn.IndirectJump, x86insn.IndirectCall, x86insn.FarTransfer,
+			x86insn.Jump, x86insn.Call:
+		default:
+			return false
+		}
+		d.c.Insns += uint64(n + 1)
+		d.sinceRef += uint32(n + 1)
+		d.steps += n + 1
+		d.errIP = lst.ip
+		next := lst.ip + uint64(lst.len)
+		d.ip = next
+		switch lst.class {
+		case x86insn.Jump, x86insn.Call:
+			if ev.HasIP && ev.IP == lst.target {
+				break // disabledDirect
+			}
+			kind := BrJump
+			if lst.class == x86insn.Call {
+				kind = BrCall
+				if lst.target != next {
+					d.pushRet(next)
+				}
+			}
+			d.branch(lst.ip, lst.target, kind)
+			d.ip = lst.target
+			b = d.fixedSucc(&b.taken, d.ip)
+			continue
+		case x86insn.IndirectCall:
+			d.pushRet(next)
+		}
+		// disabledAt
+		d.qEv = *ev
+		d.fireEv()
+		return true
+	}
+}
+
+// skipPad returns the position of the first packet at or after pos that is
+// not a PAD (nor, with timing, a TSC, MTC or one-byte CYC, which the slow
+// path skips when no clock sees them); beyond end when none is up to end.
+func skipPad(buf []byte, pos, end int, timing bool) int {
+	for pos <= end {
+		// Runs of PADs a word at a time.
+		if v := binary.LittleEndian.Uint64(buf[pos:]); v&0xff == 0 {
+			pos += min(bits.TrailingZeros64(v)/8, 8)
+			continue
+		}
+		switch c := buf[pos]; {
+		case !timing:
+			return pos
+		case c == 0x59: // MTC
+			pos += 2
+		case c == 0x19: // TSC
+			pos += 8
+		case c&7 == 3: // CYC without extension bytes
+			pos++
+		default:
+			return pos
+		}
+	}
+	return pos
+}
+
+// lowBytes keeps the low n (0..8) bytes of a word.
+func lowBytes(n int) uint64 {
+	if n >= 8 {
+		return ^uint64(0)
+	}
+	return 1<<(8*uint(n)) - 1
+}

@@ -1,0 +1,337 @@
+package flow
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"ptfs/decode"
+	"ptfs/decode/ptenc"
+	"ptfs/images"
+	"ptfs/internal/testkit"
+)
+
+// fullLog keeps every branch, and every field of every event.
+type fullLog struct {
+	// items are the branches in order; an event is an item whose ev is
+	// its line in events plus one.
+	items  []logItem
+	events []string
+}
+
+type logItem struct {
+	from, to uint64
+	kind     BranchKind
+	ev       int
+}
+
+func (l *fullLog) Insn(*Insn) {}
+func (l *fullLog) Branch(from, to uint64, kind BranchKind) {
+	l.items = append(l.items, logItem{from: from, to: to, kind: kind})
+}
+func (l *fullLog) Event(e *Event) {
+	l.events = append(l.events, fmt.Sprintf("ev %+v", *e))
+	l.items = append(l.items, logItem{ev: len(l.events)})
+}
+
+func (l *fullLog) line(i int) string {
+	if it := l.items[i]; it.ev > 0 {
+		return l.events[it.ev-1]
+	}
+	it := l.items[i]
+	return fmt.Sprintf("%x %x %v", it.from, it.to, it.kind)
+}
+
+// sameFast decodes trace for a reader of branches with the fast path off
+// and on, fails t where the branches, events or counters differ, and
+// returns the counters. Each decoder decodes twice, the second time with
+// its caches warm (and what a decoder keeps from one trace to the next).
+func sameFast(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
+	t.Helper()
+	opts.NoInsns = true
+	ds, df := New(mem, opts), New(mem, opts)
+	ds.fp.off = true
+	defer func() { fastBytes += df.fp.bytes }()
+	for pass := range 2 {
+		var slow, fast fullLog
+		ds.c, df.c = Counters{}, Counters{}
+		ds.Decode(trace, &slow)
+		df.Decode(trace, &fast)
+		if ds.Counters() != df.Counters() {
+			t.Errorf("pass %d: counters %+v with the fast path, %+v without", pass, df.Counters(), ds.Counters())
+		}
+		if len(slow.items) != len(fast.items) {
+			t.Errorf("pass %d: %d branches and events with the fast path, %d without", pass, len(fast.items), len(slow.items))
+		}
+		for i := range min(len(slow.items), len(fast.items)) {
+			a, b := slow.items[i], fast.items[i]
+			if a != b || a.ev > 0 && slow.events[a.ev-1] != fast.events[b.ev-1] {
+				t.Fatalf("pass %d: line %d: %q with the fast path, %q without", pass, i, fast.line(i), slow.line(i))
+			}
+		}
+	}
+	return ds.Counters()
+}
+
+// fastBytes counts the trace bytes sameFast's decoders took on the fast
+// path.
+var fastBytes uint64
+
+// corpusTrace is a corpus trace and the memory it ran from.
+type corpusTrace struct {
+	name  string
+	mem   Memory
+	trace []byte
+}
+
+// fastCorpus returns the traces the fast path is held to: libxdc's four
+// with their page dumps, the ptsim runs, and every libipt test trace with
+// its code.
+func fastCorpus(t *testing.T) []corpusTrace {
+	t.Helper()
+	corpus := testkit.Corpus(t)
+	var out []corpusTrace
+	for _, name := range []string{"foo", "mruby", "Unzip", "icelake_tip"} {
+		dir := filepath.Join(corpus, "libxdc", name)
+		addr, _ := filepath.Glob(filepath.Join(dir, "*.addr"))
+		dump, _ := filepath.Glob(filepath.Join(dir, "*.dump"))
+		if len(addr) != 1 || len(dump) != 1 {
+			t.Fatalf("%s: page dump not found", dir)
+		}
+		s := images.NewSpace()
+		if err := images.MapPageDump(s, addr[0], dump[0]); err != nil {
+			t.Fatal(err)
+		}
+		file := "trace"
+		if name == "icelake_tip" {
+			file = "ptlog"
+		}
+		trace, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, corpusTrace{"libxdc/" + name, s, trace})
+	}
+	for _, run := range []string{"run-static", "run-static-ptw"} {
+		dir := filepath.Join(corpus, "ptsim", run)
+		trace, err := os.ReadFile(filepath.Join(dir, "trace.pt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, corpusTrace{"ptsim/" + run, ptsimSpace(t, dir), trace})
+	}
+	return append(out, libiptTraces(t)...)
+}
+
+// libiptTraces returns every libipt test trace that has its code.
+func libiptTraces(t *testing.T) []corpusTrace {
+	t.Helper()
+	dir := filepath.Join(testkit.Corpus(t), "libipt")
+	ptts, _ := filepath.Glob(filepath.Join(dir, "*.ptt"))
+	if len(ptts) == 0 {
+		testkit.Unavailable(t, "no libipt tests in %s", dir)
+	}
+	var out []corpusTrace
+	for _, ptt := range ptts {
+		base := strings.TrimSuffix(ptt, ".ptt")
+		src, err := os.ReadFile(ptt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := fuzzOrg.FindSubmatch(src)
+		code, err1 := os.ReadFile(base + ".bin")
+		trace, err2 := os.ReadFile(base + ".pt")
+		if m == nil || err1 != nil || err2 != nil {
+			continue // not assembled, or no code
+		}
+		org, err := strconv.ParseUint(string(m[1]), 0, 64)
+		if err != nil {
+			t.Fatalf("%s: org %s: %v", ptt, m[1], err)
+		}
+		out = append(out, corpusTrace{"libipt/" + filepath.Base(base), &blob{base: org, code: code}, trace})
+	}
+	return out
+}
+
+// mutate returns a damaged copy of trace: bytes flipped, cut short, or a
+// piece of it spliced in elsewhere.
+func mutate(r *rand.Rand, trace []byte) []byte {
+	if len(trace) < 2 {
+		return slices.Clone(trace)
+	}
+	out := slices.Clone(trace)
+	switch r.IntN(3) {
+	case 0:
+		for range 1 + r.IntN(8) {
+			out[r.IntN(len(out))] ^= byte(1 + r.IntN(255))
+		}
+	case 1:
+		out = out[:r.IntN(len(out))]
+	default:
+		i, j := r.IntN(len(out)), r.IntN(len(out))
+		n := r.IntN(min(len(out)-i, 4096) + 1)
+		out = append(slices.Clone(out[:j]), append(slices.Clone(out[i:i+n]), out[j:]...)...)
+	}
+	return out
+}
+
+// TestFastSameFlow holds the fast path to the packet-by-packet flow: the
+// same branches, events (every field) and counters on every corpus trace,
+// whole and damaged, with and without ResyncOnError and a clock.
+func TestFastSameFlow(t *testing.T) {
+	r := rand.New(rand.NewPCG(10, 500))
+	var insns, errs, size uint64
+	fastBytes = 0
+	for _, ft := range fastCorpus(t) {
+		t.Run(ft.name, func(t *testing.T) {
+			// Fewer damaged copies of the large traces, with the
+			// default options only: each is decoded four times.
+			copies, large := 12, len(ft.trace) > 1<<16
+			if large {
+				copies = 2
+			}
+			for i := range 1 + copies {
+				trace := ft.trace
+				if i > 0 {
+					trace = mutate(r, ft.trace)
+				}
+				for j, opts := range []Options{{}, {ResyncOnError: true}, {Time: &decode.ClockConfig{CPUID15EAX: 1, CPUID15EBX: 2}}} {
+					if i > 0 && j > 0 && large {
+						continue
+					}
+					size += 2 * uint64(len(trace))
+					c := sameFast(t, ft.mem, trace, opts)
+					insns += c.Insns
+					errs += c.Errors
+				}
+			}
+		})
+	}
+	if insns == 0 || errs == 0 {
+		t.Errorf("%d instructions, %d errors: the flow or its error paths went untested", insns, errs)
+	}
+	if fastBytes < size/2 {
+		t.Errorf("the fast path took %d of %d bytes: it went untested", fastBytes, size)
+	}
+	t.Logf("the fast path took %d of %d bytes", fastBytes, size)
+}
+
+// TestFastTakesOver checks that the fast path takes the bulk of the
+// benchmark trace, and allocates nothing once the caches are warm.
+func TestFastTakesOver(t *testing.T) {
+	bt := loadBench(t, "mruby")
+	d := New(bt.space, Options{NoInsns: true})
+	var c counter
+	d.Decode(bt.trace, &c)
+	if c.errors != 0 || d.fp.bytes < uint64(len(bt.trace))*95/100 {
+		t.Errorf("%d errors; the fast path took %d of %d bytes", c.errors, d.fp.bytes, len(bt.trace))
+	}
+	if a := testing.AllocsPerRun(3, func() { d.Decode(bt.trace, &c) }); a != 0 {
+		t.Errorf("%v allocations per warm decode, want 0", a)
+	}
+	mem, trace := loopTrace(1000)
+	d = New(mem, Options{NoInsns: true})
+	d.Decode(trace, &c)
+	if d.fp.bytes < uint64(len(trace))*9/10 {
+		t.Errorf("the fast path took %d of %d bytes of a loop", d.fp.bytes, len(trace))
+	}
+	if a := testing.AllocsPerRun(5, func() { d.Decode(trace, &c) }); a != 0 {
+		t.Errorf("%v allocations per warm decode of a loop, want 0", a)
+	}
+}
+
+// TestFastBoundedLoop: a jump to itself while TNT bits wait (a run takes
+// no bit there) ends in the walk's MaxInsns error, as without the fast
+// path.
+func TestFastBoundedLoop(t *testing.T) {
+	mem := &blob{base: 0x1000, code: []byte{0xeb, 0xfe}} // jmp .
+	e := ptenc.New()
+	start(e, 0x1000)
+	e.TNT(1, 1)
+	for range 32 {
+		e.Pad()
+	}
+	c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: 100})
+	if c.Errors != 1 || c.Insns != 100 {
+		t.Errorf("counters %+v, want 1 error after 100 instructions", c)
+	}
+	d := New(mem, Options{MaxInsns: 100, NoInsns: true})
+	d.Decode(e.Bytes(), &counter{})
+	if d.fp.bytes == 0 {
+		t.Error("the fast path took no byte of the loop's trace")
+	}
+}
+
+// TestFastTrigCount: a direct jump taken while a TIP waits for a later
+// branch counts toward a TRIG's instruction count as the walk counts it.
+func TestFastTrigCount(t *testing.T) {
+	// jmp 0x1002; jmp *%rax; ... 0x1010: nop; nop; nop; ret
+	code := []byte{0xeb, 0x00, 0xff, 0xe0, 15: 0, 16: 0x90, 0x90, 0x90, 0xc3}
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1000)
+	e.IP(ptenc.TIP, 0x1010)
+	e.Raw(0xd9, 0x40, 0x01, 0x01, 0x00) // TRIG, instruction count 1
+	for range 32 {
+		e.Pad()
+	}
+	sameFast(t, mem, e.Bytes(), Options{})
+	d := New(mem, Options{NoInsns: true})
+	d.Decode(e.Bytes(), &counter{})
+	if d.fp.bytes == 0 {
+		t.Error("the fast path took no byte of the trace")
+	}
+}
+
+// TestFastDisable: a TIP.PGD binds to a direct jump to its IP, and to the
+// branch that needs trace; tracing resumes where it stopped.
+func TestFastDisable(t *testing.T) {
+	// 0x1000: jmp 0x1010; 0x1010: nop; jne 0x1010; ret
+	code := []byte{0xeb, 0x0e, 15: 0, 16: 0x90, 0x75, 0xfd, 0xc3}
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1000)
+	e.IP(ptenc.TIPPGD, 0x1010) // at the jump to it
+	e.IP(ptenc.TIPPGE, 0x1010)
+	e.TNT(0b110, 3)
+	e.IPC(ptenc.TIPPGD, 0, 0) // at the ret
+	e.IP(ptenc.TIPPGE, 0x1000)
+	for range 32 {
+		e.Pad()
+	}
+	if c := sameFast(t, mem, e.Bytes(), Options{}); c.Errors != 0 || c.Events != 5 {
+		t.Errorf("counters %+v, want 4 events and the end", c)
+	}
+	d := New(mem, Options{NoInsns: true})
+	d.Decode(e.Bytes(), &counter{})
+	if d.fp.bytes == 0 {
+		t.Error("the fast path took no byte of the trace")
+	}
+}
+
+// TestFastReturnBound: a compressed return starts the count toward
+// MaxInsns anew, as the walk's does.
+func TestFastReturnBound(t *testing.T) {
+	// 0x1000: call 0x1010; 0x1005: jmp .; 0x1010: 40 nops; ret
+	code := make([]byte, 0x10+41)
+	copy(code, []byte{0xe8, 0x0b, 0, 0, 0, 0xeb, 0xfe})
+	for i := 0x10; i < len(code)-1; i++ {
+		code[i] = 0x90
+	}
+	code[len(code)-1] = 0xc3
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1000)
+	e.TNT(0b11, 2) // the return, then a bit for nobody
+	for range 32 {
+		e.Pad()
+	}
+	if c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: 60}); c.Errors != 1 || c.Insns != 1+41+60 {
+		t.Errorf("counters %+v, want 1 error after %d instructions", c, 1+41+60)
+	}
+}
