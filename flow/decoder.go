@@ -180,6 +180,9 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 	defer d.flushUnnamed()
 	d.resetPackets(trace)
 	d.resetState()
+	// A new trace starts as a new decoder would: only the caches carry
+	// over (the mode outlives a sync within one trace, as libipt's).
+	d.mode, d.sinceRef = ModeUnknown, 0
 	if d.clock != nil {
 		d.clock.Reset()
 		d.lastTSC = 0
@@ -309,7 +312,7 @@ func (d *Decoder) resetState() {
 	d.enabled, d.ip, d.stash, d.iflag, d.inTX = false, 0, ModeUnknown, -1, false
 	d.inStub = false
 	d.resyncing, d.resyncOn = false, false
-	d.nHeld, d.evdHas = 0, 0
+	d.nHeld, d.evdHas, d.evd = 0, 0, [3]uint64{}
 	d.tnt, d.tntN, d.tipOK, d.eos = 0, 0, false, false
 	d.q = d.q[:0]
 	d.sp, d.top = 0, 0
@@ -680,7 +683,8 @@ func (d *Decoder) read() error {
 		}
 	case decode.CFE:
 		e := Event{Kind: EvCFE, Type: p.Type, Payload: p.Payload, Data: d.evd, Has: d.evdHas}
-		d.evdHas = 0
+		// Each event gets only its own data.
+		d.evdHas, d.evd = 0, [3]uint64{}
 		if e.Has&^cfeData(e.Type) != 0 {
 			// Event data the event does not take: the CFE is
 			// the error.

@@ -335,3 +335,52 @@ func TestFastReturnBound(t *testing.T) {
 		t.Errorf("counters %+v, want 1 error after %d instructions", c, 1+41+60)
 	}
 }
+
+// TestDecodeReuse holds a decoder that decoded one trace to decoding the
+// next as a new one does: only its caches carry over (a live mount and
+// the warm benchmark reuse decoders). Each libipt trace is decoded after
+// the one before it, with that one's code, both with and without the
+// instructions.
+func TestDecodeReuse(t *testing.T) {
+	traces := libiptTraces(t)
+	for _, noInsns := range []bool{false, true} {
+		for i := 1; i < len(traces); i++ {
+			prev, cur := traces[i-1], traces[i]
+			if prev.mem != cur.mem {
+				// Each trace has its own code: one memory serves
+				// both, the later mapping winning as in Space.
+				prev.mem = &twoBlobs{prev.mem.(*blob), cur.mem.(*blob)}
+			}
+			opts := Options{NoInsns: noInsns}
+			reused := New(prev.mem, opts)
+			reused.Decode(prev.trace, &fullLog{})
+			reused.c = Counters{}
+			var want, got fullLog
+			New(prev.mem, opts).Decode(cur.trace, &want)
+			reused.Decode(cur.trace, &got)
+			if !slices.Equal(want.items, got.items) || !slices.Equal(want.events, got.events) {
+				t.Errorf("%s after %s: %d items, a new decoder %d; first difference %s",
+					cur.name, prev.name, len(got.items), len(want.items), firstDiff(&got, &want))
+			}
+		}
+	}
+}
+
+// twoBlobs reads b, then a where b has no code.
+type twoBlobs struct{ a, b *blob }
+
+func (m *twoBlobs) ReadAt(p []byte, addr uint64) (int, error) {
+	if n, err := m.b.ReadAt(p, addr); n > 0 {
+		return n, err
+	}
+	return m.a.ReadAt(p, addr)
+}
+
+func firstDiff(got, want *fullLog) string {
+	for i := range min(len(got.items), len(want.items)) {
+		if got.line(i) != want.line(i) {
+			return fmt.Sprintf("at %d: %q, want %q", i, got.line(i), want.line(i))
+		}
+	}
+	return "in length"
+}
