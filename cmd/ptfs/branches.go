@@ -249,11 +249,11 @@ func listBranches(w io.Writer, args []string) error {
 	defer closeIn()
 	r := bufio.NewReaderSize(in, traceChunk)
 	if head, _ := r.Peek(8); isPerfData(head) {
-		data, err := io.ReadAll(r)
+		f, err := parsePerf(in, r)
 		if err != nil {
-			return fmt.Errorf("read trace: %w", err)
+			return fmt.Errorf("%s: %w", a.trace, err)
 		}
-		return perfBranches(w, &a, data)
+		return perfBranches(w, &a, f)
 	}
 	if len(a.raws)+len(a.elfs)+len(a.pages)+len(a.maps) == 0 {
 		return fmt.Errorf("%w: %w", errNoImage, flow.ErrBadOption)
@@ -291,6 +291,24 @@ func listBranches(w io.Writer, args []string) error {
 		return errors.Join(fmt.Errorf("write output: %w", err), closeAll())
 	}
 	return closeAll()
+}
+
+// parsePerf parses the perf.data that in holds: a file record by record,
+// its AUX data left on disk for the decoder to read (perfdata.ParseReader);
+// standard input whole.
+func parsePerf(in io.Reader, r io.Reader) (*perfdata.File, error) {
+	if f, ok := in.(*os.File); ok && f != os.Stdin {
+		st, err := f.Stat()
+		if err != nil {
+			return nil, fmt.Errorf("read trace: %w", err)
+		}
+		return perfdata.ParseReader(f, st.Size())
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("read trace: %w", err)
+	}
+	return perfdata.Parse(data)
 }
 
 // traceChunk is the piece of a trace file read and decoded at a time.
@@ -348,16 +366,12 @@ func branchEvents(a *branchesArgs) (map[uint16]*decode.Event, error) {
 // perfBranches implements `ptfs decode --branches` on perf.data: the
 // side band builds each process's memory from the binaries on disk (under
 // --root), refusing one whose build id is not the recorded one, and each
-// AUX buffer is decoded in the space of the process its ITRACE_START names
-// (DESIGN §5). Code whose file is missing or refused is unknown: its
-// mappings are counted, its errors printed as image: lines.
-func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
+// AUX buffer is decoded with it over time (perfflow: the thread and memory
+// of each line's time; DESIGN §5). Code whose file is missing or refused
+// is unknown: its mappings are counted, its errors printed as image: lines.
+func perfBranches(w io.Writer, a *branchesArgs, f *perfdata.File) error {
 	if len(a.raws)+len(a.elfs)+len(a.pages)+len(a.maps) > 0 {
 		return fmt.Errorf("%s: perf.data brings its own images (its side band, with --root and --vdso): %w", a.trace, flow.ErrBadOption)
-	}
-	f, err := perfdata.Parse(data)
-	if err != nil {
-		return fmt.Errorf("%s: %w", a.trace, err)
 	}
 	if len(f.Buffers) == 0 {
 		return fmt.Errorf("%s: perf.data without AUX area trace (record with -e intel_pt//): %w", a.trace, errNoTrace)
