@@ -304,22 +304,28 @@ func (d *Decoder) changesMemory(e *perfdata.Event) bool {
 	return false
 }
 
+// Apply takes a process event of the side band into p: an MMAP maps (its
+// error is the file's, the first time it is read), a COMM exec replaces
+// the space, a FORK of a new process copies it. Exits are not applied:
+// the spaces outlive them.
+func Apply(p *images.Processes, e *perfdata.Event) error {
+	switch {
+	case e.Kind == perfdata.Mmap && e.PID >= 0:
+		return p.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name)
+	case e.Kind == perfdata.Comm && e.Exec:
+		p.Exec(e.PID)
+	case e.Kind == perfdata.Fork && e.PID != e.PPID:
+		p.Fork(e.PPID, e.PID)
+	}
+	return nil
+}
+
 // apply takes one side-band event into the model. Image errors were told
 // when the side band was first applied (the files are read once).
 func (d *Decoder) apply(e perfdata.Event) {
 	switch e.Kind {
-	case perfdata.Mmap:
-		if e.PID >= 0 {
-			_ = d.procs.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name)
-		}
-	case perfdata.Comm:
-		if e.Exec {
-			d.procs.Exec(e.PID)
-		}
-	case perfdata.Fork:
-		if e.PID != e.PPID {
-			d.procs.Fork(e.PPID, e.PID)
-		}
+	case perfdata.Mmap, perfdata.Comm, perfdata.Fork:
+		_ = Apply(d.procs, &e)
 	case perfdata.ItraceStart, perfdata.Switch:
 		d.setTask(e.PID, e.TID)
 	case perfdata.Lost:
@@ -401,7 +407,7 @@ type feeder struct {
 // that end at or before off end first (at the end, off is the largest).
 func (f *feeder) feed(off uint64, data []byte) error {
 	for {
-		for f.ai < len(f.auxes) && f.auxes[f.ai].AuxOffset+f.auxes[f.ai].AuxSize <= off {
+		for f.ai < len(f.auxes) && auxEnd(&f.auxes[f.ai]) <= off {
 			a := &f.auxes[f.ai]
 			if f.begun < f.ai {
 				f.d.begin(a, f.prev)
@@ -424,7 +430,7 @@ func (f *feeder) feed(off uint64, data []byte) error {
 					f.begun = f.ai
 					f.d.begin(a, f.prev)
 				}
-				n = min(n, a.AuxOffset+a.AuxSize-off)
+				n = min(n, auxEnd(a)-off)
 			}
 		}
 		if _, err := f.d.Write(data[:n]); err != nil {
@@ -432,6 +438,16 @@ func (f *feeder) feed(off uint64, data []byte) error {
 		}
 		data, off = data[n:], off+n
 	}
+}
+
+// auxEnd is the AUX offset after record a's data; a hostile size that
+// runs past the largest offset covers everything after a's offset
+// instead of wrapping to an end before it.
+func auxEnd(a *perfdata.Event) uint64 {
+	if e := a.AuxOffset + a.AuxSize; e >= a.AuxOffset {
+		return e
+	}
+	return ^uint64(0)
 }
 
 // begin starts the bytes of AUX record a, written after time prev.
