@@ -43,6 +43,9 @@ type blockCache struct {
 	n     int    // blocks held
 	gen   uint64
 	insns int // instructions held, plus one per block
+	// drops counts drops: a Memory may change (and drop the cache) while
+	// a block is read from it.
+	drops uint64
 
 	blocks []block // slab the next blocks are taken from
 	code   []insn  // slab the next blocks' instructions are taken from
@@ -87,6 +90,7 @@ func (c *blockCache) drop() {
 	c.blocks, c.code = nil, nil
 	c.view = nil
 	c.runs.drop()
+	c.drops++
 }
 
 func (c *blockCache) hash(ip uint64, mode Mode) uint64 {
@@ -168,7 +172,25 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		d.cache.drop()
 	}
 	c := &d.cache
-	ins := c.room()
+	for range 3 {
+		drops := c.drops
+		ins, berr := d.decodeBlock(c.room(), ip, mode)
+		if c.drops == drops {
+			b := c.alloc(len(ins), berr)
+			c.insert(ip, mode, b)
+			return b
+		}
+		// The Memory changed under the decode (a side band applied
+		// when a read missed): the bytes read may be the old ones.
+	}
+	// Still changing: the block is not known, and not kept.
+	return &block{err: ErrNoMap}
+}
+
+// decodeBlock decodes the block at ip in mode into ins (empty, at least
+// maxBlock long).
+func (d *Decoder) decodeBlock(ins []insn, ip uint64, mode Mode) ([]insn, error) {
+	c := &d.cache
 	var berr error
 	pc := ip
 	bits := mode.bits()
@@ -213,7 +235,5 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		}
 		pc += uint64(in.Len)
 	}
-	b := c.alloc(len(ins), berr)
-	c.insert(ip, mode, b)
-	return b
+	return ins, berr
 }

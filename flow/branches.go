@@ -112,11 +112,29 @@ func NewBranches(w io.Writer, mem Memory, sym Symbolizer, events map[uint16]*dec
 }
 
 // SetContext sets the thread and CPU printed with each line; negative
-// means unknown (left out).
+// means unknown (left out). A change ends a probe record (its words do
+// not continue in another thread), and a stop that no enable resumed
+// yet is told as a stop in the old context: the thread
+// that made the syscall is not the one that goes on.
 func (b *Branches) SetContext(tid, cpu int32) {
+	if tid == b.tid && cpu == b.cpu {
+		return
+	}
+	b.flushStop()
+	b.recs.ContextSwitch()
 	b.tid, b.cpu = tid, cpu
 	b.recs.SetTID(tid)
 	b.recs.SetCPU(cpu)
+}
+
+// SymbolsChanged is called before the memory and the Symbolizer change
+// (a context switch, an exec, an mmap): a stop that no enable resumed
+// yet is told as a stop, named in the old memory (an
+// exec's syscall does not return to its own code), and the names looked
+// up so far are forgotten.
+func (b *Branches) SymbolsChanged() {
+	b.flushStop()
+	clear(b.cache)
 }
 
 // SetClock sets where the lines' time comes from (the Decoder, decoding

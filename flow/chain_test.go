@@ -96,3 +96,19 @@ func FuzzNoInsns(f *testing.F) {
 		sameFast(t, mem, trace, opts)
 	})
 }
+
+// variant is a trace as a test decodes it.
+type variant struct {
+	name  string
+	trace []byte
+}
+
+// variants are trace whole, truncated to two thirds, and corrupted (a
+// byte flipped every 50,000 from the 5,000th).
+func variants(trace []byte) []variant {
+	bad := slices.Clone(trace)
+	for i := 5000; i < len(bad); i += 50000 {
+		bad[i] ^= 0x5a
+	}
+	return []variant{{"whole", trace}, {"truncated", trace[:len(trace)*2/3]}, {"corrupted", bad}}
+}

@@ -6,9 +6,11 @@
 package perfdata
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 )
 
@@ -38,10 +40,18 @@ const (
 	recCompressed       = 81
 	recCompressed2      = 83
 	auxtraceRecordSize  = 48 // struct perf_record_auxtrace
-	auxFlagTruncated    = 0x01
-	auxFlagPartial      = 0x04
-	auxFlagCollision    = 0x08
 	auxtraceTypeIntelPT = 1
+)
+
+// PERF_RECORD_AUX flags (Event.AuxFlags): data the kernel lost.
+const (
+	// AuxTruncated: the AUX buffer was full; what followed was lost.
+	AuxTruncated = 0x01
+	// AuxPartial: the record covers a partial snapshot.
+	AuxPartial = 0x04
+	// AuxCollision: samples collided (data overwritten).
+	AuxCollision = 0x08
+	auxLossFlags = AuxTruncated | AuxPartial | AuxCollision
 )
 
 const magic = "PERFILE2"
@@ -62,7 +72,7 @@ type File struct {
 	// AuxtraceErrors counts PERF_RECORD_AUXTRACE_ERROR records.
 	LostAux, LostEvents, AuxtraceErrors uint64
 	// Events are the side-band records (MMAP, MMAP2, COMM, FORK, EXIT,
-	// ITRACE_START) in file order.
+	// ITRACE_START, SWITCH, SWITCH_CPU_WIDE, AUX, LOST) in file order.
 	Events []Event
 	// BuildIDs are the build ids perf recorded (HEADER_BUILD_ID), by
 	// file name.
@@ -89,9 +99,44 @@ type Buffer struct {
 
 // Chunk is the payload of one PERF_RECORD_AUXTRACE.
 type Chunk struct {
-	// Offset is the position of Data in the AUX area's running offset.
+	// Offset is the position of the data in the AUX area's running
+	// offset.
 	Offset uint64
-	Data   []byte
+	// Data is the payload (nil from ParseReader: Pieces reads it).
+	Data []byte
+	r    io.ReaderAt
+	pos  uint64
+	n    uint64
+}
+
+// Size returns the payload's length.
+func (c *Chunk) Size() uint64 {
+	if c.Data != nil {
+		return uint64(len(c.Data))
+	}
+	return c.n
+}
+
+// Pieces calls fn with the payload in order: Data whole, or read from the
+// file into buf (len(buf) bytes at a time), with each piece's AUX offset.
+func (c *Chunk) Pieces(buf []byte, fn func(off uint64, p []byte) error) error {
+	if c.Data != nil || c.n == 0 {
+		return fn(c.Offset, c.Data)
+	}
+	if len(buf) == 0 {
+		return fmt.Errorf("auxtrace payload at %d: no buffer: %w", c.pos, ErrUnsupported)
+	}
+	for done := uint64(0); done < c.n; {
+		b := buf[:min(uint64(len(buf)), c.n-done)]
+		if _, err := c.r.ReadAt(b, int64(c.pos+done)); err != nil {
+			return fmt.Errorf("read auxtrace payload at %d: %w", c.pos+done, err)
+		}
+		if err := fn(c.Offset+done, b); err != nil {
+			return err
+		}
+		done += uint64(len(b))
+	}
+	return nil
 }
 
 // Bytes returns the buffer's chunks concatenated.
@@ -174,46 +219,109 @@ const (
 	trailerBits      = sampleTID | sampleTime | sampleID | sampleCPU | sampleStreamID | sampleIdentifier
 )
 
-// attr keeps what the sample_id trailer layout depends on.
+// attr keeps what the sample_id trailer layout depends on, and the ids
+// of the events it was opened for (PERF_SAMPLE_IDENTIFIER tells them).
 type attr struct {
 	sampleType uint64
 	idAll      bool
+	ids        []uint64
 }
 
 // Parse reads a perf.data file held in memory. The chunks of the result
 // alias data.
 func Parse(data []byte) (*File, error) {
-	if len(data) < 16 {
-		return nil, fmt.Errorf("perf.data header: %d bytes: %w", len(data), ErrTruncated)
+	return parse(&input{mem: data, size: uint64(len(data))})
+}
+
+// ParseReader reads a perf.data file of size bytes through r, record by
+// record: the AUX payloads stay in the file (their chunks have no Data;
+// Chunk.Pieces reads them), so that memory is the side band, not the
+// trace. The file must not change while the result is used.
+func ParseReader(r io.ReaderAt, size int64) (*File, error) {
+	if size < 0 {
+		return nil, fmt.Errorf("perf.data of %d bytes: %w", size, ErrCorrupt)
 	}
-	if string(data[:8]) != magic {
-		if string(data[:8]) == "2ELIFREP" {
+	return parse(&input{r: r, size: uint64(size)})
+}
+
+// maxPiece bounds what ParseReader reads at once (a header section); a
+// record is at most 64 KiB.
+const maxPiece = 64 << 20
+
+// input is the file Parse reads: in memory, or read piece by piece.
+type input struct {
+	mem  []byte
+	r    io.ReaderAt
+	size uint64
+	buf  []byte
+}
+
+// at returns the n bytes at off: from memory, or read into a buffer that
+// the next call reuses.
+func (in *input) at(off, n uint64, what string) ([]byte, error) {
+	if off > in.size || n > in.size-off {
+		return nil, fmt.Errorf("%s at %d, %d bytes, in a %d-byte file: %w", what, off, n, in.size, ErrTruncated)
+	}
+	if in.mem != nil {
+		return in.mem[off : off+n], nil
+	}
+	if n > maxPiece {
+		return nil, fmt.Errorf("%s at %d: %d bytes: %w", what, off, n, ErrUnsupported)
+	}
+	if uint64(cap(in.buf)) < n {
+		in.buf = make([]byte, n)
+	}
+	b := in.buf[:n]
+	if _, err := in.r.ReadAt(b, int64(off)); err != nil {
+		return nil, fmt.Errorf("read %s at %d: %w", what, off, err)
+	}
+	return b, nil
+}
+
+// section returns the file section whose {offset, size} is at h[at:].
+func (in *input) section(h []byte, at int, name string) ([]byte, error) {
+	return in.at(binary.LittleEndian.Uint64(h[at:]), binary.LittleEndian.Uint64(h[at+8:]), name+" section")
+}
+
+func parse(in *input) (*File, error) {
+	if in.size < 16 {
+		return nil, fmt.Errorf("perf.data header: %d bytes: %w", in.size, ErrTruncated)
+	}
+	// struct perf_file_header: magic, size, attr_size, attrs, data,
+	// event_types (sections of offset and size), adds_features[4].
+	var h [104]byte
+	b, err := in.at(0, min(in.size, uint64(len(h))), "header")
+	if err != nil {
+		return nil, err
+	}
+	copy(h[:], b)
+	if string(h[:8]) != magic {
+		if string(h[:8]) == "2ELIFREP" {
 			return nil, fmt.Errorf("big-endian perf.data: %w", ErrUnsupported)
 		}
-		return nil, fmt.Errorf("magic %q: %w", data[:8], ErrNotPerfData)
+		return nil, fmt.Errorf("magic %q: %w", h[:8], ErrNotPerfData)
 	}
 	p := &parser{f: &File{BuildIDs: map[string][]byte{}}, byIdx: map[uint32]*Buffer{}}
-	hsize := binary.LittleEndian.Uint64(data[8:])
+	hsize := binary.LittleEndian.Uint64(h[8:])
 	if hsize == 16 {
 		p.f.Pipe = true
-		if err := p.records(data, 16, uint64(len(data))); err != nil {
+		if err := p.records(in, 16, in.size); err != nil {
 			return nil, err
 		}
 		return p.finish(), nil
 	}
-	// struct perf_file_header: magic, size, attr_size, attrs, data,
-	// event_types (sections of offset and size), adds_features[4].
-	if hsize < 72 || hsize > uint64(len(data)) {
-		return nil, fmt.Errorf("perf.data header size %d of %d bytes: %w", hsize, len(data), ErrCorrupt)
+	if hsize < 72 || hsize > in.size {
+		return nil, fmt.Errorf("perf.data header size %d of %d bytes: %w", hsize, in.size, ErrCorrupt)
 	}
-	attrSize := binary.LittleEndian.Uint64(data[16:])
-	attrs, err := section(data, 24, "attrs")
+	attrSize := binary.LittleEndian.Uint64(h[16:])
+	attrs, err := in.section(h[:], 24, "attrs")
 	if err != nil {
 		return nil, err
 	}
-	body, err := section(data, 40, "data")
-	if err != nil {
-		return nil, err
+	attrs = bytes.Clone(attrs) // the ids are read next
+	dataOff, dataSize := binary.LittleEndian.Uint64(h[40:]), binary.LittleEndian.Uint64(h[48:])
+	if dataOff > in.size || dataSize > in.size-dataOff {
+		return nil, fmt.Errorf("data section at %d, %d bytes, in a %d-byte file: %w", dataOff, dataSize, in.size, ErrTruncated)
 	}
 	if attrSize != 0 {
 		if attrSize < 16+16 {
@@ -221,27 +329,20 @@ func Parse(data []byte) (*File, error) {
 		}
 		for off := uint64(0); off+attrSize <= uint64(len(attrs)); off += attrSize {
 			// perf_file_attr: perf_event_attr then its ids section.
-			p.addAttr(attrs[off : off+attrSize-16])
+			ids, err := in.section(attrs, int(off+attrSize-16), "attr ids")
+			if err != nil {
+				ids = nil
+			}
+			p.addAttr(attrs[off:off+attrSize-16], ids)
 		}
 	}
-	base := binary.LittleEndian.Uint64(data[40:])
-	if err := p.records(data, base, base+uint64(len(body))); err != nil {
+	if err := p.records(in, dataOff, dataOff+dataSize); err != nil {
 		return nil, err
 	}
-	if err := featureBuildIDs(data, p.f.BuildIDs); err != nil {
+	if err := featureBuildIDs(in, h[:], p.f.BuildIDs); err != nil {
 		return nil, err
 	}
 	return p.finish(), nil
-}
-
-// section returns the file section whose {offset, size} is at data[at:].
-func section(data []byte, at int, name string) ([]byte, error) {
-	off := binary.LittleEndian.Uint64(data[at:])
-	size := binary.LittleEndian.Uint64(data[at+8:])
-	if off > uint64(len(data)) || size > uint64(len(data))-off {
-		return nil, fmt.Errorf("%s section at %d, %d bytes, in a %d-byte file: %w", name, off, size, len(data), ErrTruncated)
-	}
-	return data[off : off+size], nil
 }
 
 type parser struct {
@@ -253,6 +354,14 @@ type parser struct {
 	losses []loss
 	// starts are the ITRACE_START records, which tell a buffer's pid.
 	starts []start
+	// trailers are the records of f.Events after their headers, whose
+	// sample_id trailers give the events' time and CPU.
+	trailers [][]byte
+	// layout is the trailer layout every attribute shares (sameLayout),
+	// else byID has each attribute's by event id.
+	layout     uint64
+	sameLayout bool
+	byID       map[uint64]uint64
 }
 
 type start struct {
@@ -266,9 +375,13 @@ type loss struct {
 }
 
 // addAttr keeps what matters of a perf_event_attr (at least 16 bytes have
-// been checked by the caller; shorter versions lack the fields).
-func (p *parser) addAttr(b []byte) {
-	var a attr
+// been checked by the caller; shorter versions lack the fields) and the
+// ids of its events (u64s).
+func (p *parser) addAttr(b, ids []byte) {
+	a := attr{}
+	for ; len(ids) >= 8; ids = ids[8:] {
+		a.ids = append(a.ids, binary.LittleEndian.Uint64(ids))
+	}
 	if len(b) >= 32 {
 		a.sampleType = binary.LittleEndian.Uint64(b[24:])
 	}
@@ -278,21 +391,28 @@ func (p *parser) addAttr(b []byte) {
 	p.attrs = append(p.attrs, a)
 }
 
-// records walks the records in data[off:end].
-func (p *parser) records(data []byte, off, end uint64) error {
+// records walks the records from off to end.
+func (p *parser) records(in *input, off, end uint64) error {
 	for off < end {
 		if end-off < 8 {
 			return fmt.Errorf("record header at %d: %w", off, ErrTruncated)
 		}
-		typ := binary.LittleEndian.Uint32(data[off:])
-		size := uint64(binary.LittleEndian.Uint16(data[off+6:]))
+		hdr, err := in.at(off, 8, "record header")
+		if err != nil {
+			return err
+		}
+		typ := binary.LittleEndian.Uint32(hdr)
+		size := uint64(binary.LittleEndian.Uint16(hdr[6:]))
 		if size < 8 {
 			return fmt.Errorf("record at %d: size %d: %w", off, size, ErrCorrupt)
 		}
 		if size > end-off {
 			return fmt.Errorf("record at %d: type %d, %d bytes: %w", off, typ, size, ErrTruncated)
 		}
-		rec := data[off : off+size]
+		rec, err := in.at(off, size, "record")
+		if err != nil {
+			return err
+		}
 		next := off + size
 		ev, ok, err := sideBand(typ, rec, off)
 		if err != nil {
@@ -300,13 +420,14 @@ func (p *parser) records(data []byte, off, end uint64) error {
 		}
 		if ok {
 			p.f.Events = append(p.f.Events, ev)
+			p.trailers = append(p.trailers, bytes.Clone(rec[8:]))
 			if ev.Kind == ItraceStart {
-				p.starts = append(p.starts, start{pid: ev.PID, tid: ev.TID, trailer: rec[16:]})
+				p.starts = append(p.starts, start{pid: ev.PID, tid: ev.TID, trailer: p.trailers[len(p.trailers)-1][8:]})
 			}
 		}
 		switch typ {
 		case recAuxtrace:
-			n, err := p.auxtrace(data, rec, off, end)
+			n, err := p.auxtrace(in, rec, off, end)
 			if err != nil {
 				return err
 			}
@@ -326,13 +447,13 @@ func (p *parser) records(data []byte, off, end uint64) error {
 			}
 		case recHeaderAttr:
 			// struct perf_record_header_attr: the attr, then ids.
-			a := rec[8:]
+			a, ids := rec[8:], []byte(nil)
 			if len(a) >= 8 {
 				asz := uint64(binary.LittleEndian.Uint32(a[4:]))
 				if asz >= 8 && asz <= uint64(len(a)) {
-					a = a[:asz]
+					a, ids = a[:asz], a[asz:]
 				}
-				p.addAttr(a)
+				p.addAttr(a, ids)
 			}
 		case recAux:
 			if size < 32 {
@@ -341,8 +462,8 @@ func (p *parser) records(data []byte, off, end uint64) error {
 			auxOff := binary.LittleEndian.Uint64(rec[8:])
 			auxSize := binary.LittleEndian.Uint64(rec[16:])
 			flags := binary.LittleEndian.Uint64(rec[24:])
-			if flags&(auxFlagTruncated|auxFlagPartial|auxFlagCollision) != 0 {
-				p.losses = append(p.losses, loss{end: auxOff + auxSize, trailer: rec[32:]})
+			if flags&auxLossFlags != 0 {
+				p.losses = append(p.losses, loss{end: auxOff + auxSize, trailer: p.trailers[len(p.trailers)-1][24:]})
 			}
 		case recLost:
 			if size >= 24 {
@@ -368,7 +489,7 @@ func (p *parser) records(data []byte, off, end uint64) error {
 
 // auxtrace takes one PERF_RECORD_AUXTRACE and returns the size of the
 // payload that follows it.
-func (p *parser) auxtrace(data, rec []byte, off, end uint64) (uint64, error) {
+func (p *parser) auxtrace(in *input, rec []byte, off, end uint64) (uint64, error) {
 	if len(rec) < auxtraceRecordSize {
 		return 0, fmt.Errorf("auxtrace record at %d: %d bytes: %w", off, len(rec), ErrCorrupt)
 	}
@@ -390,7 +511,11 @@ func (p *parser) auxtrace(data, rec []byte, off, end uint64) (uint64, error) {
 		p.byIdx[idx] = b
 		p.f.Buffers = append(p.f.Buffers, b)
 	}
-	b.Chunks = append(b.Chunks, Chunk{Offset: auxOff, Data: data[start : start+n]})
+	c := Chunk{Offset: auxOff, r: in.r, pos: start, n: n}
+	if in.mem != nil {
+		c.Data = in.mem[start : start+n]
+	}
+	b.Chunks = append(b.Chunks, c)
 	return n, nil
 }
 
@@ -436,21 +561,20 @@ func (p *parser) auxtraceInfo(rec []byte) {
 }
 
 // finish attributes the AUX losses to buffers through the sample_id
-// trailer, when every attribute lays it out the same way.
+// trailer, and gives the side-band events their time and CPU.
 func (p *parser) finish() *File {
-	layout, ok := uint64(0), len(p.attrs) > 0
-	for i, a := range p.attrs {
-		if !a.idAll || (i > 0 && a.sampleType&trailerBits != layout) {
-			ok = false
-			break
+	p.layouts()
+	for i := range p.f.Events {
+		p.f.Events[i].CPU = -1
+		if s, found := p.sample(p.trailers[i]); found {
+			p.f.Events[i].setSample(s)
 		}
-		layout = a.sampleType & trailerBits
 	}
 	for _, b := range p.f.Buffers {
 		b.PID = -1
 	}
 	for _, s := range slices.Backward(p.starts) {
-		if b := p.buffer(s.trailer, layout, ok); b != nil {
+		if b := p.buffer(s.trailer); b != nil {
 			b.PID = s.pid
 		} else if b := p.threadBuffer(s.tid); b != nil {
 			b.PID = s.pid
@@ -466,7 +590,7 @@ func (p *parser) finish() *File {
 		}
 	}
 	for _, l := range p.losses {
-		b := p.buffer(l.trailer, layout, ok)
+		b := p.buffer(l.trailer)
 		if b == nil {
 			p.f.LostAux++
 			continue
@@ -481,13 +605,13 @@ func (p *parser) finish() *File {
 
 // buffer returns the buffer a record with the sample_id trailer t belongs
 // to, nil if that cannot be told.
-func (p *parser) buffer(t []byte, layout uint64, ok bool) *Buffer {
-	cpu, tid, found := trailerIDs(t, layout)
-	if !ok || !found {
+func (p *parser) buffer(t []byte) *Buffer {
+	s, found := p.sample(t)
+	if !found {
 		return nil
 	}
 	for _, c := range p.f.Buffers {
-		if (c.CPU >= 0 && c.CPU == cpu) || (c.CPU < 0 && c.TID == tid) {
+		if (c.CPU >= 0 && c.CPU == s.cpu) || (c.CPU < 0 && c.TID == s.tid) {
 			return c
 		}
 	}
@@ -504,32 +628,85 @@ func (p *parser) threadBuffer(tid int32) *Buffer {
 	return nil
 }
 
-// trailerIDs reads the CPU and TID from a sample_id trailer with the given
-// layout; found is false if the layout lacks what is needed or the trailer
-// is too short.
-func trailerIDs(t []byte, layout uint64) (cpu, tid int32, found bool) {
+// layouts finds how the records' sample_id trailers are laid out: alike
+// when every attribute has sample_id_all and the same trailer bits; else,
+// when every attribute has sample_id_all and PERF_SAMPLE_IDENTIFIER (the
+// trailer's last word is then the event id), per event id.
+func (p *parser) layouts() {
+	p.sameLayout = len(p.attrs) > 0
+	ident := len(p.attrs) > 0
+	for i, a := range p.attrs {
+		ident = ident && a.idAll && a.sampleType&sampleIdentifier != 0
+		if !a.idAll || (i > 0 && a.sampleType&trailerBits != p.layout) {
+			p.sameLayout = false
+		}
+		p.layout = a.sampleType & trailerBits
+	}
+	if p.sameLayout || !ident {
+		return
+	}
+	p.byID = map[uint64]uint64{}
+	for _, a := range p.attrs {
+		for _, id := range a.ids {
+			p.byID[id] = a.sampleType & trailerBits
+		}
+	}
+}
+
+// sample reads the sample_id trailer that t ends with; found is false
+// when its layout is not known.
+func (p *parser) sample(t []byte) (s idSample, found bool) {
+	if p.sameLayout {
+		return trailerIDs(t, p.layout)
+	}
+	if len(t) < 8 {
+		return s, false
+	}
+	layout, ok := p.byID[binary.LittleEndian.Uint64(t[len(t)-8:])]
+	if !ok {
+		return s, false
+	}
+	return trailerIDs(t, layout)
+}
+
+// idSample is what a sample_id trailer says; a field the layout lacks is
+// -1 (time: hasTime false).
+type idSample struct {
+	pid, tid, cpu int32
+	time          uint64
+	hasTime       bool
+}
+
+// trailerIDs reads a sample_id trailer with the given layout; found is
+// false if the layout has neither CPU nor TID or the trailer is too short.
+func trailerIDs(t []byte, layout uint64) (s idSample, found bool) {
 	size := 0
 	for bits := layout & trailerBits; bits != 0; bits &= bits - 1 {
 		size += 8
 	}
 	if layout&(sampleCPU|sampleTID) == 0 || len(t) < size {
-		return 0, 0, false
+		return s, false
 	}
 	t = t[len(t)-size:]
-	cpu, tid = -1, -1
+	s = idSample{pid: -1, tid: -1, cpu: -1}
 	// struct sample_id: {pid, tid}, time, id, stream_id, {cpu, res},
 	// identifier (last, unlike in samples).
 	if layout&sampleTID != 0 {
-		tid = int32(binary.LittleEndian.Uint32(t[4:]))
+		s.pid = int32(binary.LittleEndian.Uint32(t))
+		s.tid = int32(binary.LittleEndian.Uint32(t[4:]))
 		t = t[8:]
 	}
-	for _, bit := range []uint64{sampleTime, sampleID, sampleStreamID} {
+	if layout&sampleTime != 0 {
+		s.time, s.hasTime = binary.LittleEndian.Uint64(t), true
+		t = t[8:]
+	}
+	for _, bit := range []uint64{sampleID, sampleStreamID} {
 		if layout&bit != 0 {
 			t = t[8:]
 		}
 	}
 	if layout&sampleCPU != 0 {
-		cpu = int32(binary.LittleEndian.Uint32(t))
+		s.cpu = int32(binary.LittleEndian.Uint32(t))
 	}
-	return cpu, tid, true
+	return s, true
 }

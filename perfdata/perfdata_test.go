@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"ptfs/internal/testkit"
@@ -92,12 +93,18 @@ type builder struct {
 }
 
 func (b *builder) rec(typ uint32, body []byte, extra []byte) {
+	b.recMisc(typ, 0, body)
+	b.recs = append(b.recs, extra...)
+}
+
+// recMisc adds a record with misc flags.
+func (b *builder) recMisc(typ uint32, misc uint16, body []byte) {
 	var h [8]byte
 	binary.LittleEndian.PutUint32(h[:], typ)
+	binary.LittleEndian.PutUint16(h[4:], misc)
 	binary.LittleEndian.PutUint16(h[6:], uint16(8+len(body)))
 	b.recs = append(b.recs, h[:]...)
 	b.recs = append(b.recs, body...)
-	b.recs = append(b.recs, extra...)
 }
 
 func u64s(vs ...uint64) []byte {
@@ -166,10 +173,10 @@ func TestSynthetic(t *testing.T) {
 	b.rec(recTimeConv, u64s(10, 1<<10, 5), nil)
 	b.auxtrace(0, 1, 7, 1, []byte("aaaa"))
 	b.auxtrace(0, 0, 7, 0, []byte("cccccc"))
-	b.rec(recAux, append(u64s(4, 4, auxFlagTruncated), trailer(7, 1)...), nil)
+	b.rec(recAux, append(u64s(4, 4, AuxTruncated), trailer(7, 1)...), nil)
 	b.auxtrace(4, 1, 7, 1, []byte("bbbbbbbb")) // loss after its 4th byte
 	b.auxtrace(20, 0, 7, 0, []byte("dd"))      // hole in the offsets
-	b.rec(recAux, append(u64s(0, 22, auxFlagCollision), trailer(7, 9)...), nil)
+	b.rec(recAux, append(u64s(0, 22, AuxCollision), trailer(7, 9)...), nil)
 	b.rec(recLost, u64s(1, 3), nil)
 	b.rec(recAuxtraceError, make([]byte, 8), nil)
 	b.rec(recHeaderTracing, []byte{5, 0, 0, 0, 0, 0, 0, 0}, []byte("xxxxx\x00\x00\x00"))
@@ -243,7 +250,7 @@ func TestPerThreadLoss(t *testing.T) {
 	b.auxtrace(0, 0, 55, -1, []byte("xy"))
 	tr := binary.LittleEndian.AppendUint32(nil, 1)
 	tr = binary.LittleEndian.AppendUint32(tr, 55)
-	b.rec(recAux, append(u64s(0, 2, auxFlagPartial), tr...), nil)
+	b.rec(recAux, append(u64s(0, 2, AuxPartial), tr...), nil)
 	f, err := Parse(b.file(sampleTID))
 	if err != nil {
 		t.Fatal(err)
@@ -310,15 +317,20 @@ func FuzzParse(f *testing.F) {
 	var b builder
 	b.rec(recTimeConv, u64s(10, 1<<10, 5), nil)
 	b.auxtrace(0, 1, 7, 1, []byte("aaaa"))
-	b.rec(recAux, append(u64s(0, 4, auxFlagTruncated), make([]byte, 32)...), nil)
+	b.rec(recAux, append(u64s(0, 4, AuxTruncated), make([]byte, 32)...), nil)
 	b.auxtrace(4, 1, 7, 1, []byte("bb"))
 	f.Add(b.file(sampleCPU))
 	f.Add(b.pipe(sampleCPU | sampleTID))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		pf, err := Parse(data)
+		rf, rerr := ParseReader(bytes.NewReader(data), int64(len(data)))
+		if (err == nil) != (rerr == nil) {
+			t.Fatalf("Parse: %v, ParseReader: %v", err, rerr)
+		}
 		if err != nil {
 			return
 		}
+		sameFile(t, pf, rf)
 		for _, bf := range pf.Buffers {
 			n := 0
 			bf.Segments(func(d []byte, gap bool) { n += len(d) })
@@ -327,4 +339,67 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// sameFile fails t unless r (ParseReader's) says what m (Parse's) says,
+// its chunks read in pieces of 7 bytes.
+func sameFile(t *testing.T, m, r *File) {
+	t.Helper()
+	if !reflect.DeepEqual(m.Events, r.Events) || !reflect.DeepEqual(m.BuildIDs, r.BuildIDs) || !reflect.DeepEqual(m.Time, r.Time) ||
+		m.Pipe != r.Pipe || m.LostAux != r.LostAux || m.LostEvents != r.LostEvents || m.AuxtraceErrors != r.AuxtraceErrors || len(m.Buffers) != len(r.Buffers) {
+		t.Fatalf("ParseReader differs:\n%+v\n%+v", m, r)
+	}
+	for i, mb := range m.Buffers {
+		rb := r.Buffers[i]
+		if mb.Idx != rb.Idx || mb.CPU != rb.CPU || mb.TID != rb.TID || mb.PID != rb.PID || !reflect.DeepEqual(mb.Losses, rb.Losses) || len(mb.Chunks) != len(rb.Chunks) {
+			t.Fatalf("buffer %d: %+v, ParseReader %+v", i, mb, rb)
+		}
+		for j := range rb.Chunks {
+			mc, rc := &mb.Chunks[j], &rb.Chunks[j]
+			var got []byte
+			next := rc.Offset
+			err := rc.Pieces(make([]byte, 7), func(off uint64, p []byte) error {
+				if off != next {
+					t.Errorf("piece at %d, want %d", off, next)
+				}
+				got, next = append(got, p...), off+uint64(len(p))
+				return nil
+			})
+			if err != nil || rc.Data != nil || mc.Offset != rc.Offset || rc.Size() != mc.Size() || !bytes.Equal(got, mc.Data) {
+				t.Fatalf("buffer %d chunk %d: %v, %d bytes at %d, want %d at %d", i, j, err, len(got), rc.Offset, len(mc.Data), mc.Offset)
+			}
+		}
+	}
+}
+
+// TestParseReader: ParseReader, reading the file record by record and
+// leaving the AUX payloads in it, gives what Parse gives on the corpus
+// recording and on synthetic files (file and pipe layouts).
+func TestParseReader(t *testing.T) {
+	dir := filepath.Join(testkit.Corpus(t), "perf")
+	corpus, err := os.ReadFile(filepath.Join(dir, "perf.data.intel_pt-4.14"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b builder
+	b.rec(recTimeConv, u64s(10, 1<<10, 5), nil)
+	b.auxtrace(0, 1, 7, 1, []byte("aaaaaaaaaaaaaaaaaaaa"))
+	b.rec(recAux, append(u64s(0, 4, AuxTruncated), make([]byte, 32)...), nil)
+	b.auxtrace(20, 1, 7, 1, nil)
+	for name, data := range map[string][]byte{"corpus": corpus, "file": b.file(sampleCPU | sampleTime), "pipe": b.pipe(sampleCPU | sampleTID)} {
+		t.Run(name, func(t *testing.T) {
+			m, err := Parse(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := ParseReader(bytes.NewReader(data), int64(len(data)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sameFile(t, m, r)
+			if _, err := ParseReader(bytes.NewReader(data[:len(data)/2]), int64(len(data))); err == nil {
+				t.Error("a file cut in half under its size parsed")
+			}
+		})
+	}
 }

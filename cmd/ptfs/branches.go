@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"ptfs/flow"
 	"ptfs/images"
 	"ptfs/perfdata"
+	"ptfs/perfflow"
 	"ptfs/tracefs"
 )
 
@@ -232,28 +234,30 @@ func readMaps(path string) ([]images.MapsEntry, error) {
 	return entries, nil
 }
 
-// listBranches implements `ptfs decode --branches`.
+// listBranches implements `ptfs decode --branches`. A raw trace is read
+// and decoded as a stream (flow.Stream), in pieces: memory does not grow
+// with the trace.
 func listBranches(w io.Writer, args []string) error {
 	a, err := parseBranchesArgs(args)
 	if err != nil {
 		return err
 	}
-	data, err := readTrace(a.trace)
+	in, closeIn, err := openTrace(a.trace)
 	if err != nil {
 		return err
 	}
-	if isPerfData(data) {
-		return perfBranches(w, &a, data)
+	defer closeIn()
+	r := bufio.NewReaderSize(in, traceChunk)
+	if head, _ := r.Peek(8); isPerfData(head) {
+		f, err := parsePerf(in, r)
+		if err != nil {
+			return fmt.Errorf("%s: %w", a.trace, err)
+		}
+		return perfBranches(w, &a, f)
 	}
 	if len(a.raws)+len(a.elfs)+len(a.pages)+len(a.maps) == 0 {
 		return fmt.Errorf("%w: %w", errNoImage, flow.ErrBadOption)
 	}
-	streams, _, err := inputData(a.trace, data)
-	if err != nil {
-		return err
-	}
-	var trace []byte
-	streams[0].segments(func(d []byte, _ bool) { trace = d })
 	s, closeAll, err := branchImages(&a)
 	if err != nil {
 		return err
@@ -268,7 +272,14 @@ func listBranches(w io.Writer, args []string) error {
 	// Lines carry time= once a TSC conversion (perf.data) sets b.TimeConv
 	// and the decoder runs with Options.Time; raw PT has neither.
 	b.SetClock(d)
-	d.Decode(trace, b)
+	psb, err := streamTrace(r, flow.NewStream(d, b))
+	if err != nil {
+		return errors.Join(err, closeAll())
+	}
+	if !psb {
+		// PT streams start at a PSB; a file without one is no trace.
+		return errors.Join(fmt.Errorf("%s: neither perf.data nor raw Intel PT (no PSB packet): %w", a.trace, errNoTrace), closeAll())
+	}
 	b.Finish()
 	c, bc, rc := d.Counters(), b.Counters(), b.RecordCounters()
 	rc.Errors += c.Errors
@@ -280,6 +291,64 @@ func listBranches(w io.Writer, args []string) error {
 		return errors.Join(fmt.Errorf("write output: %w", err), closeAll())
 	}
 	return closeAll()
+}
+
+// parsePerf parses the perf.data that in holds: a file record by record,
+// its AUX data left on disk for the decoder to read (perfdata.ParseReader);
+// standard input whole.
+func parsePerf(in io.Reader, r io.Reader) (*perfdata.File, error) {
+	if f, ok := in.(*os.File); ok && f != os.Stdin {
+		st, err := f.Stat()
+		if err != nil {
+			return nil, fmt.Errorf("read trace: %w", err)
+		}
+		return perfdata.ParseReader(f, st.Size())
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("read trace: %w", err)
+	}
+	return perfdata.Parse(data)
+}
+
+// traceChunk is the piece of a trace file read and decoded at a time.
+const traceChunk = 1 << 20
+
+// openTrace opens the trace file name ("-": standard input).
+func openTrace(name string) (io.Reader, func(), error) {
+	if name == "-" {
+		return os.Stdin, func() {}, nil
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read trace: %w", err)
+	}
+	return f, func() { _ = f.Close() }, nil
+}
+
+// streamTrace writes what r gives to s in pieces, closes s, and tells
+// whether the trace held a PSB (one may straddle two pieces).
+func streamTrace(r io.Reader, s *flow.Stream) (psb bool, err error) {
+	buf := make([]byte, traceChunk)
+	var edge []byte // the last bytes of the previous piece, then the first of this one
+	for {
+		n, err := io.ReadFull(r, buf)
+		if n > 0 {
+			if !psb {
+				edge = append(edge, buf[:min(n, 15)]...)
+				psb = decode.HasPSB(edge) || decode.HasPSB(buf[:n])
+				edge = append(edge[:0], buf[max(0, n-15):n]...)
+			}
+			_, _ = s.Write(buf[:n])
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return psb, s.Close()
+		}
+		if err != nil {
+			_ = s.Close()
+			return psb, fmt.Errorf("read trace: %w", err)
+		}
+	}
 }
 
 // branchEvents loads the probe events of --events (none without it).
@@ -297,16 +366,12 @@ func branchEvents(a *branchesArgs) (map[uint16]*decode.Event, error) {
 // perfBranches implements `ptfs decode --branches` on perf.data: the
 // side band builds each process's memory from the binaries on disk (under
 // --root), refusing one whose build id is not the recorded one, and each
-// AUX buffer is decoded in the space of the process its ITRACE_START names
-// (DESIGN §5). Code whose file is missing or refused is unknown: its
-// mappings are counted, its errors printed as image: lines.
-func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
+// AUX buffer is decoded with it over time (perfflow: the thread and memory
+// of each line's time; DESIGN §5). Code whose file is missing or refused
+// is unknown: its mappings are counted, its errors printed as image: lines.
+func perfBranches(w io.Writer, a *branchesArgs, f *perfdata.File) error {
 	if len(a.raws)+len(a.elfs)+len(a.pages)+len(a.maps) > 0 {
 		return fmt.Errorf("%s: perf.data brings its own images (its side band, with --root and --vdso): %w", a.trace, flow.ErrBadOption)
-	}
-	f, err := perfdata.Parse(data)
-	if err != nil {
-		return fmt.Errorf("%s: %w", a.trace, err)
 	}
 	if len(f.Buffers) == 0 {
 		return fmt.Errorf("%s: perf.data without AUX area trace (record with -e intel_pt//): %w", a.trace, errNoTrace)
@@ -326,49 +391,51 @@ func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
 	if err != nil {
 		return err
 	}
+	// A first pass over the whole side band names the files whose code
+	// stays unknown, once; each buffer then applies it again from its
+	// start, over time (the files are read once).
 	imageErrs := sideBand(p, f.Events)
+	unknown := p.Unknown()
 	for _, e := range imageErrs {
 		if _, err := fmt.Fprintf(w, "image: %v\n", e); err != nil {
 			return errors.Join(fmt.Errorf("write output: %w", err), closeP())
 		}
 	}
+	var conv func(tsc uint64) uint64
+	if f.Time != nil {
+		conv = f.Time.NS
+	}
 	var bc flow.BranchCounters
 	var c flow.Counters
 	var rc decode.Counters
-	var lost uint64
+	var pc perfflow.Counters
 	for _, buf := range f.Buffers {
-		s, ok := p.Space(buf.PID)
-		if !ok {
-			s = images.NewSpace()
-		}
 		if _, err := fmt.Fprintf(w, "perf buffer: idx=%d cpu=%d tid=%d pid=%d\n", buf.Idx, buf.CPU, buf.TID, buf.PID); err != nil {
 			return errors.Join(fmt.Errorf("write output: %w", err), closeP())
 		}
-		b := flow.NewBranches(w, s, s, events)
-		b.SetContext(a.tid, buf.CPU)
-		if buf.TID >= 0 {
-			b.SetContext(buf.TID, buf.CPU)
+		p.Forget()
+		d := perfflow.New(perfflow.Config{Processes: p, Timeline: f.Timeline(buf), CPU: buf.CPU, TimeConv: conv},
+			func(mem flow.Memory, sym flow.Symbolizer) *flow.Branches {
+				return flow.NewBranches(w, mem, sym, events)
+			})
+		if err := d.DecodeBuffer(buf, f.AuxRecords(buf)); err != nil {
+			return errors.Join(err, closeP())
 		}
-		d := flow.New(s, flow.Options{})
-		buf.Segments(func(seg []byte, gap bool) {
-			if gap {
-				lost++
-			}
-			if len(seg) > 0 {
-				d.Decode(seg, b)
-			}
-		})
-		b.Finish()
+		b := d.Branches()
 		if err := b.Flush(); err != nil {
 			return errors.Join(fmt.Errorf("write output: %w", err), closeP())
 		}
-		dc, bcc, rcc := d.Counters(), b.Counters(), b.RecordCounters()
+		dc, bcc, rcc, pcc := d.Flow().Counters(), b.Counters(), b.RecordCounters(), d.Counters()
 		bc.Branches, bc.Gaps, c.Insns, c.Errors = bc.Branches+bcc.Branches, bc.Gaps+bcc.Gaps, c.Insns+dc.Insns, c.Errors+dc.Errors
 		rc.Add(&rcc)
+		pc.Add(&pcc)
 	}
 	rc.Errors += c.Errors
+	lost := pc.Truncated + pc.Collision + pc.Partial + pc.Holes
 	line := fmt.Appendf(nil, "perf summary: buffers=%d lost=%d unknown-mappings=%d image-errors=%d\n",
-		len(f.Buffers), lost+f.LostAux+f.LostEvents+f.AuxtraceErrors, p.Unknown(), len(imageErrs))
+		len(f.Buffers), lost+f.LostAux+f.LostEvents+f.AuxtraceErrors, unknown, len(imageErrs))
+	line = fmt.Appendf(line, "perf losses: aux-truncated=%d aux-collision=%d aux-partial=%d aux-hole=%d side-band-lost=%d switches=%d\n",
+		pc.Truncated, pc.Collision, pc.Partial, pc.Holes, pc.SideBandLost, pc.Switches)
 	line = fmt.Appendf(line, "branch summary: branches=%d insns=%d gaps=%d\n", bc.Branches, c.Insns, bc.Gaps)
 	if _, err := w.Write(decode.AppendSummary(line, &rc)); err != nil {
 		return errors.Join(fmt.Errorf("write output: %w", err), closeP())
@@ -377,21 +444,12 @@ func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
 }
 
 // sideBand applies the side band to p in file order and returns the
-// errors of the mappings whose bytes stay unknown. Every mapping is
-// applied before decoding (exits are not: the spaces must outlive them),
-// so a buffer sees its process's last mappings.
+// errors of the mappings whose bytes stay unknown.
 func sideBand(p *images.Processes, evs []perfdata.Event) []error {
 	var errs []error
-	for _, e := range evs {
-		switch {
-		case e.Kind == perfdata.Mmap && e.PID >= 0:
-			if err := p.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name); err != nil {
-				errs = append(errs, err)
-			}
-		case e.Kind == perfdata.Comm && e.Exec:
-			p.Exec(e.PID)
-		case e.Kind == perfdata.Fork && e.PID != e.PPID:
-			p.Fork(e.PPID, e.PID)
+	for i := range evs {
+		if err := perfflow.Apply(p, &evs[i]); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errs
