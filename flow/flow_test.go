@@ -308,3 +308,48 @@ func BenchmarkDecodeLoop(b *testing.B) {
 	}
 	b.ReportMetric(float64(h.n)/b.Elapsed().Seconds()/1e6, "Minsn/s")
 }
+
+// swapMem is code memory that changes under the decoder on its first
+// read of the second code's address, as a side band applied on a read that
+// missed does (perfflow): the cache is dropped in the middle of a block.
+type swapMem struct {
+	d        *Decoder
+	old, new *blob
+	swapped  bool
+}
+
+func (m *swapMem) ReadAt(dst []byte, addr uint64) (int, error) {
+	if !m.swapped && addr >= m.new.base {
+		m.swapped = true
+		m.d.MemoryChanged()
+	}
+	if m.swapped {
+		return m.new.ReadAt(dst, addr)
+	}
+	return m.old.ReadAt(dst, addr)
+}
+
+// TestMemoryChangedInBlock: a block whose read changes the memory is
+// decoded again from the new bytes, with and without NoInsns.
+func TestMemoryChangedInBlock(t *testing.T) {
+	for _, noInsns := range []bool{false, true} {
+		// 1000: nop x4, then (new memory) 1004: nop; 1005: jne 1000;
+		// 1007: nop
+		mem := &swapMem{
+			old: &blob{base: 0x1000, code: []byte{0x90, 0x90, 0x90, 0x90}},
+			new: &blob{base: 0x1000, code: []byte{0x90, 0x90, 0x90, 0x90, 0x90, 0x75, 0xf9, 0x90}},
+		}
+		d := New(mem, Options{NoInsns: noInsns})
+		mem.d = d
+		e := ptenc.New()
+		start(e, 0x1000)
+		e.TNT(0, 1)
+		e.IP(ptenc.FUP, 0x1007)
+		e.IPC(ptenc.TIPPGD, 0, 0)
+		var r recorder
+		d.Decode(e.Bytes(), &r)
+		if c := d.Counters(); c.Errors != 0 || r.branches != 0 || c.Insns != 6 {
+			t.Errorf("noInsns=%v: %+v, %d branches: %q", noInsns, c, r.branches, r.lines)
+		}
+	}
+}
