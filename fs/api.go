@@ -75,8 +75,15 @@ type ProbeSet interface {
 	// is replaced only once the new spec is known good. Errors unwrap to
 	// a syscall.Errno (EINVAL, ENOENT, EOPNOTSUPP, EEXIST...).
 	SetProbe(name, spec string) error
+	// StageProbe is SetProbe for a file created with O_EXCL, a temp file
+	// to be renamed over a probe (`sed -i`): a spec at the site of
+	// another probe is kept, not refused, until that rename.
+	StageProbe(name, spec string) error
 	// RemoveProbe removes probe name (`rm probes/NAME`).
 	RemoveProbe(name string) error
+	// RenameProbe renames probe from to `to` (`mv`), replacing `to`
+	// unless noReplace (EEXIST then).
+	RenameProbe(from, to string, noReplace bool) error
 }
 
 // Recorder is the source of the `records` file.

@@ -127,12 +127,13 @@ type fakeTarget struct {
 	// branches is nil when the fake has no PT.
 	branches *stream.Stream
 
-	mu        sync.Mutex
-	probes    map[string]*fakeProbe
-	setCalls  []string
-	brOpen    int
-	brClosed  int
-	symbolsOK bool
+	mu         sync.Mutex
+	probes     map[string]*fakeProbe
+	setCalls   []string
+	stageCalls int
+	brOpen     int
+	brClosed   int
+	symbolsOK  bool
 }
 
 func newFakeTarget(name, path string) *fakeTarget {
@@ -224,6 +225,28 @@ func (t *fakeTarget) SetProbe(name, spec string) error {
 		return fmt.Errorf("set probe %s: %w", name, syscall.EINVAL)
 	}
 	p.spec, p.refused = spec, ""
+	return nil
+}
+
+func (t *fakeTarget) StageProbe(name, spec string) error {
+	t.mu.Lock()
+	t.stageCalls++
+	t.mu.Unlock()
+	return t.SetProbe(name, spec)
+}
+
+func (t *fakeTarget) RenameProbe(from, to string, noReplace bool) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.probes[from]
+	switch {
+	case p == nil:
+		return fmt.Errorf("rename probe %s: %w", from, syscall.ENOENT)
+	case noReplace && t.probes[to] != nil:
+		return fmt.Errorf("rename probe %s: %w", to, syscall.EEXIST)
+	}
+	delete(t.probes, from)
+	t.probes[to] = p
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -12,6 +13,8 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"golang.org/x/sys/unix"
 
 	"ptfs/stream"
 )
@@ -378,7 +381,7 @@ func (d *probesDir) Create(ctx context.Context, name string, flags, _ uint32, ou
 	if !ok {
 		return nil, nil, 0, syscall.EIO
 	}
-	h := &probeHandle{probe: pn, appendMode: flags&syscall.O_APPEND != 0}
+	h := &probeHandle{probe: pn, appendMode: flags&syscall.O_APPEND != 0, exclusive: flags&syscall.O_EXCL != 0}
 	if errno := entryOut(ctx, ch, out); errno != 0 {
 		return nil, nil, 0, errno
 	}
@@ -391,6 +394,30 @@ func (d *probesDir) Unlink(ctx context.Context, name string) syscall.Errno {
 		return errno
 	}
 	return toErrno("remove probe "+name, d.probes.RemoveProbe(name))
+}
+
+// Rename renames a probe within probes/ (`mv`, and the temp file that
+// `sed -i` renames over the probe it edits); across directories it
+// gives EXDEV, so that mv copies and then the copy is checked as a write.
+func (d *probesDir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if errno := d.perms.control(ctx, "rename probe", syscall.EPERM); errno != 0 {
+		return errno
+	}
+	if newParent.EmbeddedInode() != d.EmbeddedInode() {
+		return syscall.EXDEV
+	}
+	if flags&^unix.RENAME_NOREPLACE != 0 {
+		return syscall.EINVAL
+	}
+	errno := toErrno("rename probe "+name, d.probes.RenameProbe(name, newName, flags&unix.RENAME_NOREPLACE != 0))
+	if errno == 0 {
+		if ch := d.GetChild(name); ch != nil {
+			if pn, ok := ch.Operations().(*probeNode); ok {
+				pn.setName(newName)
+			}
+		}
+	}
+	return errno
 }
 
 // Rmdir refuses: probes are files.
@@ -411,8 +438,23 @@ type probeNode struct {
 	gofs.Inode
 	probes ProbeSet
 	perms  *perms
-	name   string
 	born   time.Time
+
+	mu   sync.Mutex // guards name, which a rename changes
+	name string
+}
+
+// probeName returns the probe's name.
+func (p *probeNode) probeName() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.name
+}
+
+func (p *probeNode) setName(name string) {
+	p.mu.Lock()
+	p.name = name
+	p.mu.Unlock()
 }
 
 var (
@@ -421,6 +463,8 @@ var (
 	_ gofs.NodeSetattrer = (*probeNode)(nil)
 	_ gofs.FileReader    = (*probeHandle)(nil)
 	_ gofs.FileWriter    = (*probeHandle)(nil)
+	_ gofs.FileFlusher   = (*probeHandle)(nil)
+	_ gofs.NodeRenamer   = (*probesDir)(nil)
 )
 
 // probeHandle is one open of a probe file: the text shown at open, and
@@ -428,10 +472,16 @@ var (
 type probeHandle struct {
 	probe      *probeNode
 	appendMode bool
+	// exclusive: created with O_EXCL, a temp file to be renamed over a
+	// probe (StageProbe).
+	exclusive bool
 
 	mu       sync.Mutex
 	snapshot []byte
 	pending  []byte
+	// dirty: pending has text that was not given to the engine yet (a
+	// line without its newline).
+	dirty bool
 }
 
 // Open snapshots the probe's text. Opening with O_TRUNC leaves the
@@ -444,7 +494,7 @@ func (p *probeNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 			return nil, 0, errno
 		}
 	}
-	text, ok := p.probes.ProbeText(p.name)
+	text, ok := p.probes.ProbeText(p.probeName())
 	if !ok {
 		return nil, 0, syscall.ENOENT
 	}
@@ -453,7 +503,7 @@ func (p *probeNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 
 // Getattr reports the size of the probe's text.
 func (p *probeNode) Getattr(_ context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	text, ok := p.probes.ProbeText(p.name)
+	text, ok := p.probes.ProbeText(p.probeName())
 	if !ok {
 		h, open := f.(*probeHandle)
 		if !open {
@@ -476,7 +526,9 @@ func (p *probeNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 	if errno := p.perms.control(ctx, "setattr probe", syscall.EPERM); errno != 0 {
 		return errno
 	}
-	if in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID) != 0 {
+	// What the node has already is no change: `sed -i` copies the
+	// owner and mode of the file it edits to its temp file.
+	if !p.perms.sameAttr(in, p.perms.private) {
 		return syscall.EPERM
 	}
 	if sz, ok := in.GetSize(); ok {
@@ -485,7 +537,7 @@ func (p *probeNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 		}
 		if h, ok := f.(*probeHandle); ok {
 			h.mu.Lock()
-			h.pending = h.pending[:0]
+			h.pending, h.dirty = h.pending[:0], false
 			h.mu.Unlock()
 		}
 	}
@@ -503,8 +555,11 @@ func (h *probeHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 const maxSpec = 64 << 10
 
 // Write places data at off in this open's pending text and installs the
-// result at once. The check must happen here, not in Flush: bash's echo
-// reports a write error but ignores a close error.
+// result once the line is complete: at once when the text ends with a
+// newline, else at close (Flush), so that a spec written in pieces
+// (`printf a; printf b`) is parsed whole. The check must happen in Write
+// where it can: bash's echo reports a write error but ignores a close
+// error, and it always ends its line.
 func (h *probeHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	if errno := h.probe.perms.control(ctx, "write probe", syscall.EPERM); errno != 0 {
 		return 0, errno
@@ -528,9 +583,34 @@ func (h *probeHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 		h.pending = append(h.pending, make([]byte, end-int64(len(h.pending)))...)
 	}
 	copy(h.pending[off:], data)
-	spec := strings.TrimRight(string(h.pending), "\r\n")
-	if errno := toErrno("set probe "+h.probe.name, h.probe.probes.SetProbe(h.probe.name, spec)); errno != 0 {
+	h.dirty = true
+	if !bytes.HasSuffix(h.pending, []byte("\n")) {
+		return uint32(len(data)), 0
+	}
+	if errno := h.install(); errno != 0 {
 		return 0, errno
 	}
 	return uint32(len(data)), 0
+}
+
+// Flush installs a last line written without its newline.
+func (h *probeHandle) Flush(context.Context) syscall.Errno {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.dirty {
+		return 0
+	}
+	return h.install()
+}
+
+// install gives the pending text to the engine; h.mu is held.
+func (h *probeHandle) install() syscall.Errno {
+	h.dirty = false
+	name := h.probe.probeName()
+	spec := strings.TrimRight(string(h.pending), "\r\n")
+	set := h.probe.probes.SetProbe
+	if h.exclusive {
+		set = h.probe.probes.StageProbe
+	}
+	return toErrno("set probe "+name, set(name, spec))
 }

@@ -413,10 +413,18 @@ func TestProbes(t *testing.T) {
 	if err := syscall.Unlink(filepath.Join(probes, "e")); !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("second rm: %v, want ENOENT", err)
 	}
-	if err := os.Rename(filepath.Join(probes, "f"), filepath.Join(probes, "f2")); !errors.Is(err, syscall.EPERM) {
-		t.Errorf("rename probe: %v, want EPERM", err)
+	// mv renames the probe (the engine's RenameProbe); renaming over an
+	// existing one with RENAME_NOREPLACE is EEXIST.
+	if err := os.Rename(filepath.Join(probes, "f"), filepath.Join(probes, "f2")); err != nil {
+		t.Errorf("rename probe: %v", err)
 	}
-	if got, want := names(t, probes), []string{"f", "g", "h"}; !slices.Equal(got, want) {
+	if err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(probes, "f2"), unix.AT_FDCWD, filepath.Join(probes, "g"), unix.RENAME_NOREPLACE); !errors.Is(err, syscall.EEXIST) {
+		t.Errorf("rename probe over another with RENAME_NOREPLACE: %v, want EEXIST", err)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(probes, "f2"), unix.AT_FDCWD, filepath.Join(probes, "g"), unix.RENAME_EXCHANGE); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("RENAME_EXCHANGE of probes: %v, want EINVAL", err)
+	}
+	if got, want := names(t, probes), []string{"f2", "g", "h"}; !slices.Equal(got, want) {
 		t.Errorf("probes/ lists %v, want %v", got, want)
 	}
 }

@@ -44,6 +44,19 @@ func (p *perms) setAttr(out *fuse.Attr, mode uint32, size int64, mtime time.Time
 	out.SetTimes(&mtime, &mtime, &mtime)
 }
 
+// sameAttr tells whether in changes no owner, group or mode of a node
+// with mode perm: a chmod or chown to what the node has is no change.
+func (p *perms) sameAttr(in *fuse.SetAttrIn, perm uint32) bool {
+	if mode, ok := in.GetMode(); ok && mode&07777 != perm {
+		return false
+	}
+	if uid, ok := in.GetUID(); ok && uid != p.uid {
+		return false
+	}
+	gid, ok := in.GetGID()
+	return !ok || gid == p.gid
+}
+
 // control returns 0 if the caller of the request in ctx may change the
 // mount (install or remove probes, add or remove targets, truncate the
 // trace): the mounting user, or a process with CAP_SYS_ADMIN or

@@ -195,6 +195,7 @@ func TestOtherUsers(t *testing.T) {
 		// touch -c sets the times without an open: a setattr.
 		{"touch -c M/t/records", map[string]string{"other": eacces, "reader": eacces, "dac-override": eperm}},
 		{"touch -c M/t/probes/e", map[string]string{"other": eacces, "reader": eacces, "dac-override": eperm}},
+		{"mv M/t/probes/e M/t/probes/f && mv M/t/probes/f M/t/probes/e", map[string]string{"other": eacces, "reader": eacces, "dac-override": eperm}},
 		{"rm M/t/probes/e", map[string]string{"other": eacces, "reader": eacces, "dac-override": eperm}},
 		{": > M/t/records", map[string]string{"other": eacces, "reader": eacces, "dac-override": eacces}},
 		{"truncate -s 0 M/t/records", map[string]string{"other": eacces, "reader": eacces, "dac-override": eacces}},

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"syscall"
@@ -24,6 +25,8 @@ func TestProbeWrite(t *testing.T) {
 		{"one write", false, []writeOp{{0, "0x10 %di\n"}}, "0x10 %di", 0},
 		{"crlf trimmed", false, []writeOp{{0, "0x10\r\n"}}, "0x10", 0},
 		{"two writes", false, []writeOp{{0, "0x1"}, {3, "0 %si\n"}}, "0x10 %si", 0},
+		{"a partial line waits", false, []writeOp{{0, "0x10 %di"}}, "", 0},
+		{"a bad partial line waits", false, []writeOp{{0, "zzz"}}, "", 0},
 		{"overwrite in place", false, []writeOp{{0, "0x10 %di\n"}, {3, "2"}}, "0x12 %di", 0},
 		{"append ignores offset", true, []writeOp{{500, "0x1"}, {7, "0\n"}}, "0x10", 0},
 		{"hole refused", false, []writeOp{{4, "0x10"}}, "", syscall.EINVAL},
@@ -96,7 +99,12 @@ func FuzzProbeWrite(f *testing.F) {
 				model = append(model, make([]byte, end-int64(len(model)))...)
 			}
 			copy(model[off:], op.data)
-			if got, want := ft.lastSet(), "p="+strings.TrimRight(string(model), "\r\n"); got != want {
+			want := before
+			if bytes.HasSuffix(model, []byte("\n")) {
+				// A complete line is installed at once; a partial one waits.
+				want = "p=" + strings.TrimRight(string(model), "\r\n")
+			}
+			if got := ft.lastSet(); got != want {
 				t.Fatalf("SetProbe got %q, want %q", got, want)
 			}
 			if errno == 0 && n != uint32(len(op.data)) {
@@ -105,6 +113,16 @@ func FuzzProbeWrite(f *testing.F) {
 			if errno != 0 && !errors.Is(errno, syscall.EINVAL) && !errors.Is(errno, syscall.EOPNOTSUPP) {
 				t.Fatalf("unexpected errno %v", errno)
 			}
+		}
+		// Close installs what no newline completed, and nothing twice.
+		before := ft.lastSet()
+		h.Flush(ownerCtx)
+		if len(model) > 0 && !bytes.HasSuffix(model, []byte("\n")) {
+			if got, want := ft.lastSet(), "p="+strings.TrimRight(string(model), "\r\n"); got != want {
+				t.Fatalf("after Flush SetProbe got %q, want %q", got, want)
+			}
+		} else if len(model) > 0 && ft.lastSet() != before {
+			t.Fatalf("Flush installed %q again", ft.lastSet())
 		}
 	})
 }

@@ -9,6 +9,7 @@ package objfile
 
 import (
 	"fmt"
+	"strings"
 	"syscall"
 
 	"ptfs/internal/errno"
@@ -37,16 +38,50 @@ var (
 	ErrTooLarge = errno.New("file too large", syscall.EFBIG)
 )
 
-// ambiguousError is the error of a lookup by a name that several functions
-// carry: it wraps ErrAmbiguous, and its text names two of them by file
-// offset.
-type ambiguousError struct {
-	name string
-	a, b uint64
+// candidatesError is the error of a lookup that found several functions,
+// or none but functions of a similar name: it wraps its sentinel, and its
+// text lists every candidate by raw name and file offset, so that the
+// user can pick one by either.
+type candidatesError struct {
+	what  string
+	cands []Symbol
+	err   error
 }
 
-func (e *ambiguousError) Error() string {
-	return fmt.Sprintf("symbol %q names several functions (at 0x%x and 0x%x)", e.name, e.a, e.b)
+func (e *candidatesError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.err.Error())
+	b.WriteString(": ")
+	b.WriteString(e.what)
+	b.WriteString(": ")
+	for i, s := range e.cands {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s at 0x%x", s.Raw, s.Offset)
+		if s.Name != s.Raw {
+			fmt.Fprintf(&b, " (%s)", s.Name)
+		}
+	}
+	if rawsDiffer(e.cands) {
+		b.WriteString(": use a raw name or a file offset")
+	} else {
+		b.WriteString(": use a file offset")
+	}
+	return b.String()
 }
 
-func (e *ambiguousError) Unwrap() error { return ErrAmbiguous }
+func (e *candidatesError) Unwrap() error { return e.err }
+
+// rawsDiffer tells whether every candidate has a raw name of its own, one
+// a site can name it by.
+func rawsDiffer(cands []Symbol) bool {
+	for i := range cands {
+		for j := range i {
+			if cands[i].Raw == cands[j].Raw {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -25,6 +25,14 @@ type File struct {
 	// buildID is the descriptor of the NT_GNU_BUILD_ID note, nil if none.
 	buildID []byte
 	syms    []Symbol
+	// symtab is whether the file has a .symtab (a stripped one has only
+	// .dynsym, its exported functions): a lookup's hint.
+	symtab bool
+	// imports maps each function the file imports to the library its
+	// symbol version names ("" when unversioned), and needed lists the
+	// DT_NEEDED libraries: a lookup's hint.
+	imports map[string]string
+	needed  []string
 	// outer[i] is the last symbol before i whose end is past i's end (-1
 	// for none): the only candidates that can hold an address that symbol
 	// i does not, so SymbolAt walks a short chain instead of the table.

@@ -110,8 +110,10 @@ func TestAppendSymbols(t *testing.T) {
 	}{
 		{nil, ""},
 		{[]Symbol{{Name: "main", Offset: 0x1040, Size: 37}}, "0x1040 37 main\n"},
-		{[]Symbol{{Name: "a", Offset: 0, Size: 0}, {Name: "ns::fn(int)", Raw: "_ZN2ns2fnEi", Offset: 0xabc, Size: 5}},
-			"0x0 0 a\n0xabc 5 ns::fn(int)\n"},
+		{[]Symbol{{Name: "main", Raw: "main", Offset: 0x1040, Size: 37}}, "0x1040 37 main\n"},
+		// A demangled name gets its raw name as a tab-separated column.
+		{[]Symbol{{Name: "a", Offset: 0, Size: 0}, {Name: "ns::fn(int, long)", Raw: "_ZN2ns2fnEil", Offset: 0xabc, Size: 5}},
+			"0x0 0 a\n0xabc 5 ns::fn(int, long)\t_ZN2ns2fnEil\n"},
 	}
 	for _, tt := range tests {
 		if got := string(AppendSymbols([]byte("x"), tt.syms)); got != "x"+tt.want {
@@ -119,7 +121,7 @@ func TestAppendSymbols(t *testing.T) {
 		}
 	}
 	if n := testing.AllocsPerRun(100, func() {
-		AppendSymbols(make([]byte, 0, 256), tests[2].syms)
+		AppendSymbols(make([]byte, 0, 256), tests[3].syms)
 	}); n > 1 {
 		t.Errorf("AppendSymbols allocates %v times into a big enough buffer", n)
 	}

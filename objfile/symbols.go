@@ -33,7 +33,7 @@ func (s *Symbol) end() uint64 { return s.Addr + s.Size }
 // lie in a segment's file image, without duplicates, sorted by address
 // then raw name.
 func (f *File) readSymbols(ef *elf.File) error {
-	for _, get := range []func() ([]elf.Symbol, error){ef.Symbols, ef.DynamicSymbols} {
+	for i, get := range []func() ([]elf.Symbol, error){ef.Symbols, ef.DynamicSymbols} {
 		var syms []elf.Symbol
 		err := safely(func() (err error) {
 			syms, err = get()
@@ -42,6 +42,7 @@ func (f *File) readSymbols(ef *elf.File) error {
 		if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
 			return fmt.Errorf("%w: %s: symbols: %w", ErrBadBinary, f.path, err)
 		}
+		f.symtab = f.symtab || i == 0 && err == nil
 		for _, s := range syms {
 			t := elf.ST_TYPE(s.Info)
 			if (t != elf.STT_FUNC && t != elf.STT_GNU_IFUNC) || s.Section == elf.SHN_UNDEF || s.Name == "" {
@@ -59,7 +60,27 @@ func (f *File) readSymbols(ef *elf.File) error {
 	}
 	f.sortSymbols()
 	f.linkOuter()
+	f.readImports(ef)
 	return nil
+}
+
+// readImports fills imports and needed, for the hint of a lookup of a
+// function that the file only calls. They are hints: a malformed dynamic
+// section leaves them empty rather than refusing the file.
+func (f *File) readImports(ef *elf.File) {
+	var imps []elf.ImportedSymbol
+	_ = safely(func() (err error) {
+		imps, err = ef.ImportedSymbols()
+		return err
+	})
+	_ = safely(func() (err error) {
+		f.needed, err = ef.ImportedLibraries()
+		return err
+	})
+	f.imports = make(map[string]string, len(imps))
+	for _, s := range imps {
+		f.imports[s.Name] = s.Library
+	}
 }
 
 // sortSymbols sorts the symbols by address then raw name and keeps one of
@@ -136,28 +157,119 @@ func (f *File) symbolAt(addr uint64) int {
 	return i
 }
 
-// Lookup finds the function that name names, by demangled or raw name.
+// Lookup finds the function that name names, by demangled or raw name, or
+// by a demangled C++ name without its parameters ("ns::f" for an only
+// "ns::f(long)").
 // Aliases at one address are one function (the largest is returned); a
-// name of functions at different addresses is ambiguous (ErrAmbiguous),
-// and an unknown one gives ErrNoSymbol.
+// name of functions at different addresses is ambiguous (ErrAmbiguous:
+// the error lists every candidate with its raw name and file offset), and
+// an unknown one gives ErrNoSymbol with a hint: the GCC clones of the
+// name (f.constprop.0, f.isra.0, f.cold), the library the file imports it
+// from, or that the file has no symbol table.
 func (f *File) Lookup(name string) (Symbol, error) {
-	var found *Symbol
+	var found []Symbol
 	for i := range f.syms {
 		s := &f.syms[i]
-		if s.Name != name && s.Raw != name {
-			continue
-		}
-		if found != nil && found.Addr != s.Addr {
-			return Symbol{}, &ambiguousError{name, found.Offset, s.Offset}
-		}
-		if found == nil || s.Size > found.Size {
-			found = s
+		if s.Name == name || s.Raw == name {
+			found = addCandidate(found, s)
 		}
 	}
-	if found == nil {
-		return Symbol{}, fmt.Errorf("%w: no function %q in %s", ErrNoSymbol, name, f.path)
+	if len(found) == 0 {
+		// A C++ name without its parameters: the one function, or the
+		// overloads to choose from.
+		for i := range f.syms {
+			if s := &f.syms[i]; s.Name != s.Raw && withoutParams(s.Name) == name {
+				found = addCandidate(found, s)
+			}
+		}
 	}
-	return *found, nil
+	switch {
+	case len(found) == 1:
+		return found[0], nil
+	case len(found) > 1:
+		return Symbol{}, &candidatesError{fmt.Sprintf("symbol %q names %d functions", name, len(found)), found, ErrAmbiguous}
+	}
+	if clones := f.clones(name); len(clones) > 0 {
+		return Symbol{}, &candidatesError{fmt.Sprintf("no function %q in %s, but GCC clones of it", name, f.path), clones, ErrNoSymbol}
+	}
+	return Symbol{}, fmt.Errorf("%w: no function %q in %s%s", ErrNoSymbol, name, f.path, f.missingHint(name))
+}
+
+// addCandidate adds s to the functions found so far: aliases at one
+// address are one function, the largest.
+func addCandidate(found []Symbol, s *Symbol) []Symbol {
+	for i := range found {
+		if found[i].Addr == s.Addr {
+			if s.Size > found[i].Size {
+				found[i] = *s
+			}
+			return found
+		}
+	}
+	return append(found, *s)
+}
+
+// clones returns the functions that GCC made of name: raw names with a
+// clone suffix (f.constprop.0, f.isra.0, f.part.0, f.cold), which C++
+// names demangle as "f(long) [clone .constprop.0]". name may be the C++
+// name with or without its parameters.
+func (f *File) clones(name string) []Symbol {
+	var found []Symbol
+	for i := range f.syms {
+		s := &f.syms[i]
+		base, _, cloned := strings.Cut(s.Name, " [clone .")
+		if !cloned {
+			var suffix string
+			base, suffix, cloned = strings.Cut(s.Raw, ".")
+			kind, _, _ := strings.Cut(suffix, ".")
+			cloned = cloned && cloneKinds[kind]
+		}
+		if cloned && base != "" && (base == name || withoutParams(base) == name) {
+			found = addCandidate(found, s)
+		}
+	}
+	return found
+}
+
+// cloneKinds are the suffixes GCC gives the functions it makes of one
+// (ipa-clones, hot/cold splitting, LTO).
+var cloneKinds = map[string]bool{
+	"constprop": true, "isra": true, "part": true, "cold": true, "lto_priv": true,
+	"localalias": true, "specialized": true,
+}
+
+// withoutParams returns a demangled C++ function name without its
+// parameter list: "ns::f(long, int)" is "ns::f".
+func withoutParams(name string) string {
+	if !strings.HasSuffix(name, ")") {
+		return name
+	}
+	depth := 0
+	for i := len(name) - 1; i >= 0; i-- {
+		switch name[i] {
+		case ')':
+			depth++
+		case '(':
+			if depth--; depth == 0 {
+				return name[:i]
+			}
+		}
+	}
+	return name
+}
+
+// missingHint says where a function the file does not define may be.
+func (f *File) missingHint(name string) string {
+	if lib, ok := f.imports[name]; ok {
+		if lib != "" {
+			return fmt.Sprintf(": %s is in %s: add it as a target", name, lib)
+		}
+		return fmt.Sprintf(": %s is imported from a linked library (%s): add that library as a target", name, strings.Join(f.needed, ", "))
+	}
+	if !f.symtab {
+		return ": no symbol table: use a file offset from `objdump -d`"
+	}
+	return ""
 }
 
 // SweepStart is where a linear sweep of the code of seg up to addr starts
@@ -182,7 +294,8 @@ func (f *File) SweepStart(addr uint64, seg Segment) uint64 {
 
 // AppendSymbols appends the text of the symbols file: one function a line,
 // "0xOFFSET SIZE NAME" with the file offset in hex, the size in decimal
-// and the demangled name.
+// and the demangled name, then a tab and the raw (mangled) name when the
+// two differ: a site may be either, and a demangled name has spaces.
 func AppendSymbols(dst []byte, syms []Symbol) []byte {
 	for i := range syms {
 		s := &syms[i]
@@ -192,6 +305,10 @@ func AppendSymbols(dst []byte, syms []Symbol) []byte {
 		dst = strconv.AppendUint(dst, s.Size, 10)
 		dst = append(dst, ' ')
 		dst = append(dst, s.Name...)
+		if s.Raw != "" && s.Raw != s.Name {
+			dst = append(dst, '\t')
+			dst = append(dst, s.Raw...)
+		}
 		dst = append(dst, '\n')
 	}
 	return dst

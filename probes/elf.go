@@ -44,7 +44,7 @@ func Open(path string) (*Binary, error) {
 func (b *Binary) lookup(name string) (objfile.Symbol, error) {
 	sym, err := b.Lookup(name)
 	if err != nil && errors.Is(err, objfile.ErrAmbiguous) {
-		return sym, fmt.Errorf("%w: %w: use a file offset", ErrSyntax, err)
+		return sym, fmt.Errorf("%w: %w", ErrSyntax, err)
 	}
 	return sym, err
 }
@@ -62,6 +62,9 @@ func (b *Binary) Resolve(s *Spec) (*Site, error) {
 		sym, err := b.lookup(s.Symbol)
 		if err != nil {
 			return nil, err
+		}
+		if sym.IFunc {
+			return nil, b.ifuncErr(sym)
 		}
 		if s.Offset > 0 && s.Offset >= sym.Size {
 			return nil, fmt.Errorf("%w: %s+0x%x is past the end of %s (%d bytes)",

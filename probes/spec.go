@@ -71,15 +71,23 @@ func syntaxErr(format string, v ...any) error {
 	return fmt.Errorf("%w: %s", ErrSyntax, fmt.Sprintf(format, v...))
 }
 
-// Parse parses a probe spec. Errors wrap ErrSyntax and quote the offending
+// Parse parses a probe spec: one line, which may end with a `# comment`
+// (SpecLine), its site a symbol in double quotes when it has spaces. Errors wrap ErrSyntax and quote the offending
 // token; a %return option wraps ErrRefused since the spec is well formed
 // but return probes are not supported.
 func Parse(text string) (*Spec, error) {
+	text, err := SpecLine(text)
+	if err != nil {
+		return nil, err
+	}
+	s := &Spec{}
+	if s.Symbol, text, err = cutQuoted(text); err != nil {
+		return nil, err
+	}
 	toks := strings.Fields(text)
 	if len(toks) == 0 {
 		return nil, syntaxErr("empty spec (want SITE [%%nopace] [%%multinop] [ARG...])")
 	}
-	s := &Spec{}
 	site, glued, _ := strings.Cut(toks[0], "%")
 	if err := s.parseSite(site, toks[0]); err != nil {
 		return nil, err
@@ -145,6 +153,9 @@ func (s *Spec) option(o, tok string) error {
 }
 
 func (s *Spec) parseSite(site, tok string) error {
+	if s.Symbol != "" {
+		return s.parseQuotedSite(site, tok)
+	}
 	if site == "" {
 		return syntaxErr("missing site (a file offset, SYMBOL or SYMBOL+OFFSET) before %q", "%")
 	}
@@ -404,9 +415,9 @@ func (s *Spec) siteText() string {
 	case s.Symbol == "":
 		return "0x" + strconv.FormatUint(s.Offset, 16)
 	case s.Offset == 0:
-		return s.Symbol
+		return quoteSymbol(s.Symbol)
 	}
-	return s.Symbol + "+0x" + strconv.FormatUint(s.Offset, 16)
+	return quoteSymbol(s.Symbol) + "+0x" + strconv.FormatUint(s.Offset, 16)
 }
 
 // ArgsText renders args as tracefs takes them, each with a leading space;

@@ -196,7 +196,8 @@ func TestErrorsUnwrapToErrno(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{"0x1040 %di %si", "target+4 a=%di b=+8(%si):u32", "0x1170%multinop",
-		"target+4%nopace", `0x10 \-0x5 $stack3 -8(%sp):s32`, "0x10 arg1=%di %si", "010", "%return"} {
+		"target+4%nopace", `0x10 \-0x5 $stack3 -8(%sp):s32`, "0x10 arg1=%di %si", "010", "%return",
+		`"geo::area(long, long)"+4 %di # c`, "f %di\n# state: x\n"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {

@@ -475,6 +475,15 @@ func runPTWHits(t *testing.T, opts tracefstest.Options, spec string, hits [][]ui
 	if err != nil {
 		t.Fatal(err)
 	}
+	replayHits(t, rep, id, hits, payload)
+	return readFile(t, dir, "t", "records"), readFile(t, probeFile)
+}
+
+// replayHits replays hits of event id on CPU 0 of rep, in one thread from
+// perf time 5 s: a header, then a payload of that many bytes for each
+// argument (the last always 8).
+func replayHits(t *testing.T, rep *enginetest.Replay, id uint16, hits [][]uint64, payload int) {
+	t.Helper()
 	var e ptenc.Encoder
 	e.PSB()
 	e.TSC(1000)
@@ -484,7 +493,7 @@ func runPTWHits(t *testing.T, opts tracefstest.Options, spec string, hits [][]ui
 		for i, v := range h {
 			size := payload
 			if i == len(h)-1 {
-				size = 8 // d is u64 either way
+				size = 8 // the last argument is u64
 			}
 			if size == 4 {
 				v &= 0xffff_ffff
@@ -493,7 +502,7 @@ func runPTWHits(t *testing.T, opts tracefstest.Options, spec string, hits [][]ui
 		}
 	}
 	tc := perfdata.TimeConv{Mult: 1, Zero: 5_000_000_000}
-	err = rep.Queue(enginetest.Batch{0: {enginetest.TimeConv(tc),
+	err := rep.Queue(enginetest.Batch{0: {enginetest.TimeConv(tc),
 		enginetest.Side(engine.SideEvent{Kind: engine.SideITraceStart, Time: 5_000_000_000, PID: 100, TID: 101}),
 		enginetest.Trace(e.Bytes())}})
 	if err != nil {
@@ -502,5 +511,4 @@ func runPTWHits(t *testing.T, opts tracefstest.Options, spec string, hits [][]ui
 	if err := rep.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	return readFile(t, dir, "t", "records"), readFile(t, probeFile)
 }

@@ -11,6 +11,9 @@ type route struct {
 	p *probe
 	// swap is set while p is replaced at its own site (see swap).
 	swap *swap
+	// ev, when set, names the records instead of the source's event: the
+	// probe was renamed (mv) after its event was made.
+	ev *decode.Event
 }
 
 // swap pairs the records of a probe replaced at its own site while its
@@ -63,7 +66,20 @@ func (s *Session) updateRoutes(change func(m map[uint16]*route)) {
 func (s *Session) beginSwap(p *probe, oldID, newID uint16) {
 	w := &swap{newID: newID, paired: map[int32]bool{}}
 	s.updateRoutes(func(m map[uint16]*route) {
-		m[oldID] = &route{p: p, swap: w}
+		var ev *decode.Event // the old event's names, if renamed
+		if old := m[oldID]; old != nil {
+			ev = old.ev
+		}
+		m[oldID] = &route{p: p, swap: w, ev: ev}
 		m[newID] = &route{p: p, swap: w}
+	})
+}
+
+// renameRoute makes the records of id carry ev's names from now on.
+func (s *Session) renameRoute(id uint16, ev *decode.Event) {
+	s.updateRoutes(func(m map[uint16]*route) {
+		if rt := m[id]; rt != nil {
+			m[id] = &route{p: rt.p, swap: rt.swap, ev: ev}
+		}
 	})
 }

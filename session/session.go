@@ -222,6 +222,11 @@ func (s *Session) deliver(r *decode.Record) {
 		s.dups.Add(1)
 		return
 	}
+	if rt.ev != nil {
+		named := *r
+		named.Event = rt.ev
+		r = &named
+	}
 	rt.p.target.emit(r)
 }
 

@@ -82,6 +82,11 @@ type probe struct {
 	// The last spec written, when it was refused.
 	badSpec string
 	err     error
+
+	// staged is a spec written through a temp file (StageProbe) whose
+	// site another probe has: it is installed when this file is renamed
+	// over that probe (see RenameProbe); taken says whose site it is.
+	staged, taken string
 }
 
 func newTarget(s *Session, name, path, group string, bin *probes.Binary) *Target {
@@ -218,7 +223,9 @@ func (t *Target) ProbeText(name string) ([]byte, bool) {
 		}
 		b = fmt.Appendf(b, "# error: %s\n", oneLine(p.err.Error()))
 	}
-	if p.ev == nil && p.err == nil && p.stale == nil {
+	if p.staged != "" {
+		b = fmt.Appendf(b, "%s\n# state: staged: %s; rename this file over it to replace it\n", p.staged, p.taken)
+	} else if p.ev == nil && p.err == nil && p.stale == nil {
 		b = append(b, "# state: empty (write a spec to install a probe)\n"...)
 	}
 	return b, true
@@ -255,10 +262,20 @@ func (t *Target) CreateProbe(name string) error {
 // replaced only after the new one is installed; on any error it stays, and
 // the error is kept for the probe file.
 func (t *Target) SetProbe(name, spec string) error {
+	return t.setProbe(name, spec, false)
+}
+
+// setProbe is SetProbe; with stage, a spec whose site another probe has
+// is kept as staged (StageProbe) instead of refused.
+func (t *Target) setProbe(name, spec string, stage bool) error {
 	if err := checkName(name); err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
-	spec = strings.TrimRight(spec, "\n")
+	// A probe file's own text (`sed -i`, `cat a > b`) is its spec with
+	// comment lines: what is kept and compared is the spec line.
+	if line, err := probes.SpecLine(spec); err == nil {
+		spec = line
+	}
 	t.change.Lock()
 	defer t.change.Unlock()
 	t.mu.Lock()
@@ -292,8 +309,14 @@ func (t *Target) SetProbe(name, spec string) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	p.staged, p.taken = "", ""
+	var taken *siteTakenError
+	if stage && p.ev == nil && errors.As(err, &taken) {
+		p.staged, p.taken, p.err = spec, taken.Error(), nil
+		return nil
+	}
 	if err != nil {
-		p.badSpec, p.err = spec, err
+		p.badSpec, p.err = oneLine(strings.TrimRight(spec, "\n")), err
 		logrus.WithError(err).WithFields(logrus.Fields{"target": t.name, "probe": name}).Debug("ptfs: probe refused")
 		return fmt.Errorf("probe %s: %w", name, err)
 	}
@@ -303,9 +326,6 @@ func (t *Target) SetProbe(name, spec string) error {
 
 // install installs spec for p, then retires p's previous probe.
 func (t *Target) install(p *probe, spec string) error {
-	if strings.Contains(spec, "\n") {
-		return fmt.Errorf("%w: one spec per probe file, got several lines", probes.ErrSyntax)
-	}
 	sp, err := probes.Parse(spec)
 	if err != nil {
 		return err
@@ -322,7 +342,7 @@ func (t *Target) place(p *probe, spec string, sp *probes.Spec) error {
 	}
 	for _, o := range t.list() {
 		if o != p && o.ev != nil && o.bin == bin && o.site.Offset == site.Offset {
-			return fmt.Errorf("%w: probe %s is at file offset 0x%x already", tracefs.ErrExists, o.name, site.Offset)
+			return &siteTakenError{o.name, site.Offset}
 		}
 	}
 	ptw := t.s.mode == ModePTW

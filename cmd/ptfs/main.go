@@ -12,7 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 )
 
-const usage = `usage: ptfs [-v] COMMAND [ARGS]
+const usage = `usage: ptfs [-v|--verbose] COMMAND [ARGS]
 
 commands:
   mount [--mode auto|classic|ptw] [--max-stream BYTES] [--max-stream-hard BYTES]
@@ -25,7 +25,8 @@ commands:
   decode [--events DIR] [--packets|--insns] FILE...
         decode raw Intel PT bytes or a perf.data file
   decode --branches [--raw FILE:BASE] [--elf FILE[:BIAS]] [--pages A:D]
-        [--maps FILE --root DIR --vdso FILE] [--events DIR] FILE
+        [--maps FILE --root DIR --vdso FILE] [--events DIR] [--tid N]
+        [--cpu N] FILE
         print the control flow of a raw trace as branch: lines
 
 -v enables debug logging (on stderr). ptfs COMMAND --help describes the

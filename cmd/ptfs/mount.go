@@ -131,6 +131,9 @@ func targetArg(a string) (name, path string) {
 
 func mount(dir string, targets []string, so session.Options, opts fs.Options) error {
 	clearDeadMounts()
+	if err := refuseLiveMount(dir); err != nil {
+		return err
+	}
 	s, err := session.New(so)
 	if err != nil {
 		return err
@@ -204,6 +207,26 @@ func clearDeadMounts() {
 		}
 		log.Info("ptfs: detached the dead mount of a killed ptfs")
 	}
+}
+
+// refuseLiveMount refuses a mount point that a live ptfs serves: the new
+// mount would hide it, and its probes would keep running unseen. It reads
+// mountinfo only: a live owner's mount is never touched.
+func refuseLiveMount(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("mount point %s: %w", dir, err)
+	}
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("looking for ptfs mounts at %s: %w", dir, err)
+	}
+	for _, m := range ptfsMounts(info) {
+		if m.dir == abs && m.pid > 0 && tracefs.OwnerAlive(m.pid) {
+			return fmt.Errorf("%s is the mount point of a running ptfs (pid %d): unmount it first (umount %s): %w", abs, m.pid, abs, syscall.EBUSY)
+		}
+	}
+	return nil
 }
 
 // ptfsMount is a FUSE mount of ptfs in mountinfo: its mount point and the
