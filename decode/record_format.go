@@ -37,8 +37,8 @@ type Record struct {
 	Args [8]uint64
 	// Data holds the bytes of string arguments (classic mode): such an
 	// argument's word is StringRef's. The storage is the record's own and
-	// is reused with it.
-	Data []byte
+	// is reused with it; a pointer, so that records stay comparable.
+	Data *[]byte
 	// Context of the hit; negative TID or CPU and zero Time mean unknown.
 	TID  int32
 	CPU  int32
@@ -95,7 +95,11 @@ func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 			}
 		}
 		if t.IsString() {
-			dst = appendString(dst, r.Data, v)
+			var data []byte
+			if r.Data != nil {
+				data = *r.Data
+			}
+			dst = appendString(dst, data, v)
 			continue
 		}
 		dst = AppendValue(dst, t, v)

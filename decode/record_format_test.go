@@ -126,7 +126,7 @@ func TestAppendRecordStrings(t *testing.T) {
 		{Name: "s", Type: String}, {Type: UString}, {Name: "f", Type: String}, {Name: "bad", Type: String}, {Name: "n", Type: S8},
 	}}
 	data := []byte("a \"q\"\n\\\tb\x1b[31m\xc3\xa9],x\x00\x00rest")
-	r := Record{Event: ev, N: 5, TID: -1, CPU: -1, Data: data,
+	r := Record{Event: ev, N: 5, TID: -1, CPU: -1, Data: &data,
 		Args: [8]uint64{StringRef(0, 20), StringRef(20, 1), StringRef(0, 0), StringRef(10, 30), 0xff}}
 	want := `record 1: event=g/e id=0x1 args=[s="a \"q\"\n\\\tb\x1b[31m\xc3\xa9],x", "", f=(fault), bad=(fault), n=-1]` + "\n"
 	if got := string(AppendRecord(nil, 1, &r)); got != want {
