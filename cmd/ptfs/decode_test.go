@@ -20,6 +20,13 @@ func runDecodeT(args ...string) (code int, stdout, stderr string) {
 
 // writeEvent writes a tracefs-like events tree with one 2-argument probe.
 func writeEvent(t *testing.T, group, name, id string) string {
+	return writeEventFormat(t, group, name, id, "\tfield:u64 arg1;\toffset:16;\tsize:8;\tsigned:0;\n"+
+		"\tfield:u64 rsi;\toffset:24;\tsize:8;\tsigned:0;\n")
+}
+
+// writeEventFormat writes a tracefs-like events tree with one probe whose
+// format has the given argument fields (and print fmt line).
+func writeEventFormat(t *testing.T, group, name, id, args string) string {
 	dir := t.TempDir()
 	ev := filepath.Join(dir, group, name)
 	if err := os.MkdirAll(ev, 0o755); err != nil {
@@ -27,9 +34,7 @@ func writeEvent(t *testing.T, group, name, id string) string {
 	}
 	format := "format:\n" +
 		"\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n" +
-		"\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n" +
-		"\tfield:u64 arg1;\toffset:16;\tsize:8;\tsigned:0;\n" +
-		"\tfield:u64 rsi;\toffset:24;\tsize:8;\tsigned:0;\n"
+		"\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n" + args
 	if err := os.WriteFile(filepath.Join(ev, "format"), []byte(format), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -216,24 +221,11 @@ func TestDecodeBadInput(t *testing.T) {
 // says: an 8-byte field with signed:1 (s64) prints -1, not
 // 18446744073709551615; 4-byte ones signed or hex by the format.
 func TestDecodeEventTypes(t *testing.T) {
-	dir := t.TempDir()
-	ev := filepath.Join(dir, "g", "e")
-	if err := os.MkdirAll(ev, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	format := "format:\n" +
-		"\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n" +
-		"\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n" +
-		"\tfield:s64 a;\toffset:16;\tsize:8;\tsigned:1;\n" +
-		"\tfield:u64 b;\toffset:24;\tsize:8;\tsigned:0;\n" +
-		"\tfield:s32 c;\toffset:32;\tsize:4;\tsigned:1;\n" +
-		"\tfield:u32 d;\toffset:36;\tsize:4;\tsigned:0;\n\n" +
-		"print fmt: \"(%lx) a=%Ld b=%Lu c=%d d=0x%x\", REC->__probe_ip, REC->a, REC->b, REC->c, REC->d\n"
-	for name, text := range map[string]string{"format": format, "id": "1730\n"} {
-		if err := os.WriteFile(filepath.Join(ev, name), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := writeEventFormat(t, "g", "e", "1730", "\tfield:s64 a;\toffset:16;\tsize:8;\tsigned:1;\n"+
+		"\tfield:u64 b;\toffset:24;\tsize:8;\tsigned:0;\n"+
+		"\tfield:s32 c;\toffset:32;\tsize:4;\tsigned:1;\n"+
+		"\tfield:u32 d;\toffset:36;\tsize:4;\tsigned:0;\n\n"+
+		"print fmt: \"(%lx) a=%Ld b=%Lu c=%d d=0x%x\", REC->__probe_ip, REC->a, REC->b, REC->c, REC->d\n")
 	e := ptenc.New()
 	e.PSB()
 	e.PSBEnd()

@@ -53,8 +53,8 @@ func TestTypesKernel(t *testing.T) {
 			t.Fatalf("probe file:\n%s", got)
 		}
 		line := fmt.Sprintf("p:%s/%s %s:0x%x %s", group, p.name, bin, testkit.FuncOffset(t, bin, p.fn), p.args)
-		if err := appendFile(filepath.Join(tfs, "uprobe_events"), line+"\n"); err != nil {
-			t.Fatalf("reference probe %q: %v", line, err)
+		if out, err := shell(fmt.Sprintf("echo %s >> %s", shellQuote(line), filepath.Join(tfs, "uprobe_events"))); err != nil {
+			t.Fatalf("reference probe %q: %v: %s", line, err, out)
 		}
 		t.Cleanup(func() { removeLine(t, line) })
 		enable := filepath.Join(inst, "events", group, p.name, "enable")
@@ -212,17 +212,4 @@ func unescape(t *testing.T, v string) string {
 		}
 	}
 	return string(v[0]) + b.String() + string(v[len(v)-1])
-}
-
-// appendFile appends text to a file, as `echo >>` does.
-func appendFile(path, text string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(text)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
