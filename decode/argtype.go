@@ -56,6 +56,14 @@ var argTypes = [numArgTypes]typeInfo{
 	UString: {name: "ustring", size: 4, str: true},
 }
 
+// info returns t's row of the table; a value beyond it is u64's.
+func (t ArgType) info() *typeInfo {
+	if t >= numArgTypes {
+		return &argTypes[U64]
+	}
+	return &argTypes[t]
+}
+
 // ParseArgType returns the type the kernel calls name (not a bitfield).
 func ParseArgType(name string) (ArgType, bool) {
 	for t := range argTypes {
@@ -76,26 +84,21 @@ func ArgTypeNames() []string {
 }
 
 // String returns the tracefs spelling of t.
-func (t ArgType) String() string {
-	if t >= numArgTypes {
-		return "u64"
-	}
-	return argTypes[t].name
-}
+func (t ArgType) String() string { return t.info().name }
 
 // Size returns the bytes of a t value in a classic sample: 1, 2, 4 or 8
 // (a string's __data_loc word is 4).
-func (t ArgType) Size() int { return int(argTypes[t%numArgTypes].size) }
+func (t ArgType) Size() int { return int(t.info().size) }
 
 // Signed tells whether t prints with a sign.
-func (t ArgType) Signed() bool { return argTypes[t%numArgTypes].signed }
+func (t ArgType) Signed() bool { return t.info().signed }
 
 // Hex tells whether t prints in 0x-prefixed hex.
-func (t ArgType) Hex() bool { return argTypes[t%numArgTypes].hex }
+func (t ArgType) Hex() bool { return t.info().hex }
 
 // IsString tells whether t is a string type, whose bytes travel in
 // Record.Data.
-func (t ArgType) IsString() bool { return argTypes[t%numArgTypes].str }
+func (t ArgType) IsString() bool { return t.info().str }
 
 // Bitfield is the kernel's b<Width>@<Offset>/<container bits> type: Width
 // bits from bit Offset (from the least significant) of a container, whose

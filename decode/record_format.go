@@ -126,7 +126,7 @@ func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 // quoted ('A', escaped as strings are). A string type prints nothing here:
 // its bytes are the record's (AppendRecord).
 func AppendValue(dst []byte, t ArgType, v uint64) []byte {
-	info := &argTypes[t%numArgTypes]
+	info := t.info()
 	shift := 64 - 8*uint(info.size)
 	switch {
 	case info.hex:

@@ -25,7 +25,7 @@ var ErrBadEvent = errors.New("bad event description")
 // an unnamed argument argN (N its position from 1), which becomes Name "",
 // so that it prints as a bare value. A field of 1, 2, 4 or 8 bytes is s8
 // to s64 when signed; else x8 to x32 when the print format shows it in
-// hex, char for a 1-byte one it shows as '%c', else u8 to u64 (an 8-byte
+// hex (or its declaration names an x type), char for a 1-byte one it shows as '%c', else u8 to u64 (an 8-byte
 // hex field is the kernel's default type, printed as ptfs prints an
 // untyped argument); a __data_loc char[] is a string.
 func LoadEvents(events fs.FS) (map[uint16]*decode.Event, error) {
@@ -157,6 +157,7 @@ func ParseFormat(r io.Reader) (*decode.Event, error) {
 	var (
 		ev       *decode.Event
 		printFmt string
+		decls    []string // of the arguments
 	)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -173,12 +174,13 @@ func ParseFormat(r io.Reader) (*decode.Event, error) {
 		}
 		fname := decl[strings.LastIndexAny(decl, " \t*")+1:]
 		if fname == "__probe_ip" {
-			ev = &decode.Event{}
+			ev, decls = &decode.Event{}, nil
 			continue
 		}
 		if ev == nil {
 			continue // common fields
 		}
+		decls = append(decls, decl)
 		a := decode.Arg{Name: fname, Offset: off, Size: size}
 		if fname == "arg"+strconv.Itoa(len(ev.Args)+1) {
 			a.Name = ""
@@ -196,13 +198,16 @@ func ParseFormat(r io.Reader) (*decode.Event, error) {
 		return nil, nil
 	}
 	convs := printConvs(printFmt, len(ev.Args))
+	if convs == nil {
+		convs = make([]string, len(ev.Args))
+	}
 	for i := range ev.Args {
 		a := &ev.Args[i]
-		if convs == nil || a.Type.Signed() || a.Type.IsString() || a.Type.Size() == 8 {
+		if a.Type.Signed() || a.Type.IsString() || a.Type.Size() == 8 {
 			continue
 		}
 		switch {
-		case strings.Contains(convs[i], "=0x%"):
+		case strings.Contains(convs[i], "=0x%") || strings.HasPrefix(decls[i], "x"):
 			a.Type = map[int]decode.ArgType{1: decode.X8, 2: decode.X16, 4: decode.X32}[a.Type.Size()]
 		case strings.HasSuffix(convs[i], "='%c'") && a.Type.Size() == 1:
 			a.Type = decode.Char
