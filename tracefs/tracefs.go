@@ -304,12 +304,13 @@ type Installed struct {
 // event read back by Event; an event that cannot be read gets its probe
 // removed again. In ptw mode the kernel is asked for the words the stub
 // writes (probes.Spec.PTWWire: ptfs formats the narrower and 8-byte types,
-// strings are refused before any write). The kernel's document of ptwrite uprobes both describes
-// u32/s32/x32 fetchargs and says typed suffixes are rejected: when the
-// kernel refuses a ptw: line with typed arguments, Install writes it again
-// without the types, and the untyped line's success shows that the types
-// were what it refused. When that fails too, the error is the typed
-// line's, with the untyped line's reason when it differs.
+// strings are refused before any write). The kernel's document of ptwrite
+// uprobes both describes u32/s32/x32 fetchargs and says typed suffixes are
+// rejected: when the kernel refuses a ptw: line with typed arguments,
+// Install writes it again without the types, and the untyped line's
+// success shows that the types were what it refused. When that fails too,
+// the error is the typed line's, with the untyped line's reason when it
+// differs.
 func (t *Tracefs) Install(ptw bool, group, event, path string, off uint64, s *probes.Spec) (*Installed, error) {
 	ks := s
 	if ptw {
