@@ -6,37 +6,16 @@ import (
 	"strconv"
 )
 
-// ArgType is the type of one probe argument, as tracefs names it.
-type ArgType uint8
-
-// Argument types of ptwrite and classic uprobes. The zero value is u64, the
-// kernel's default.
-const (
-	U64 ArgType = iota
-	U32
-	S32
-	X32
-)
-
-// String returns the tracefs spelling of t.
-func (t ArgType) String() string {
-	switch t {
-	case U32:
-		return "u32"
-	case S32:
-		return "s32"
-	case X32:
-		return "x32"
-	}
-	return "u64"
-}
-
 // Arg describes one argument of a probe event.
 type Arg struct {
 	// Name is the name the spec gave, or "" when it gave none; unnamed
 	// arguments print as bare values.
 	Name string
 	Type ArgType
+	// Bits, when its Width is set, is a bitfield that the formatter cuts
+	// out of the value first: ptw payloads carry the whole container,
+	// where a classic sample holds what the kernel already cut out.
+	Bits Bitfield
 	// Offset and Size locate the argument in a classic tracepoint sample's
 	// raw data, as the event's format file gives them. Unused in ptw mode.
 	Offset, Size int
@@ -56,6 +35,10 @@ type Record struct {
 	// N is the number of valid words in Args.
 	N    int
 	Args [8]uint64
+	// Data holds the bytes of string arguments (classic mode): such an
+	// argument's word is StringRef's. The storage is the record's own and
+	// is reused with it; a pointer, so that records stay comparable.
+	Data *[]byte
 	// Context of the hit; negative TID or CPU and zero Time mean unknown.
 	TID  int32
 	CPU  int32
@@ -102,16 +85,24 @@ func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 		if i > 0 {
 			dst = append(dst, ", "...)
 		}
-		t := U64
+		t, v := U64, r.Args[i]
 		if i < len(r.Event.Args) {
 			a := &r.Event.Args[i]
-			t = a.Type
+			t, v = a.Type, a.Bits.Extract(v)
 			if a.Name != "" {
 				dst = append(dst, a.Name...)
 				dst = append(dst, '=')
 			}
 		}
-		dst = AppendValue(dst, t, r.Args[i])
+		if t.IsString() {
+			var data []byte
+			if r.Data != nil {
+				data = *r.Data
+			}
+			dst = appendString(dst, data, v)
+			continue
+		}
+		dst = AppendValue(dst, t, v)
 	}
 	dst = append(dst, ']')
 	if r.TID >= 0 {
@@ -129,22 +120,31 @@ func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 	return append(dst, '\n')
 }
 
-// AppendValue appends v printed as type t: u64 and u32 in decimal (u32
-// masked to 32 bits), s32 signed, x32 as 0x-prefixed hex.
+// AppendValue appends v printed as type t, as the kernel's print format
+// for t does: unsigned types in decimal, signed ones with their sign, hex
+// ones as 0x-prefixed hex, each from the low bytes of its size; char
+// quoted ('A', escaped as strings are). A string type prints nothing here:
+// its bytes are the record's (AppendRecord).
 func AppendValue(dst []byte, t ArgType, v uint64) []byte {
-	switch t {
-	case U32:
-		return appendDec(dst, v&0xffffffff)
-	case S32:
-		if n := int32(uint32(v)); n < 0 {
-			return appendDec(append(dst, '-'), uint64(-int64(n)))
-		}
-		return appendDec(dst, v&0x7fffffff)
-	case X32:
+	info := t.info()
+	shift := 64 - 8*uint(info.size)
+	switch {
+	case info.hex:
 		dst = append(dst, "0x"...)
-		return strconv.AppendUint(dst, v&0xffffffff, 16)
+		return strconv.AppendUint(dst, v<<shift>>shift, 16)
+	case info.signed:
+		if n := int64(v<<shift) >> shift; n < 0 {
+			return appendDec(append(dst, '-'), uint64(-n))
+		}
+		return appendDec(dst, v<<shift>>shift)
+	case t == Char:
+		dst = append(dst, '\'')
+		dst = appendEscaped(dst, byte(v), '\'')
+		return append(dst, '\'')
+	case info.str:
+		return dst
 	}
-	return appendDec(dst, v)
+	return appendDec(dst, v<<shift>>shift)
 }
 
 // AppendTime appends a nanosecond time as SEC.NSEC with nine fraction digits.

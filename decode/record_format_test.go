@@ -78,3 +78,99 @@ func TestAppendDec(t *testing.T) {
 		}
 	}
 }
+
+// Every type prints as the kernel's print format for it does (checked
+// against the kernel's own trace output in cmd/ptfs TestTypesKernel), from
+// the low bytes of its size; strings and chars escaped.
+func TestAppendValueTypes(t *testing.T) {
+	cases := []struct {
+		t    ArgType
+		v    uint64
+		want string
+	}{
+		{U64, 1<<64 - 1, "18446744073709551615"},
+		{U32, 0xdead_0000_0005, "5"},
+		{U16, 0x1_fffe, "65534"},
+		{U8, 0x1fa, "250"},
+		{S64, 1<<64 - 1, "-1"},
+		{S64, 1 << 63, "-9223372036854775808"},
+		{S64, 42, "42"},
+		{S32, 0xdead_ffff_fffe, "-2"},
+		{S16, 0xfed4, "-300"},
+		{S16, 0xffff_7fff, "32767"},
+		{S8, 0xfb, "-5"},
+		{S8, 0x17f, "127"},
+		{X64, 0xdeadbeefcafe1234, "0xdeadbeefcafe1234"},
+		{X32, 0xdead_0000_002a, "0x2a"},
+		{X16, 0x1_fed4, "0xfed4"},
+		{X8, 0xfa, "0xfa"},
+		{X8, 0, "0x0"},
+		{Char, 'A', "'A'"},
+		{Char, '\'', `'\''`},
+		{Char, '"', `'"'`},
+		{Char, 0, `'\x00'`},
+		{Char, 0x1ff, `'\xff'`},
+	}
+	for _, c := range cases {
+		if got := string(AppendValue(nil, c.t, c.v)); got != c.want {
+			t.Errorf("%v %#x: got %q, want %q", c.t, c.v, got, c.want)
+		}
+	}
+}
+
+// String arguments print from the record's Data, quoted up to the first
+// NUL, with every byte that could break a record line escaped; a faulted
+// read (length 0) and a reference outside Data print (fault).
+func TestAppendRecordStrings(t *testing.T) {
+	ev := &Event{ID: 1, Group: "g", Name: "e", Args: []Arg{
+		{Name: "s", Type: String}, {Type: UString}, {Name: "f", Type: String}, {Name: "bad", Type: String}, {Name: "n", Type: S8},
+	}}
+	data := []byte("a \"q\"\n\\\tb\x1b[31m\xc3\xa9],x\x00\x00rest")
+	r := Record{Event: ev, N: 5, TID: -1, CPU: -1, Data: &data,
+		Args: [8]uint64{StringRef(0, 20), StringRef(20, 1), StringRef(0, 0), StringRef(10, 30), 0xff}}
+	want := `record 1: event=g/e id=0x1 args=[s="a \"q\"\n\\\tb\x1b[31m\xc3\xa9],x", "", f=(fault), bad=(fault), n=-1]` + "\n"
+	if got := string(AppendRecord(nil, 1, &r)); got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+}
+
+// A bitfield of a ptw event is cut out of the container word before it is
+// formatted; the kernel's own b4@4/32 of 0xcafe1234 is 3.
+func TestAppendRecordBitfield(t *testing.T) {
+	ev := &Event{ID: 1, Group: "g", Name: "e", Args: []Arg{
+		{Name: "a", Type: U32, Bits: Bitfield{Width: 4, Offset: 4}},
+		{Name: "b", Type: U64, Bits: Bitfield{Width: 12, Offset: 40}},
+		{Name: "c", Type: U64, Bits: Bitfield{Width: 64}},
+		{Name: "d", Type: U8, Bits: Bitfield{Width: 1, Offset: 7}},
+	}}
+	r := Record{Event: ev, N: 4, TID: -1, CPU: -1, Args: [8]uint64{0xcafe1234, 0xdeadbeefcafe1234, 1<<64 - 1, 0x80}}
+	want := "record 1: event=g/e id=0x1 args=[a=3, b=3518, c=18446744073709551615, d=1]\n"
+	if got := string(AppendRecord(nil, 1, &r)); got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+	if got := (Bitfield{Width: 4, Offset: 2}).Text(U32); got != "b4@2/32" {
+		t.Errorf("Text: %q", got)
+	}
+}
+
+// The type table: every name parses back to its type, and the sizes are
+// the kernel's.
+func TestArgTypeTable(t *testing.T) {
+	sizes := map[string]int{"u8": 1, "s8": 1, "x8": 1, "char": 1, "u16": 2, "s16": 2, "x16": 2,
+		"u32": 4, "s32": 4, "x32": 4, "string": 4, "ustring": 4, "u64": 8, "s64": 8, "x64": 8}
+	names := ArgTypeNames()
+	if len(names) != len(sizes) {
+		t.Fatalf("names %q, want the %d of the kernel's uprobe types", names, len(sizes))
+	}
+	for _, n := range names {
+		typ, ok := ParseArgType(n)
+		if !ok || typ.String() != n || typ.Size() != sizes[n] {
+			t.Errorf("%q: type %v ok=%v size %d, want size %d", n, typ, ok, typ.Size(), sizes[n])
+		}
+	}
+	for _, bad := range []string{"", "u128", "symbol", "b4@2/32", "U8", "string "} {
+		if _, ok := ParseArgType(bad); ok {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}

@@ -48,7 +48,12 @@ func (m *Merger[T]) AddQueue() int {
 func (m *Merger[T]) Push(q int, time uint64) *T {
 	qu := &m.queues[q]
 	if len(qu.items) == cap(qu.items) && qu.start > 0 {
-		k := copy(qu.items, qu.items[qu.start:])
+		// Swapped to the front, not copied: a slot's storage (a
+		// record's Data) stays with one item only.
+		k := len(qu.items) - qu.start
+		for i := range k {
+			qu.items[i], qu.items[qu.start+i] = qu.items[qu.start+i], qu.items[i]
+		}
 		qu.items, qu.start = qu.items[:k], 0
 	}
 	if len(qu.items) < cap(qu.items) {
@@ -117,13 +122,23 @@ func (m *Merger[T]) take(qi int) *T {
 
 // Release appends to out, in time order, the pending items whose time is
 // at or before watermark, plus the oldest ones beyond max, and returns out.
+// Items are swapped out, not copied: each slot gets what out held at that
+// position beyond its length, so storage that an item owns (a record's
+// Data) moves with it and is reused, never shared between a slot and out.
 func (m *Merger[T]) Release(watermark uint64, out []T) []T {
 	for m.n > 0 {
 		best := m.head()
 		if q := &m.queues[best]; q.items[q.start].time > watermark && m.n <= m.max {
 			break
 		}
-		out = append(out, *m.take(best))
+		if len(out) < cap(out) {
+			out = out[:len(out)+1]
+		} else {
+			var zero T
+			out = append(out, zero)
+		}
+		v, o := m.take(best), &out[len(out)-1]
+		*v, *o = *o, *v
 	}
 	return out
 }

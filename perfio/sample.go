@@ -79,6 +79,7 @@ func fillRecord(ev *decode.Event, s *sample, r *decode.Record) error {
 	r.N = len(ev.Args)
 	// Slots are reused: clear what a longer record left behind.
 	clear(r.Args[r.N:])
+	strs := false // r.Data emptied for this record's strings
 	for i := range ev.Args {
 		a := &ev.Args[i]
 		if a.Offset+a.Size > len(s.raw) {
@@ -86,6 +87,27 @@ func fillRecord(ev *decode.Event, s *sample, r *decode.Record) error {
 				ErrMalformed, i, a.Offset, a.Size, len(s.raw), ev.ID)
 		}
 		b := s.raw[a.Offset:]
+		if a.Type.IsString() {
+			// A __data_loc word: the string's offset in the raw data
+			// (low 16 bits) and its length with the NUL (high 16; 0
+			// when the read faulted). Its bytes go into the record's
+			// own storage: the ring is reused.
+			loc := binary.LittleEndian.Uint32(b)
+			off, n := int(loc&0xffff), int(loc>>16)
+			if off+n > len(s.raw) {
+				return fmt.Errorf("%w: string argument %d at %d+%d beyond %d raw bytes of event %d",
+					ErrMalformed, i, off, n, len(s.raw), ev.ID)
+			}
+			if r.Data == nil {
+				r.Data = new([]byte) // once per slot: slots are reused
+			}
+			if !strs {
+				*r.Data, strs = (*r.Data)[:0], true
+			}
+			r.Args[i] = decode.StringRef(len(*r.Data), n)
+			*r.Data = append(*r.Data, s.raw[off:off+n]...)
+			continue
+		}
 		switch a.Size {
 		case 1:
 			r.Args[i] = uint64(b[0])
@@ -107,8 +129,10 @@ func checkEvent(ev *decode.Event) error {
 			ev.Group, ev.Name, len(ev.Args), len(decode.Record{}.Args))
 	}
 	for i, a := range ev.Args {
-		switch a.Size {
-		case 1, 2, 4, 8:
+		switch {
+		case a.Type.IsString() && a.Size != 4:
+			return fmt.Errorf("%w: event %s/%s string argument %d has size %d", engine.ErrBadEvent, ev.Group, ev.Name, i, a.Size)
+		case a.Size == 1 || a.Size == 2 || a.Size == 4 || a.Size == 8:
 		default:
 			return fmt.Errorf("%w: event %s/%s argument %d has size %d", engine.ErrBadEvent, ev.Group, ev.Name, i, a.Size)
 		}

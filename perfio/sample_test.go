@@ -53,6 +53,13 @@ var typedEvent = &decode.Event{ID: 2326, Group: "g", Name: "e", Args: []decode.A
 	{Type: decode.X32, Offset: 38, Size: 1},
 }}
 
+// stringEvent has a string argument among numbers, for the fuzz target.
+var stringEvent = &decode.Event{ID: 2326, Group: "g", Name: "s", Args: []decode.Arg{
+	{Type: decode.U64, Offset: 16, Size: 8},
+	{Type: decode.String, Offset: 24, Size: 4},
+	{Type: decode.S8, Offset: 28, Size: 1},
+}}
+
 func TestParseSample(t *testing.T) {
 	raw := makeRaw(2326, 77, le(8, 1<<40+5), le(4, 0xfffffffe), le(8, 0x1122334455667788), le(2, 0xbeef), le(1, 0x7f))
 	good := makeSample(77, 78, 123456789, 1, raw)
@@ -100,6 +107,7 @@ func FuzzParseSample(f *testing.F) {
 	f.Add(makeSample(1, 2, 3, 0, makeRaw(2326, 1, make([]byte, 23))))
 	f.Add(makeSample(1, 2, 3, 0, makeRaw(2326, 1)))
 	f.Add([]byte{})
+	f.Add(makeSample(1, 2, 3, 0, makeRaw(2326, 1, make([]byte, 23), []byte{0x1c, 0, 4, 0, 'a', 'b', 'c', 0})))
 	f.Fuzz(func(t *testing.T, rec []byte) {
 		var s sample
 		var r decode.Record
@@ -112,5 +120,55 @@ func FuzzParseSample(f *testing.F) {
 		if fillRecord(typedEvent, &s, &r) == nil && r.N != len(typedEvent.Args) {
 			t.Fatalf("N %d", r.N)
 		}
+		if fillRecord(stringEvent, &s, &r) == nil {
+			decode.AppendRecord(nil, 1, &r)
+		}
 	})
+}
+
+// String arguments: the __data_loc word locates the bytes in the raw data;
+// they are copied into the record's own storage (the ring is reused), a
+// faulted read (length 0) stays one, and a location beyond the raw data is
+// malformed.
+func TestFillRecordStrings(t *testing.T) {
+	ev := &decode.Event{ID: 7, Group: "g", Name: "e", Args: []decode.Arg{
+		{Name: "s", Type: decode.String, Offset: 16, Size: 4},
+		{Name: "n", Type: decode.S8, Offset: 20, Size: 1},
+		{Name: "f", Type: decode.UString, Offset: 21, Size: 4},
+	}}
+	if err := checkEvent(ev); err != nil {
+		t.Fatal(err)
+	}
+	loc := func(off, n int) []byte { return le(4, uint64(n)<<16|uint64(off)) }
+	raw := makeRaw(7, 1, loc(25, 6), le(1, 0xfe), loc(31, 0), []byte("a\"b\n\x00"))
+	var s sample
+	if err := parseSample(makeSample(1, 2, 3, 0, raw), &s); err != nil {
+		t.Fatal(err)
+	}
+	var r decode.Record
+	old := []byte("stale bytes of a reused slot")
+	r.Data = &old
+	if err := fillRecord(ev, &s, &r); err != nil {
+		t.Fatal(err)
+	}
+	want := `record 1: event=g/e id=0x7 args=[s="a\"b\n", n=-2, f=(fault)] tid=2 cpu=0 time=0.000000003` + "\n"
+	if got := string(decode.AppendRecord(nil, 1, &r)); got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+	for i := range s.raw {
+		s.raw[i] = 'X' // the ring is overwritten
+	}
+	if got := string(decode.AppendRecord(nil, 1, &r)); got != want {
+		t.Errorf("after the ring changed: %q", got)
+	}
+	bad := makeRaw(7, 1, loc(25, 60), le(1, 0), loc(0, 0), []byte("abc"))
+	if err := parseSample(makeSample(1, 2, 3, 0, bad), &s); err != nil {
+		t.Fatal(err)
+	}
+	if err := fillRecord(ev, &s, &r); !errors.Is(err, ErrMalformed) {
+		t.Errorf("string beyond the raw data: %v, want ErrMalformed", err)
+	}
+	if err := checkEvent(&decode.Event{Args: []decode.Arg{{Type: decode.String, Offset: 16, Size: 8}}}); err == nil {
+		t.Error("checkEvent took an 8-byte string field")
+	}
 }

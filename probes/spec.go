@@ -54,8 +54,11 @@ type Arg struct {
 	// Fetch is the fetch expression in canonical tracefs text, such as
 	// "%di", "\\0x2a", "$stack2" or "+8(%si)".
 	Fetch string
-	// Type is the argument type; U64 when the spec gave none.
+	// Type is the argument type; U64 when the spec gave none. For a
+	// bitfield it is the container's unsigned type.
 	Type decode.ArgType
+	// Bits is the bitfield of a b<width>@<offset>/<container> type.
+	Bits decode.Bitfield
 }
 
 // EffectiveName returns the name tracefs gives argument i (counted from 0)
@@ -243,36 +246,73 @@ func ParseArg(t string) (Arg, error) {
 		a.Name, body = n, rest
 	}
 	if i := strings.LastIndexByte(body, ':'); i >= 0 {
-		typ, ok := parseType(body[i+1:])
-		if !ok {
-			return a, syntaxErr("unsupported type %q in %q (ptwrite types: u64, u32, s32, x32)", body[i+1:], t)
+		if err := a.parseType(body[i+1:], t); err != nil {
+			return a, err
 		}
-		a.Type, body = typ, body[:i]
+		body = body[:i]
 	}
 	f, err := parseFetch(body)
 	if err != nil {
 		return a, syntaxErr("bad argument %q: %v", t, err)
 	}
+	if a.Type.IsString() && !strings.HasSuffix(f, ")") {
+		return a, syntaxErr("argument %q: %v reads a string from memory: want +DISP(%%REG):%v, such as +0(%%si):%v", t, a.Type, a.Type, a.Type)
+	}
 	a.Fetch = f
 	return a, nil
 }
 
-func parseType(t string) (decode.ArgType, bool) {
-	switch t {
-	case "u64":
-		return decode.U64, true
-	case "u32":
-		return decode.U32, true
-	case "s32":
-		return decode.S32, true
-	case "x32":
-		return decode.X32, true
+// parseType sets the type of a from its spelling t in token tok: one of
+// the kernel's type names, or a bitfield.
+func (a *Arg) parseType(t, tok string) error {
+	if typ, ok := decode.ParseArgType(t); ok {
+		a.Type = typ
+		return nil
 	}
-	return 0, false
+	switch {
+	case strings.HasPrefix(t, "b") && strings.ContainsAny(t, "@/"):
+		return a.parseBitfield(t, tok)
+	case t == "symbol" || t == "symstr":
+		return syntaxErr("type %q in %q: the kernel resolves %s only in kernel probes, not in uprobes (x64 prints the address)", t, tok, t)
+	}
+	return syntaxErr("unsupported type %q in %q (types: %s, b<width>@<offset>/<8|16|32|64>)", t, tok, strings.Join(decode.ArgTypeNames(), " "))
 }
 
-// parseFetch validates the ptwrite subset of fetch arguments and returns
-// its canonical text.
+// parseBitfield parses b<width>@<offset>/<container bits>, in decimal as
+// ArgsText prints it: the kernel reads it with base 0, so a leading zero
+// would be octal to it.
+func (a *Arg) parseBitfield(t, tok string) error {
+	bad := func(why string) error {
+		return syntaxErr("bad bitfield %q in %q: %s (want b<width>@<offset>/<8|16|32|64>, such as b4@2/32)", t, tok, why)
+	}
+	w, rest, ok1 := strings.Cut(t[1:], "@")
+	o, c, ok2 := strings.Cut(rest, "/")
+	if !ok1 || !ok2 {
+		return bad("missing @ or /")
+	}
+	var n [3]uint64
+	for i, d := range []string{w, o, c} {
+		v, err := ParseUint(d)
+		if err != nil || isHex(d) || v > 64 {
+			return bad(fmt.Sprintf("%q is not a decimal number up to 64", d))
+		}
+		n[i] = v
+	}
+	typ, ok := map[uint64]decode.ArgType{8: decode.U8, 16: decode.U16, 32: decode.U32, 64: decode.U64}[n[2]]
+	switch {
+	case !ok:
+		return bad("the container is 8, 16, 32 or 64 bits")
+	case n[0] == 0:
+		return bad("the width is at least 1")
+	case n[0]+n[1] > n[2]:
+		return bad(fmt.Sprintf("bits %d to %d lie outside the %d-bit container", n[1], n[1]+n[0]-1, n[2]))
+	}
+	a.Type, a.Bits = typ, decode.Bitfield{Width: uint8(n[0]), Offset: uint8(n[1])}
+	return nil
+}
+
+// parseFetch validates the fetch arguments ptfs takes (those ptwrite probes
+// take too) and returns its canonical text.
 func parseFetch(f string) (string, error) {
 	switch {
 	case f == "":
@@ -298,7 +338,7 @@ func parseFetch(f string) (string, error) {
 	case f[0] == '+' || f[0] == '-':
 		return parseDeref(f)
 	}
-	return "", fmt.Errorf("fetch %q not supported by ptwrite probes (want %%REG, \\IMM, $stack, $stackN or +DISP(%%REG))", f)
+	return "", fmt.Errorf("fetch %q not supported (ptfs takes %%REG, \\IMM, $stack, $stackN or +DISP(%%REG))", f)
 }
 
 func parseImm(v string) (string, error) {
@@ -431,7 +471,11 @@ func ArgsText(args []Arg) string {
 			b.WriteByte('=')
 		}
 		b.WriteString(a.Fetch)
-		if a.Type != decode.U64 {
+		switch {
+		case a.Bits.Width != 0:
+			b.WriteByte(':')
+			b.WriteString(a.Bits.Text(a.Type))
+		case a.Type != decode.U64:
 			b.WriteByte(':')
 			b.WriteString(a.Type.String())
 		}

@@ -56,6 +56,16 @@ func TestParse(t *testing.T) {
 		{"0x10 x=%di:u64 y=%si:u32 z=%ax:s32 w=%bx:x32", &Spec{Offset: 0x10, Args: []Arg{a("x", "%di", 0),
 			a("y", "%si", decode.U32), a("z", "%ax", decode.S32), a("w", "%bx", decode.X32)}},
 			"0x10 x=%di y=%si:u32 z=%ax:s32 w=%bx:x32"},
+		{"0x10 a=%di:u8 b=%si:u16 c=%dx:s8 d=%cx:s16 e=%r8:s64 f=%r9:x8 g=%ax:x16 h=%bx:x64", &Spec{Offset: 0x10, Args: []Arg{
+			a("a", "%di", decode.U8), a("b", "%si", decode.U16), a("c", "%dx", decode.S8), a("d", "%cx", decode.S16),
+			a("e", "%r8", decode.S64), a("f", "%r9", decode.X8), a("g", "%ax", decode.X16), a("h", "%bx", decode.X64)}}, ""},
+		{"0x10 c=+9(%di):char s=+0(%si):string u=-8(%sp):ustring", &Spec{Offset: 0x10, Args: []Arg{
+			a("c", "+9(%di)", decode.Char), a("s", "+0(%si)", decode.String), a("u", "-8(%sp)", decode.UString)}}, ""},
+		{"0x10 +24(%di):b4@4/32 %si:b64@0/64 %dx:b1@7/8 %cx:b16@0/16", &Spec{Offset: 0x10, Args: []Arg{
+			{Fetch: "+24(%di)", Type: decode.U32, Bits: decode.Bitfield{Width: 4, Offset: 4}},
+			{Fetch: "%si", Type: decode.U64, Bits: decode.Bitfield{Width: 64}},
+			{Fetch: "%dx", Type: decode.U8, Bits: decode.Bitfield{Width: 1, Offset: 7}},
+			{Fetch: "%cx", Type: decode.U16, Bits: decode.Bitfield{Width: 16}}}}, ""},
 		{"0x10 _a9=%di arg1=%si", &Spec{Offset: 0x10, Args: []Arg{a("_a9", "%di", 0), a("arg1", "%si", 0)}}, ""},
 		{"0x10 arg1=%di %si", &Spec{Offset: 0x10, Args: []Arg{a("arg1", "%di", 0), a("", "%si", 0)}}, ""},
 		{"0x10 %di arg3=%si", &Spec{Offset: 0x10, Args: []Arg{a("", "%di", 0), a("arg3", "%si", 0)}}, ""},
@@ -113,9 +123,25 @@ func TestParseErrors(t *testing.T) {
 		{"0x10 %ds", ErrSyntax, `"%ds"`},
 		{"0x10 %DI", ErrSyntax, `"%DI"`},
 		{"0x10 %", ErrSyntax, `"%"`},
-		{"0x10 %di:u8", ErrSyntax, `"u8"`},
-		{"0x10 %di:s64", ErrSyntax, `"s64"`},
-		{"0x10 %di:string", ErrSyntax, `"string"`},
+		{"0x10 %di:u128", ErrSyntax, "types: u64 u32 s32 x32 u8 u16 s8 s16 s64 x8 x16 x64 char string ustring, b<width>"},
+		{"0x10 %di:U8", ErrSyntax, `"U8"`},
+		{"0x10 %di:string", ErrSyntax, "want +DISP(%REG):string"},
+		{"0x10 $stack1:ustring", ErrSyntax, "reads a string from memory"},
+		{`0x10 \16:string`, ErrSyntax, "reads a string from memory"},
+		{"0x10 %di:symbol", ErrSyntax, "only in kernel probes"},
+		{"0x10 %di:symstr", ErrSyntax, "only in kernel probes"},
+		{"0x10 %di:u8[4]", ErrSyntax, `"u8[4]"`},
+		{"0x10 %di:b4@60/32", ErrSyntax, "outside the 32-bit container"},
+		{"0x10 %di:b0@2/32", ErrSyntax, "width is at least 1"},
+		{"0x10 %di:b33@0/32", ErrSyntax, "outside"},
+		{"0x10 %di:b8@1/8", ErrSyntax, "outside"},
+		{"0x10 %di:b4@2/24", ErrSyntax, "8, 16, 32 or 64"},
+		{"0x10 %di:b4@04/32", ErrSyntax, "decimal"},
+		{"0x10 %di:b4@0x4/32", ErrSyntax, "decimal"},
+		{"0x10 %di:b4@2", ErrSyntax, "missing"},
+		{"0x10 %di:b@2/32", ErrSyntax, "bad bitfield"},
+		{"0x10 %di:b4@2/32/", ErrSyntax, "bad bitfield"},
+		{"0x10 %di:b99999999999999999999@2/32", ErrSyntax, "bad bitfield"},
 		{"0x10 %di:", ErrSyntax, `""`},
 		{"0x10 $retval", ErrSyntax, `"$retval"`},
 		{"0x10 $comm", ErrSyntax, `"$comm"`},
@@ -197,7 +223,10 @@ func TestErrorsUnwrapToErrno(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{"0x1040 %di %si", "target+4 a=%di b=+8(%si):u32", "0x1170%multinop",
 		"target+4%nopace", `0x10 \-0x5 $stack3 -8(%sp):s32`, "0x10 arg1=%di %si", "010", "%return",
-		`"geo::area(long, long)"+4 %di # c`, "f %di\n# state: x\n"} {
+		`"geo::area(long, long)"+4 %di # c`, "f %di\n# state: x\n",
+
+		"0x10 a=+0(%si):string b=-8(%sp):ustring c=%di:char", "0x10 %di:b4@4/32 %si:b64@0/64 %ax:s8 %bx:x64",
+		"0x10 %di:b4@04/32", "0x10 %di:symbol"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
@@ -207,6 +236,19 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("Parse(%q): error %v wraps neither ErrSyntax nor ErrRefused", in, err)
 			}
 			return
+		}
+		// What the parser takes, ptw mode takes too or refuses with the
+		// reason; its wire form has only the stub's types.
+		if w, err := s.PTWWire(); err != nil {
+			if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "string") {
+				t.Fatalf("PTWWire(%q): %v", in, err)
+			}
+		} else {
+			for _, a := range w.Args {
+				if a.Bits.Width != 0 || a.Type != decode.U64 && a.Type != decode.U32 && a.Type != decode.S32 && a.Type != decode.X32 {
+					t.Fatalf("PTWWire(%q) has %+v", in, a)
+				}
+			}
 		}
 		if len(s.Args) > MaxArgs {
 			t.Fatalf("Parse(%q): %d args", in, len(s.Args))
@@ -223,4 +265,47 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("String not canonical: %q then %q", text, s2.String())
 		}
 	})
+}
+
+// ptw mode: the kernel gets the words the stub writes (u64, or u32 and the
+// 32-bit types the ptwrite document names); ptfs formats the rest, and
+// strings are refused with the reason, naming the argument.
+func TestPTWWire(t *testing.T) {
+	tests := []struct {
+		in, wire, formatted string
+	}{
+		{"0x10 %di %si:u32 %ax:s32 %bx:x32", "0x10 %di %si:u32 %ax:s32 %bx:x32", ""},
+		{"0x10 a=%di:s64 b=%si:x64 c=%ax:u64", "0x10 a=%di b=%si c=%ax", "a=s64 b=x64"},
+		{"0x10 a=%di:u8 b=%si:s16 c=+8(%ax):x8 d=%bx:char", "0x10 a=%di:u32 b=%si:u32 c=+8(%ax):u32 d=%bx:u32", "a=u8 b=s16 c=x8 d=char"},
+		{"0x10 +24(%di):b4@4/32 %si:b12@40/64 %dx:b3@0/8", "0x10 +24(%di):u32 %si %dx:u32", "arg1=b4@4/32 arg2=b12@40/64 arg3=b3@0/8"},
+	}
+	for _, tt := range tests {
+		s, err := Parse(tt.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := s.String()
+		w, err := s.PTWWire()
+		if err != nil {
+			t.Errorf("PTWWire(%q): %v", tt.in, err)
+			continue
+		}
+		if w.String() != tt.wire || s.PTWFormatted() != tt.formatted {
+			t.Errorf("PTWWire(%q) = %q, formatted %q; want %q, %q", tt.in, w, s.PTWFormatted(), tt.wire, tt.formatted)
+		}
+		if s.String() != before {
+			t.Errorf("PTWWire changed the spec: %q", s)
+		}
+	}
+	for _, in := range []string{"0x10 %di s=+0(%si):string", "0x10 %di +0(%si):ustring"} {
+		s, err := Parse(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.PTWWire()
+		if !errors.Is(err, ErrRefused) || !errors.Is(err, syscall.EOPNOTSUPP) || !strings.Contains(err.Error(), "cannot copy a string") ||
+			!strings.Contains(err.Error(), "--mode classic") || !strings.Contains(err.Error(), " is a ") {
+			t.Errorf("PTWWire(%q): %v, want refused with the reason", in, err)
+		}
+	}
 }

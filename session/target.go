@@ -210,6 +210,9 @@ func (t *Target) ProbeText(name string) ([]byte, bool) {
 		if p.untyped {
 			b = append(b, "# ptw: the kernel refused typed fetchargs; installed untyped, ptfs formats u32/s32/x32\n"...)
 		}
+		if f := p.sp.PTWFormatted(); f != "" && t.s.mode == ModePTW {
+			b = fmt.Appendf(b, "# ptw: ptfs formats %s from the stub's u64/u32 words\n", f)
+		}
 	} else if p.stale != nil {
 		b = fmt.Appendf(b, "%s\n", p.spec)
 		b = fmt.Appendf(b, "# state: stale: %s\n", oneLine(p.stale.Error()))
@@ -335,6 +338,13 @@ func (t *Target) install(p *probe, spec string) error {
 
 // place resolves sp against the target's binary and installs it for p.
 func (t *Target) place(p *probe, spec string, sp *probes.Spec) error {
+	if t.s.mode == ModePTW {
+		// Types the stub cannot write (strings): the reason, before
+		// the site is even looked at.
+		if _, err := sp.PTWWire(); err != nil {
+			return err
+		}
+	}
 	bin := t.bin
 	site, err := bin.Resolve(sp)
 	if err != nil {

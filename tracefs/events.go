@@ -23,8 +23,11 @@ var ErrBadEvent = errors.New("bad event description")
 // `__probe_ip` field, as uprobe, kprobe and ptw events do; other events are
 // skipped. The fields after `__probe_ip` are the arguments: the kernel names
 // an unnamed argument argN (N its position from 1), which becomes Name "",
-// so that it prints as a bare value. A 4-byte field is s32 when signed, x32
-// when the print format shows it in hex, else u32; an 8-byte field is u64.
+// so that it prints as a bare value. A field of 1, 2, 4 or 8 bytes is s8
+// to s64 when signed; else x8 to x32 when the print format shows it in
+// hex (or its declaration names an x type), char for a 1-byte one it shows as '%c', else u8 to u64 (an 8-byte
+// hex field is the kernel's default type, printed as ptfs prints an
+// untyped argument); a __data_loc char[] is a string.
 func LoadEvents(events fs.FS) (map[uint16]*decode.Event, error) {
 	groups, err := fs.ReadDir(events, ".")
 	if err != nil {
@@ -131,12 +134,11 @@ func matchArgs(args []decode.Arg, s *probes.Spec) error {
 		if f.Name != a.Name {
 			return fmt.Errorf("argument %d is %q in the format, %q in the spec", i+1, f.Name, a.EffectiveName(i))
 		}
-		want := 8
-		if a.Type != decode.U64 {
-			want = 4
-		}
-		if f.Size != want {
+		if want := a.Type.Size(); f.Size != want {
 			return fmt.Errorf("argument %q has size %d in the format, %d for type %v", a.EffectiveName(i), f.Size, want, a.Type)
+		}
+		if f.Type.IsString() != a.Type.IsString() {
+			return fmt.Errorf("argument %q is %v in the format, %v in the spec", a.EffectiveName(i), f.Type, a.Type)
 		}
 		f.Type = a.Type
 	}
@@ -155,6 +157,7 @@ func ParseFormat(r io.Reader) (*decode.Event, error) {
 	var (
 		ev       *decode.Event
 		printFmt string
+		decls    []string // of the arguments
 	)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -171,27 +174,19 @@ func ParseFormat(r io.Reader) (*decode.Event, error) {
 		}
 		fname := decl[strings.LastIndexAny(decl, " \t*")+1:]
 		if fname == "__probe_ip" {
-			ev = &decode.Event{}
+			ev, decls = &decode.Event{}, nil
 			continue
 		}
 		if ev == nil {
 			continue // common fields
 		}
+		decls = append(decls, decl)
 		a := decode.Arg{Name: fname, Offset: off, Size: size}
 		if fname == "arg"+strconv.Itoa(len(ev.Args)+1) {
 			a.Name = ""
 		}
-		switch {
-		case size == 8:
-			a.Type = decode.U64
-		case size <= 4 && signed:
-			a.Type = decode.S32
-		case size <= 4:
-			a.Type = decode.U32
-			if strings.HasPrefix(decl, "x32 ") {
-				a.Type = decode.X32
-			}
-		default:
+		var ok bool
+		if a.Type, ok = fieldType(decl, size, signed); !ok {
 			return nil, fmt.Errorf("field %q: size %d: %w", fname, size, ErrBadEvent)
 		}
 		ev.Args = append(ev.Args, a)
@@ -202,13 +197,41 @@ func ParseFormat(r io.Reader) (*decode.Event, error) {
 	if ev == nil {
 		return nil, nil
 	}
+	convs := printConvs(printFmt, len(ev.Args))
+	if convs == nil {
+		convs = make([]string, len(ev.Args))
+	}
 	for i := range ev.Args {
 		a := &ev.Args[i]
-		if a.Type == decode.U32 && hexInPrintFmt(printFmt, i, len(ev.Args)) {
-			a.Type = decode.X32
+		if a.Type.Signed() || a.Type.IsString() || a.Type.Size() == 8 {
+			continue
+		}
+		switch {
+		case strings.Contains(convs[i], "=0x%") || strings.HasPrefix(decls[i], "x"):
+			a.Type = map[int]decode.ArgType{1: decode.X8, 2: decode.X16, 4: decode.X32}[a.Type.Size()]
+		case strings.HasSuffix(convs[i], "='%c'") && a.Type.Size() == 1:
+			a.Type = decode.Char
 		}
 	}
 	return ev, nil
+}
+
+// fieldType is the type of an argument field as its declaration, size and
+// signedness give it: a __data_loc char[] is a string, the others u or s
+// of their size. An 8-byte field is u64 unless signed: the kernel's
+// default type is x64, which ptfs prints in decimal, as records of an
+// untyped argument do.
+func fieldType(decl string, size int, signed bool) (decode.ArgType, bool) {
+	if strings.HasPrefix(decl, "__data_loc char[] ") {
+		return decode.String, size == 4
+	}
+	types := map[int][2]decode.ArgType{1: {decode.U8, decode.S8}, 2: {decode.U16, decode.S16},
+		4: {decode.U32, decode.S32}, 8: {decode.U64, decode.S64}}
+	t, ok := types[size]
+	if signed {
+		return t[1], ok
+	}
+	return t[0], ok
 }
 
 // parseField parses `field:DECL; offset:N; size:N; signed:N;`.
@@ -246,21 +269,32 @@ func parseField(line string) (decl string, off, size int, signed bool, err error
 	return decl, off, size, s != 0, nil
 }
 
-// hexInPrintFmt reports whether the print format prints argument i (of n)
-// in hex. The format string starts with "(%lx)" for __probe_ip, then one
-// NAME=CONV per argument.
-func hexInPrintFmt(pf string, i, n int) bool {
+// printConvs returns the NAME=CONV of each of the n arguments in a print
+// format: the quoted string starts with "(%lx)" for __probe_ip, then one
+// conversion per argument; a string's is NAME=\"%s\", escaped quotes
+// inside the quoted string. nil when the format does not have that shape.
+func printConvs(pf string, n int) []string {
 	q1 := strings.IndexByte(pf, '"')
 	if q1 < 0 {
-		return false
+		return nil
 	}
-	q2 := strings.IndexByte(pf[q1+1:], '"')
-	if q2 < 0 {
-		return false
+	end := -1
+	for i := q1 + 1; i < len(pf); i++ {
+		if pf[i] == '\\' {
+			i++
+			continue
+		}
+		if pf[i] == '"' {
+			end = i
+			break
+		}
 	}
-	convs := strings.Fields(pf[q1+1 : q1+1+q2])
+	if end < 0 {
+		return nil
+	}
+	convs := strings.Fields(pf[q1+1 : end])
 	if len(convs) != n+1 {
-		return false
+		return nil
 	}
-	return strings.Contains(convs[i+1], "=0x%")
+	return convs[1:]
 }

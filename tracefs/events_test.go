@@ -38,6 +38,32 @@ func TestParseFormat(t *testing.T) {
 				{Type: decode.S32, Offset: 28, Size: 4}, {Type: decode.U32, Offset: 32, Size: 4}},
 		},
 		{
+			name: "every type, as 6.18 wrote it for a probe of this machine",
+			in: common + "\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n" +
+				"\tfield:s64 a;\toffset:16;\tsize:8;\tsigned:1;\n" +
+				"\tfield:u64 ax;\toffset:24;\tsize:8;\tsigned:0;\n" +
+				"\tfield:u8 b;\toffset:32;\tsize:1;\tsigned:0;\n" +
+				"\tfield:s8 bs;\toffset:33;\tsize:1;\tsigned:1;\n" +
+				"\tfield:u8 bx;\toffset:34;\tsize:1;\tsigned:0;\n" +
+				"\tfield:s16 d;\toffset:35;\tsize:2;\tsigned:1;\n" +
+				"\tfield:u16 dx;\toffset:37;\tsize:2;\tsigned:0;\n" +
+				"\tfield:u16 e;\toffset:39;\tsize:2;\tsigned:0;\n" +
+				"\tfield:u32 bf;\toffset:41;\tsize:4;\tsigned:0;\n" +
+				"\tfield:u64 u;\toffset:45;\tsize:8;\tsigned:0;\n" +
+				"\tfield:__data_loc char[] str;\toffset:53;\tsize:4;\tsigned:1;\n" +
+				"\tfield:u8 c;\toffset:57;\tsize:1;\tsigned:0;\n" +
+				"\tfield:u32 x;\toffset:58;\tsize:4;\tsigned:0;\n\n" +
+				`print fmt: "(%lx) a=%Ld ax=0x%Lx b=%u bs=%d bx=0x%x d=%d dx=0x%x e=%u bf=%u u=%Lu str=\"%s\" c='%c' x=0x%x", ` +
+				"REC->__probe_ip, REC->a, REC->ax, REC->b, REC->bs, REC->bx, REC->d, REC->dx, REC->e, REC->bf, REC->u, __get_str(str), REC->c, REC->x\n",
+			want: []decode.Arg{{Name: "a", Type: decode.S64, Offset: 16, Size: 8}, {Name: "ax", Type: decode.U64, Offset: 24, Size: 8},
+				{Name: "b", Type: decode.U8, Offset: 32, Size: 1}, {Name: "bs", Type: decode.S8, Offset: 33, Size: 1},
+				{Name: "bx", Type: decode.X8, Offset: 34, Size: 1}, {Name: "d", Type: decode.S16, Offset: 35, Size: 2},
+				{Name: "dx", Type: decode.X16, Offset: 37, Size: 2}, {Name: "e", Type: decode.U16, Offset: 39, Size: 2},
+				{Name: "bf", Type: decode.U32, Offset: 41, Size: 4}, {Name: "u", Type: decode.U64, Offset: 45, Size: 8},
+				{Name: "str", Type: decode.String, Offset: 53, Size: 4}, {Name: "c", Type: decode.Char, Offset: 57, Size: 1},
+				{Name: "x", Type: decode.X32, Offset: 58, Size: 4}},
+		},
+		{
 			name: "named arg2 in first position stays named",
 			in: common + "\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n" +
 				"\tfield:u64 arg2;\toffset:16;\tsize:8;\tsigned:0;\n",
@@ -169,13 +195,16 @@ func FuzzParseFormat(f *testing.F) {
 	f.Add("\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:u32 b;\toffset:24;\tsize:4;\tsigned:0;\n" +
 		"print fmt: \"(%lx) b=0x%x\", REC->__probe_ip, REC->b\n")
 	f.Add("field:int x;\toffset:1;\n")
+	f.Add("\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:__data_loc char[] s;\toffset:16;\tsize:4;\tsigned:1;\n" +
+		"\tfield:u8 c;\toffset:20;\tsize:1;\tsigned:0;\n\tfield:s64 n;\toffset:21;\tsize:8;\tsigned:1;\n" +
+		`print fmt: "(%lx) s=\"%s\" c='%c' n=%Ld", REC->__probe_ip, __get_str(s), REC->c, REC->n` + "\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		ev, err := ParseFormat(strings.NewReader(s))
 		if err != nil || ev == nil {
 			return
 		}
 		for _, a := range ev.Args {
-			if a.Type > decode.X32 || a.Size > 8 || a.Offset < 0 {
+			if a.Type.Size() != a.Size || a.Offset < 0 {
 				t.Fatalf("arg %+v", a)
 			}
 		}

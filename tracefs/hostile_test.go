@@ -93,6 +93,12 @@ func TestHostileLines(t *testing.T) {
 				{"space in fetch", "e", b.FDPath(), arg("a", "%di %si"), false},
 				{"greater in fetch", "e", b.FDPath(), arg("a", ">%di"), false},
 				{"CR in fetch", "e", b.FDPath(), arg("a", "%di\r"), false},
+				{"every type", "e", b.FDPath(), spec(t, "sites a=%di:s8 b=%si:x16 c=+0(%si):string d=+0(%di):ustring e=+1(%si):char f=%ax:b3@2/16 g=%bx:s64"), true},
+				{"string on a register", "e", b.FDPath(), &probes.Spec{Args: []probes.Arg{{Name: "s", Fetch: "%di", Type: decode.String}}}, false},
+				{"quote after a string fetch", "e", b.FDPath(), arg("s", `+0(%si):string"`), false},
+				{"immediate string", "e", b.FDPath(), arg("s", `\"p:evil/e"`), false},
+				{"newline after a string type", "e", b.FDPath(), &probes.Spec{Args: []probes.Arg{{Name: "s", Fetch: "+0(%si):string\np:evil/e " + bin + ":0x10", Type: decode.String}}}, false},
+				{"bitfield outside its container", "e", b.FDPath(), &probes.Spec{Args: []probes.Arg{{Name: "s", Fetch: "%di", Type: decode.U8, Bits: decode.Bitfield{Width: 8, Offset: 4}}}}, false},
 			}
 			for _, tt := range tests {
 				before := events(t, tf)
@@ -174,7 +180,26 @@ func TestCheckCommand(t *testing.T) {
 		{"p:g/e /bin/true:0X10", false},
 		{"p:g/e /bin/true:16", false},
 		{"p:g/e /bin/true:0x10\n", false},
-		{"p:g/e /bin/true:0x10 a=%di:u16", false},
+		{"p:g/e /bin/true:0x10 a=%di:u16 +9(%di):char %si:s64 %ax:x8 +24(%di):b4@4/32 %bx:b64@0/64", true},
+		{"p:g/e /bin/true:0x10 s=+0(%si):string u=-8(%sp):ustring", true},
+		{"ptw:g/e /bin/true:0x10 %di:u32 %si:s32 %ax:x32 %bx", true},
+		{"ptw:g/e /bin/true:0x10 %di:u8", false},
+		{"ptw:g/e /bin/true:0x10 %di:s64", false},
+		{"ptw:g/e /bin/true:0x10 %di:b4@4/32", false},
+		{"ptw:g/e /bin/true:0x10 +0(%si):string", false},
+		{"p:g/e /bin/true:0x10 %di:u64", false},
+		{"p:g/e /bin/true:0x10 %di:string", false},
+		{"p:g/e /bin/true:0x10 $stack:ustring", false},
+		{"p:g/e /bin/true:0x10 +0(%si):string\"", false},
+		{"p:g/e /bin/true:0x10 +0(%si):\"string\"", false},
+		{"p:g/e /bin/true:0x10 \\\"x\":string", false},
+		{"p:g/e /bin/true:0x10 +0(%si):string#", false},
+		{"p:g/e /bin/true:0x10 +0(%si):symbol", false},
+		{"p:g/e /bin/true:0x10 +0(%si):u8[4]", false},
+		{"p:g/e /bin/true:0x10 %di:b4@04/32", false},
+		{"p:g/e /bin/true:0x10 %di:b4@0x4/32", false},
+		{"p:g/e /bin/true:0x10 %di:b4@30/32", false},
+		{"p:g/e /bin/true:0x10 %di:b32@0/32", true},
 		{"p:g/e /bin/true:0x10 a=%DI", false},
 		{"p:g/e\t/bin/true:0x10", false},
 		{"p:g /bin/true:0x10", false},
@@ -196,7 +221,8 @@ func TestCheckCommand(t *testing.T) {
 // FuzzCheckCommand: whatever CheckCommand passes is one line without a
 // comment, control byte or character outside the grammar's.
 func FuzzCheckCommand(f *testing.F) {
-	for _, s := range []string{"p:g/e /proc/1/fd/3:0x1180 a=%di", "ptw:g/e /a:0x1%multinop \\1 %nopace", "-:g/e"} {
+	for _, s := range []string{"p:g/e /proc/1/fd/3:0x1180 a=%di", "ptw:g/e /a:0x1%multinop \\1 %nopace", "-:g/e",
+		"p:g/e /a:0x1 s=+0(%si):string c=+1(%di):char", "p:g/e /a:0x1 %di:b4@4/32 %si:s64", "ptw:g/e /a:0x1 %di:x32"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, cmd string) {

@@ -97,7 +97,8 @@ const maxPath = 4095
 // "ptw:GRP/EVENT PATH:0xOFF[%multinop] [ARG...] [%nopace]", tokens split
 // by single spaces, GRP and EVENT C identifiers of at most 63 bytes, PATH
 // absolute of at most 4095 bytes in [A-Za-z0-9._/+,@~-], and every ARG
-// exactly as the spec parser prints it. Errors wrap ErrBadLine.
+// exactly as the spec parser prints it (in a ptw line, only of the types
+// probes.Spec.PTWWire gives). Errors wrap ErrBadLine.
 func CheckCommand(cmd string) error {
 	if rest, ok := strings.CutPrefix(cmd, "-:"); ok {
 		grp, ev, _ := strings.Cut(rest, "/")
@@ -145,6 +146,10 @@ func CheckCommand(cmd string) error {
 		a, err := probes.ParseArg(tok)
 		if err != nil || probes.ArgsText([]probes.Arg{a}) != " "+tok {
 			return badLine(cmd, fmt.Sprintf("argument %q is not in canonical form", tok))
+		}
+		// ptfs asks a ptwrite kernel only for the words its stub writes.
+		if w, err := (&probes.Spec{Args: []probes.Arg{a}}).PTWWire(); kind == "ptw" && (err != nil || w.Args[0] != a) {
+			return badLine(cmd, fmt.Sprintf("argument %q has a type that ptw lines do not take", tok))
 		}
 	}
 	return nil

@@ -179,7 +179,8 @@ func TestMatchArgs(t *testing.T) {
 		args[1].Name != "b" || args[1].Offset != 24 || args[1].Size != 4 || args[1].Type.String() != "s32" {
 		t.Errorf("matchArgs = %+v", args)
 	}
-	for _, spec := range []string{"0x10 %di", "0x10 %di c=%si:s32", "0x10 %di b=%si", "0x10 %di %si %ax"} {
+	for _, spec := range []string{"0x10 %di", "0x10 %di c=%si:s32", "0x10 %di b=%si", "0x10 %di %si %ax",
+		"0x10 %di b=+0(%si):string", "0x10 %di b=%si:u16", "0x10 %di b=%si:b4@0/16"} {
 		if a := parse(); matchArgs(a, mustParse(t, spec)) == nil {
 			t.Errorf("matchArgs(%q) = %+v, want a mismatch error", spec, a)
 		}

@@ -302,20 +302,30 @@ type Installed struct {
 // Install adds probe s at file offset off of path (a Binary's FDPath) as
 // GRP/EVENT: Line's line, ptw choosing the kind, added by AddProbe, then its
 // event read back by Event; an event that cannot be read gets its probe
-// removed again. The kernel's document of ptwrite uprobes both describes
-// u32/s32/x32 fetchargs and says typed suffixes are rejected: when the
-// kernel refuses a ptw: line with typed arguments, Install writes it again
-// without the types, and the untyped line's success shows that the types
-// were what it refused. When that fails too, the error is the typed
-// line's, with the untyped line's reason when it differs.
+// removed again. In ptw mode the kernel is asked for the words the stub
+// writes (probes.Spec.PTWWire: ptfs formats the narrower and 8-byte types,
+// strings are refused before any write). The kernel's document of ptwrite
+// uprobes both describes u32/s32/x32 fetchargs and says typed suffixes are
+// rejected: when the kernel refuses a ptw: line with typed arguments,
+// Install writes it again without the types, and the untyped line's
+// success shows that the types were what it refused. When that fails too,
+// the error is the typed line's, with the untyped line's reason when it
+// differs.
 func (t *Tracefs) Install(ptw bool, group, event, path string, off uint64, s *probes.Spec) (*Installed, error) {
-	line, err := Line(ptw, group, event, path, off, s)
+	ks := s
+	if ptw {
+		var err error
+		if ks, err = s.PTWWire(); err != nil {
+			return nil, err
+		}
+	}
+	line, err := Line(ptw, group, event, path, off, ks)
 	if err != nil {
 		return nil, err
 	}
-	in, ks := &Installed{Line: line}, s
+	in := &Installed{Line: line}
 	standIns, err := t.addProbe(line)
-	if u := untyped(s); err != nil && ptw && u != nil && len(standIns) == 0 && errors.Is(err, probes.ErrRefused) {
+	if u := untyped(ks); err != nil && ptw && u != nil && len(standIns) == 0 && errors.Is(err, probes.ErrRefused) {
 		uline, lerr := Line(ptw, group, event, path, off, u)
 		if lerr != nil {
 			return nil, errors.Join(err, lerr)
@@ -335,10 +345,15 @@ func (t *Tracefs) Install(ptw bool, group, event, path string, off uint64, s *pr
 	if err != nil {
 		return nil, errors.Join(err, t.RemoveProbe(group, event))
 	}
-	// The kernel's fields are u64 when untyped; the records print the
-	// spec's types.
+	// The kernel's fields are the stub's words in ptw mode (u64 when
+	// untyped); the records print the spec's types, and cut a ptw
+	// bitfield out of its container word (a classic probe's kernel cuts
+	// it itself).
 	for i := range ev.Args {
 		ev.Args[i].Type = s.Args[i].Type
+		if ptw {
+			ev.Args[i].Bits = s.Args[i].Bits
+		}
 	}
 	in.Event = ev
 	return in, nil

@@ -20,6 +20,13 @@ func runDecodeT(args ...string) (code int, stdout, stderr string) {
 
 // writeEvent writes a tracefs-like events tree with one 2-argument probe.
 func writeEvent(t *testing.T, group, name, id string) string {
+	return writeEventFormat(t, group, name, id, "\tfield:u64 arg1;\toffset:16;\tsize:8;\tsigned:0;\n"+
+		"\tfield:u64 rsi;\toffset:24;\tsize:8;\tsigned:0;\n")
+}
+
+// writeEventFormat writes a tracefs-like events tree with one probe whose
+// format has the given argument fields (and print fmt line).
+func writeEventFormat(t *testing.T, group, name, id, args string) string {
 	dir := t.TempDir()
 	ev := filepath.Join(dir, group, name)
 	if err := os.MkdirAll(ev, 0o755); err != nil {
@@ -27,9 +34,7 @@ func writeEvent(t *testing.T, group, name, id string) string {
 	}
 	format := "format:\n" +
 		"\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n" +
-		"\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n" +
-		"\tfield:u64 arg1;\toffset:16;\tsize:8;\tsigned:0;\n" +
-		"\tfield:u64 rsi;\toffset:24;\tsize:8;\tsigned:0;\n"
+		"\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n" + args
 	if err := os.WriteFile(filepath.Join(ev, "format"), []byte(format), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -209,5 +214,30 @@ func TestDecodeBadInput(t *testing.T) {
 		if code != tt.code || !strings.Contains(errs, tt.msg) {
 			t.Errorf("%s: exit %d, stderr %q; want exit %d and %q", tt.name, code, errs, tt.code, tt.msg)
 		}
+	}
+}
+
+// TestDecodeEventTypes: `--events` types each argument as its format file
+// says: an 8-byte field with signed:1 (s64) prints -1, not
+// 18446744073709551615; 4-byte ones signed or hex by the format.
+func TestDecodeEventTypes(t *testing.T) {
+	dir := writeEventFormat(t, "g", "e", "1730", "\tfield:s64 a;\toffset:16;\tsize:8;\tsigned:1;\n"+
+		"\tfield:u64 b;\toffset:24;\tsize:8;\tsigned:0;\n"+
+		"\tfield:s32 c;\toffset:32;\tsize:4;\tsigned:1;\n"+
+		"\tfield:u32 d;\toffset:36;\tsize:4;\tsigned:0;\n\n"+
+		"print fmt: \"(%lx) a=%Ld b=%Lu c=%d d=0x%x\", REC->__probe_ip, REC->a, REC->b, REC->c, REC->d\n")
+	e := ptenc.New()
+	e.PSB()
+	e.PSBEnd()
+	e.Probe(0x6c2, 0x7ffff0000000, true, 1<<64-1, 1<<64-1, 0xffff_fffe, 0x2a)
+	path := filepath.Join(t.TempDir(), "trace.pt")
+	if err := os.WriteFile(path, e.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runDecodeT("--events", dir, path)
+	want := "record 1: event=g/e id=0x6c2 args=[a=-1, b=18446744073709551615, c=-2, d=0x2a]\n" +
+		"summary: records=1 dropped=0 stray=0 unknown=0 errors=0\n"
+	if code != 0 || out != want {
+		t.Errorf("exit %d (%s), output:\n%s\nwant:\n%s", code, errs, out, want)
 	}
 }

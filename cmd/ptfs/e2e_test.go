@@ -152,8 +152,11 @@ func TestBadSpecs(t *testing.T) {
 		{"target %di %si %dx %cx %r8 %r9 %ax %bx %bp", einval, "8"},
 		{"target %xx", einval, "xx"},
 		{"target %eax", einval, "eax"},
-		{"target %di:u16", einval, "u16"},
-		{"target %di:string", einval, "string"},
+		{"target %di:u128", einval, "u128"},
+		{"target %di:string", einval, "+0(%si):string"},
+		{"target %di:symbol", einval, "only in kernel probes"},
+		{"target %di:b4@30/32", einval, "outside the 32-bit container"},
+		{"target @0x1234", einval, "@0x1234"},
 		{"target %nosuchopt", einval, "nosuchopt"},
 		{"target %return", "Operation not supported", "return"},
 		{"target +8(%si", einval, ""},
@@ -190,6 +193,10 @@ func TestBadSpecs(t *testing.T) {
 		text := m.probeText("t", name)
 		if !strings.Contains(text, "# error: ") || !strings.Contains(text, c.reason) {
 			t.Errorf("spec %q: probe file does not say why (want %q in it):\n%s", c.spec, c.reason, text)
+		}
+		// Classic mode's errors name its limits, not ptw mode's.
+		if !strings.Contains(c.spec, "%return") && strings.Contains(text, "ptwrite") {
+			t.Errorf("spec %q: a classic-mode error names ptwrite:\n%s", c.spec, text)
 		}
 	}
 	if after := uprobeLines(t, bin); strings.Join(after, "\n") != strings.Join(before, "\n") {

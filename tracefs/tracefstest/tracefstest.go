@@ -429,6 +429,26 @@ var fieldTypes = map[string]fieldType{
 	"u8": {"u8", 1, false, "%u"}, "u16": {"u16", 2, false, "%u"}, "u32": {"u32", 4, false, "%u"}, "u64": {"u64", 8, false, "%Lu"},
 	"s8": {"s8", 1, true, "%d"}, "s16": {"s16", 2, true, "%d"}, "s32": {"s32", 4, true, "%d"}, "s64": {"s64", 8, true, "%Ld"},
 	"x8": {"u8", 1, false, "0x%x"}, "x16": {"u16", 2, false, "0x%x"}, "x32": {"u32", 4, false, "0x%x"}, "x64": {"u64", 8, false, "0x%Lx"},
+	"char": {"u8", 1, false, "'%c'"}, "string": {"__data_loc char[]", 4, true, `\"%s\"`}, "ustring": {"__data_loc char[]", 4, true, `\"%s\"`},
+}
+
+// bitfieldType returns the field of a b<width>@<offset>/<container> type as
+// 6.18 shows it: the container's unsigned type, the bits cut out.
+func bitfieldType(typ string) (fieldType, bool) {
+	var w, o, c int
+	if n, err := fmt.Sscanf(typ, "b%d@%d/%d", &w, &o, &c); err != nil || n != 3 || w < 1 || w+o > c {
+		return fieldType{}, false
+	}
+	ft, ok := fieldTypes["u"+strconv.Itoa(c)]
+	return ft, ok
+}
+
+// lookupType returns the field of a fetcharg type.
+func lookupType(typ string) (fieldType, bool) {
+	if ft, ok := fieldTypes[typ]; ok {
+		return ft, true
+	}
+	return bitfieldType(typ)
 }
 
 // ptwTypes are the types the ptwrite stub can write.
@@ -455,7 +475,7 @@ func formatFile(name string, id int, args string) string {
 		if j := strings.LastIndexByte(rest, ':'); j >= 0 {
 			typ = rest[j+1:]
 		}
-		ft := fieldTypes[typ]
+		ft, _ := lookupType(typ)
 		s := 0
 		if ft.signed {
 			s = 1
@@ -463,7 +483,11 @@ func formatFile(name string, id int, args string) string {
 		fmt.Fprintf(&b, "\tfield:%s %s;\toffset:%d;\tsize:%d;\tsigned:%d;\n", ft.ctype, n, off, ft.size, s)
 		off += ft.size
 		prints = append(prints, n+"="+ft.print)
-		refs = append(refs, "REC->"+n)
+		if strings.HasPrefix(ft.ctype, "__data_loc") {
+			refs = append(refs, "__get_str("+n+")")
+		} else {
+			refs = append(refs, "REC->"+n)
+		}
 	}
 	fmt.Fprintf(&b, "\nprint fmt: \"%s\", %s\n", strings.Join(prints, " "), strings.Join(refs, ", "))
 	return b.String()
@@ -493,11 +517,14 @@ func parseArg(f string, n int, ptw bool) (arg, *refusal) {
 	if i := strings.LastIndexByte(fetch, ':'); i >= 0 {
 		a.typ = fetch[i+1:]
 		fetch = fetch[:i]
-		if _, ok := fieldTypes[a.typ]; !ok || ptw && !ptwTypes[a.typ] {
+		if _, ok := lookupType(a.typ); !ok || ptw && !ptwTypes[a.typ] {
 			return a, &refusal{syscall.EINVAL, "Unknown type is specified", at + i + 1}
 		}
 	}
 	a.fetch = fetch
+	if strings.HasSuffix(a.typ, "string") && !strings.HasSuffix(fetch, ")") {
+		return a, &refusal{syscall.EINVAL, "String type must be used with pointer deref", at}
+	}
 	switch {
 	case strings.HasPrefix(fetch, "%"):
 		if !x86Regs[fetch[1:]] {
