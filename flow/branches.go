@@ -114,6 +114,18 @@ func (b *Branches) SetContext(tid, cpu int32) {
 	b.recs.SetCPU(cpu)
 }
 
+// SetEvents replaces the probe events whose records the ptwrites carry
+// (a live mount adds and removes probes while it decodes).
+func (b *Branches) SetEvents(events map[uint16]*decode.Event) { b.recs.SetEvents(events) }
+
+// SetSymbolizer names addresses with sym from now on and forgets the
+// names cached from the previous one (a live decoder switching between
+// processes: the same address may hold other code in each).
+func (b *Branches) SetSymbolizer(sym Symbolizer) {
+	b.sym = sym
+	clear(b.cache)
+}
+
 // SetClock sets where the lines' time comes from (the Decoder, decoding
 // with Options.Time); with TimeConv set, lines carry ` time=`.
 func (b *Branches) SetClock(c TimeSource) { b.clock = c }

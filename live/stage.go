@@ -1,0 +1,390 @@
+// Package live is the decode stage of the live `branches` files (DESIGN §4):
+// it takes the raw Intel PT trace of a mount as an engine.TraceSink, decodes
+// each CPU's control flow (flow.Decoder) over the memory of the process that
+// ran (images.Processes, built from the side band and, for processes that
+// were running before tracing began, /proc/PID/maps), formats the lines with
+// flow.Branches, and hands each attached target the lines of its own code,
+// gap lines and its probe records, into its bounded `branches` stream.
+package live
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"ptfs/decode"
+	"ptfs/engine"
+	"ptfs/flow"
+	"ptfs/images"
+	"ptfs/perfdata"
+	"ptfs/stream"
+)
+
+// Sentinel errors of the stage.
+var (
+	// ErrAttached reports a second Attach of a target name.
+	ErrAttached = errors.New("target attached already")
+	// ErrNotAttached reports a Detach of a target not attached.
+	ErrNotAttached = errors.New("target not attached")
+)
+
+// Options configure a Stage. Zero values select defaults.
+type Options struct {
+	// Path maps a file name of the side band to the path it is read
+	// from; nil reads the name itself.
+	Path func(name string) string
+	// VDSO is the code of "[vdso]" mappings: ptfs's own (OwnVDSO), the
+	// kernel maps the same image into every process. nil: unknown code.
+	VDSO images.Source
+	// Maps reads the mappings of a process that the side band has not
+	// shown (it ran before tracing began); nil reads /proc/PID/maps.
+	Maps func(pid int32) ([]images.MapsEntry, error)
+	// Clock configures the time estimate from the trace's timing packets
+	// (with the TimeConv of a CPU, lines carry time=); nil: TSC packets
+	// alone.
+	Clock *decode.ClockConfig
+	// MinPiece is how many bytes of one CPU's trace the stand-in decoder
+	// holds before it decodes up to their last PSB (see pieces); default
+	// DefaultMinPiece. MaxHeld bounds the bytes held waiting for a PSB;
+	// default DefaultMaxHeld.
+	MinPiece, MaxHeld int
+}
+
+// Defaults of Options: pieces of 64 KiB (the streaming decoder's window)
+// and at most 4 MiB without a PSB (psb_period allows 2 to 64 KiB).
+const (
+	DefaultMinPiece = 64 << 10
+	DefaultMaxHeld  = 4 << 20
+)
+
+// Stats are the stage's counters (DESIGN §5, the branches lines of status).
+type Stats struct {
+	Bytes uint64 // trace bytes decoded or held
+	// Losses counts the trace losses of the source by cause; each that
+	// breaks the trace gave a gap line.
+	Losses [engine.NumLossKinds]uint64
+	// DecodeErrors counts the decoder's errors (each a gap: error line).
+	DecodeErrors uint64
+	// UnknownCode counts mappings whose code is not known (a file that
+	// cannot be read or matched, a vDSO without a dump, a process whose
+	// maps could not be read).
+	UnknownCode uint64
+	// Outside counts lines of code that no attached target owns, dropped.
+	Outside uint64
+	// Forced counts pieces cut without a PSB (more than MaxHeld bytes
+	// without one): the trace to the next PSB is lost, with a gap line.
+	Forced uint64
+	// Branches, Lines: branch lines and lines of any kind handed to the
+	// targets.
+	Branches, Lines uint64
+	// Manual counts manual ptwrites (given to every attached target).
+	Manual uint64
+}
+
+// Stage is the decode stage: an engine.TraceSink whose lines go to the
+// targets attached. The sink methods come from one goroutine at a time (the
+// source's reader); Attach, Detach, SetEvents and Stats from any.
+type Stage struct {
+	opts Options
+
+	mu      sync.Mutex
+	procs   *images.Processes
+	empty   *images.Space // the memory of a CPU whose process is unknown
+	cpus    []*cpuState   // by CPU number; nil until named
+	targets []*Target
+	events  map[uint16]*decode.Event
+	exits   []int32 // processes that exited, forgotten after the next decode
+	st      Stats
+	// mapsErrs counts processes whose /proc/PID/maps could not be read.
+	mapsErrs uint64
+}
+
+// maxCPUs bounds the CPU numbers the stage accepts (the kernel's NR_CPUS).
+const maxCPUs = 8192
+
+// New returns a stage with nothing attached.
+func New(o Options) *Stage {
+	if o.MinPiece <= 0 {
+		o.MinPiece = DefaultMinPiece
+	}
+	if o.MaxHeld <= 0 {
+		o.MaxHeld = DefaultMaxHeld
+	}
+	if o.Maps == nil {
+		o.Maps = procMaps
+	}
+	if o.Clock == nil {
+		o.Clock = &decode.ClockConfig{}
+	}
+	return &Stage{opts: o, procs: images.NewProcesses(images.Options{VDSO: o.VDSO, Path: o.Path}), empty: images.NewSpace()}
+}
+
+// Close releases the files the images read.
+func (s *Stage) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.procs.Close()
+}
+
+// Target is a target attached to the stage: its own code's lines, the gap
+// lines and its probe records go to its stream.
+type Target struct {
+	name string
+	// owns are the " (DSO)" texts of the target's file as lines name it
+	// (images names a mapping by the side band's file name).
+	owns  [][]byte
+	event []byte // "event=ptfs_NAME/": its probe records
+	out   *stream.Stream
+	seq   uint64 // its records in this stream
+	buf   []byte
+	lines uint64
+}
+
+// Attach makes the lines of code in a file named by one of paths (as the
+// side band names it: the kernel's path of the file), the records of event
+// group "ptfs_"+name and every gap line go to out.
+func (s *Stage) Attach(name string, paths []string, out *stream.Stream) error {
+	t := &Target{name: name, out: out, event: []byte("event=ptfs_" + name + "/")}
+	for _, p := range paths {
+		t.owns = append(t.owns, []byte(" ("+p+")"))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range s.targets {
+		if o.name == name {
+			return fmt.Errorf("%w: %s", ErrAttached, name)
+		}
+	}
+	s.targets = append(s.targets, t)
+	return nil
+}
+
+// Detach stops giving lines to target name. Trace already decoded went to
+// its stream; trace held by the decoder goes to the targets attached
+// when it is decoded (none: it is dropped, counted as outside).
+func (s *Stage) Detach(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, t := range s.targets {
+		if t.name == name {
+			s.targets = append(s.targets[:i], s.targets[i+1:]...)
+			if len(s.targets) == 0 {
+				// Nobody reads what is held; the next reader starts
+				// at the trace that comes then.
+				for _, c := range s.cpus {
+					if c != nil {
+						c.end()
+					}
+				}
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %s", ErrNotAttached, name)
+}
+
+// Attached tells how many targets are attached.
+func (s *Stage) Attached() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.targets)
+}
+
+// SetEvents gives the probe events whose records ptw trace carries: their
+// records are printed among the branches, in execution order.
+func (s *Stage) SetEvents(events map[uint16]*decode.Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = events
+	for _, c := range s.cpus {
+		if c != nil {
+			c.br.SetEvents(events)
+		}
+	}
+}
+
+// Stats returns the counters.
+func (s *Stage) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.st
+	st.UnknownCode = s.procs.Unknown() + s.mapsErrs
+	for _, c := range s.cpus {
+		if c != nil {
+			st.DecodeErrors += c.fd.Counters().Errors
+			if p, ok := c.dec.(*pieces); ok {
+				st.Forced += p.nForced
+			}
+		}
+	}
+	return st
+}
+
+// cpuLocked returns the state of cpu, made on first use, or nil for a CPU
+// number out of range.
+func (s *Stage) cpuLocked(cpu int) *cpuState {
+	if cpu >= 0 && cpu < len(s.cpus) && s.cpus[cpu] != nil {
+		return s.cpus[cpu]
+	}
+	if cpu < 0 || cpu >= maxCPUs {
+		return nil
+	}
+	for len(s.cpus) <= cpu {
+		s.cpus = append(s.cpus, nil)
+	}
+	c := &cpuState{s: s, cpu: int32(cpu), pid: -1, tid: -1}
+	c.mem.space = s.empty
+	c.fd = flow.New(&c.mem, flow.Options{Time: s.opts.Clock})
+	c.br = flow.NewBranches(c, &c.mem, &c.mem, s.events)
+	c.dec = newChunkDecoder(c.fd, c.br, s.opts.MinPiece, s.opts.MaxHeld)
+	c.br.SetContext(-1, int32(cpu))
+	c.br.SetClock(c.fd)
+	s.cpus[cpu] = c
+	return c
+}
+
+// TimeConv implements engine.TraceSink: lines carry time= from then on.
+func (s *Stage) TimeConv(cpu int, tc perfdata.TimeConv) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.cpuLocked(cpu); c != nil {
+		c.tc = tc
+		c.br.TimeConv = c.tc.NS
+	}
+}
+
+// Trace implements engine.TraceSink. With no target attached the trace is
+// not kept: nobody reads its lines.
+func (s *Stage) Trace(cpu int, data []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.targets) == 0 {
+		return
+	}
+	if c := s.cpuLocked(cpu); c != nil {
+		s.st.Bytes += uint64(len(data))
+		c.write(data)
+	}
+}
+
+// Loss implements engine.TraceSink: a loss that breaks the trace is a hole
+// (a `gap: error ... err=trace lost: CAUSE` line for every target, decoding
+// resumes at the next PSB); a flush ends the trace (the next starts with a
+// PSB+); lost side band is counted.
+func (s *Stage) Loss(cpu int, why engine.LossKind, n uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if why >= engine.NumLossKinds {
+		why = engine.LossHole
+	}
+	if why == engine.LossSideBand {
+		s.st.Losses[why] += n
+	} else {
+		s.st.Losses[why]++
+	}
+	c := s.cpuLocked(cpu)
+	switch {
+	case c == nil || why == engine.LossSideBand:
+	case why == engine.LossFlush:
+		// The event stopped for a moment: its trace goes on with a
+		// PSB+, a new trace.
+		c.end()
+	default:
+		c.gap(lossError{why})
+	}
+}
+
+// lossError is the cause of a hole: the loss's kind, as status names it.
+type lossError struct{ why engine.LossKind }
+
+func (e lossError) Error() string { return e.why.String() }
+
+// Side implements engine.TraceSink: mappings go into the process's
+// memory; ITRACE_START and switches say which process a CPU runs from now
+// on: the trace that comes after is decoded in its memory, with its thread
+// on the lines. (The side band reaches the sink before the AUX data that
+// covers the switch, so lines around a switch may name the next thread;
+// a side band applied by time puts them right.)
+func (s *Stage) Side(cpu int, ev *engine.SideEvent) {
+	if ev == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch ev.Kind {
+	case engine.SideMmap2:
+		s.space(ev.PID)
+		// A file that cannot be read is mapped as unknown code and
+		// counted (Processes.Unknown); its lines say [unknown].
+		_ = s.procs.Mmap(ev.PID, ev.Addr, ev.Len, ev.PgOff, ev.Filename)
+	case engine.SideExit:
+		if ev.PID == ev.TID {
+			s.exits = append(s.exits, ev.PID)
+		}
+	case engine.SideITraceStart, engine.SideSwitchIn, engine.SideSwitchOut:
+		c := s.cpuLocked(cpu)
+		if c == nil {
+			return
+		}
+		pid, tid := ev.PID, ev.TID
+		if ev.Kind == engine.SideSwitchOut {
+			pid, tid = ev.NextPID, ev.NextTID
+		}
+		if pid == c.pid && tid == c.tid {
+			return
+		}
+		c.switchTo(pid, tid)
+	}
+}
+
+// Round implements engine.TraceSink: with flush (the source stopped or
+// flushed its events) every CPU's trace is decoded to its end; exited
+// processes are forgotten.
+func (s *Stage) Round(flush bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.cpus {
+		if c != nil && flush {
+			c.end()
+		}
+	}
+	for _, pid := range s.exits {
+		if !s.runningLocked(pid) {
+			s.procs.Exit(pid)
+		}
+	}
+	s.exits = s.exits[:0]
+}
+
+// runningLocked tells whether a CPU's current process is pid.
+func (s *Stage) runningLocked(pid int32) bool {
+	for _, c := range s.cpus {
+		if c != nil && c.pid == pid {
+			return true
+		}
+	}
+	return false
+}
+
+// space returns the memory of pid, made from /proc/PID/maps when the side
+// band has not shown the process (it ran before tracing began).
+func (s *Stage) space(pid int32) *images.Space {
+	if sp, ok := s.procs.Space(pid); ok {
+		return sp
+	}
+	if pid < 0 {
+		return nil
+	}
+	s.procs.Exec(pid)
+	entries, err := s.opts.Maps(pid)
+	if err != nil {
+		// Its code stays unknown: counted, and its lines say so.
+		s.mapsErrs++
+	} else {
+		// Files that cannot be read are mapped as unknown code and
+		// counted by Processes.Unknown.
+		_ = s.procs.MapMaps(pid, entries)
+	}
+	sp, _ := s.procs.Space(pid)
+	return sp
+}

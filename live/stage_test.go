@@ -1,0 +1,290 @@
+package live
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"ptfs/decode"
+	"ptfs/engine"
+	"ptfs/engine/enginetest"
+	"ptfs/flow"
+	"ptfs/images"
+	"ptfs/internal/testkit"
+	"ptfs/stream"
+)
+
+// ptsimRun loads a ptsim run of the corpus; its binary is beside the runs.
+func ptsimRun(t testing.TB, name string) (*enginetest.Ptsim, string) {
+	t.Helper()
+	root := filepath.Join(testkit.Corpus(t), "ptsim")
+	run, err := enginetest.LoadPtsim(filepath.Join(root, name), root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return run, filepath.Join(root, "flow-static")
+}
+
+// offline decodes the run whole, as `ptfs decode --branches` does: the
+// reference of the live path.
+func offline(t testing.TB, run *enginetest.Ptsim, events map[uint16]*decode.Event, tid, cpu int32) string {
+	t.Helper()
+	vdso, err := images.LoadBlob(run.VDSO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := images.NewProcesses(images.Options{VDSO: vdso})
+	t.Cleanup(func() { p.Close() })
+	p.Exec(1)
+	if err := p.MapMaps(1, run.Maps); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := p.Space(1)
+	var out bytes.Buffer
+	b := flow.NewBranches(&out, s, s, events)
+	b.SetContext(tid, cpu)
+	flow.New(s, flow.Options{}).Decode(run.Trace, b)
+	b.Finish()
+	if err := b.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return out.String()
+}
+
+// own keeps the lines a target of bin gets: its branch and trace lines,
+// every other kind.
+func own(text, bin string) (kept string, dropped int) {
+	var b strings.Builder
+	for l := range strings.SplitSeq(strings.TrimSuffix(text, "\n"), "\n") {
+		if (strings.HasPrefix(l, "branch: ") || strings.HasPrefix(l, "trace: ")) && !strings.Contains(l, " ("+bin+")") {
+			dropped++
+			continue
+		}
+		b.WriteString(l + "\n")
+	}
+	return b.String(), dropped
+}
+
+// streamText reads all of s.
+func streamText(t testing.TB, s *stream.Stream) string {
+	t.Helper()
+	r := s.NewReader()
+	defer r.Close()
+	var out []byte
+	buf := make([]byte, 64<<10)
+	for off := int64(0); ; {
+		n, err := r.ReadAt(buf, off)
+		out = append(out, buf[:n]...)
+		off += int64(n)
+		if errors.Is(err, io.EOF) {
+			return string(out)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// newStage returns a stage with the run's vDSO and no /proc maps, that
+// decodes in pieces of minPiece bytes (0: the default).
+func newStage(t testing.TB, run *enginetest.Ptsim, minPiece int) *Stage {
+	t.Helper()
+	vdso, err := images.LoadBlob(run.VDSO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(Options{VDSO: vdso, MinPiece: minPiece, Maps: func(int32) ([]images.MapsEntry, error) { return nil, nil }})
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// play replays batches into s to their end.
+func play(t testing.TB, s engine.TraceSink, batches []enginetest.Batch) {
+	t.Helper()
+	r, err := enginetest.NewReplay(batches...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStagePtsim replays ptsim's recording of a real program into the stage
+// as the kernel would pass it (side band, then the trace in chunks cut
+// anywhere, a reader pass after each) and holds the target's branches to
+// the offline decoder on the whole trace, byte for byte: the lines of its
+// own code with tid= and cpu=, whatever the chunk size, also when decoded
+// in pieces between PSBs (the stand-in decoder, pieces, with a small
+// MinPiece: this trace has a PSB every 4 KiB).
+func TestStagePtsim(t *testing.T) {
+	run, bin := ptsimRun(t, "run-static")
+	want, dropped := own(offline(t, run, nil, 42, 3), bin)
+	if !strings.HasPrefix(want, "trace: start at 0x4016d0 _start+0x0 ("+bin+") tid=42 cpu=3\n") {
+		t.Fatalf("offline reference starts %q", want[:min(len(want), 200)])
+	}
+	for _, chunk := range []int{1 << 20, 4096, 1000, 17} {
+		s := newStage(t, run, chunk%4096)
+		out := stream.New(stream.Options{})
+		if err := s.Attach("t", []string{bin}, out); err != nil {
+			t.Fatal(err)
+		}
+		play(t, s, run.Batches(3, 7, 42, chunk))
+		if got := streamText(t, out); got != want {
+			t.Fatalf("chunk %d: %s", chunk, firstDiff(got, want))
+		}
+		st := s.Stats()
+		if st.Outside != uint64(dropped) || st.DecodeErrors != 0 || st.Bytes != uint64(len(run.Trace)) || st.Forced != 0 {
+			t.Errorf("chunk %d: stats %+v, want %d outside", chunk, st, dropped)
+		}
+	}
+}
+
+// fibEvent is the probe of run-static-ptw (id 0x6c2, at fib), as target t
+// of a mount names it.
+func fibEvent(target string) map[uint16]*decode.Event {
+	return map[uint16]*decode.Event{0x6c2: {ID: 0x6c2, Group: "ptfs_" + target, Name: "fib", Args: []decode.Arg{{}, {Name: "rsi"}}}}
+}
+
+// TestStagePtsimPTW replays the run with simulated ptw probe hits: the
+// records come among the branches, in execution order, exactly where the
+// offline decoder prints them, numbered in the target's stream; a second
+// target attached for other code gets the gap and manual lines only, and
+// none of t's lines or records.
+func TestStagePtsimPTW(t *testing.T) {
+	run, bin := ptsimRun(t, "run-static-ptw")
+	events := fibEvent("t")
+	want, _ := own(offline(t, run, events, 42, 0), bin)
+	if n := strings.Count(want, "record "); n != 987 {
+		t.Fatalf("offline reference has %d records, want 987", n)
+	}
+	s := newStage(t, run, 0)
+	s.SetEvents(events)
+	out, other := stream.New(stream.Options{}), stream.New(stream.Options{})
+	if err := s.Attach("t", []string{bin}, out); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Attach("u", []string{"/usr/bin/other"}, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Attach("t", nil, other); !errors.Is(err, ErrAttached) {
+		t.Errorf("second attach of t: %v", err)
+	}
+	play(t, s, run.Batches(0, 7, 42, 3000))
+	if got := streamText(t, out); got != want {
+		t.Fatalf("t's branches differ from the offline decoder's:\n%s", firstDiff(got, want))
+	}
+	if got := streamText(t, other); got != "" {
+		t.Errorf("u got %q", got[:min(len(got), 300)])
+	}
+	if err := s.Detach("u"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Detach("u"); !errors.Is(err, ErrNotAttached) {
+		t.Errorf("second detach: %v", err)
+	}
+}
+
+// firstDiff describes the first line where got and want differ.
+func firstDiff(got, want string) string {
+	gl, wl := strings.Split(got, "\n"), strings.Split(want, "\n")
+	for i := range min(len(gl), len(wl)) {
+		if gl[i] != wl[i] {
+			return fmt.Sprintf("line %d: got  %q\nwant %q", i, gl[i], wl[i])
+		}
+	}
+	return fmt.Sprintf("%d lines, want %d", len(gl), len(wl))
+}
+
+// TestStageLosses replays the run with the kernel's losses in the middle
+// (a truncated AUX record, a hole in the AUX offsets, lost side band, a
+// flush): each hole gives every target a gap line naming its cause where it
+// happened, decoding resumes at the next PSB with a sync line, the lines
+// around the holes are the offline decoder's, and status counts each
+// loss by cause.
+func TestStageLosses(t *testing.T) {
+	run, bin := ptsimRun(t, "run-static")
+	want, _ := own(offline(t, run, nil, 42, 3), bin)
+	wantLines := strings.Split(strings.TrimSuffix(want, "\n"), "\n")
+	s := newStage(t, run, 1)
+	out, other := stream.New(stream.Options{}), stream.New(stream.Options{})
+	if err := s.Attach("t", []string{bin}, out); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Attach("u", []string{"/usr/bin/other"}, other); err != nil {
+		t.Fatal(err)
+	}
+	b := run.Batches(3, 7, 42, 1500)
+	// Losses after the 3rd and 6th chunks (bytes 4500 and 9000), lost
+	// side band after the 4th.
+	var batches []enginetest.Batch
+	for i, x := range b {
+		batches = append(batches, x)
+		switch i {
+		case 3:
+			batches = append(batches, enginetest.Batch{3: {enginetest.Loss(engine.LossTruncated, 1)}})
+		case 4:
+			batches = append(batches, enginetest.Batch{3: {enginetest.Loss(engine.LossSideBand, 5)}})
+		case 6:
+			batches = append(batches, enginetest.Batch{3: {enginetest.Loss(engine.LossHole, 1)}})
+		}
+	}
+	play(t, s, batches)
+	got := strings.Split(strings.TrimSuffix(streamText(t, out), "\n"), "\n")
+	var gaps []string
+	for i, l := range got {
+		if !strings.HasPrefix(l, "gap: ") {
+			continue
+		}
+		if strings.Contains(l, " err=end of stream ") {
+			// The stand-in decodes the bytes before a hole to their
+			// end: a packet the hole cut is an error of its own.
+			if !strings.Contains(got[i+1], "err=trace lost: ") {
+				t.Errorf("%q not before a hole", l)
+			}
+			continue
+		}
+		gaps = append(gaps, l)
+		if i+1 >= len(got) || !strings.HasPrefix(got[i+1], "trace: sync at ") {
+			t.Errorf("after %q: %q, want a sync line", l, got[min(i+1, len(got)-1)])
+		}
+	}
+	wantGaps := []string{"gap: error offset=0x1194 err=trace lost: aux truncated tid=42 cpu=3",
+		"gap: error offset=0x2328 err=trace lost: aux hole tid=42 cpu=3"}
+	if strings.Join(gaps, "\n") != strings.Join(wantGaps, "\n") {
+		t.Errorf("gap lines\n%s\nwant\n%s", strings.Join(gaps, "\n"), strings.Join(wantGaps, "\n"))
+	}
+	// Before the first hole and after the last resync, the lines are the
+	// offline decoder's.
+	first := slices.IndexFunc(got, func(l string) bool { return strings.HasPrefix(l, "gap: ") })
+	if first < 100 || !slices.Equal(got[:first-1], wantLines[:first-1]) {
+		t.Errorf("the %d lines before the first hole differ from the offline decoder's", first)
+	}
+	last := len(got) - 1
+	for !strings.HasPrefix(got[last], "trace: sync at ") {
+		last--
+	}
+	tail := len(got) - last - 1
+	if tail < 100 || !slices.Equal(got[last+1:], wantLines[len(wantLines)-tail:]) {
+		t.Errorf("the %d lines after the last resync differ from the offline decoder's:\n%s", tail,
+			firstDiff(strings.Join(got[last+1:], "\n"), strings.Join(wantLines[len(wantLines)-tail:], "\n")))
+	}
+	for l := range strings.SplitSeq(strings.TrimSuffix(streamText(t, other), "\n"), "\n") {
+		if !strings.HasPrefix(l, "gap: ") {
+			t.Errorf("the other target got %q, want gap lines only", l)
+		}
+	}
+	st := s.Stats()
+	if st.Losses[engine.LossTruncated] != 1 || st.Losses[engine.LossHole] != 1 || st.Losses[engine.LossSideBand] != 5 {
+		t.Errorf("losses %v", st.Losses)
+	}
+	t.Logf("%d lines, %d offline; stats %+v", len(got), len(wantLines), st)
+}
