@@ -2,6 +2,7 @@ package live
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -25,10 +26,12 @@ func procMaps(pid int32) ([]images.MapsEntry, error) {
 	return entries, nil
 }
 
-// OwnVDSO returns the code of ptfs's own vDSO: the kernel maps one image
-// into every process, so it stands for theirs. It is read from
-// /proc/self/mem at the [vdso] mapping of /proc/self/maps.
-func OwnVDSO() (images.Source, error) {
+// OwnVDSO returns the code of ptfs's own vDSO, with its ELF symbols: the
+// kernel maps one image into every process, so it stands for theirs. It
+// is read from /proc/self/mem at the [vdso] mapping of /proc/self/maps,
+// through an unlinked temp file (images reads ELF files). Close releases
+// it.
+func OwnVDSO() (*images.ELF, error) {
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
 		return nil, fmt.Errorf("vdso: %w", err)
@@ -62,5 +65,18 @@ func OwnVDSO() (images.Source, error) {
 	if _, err := mem.ReadAt(buf, int64(start)); err != nil {
 		return nil, fmt.Errorf("vdso: read %#x-%#x: %w", start, end, err)
 	}
-	return images.NewBlob(buf), nil
+	tmp, err := os.CreateTemp("", "ptfs-vdso-*.so")
+	if err != nil {
+		return nil, fmt.Errorf("vdso: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, werr := tmp.Write(buf)
+	if err := errors.Join(werr, tmp.Close()); err != nil {
+		return nil, fmt.Errorf("vdso: %w", err)
+	}
+	e, err := images.OpenELF(tmp.Name())
+	if err != nil {
+		return nil, fmt.Errorf("vdso: %w", err)
+	}
+	return e, nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -75,19 +74,7 @@ func streamText(t testing.TB, s *stream.Stream) string {
 	t.Helper()
 	r := s.NewReader()
 	defer r.Close()
-	var out []byte
-	buf := make([]byte, 64<<10)
-	for off := int64(0); ; {
-		n, err := r.ReadAt(buf, off)
-		out = append(out, buf[:n]...)
-		off += int64(n)
-		if errors.Is(err, io.EOF) {
-			return string(out)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	return string(testkit.ReadStream(t, r))
 }
 
 // newStage returns a stage with the run's vDSO and no /proc maps, that
@@ -287,4 +274,20 @@ func TestStageLosses(t *testing.T) {
 		t.Errorf("losses %v", st.Losses)
 	}
 	t.Logf("%d lines, %d offline; stats %+v", len(got), len(wantLines), st)
+}
+
+// TestOwnVDSO reads ptfs's own vDSO with its symbols.
+func TestOwnVDSO(t *testing.T) {
+	e, err := OwnVDSO()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	found := false
+	for _, f := range e.File.Functions() {
+		found = found || strings.Contains(f.Name, "clock_gettime")
+	}
+	if !found || len(e.Bytes()) < 4096 {
+		t.Errorf("vDSO of %d bytes without clock_gettime", len(e.Bytes()))
+	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -219,13 +218,7 @@ func readMaps(path string) ([]images.MapsEntry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--maps: %w", err)
 	}
-	var keep []byte
-	for line := range bytes.Lines(data) {
-		if !bytes.HasPrefix(line, []byte("#")) {
-			keep = append(keep, line...)
-		}
-	}
-	entries, err := images.ParseMaps(keep)
+	entries, err := images.ParseMapsSnapshots(data)
 	if err != nil {
 		return nil, fmt.Errorf("--maps %s: %w", path, err)
 	}

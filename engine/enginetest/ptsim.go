@@ -1,7 +1,6 @@
 package enginetest
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -36,13 +35,7 @@ func LoadPtsim(run, dir string) (*Ptsim, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ptsim run: %w", err)
 	}
-	var keep []byte
-	for line := range bytes.Lines(text) {
-		if !bytes.HasPrefix(line, []byte("#")) {
-			keep = append(keep, line...)
-		}
-	}
-	maps, err := images.ParseMaps(keep)
+	maps, err := images.ParseMapsSnapshots(text)
 	if err != nil {
 		return nil, fmt.Errorf("ptsim run %s: %w", run, err)
 	}
