@@ -108,18 +108,24 @@ func (c *cpuState) gap(cause error) {
 }
 
 // Write takes the formatter's lines (whole lines, as flow.Branches writes
-// them) and routes each.
+// them) and routes each; a run of lines that go to a target goes to its
+// stream in one append, without a copy.
 func (c *cpuState) Write(p []byte) (int, error) {
-	n := len(p)
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
+	s := c.s
+	s.out = p
+	for off := 0; off < len(p); {
+		i := bytes.IndexByte(p[off:], '\n')
 		if i < 0 {
-			i = len(p) - 1
+			i = len(p) - off - 1
 		}
-		c.s.route(p[:i+1])
-		p = p[i+1:]
+		s.route(off, off+i+1)
+		off += i + 1
 	}
-	return n, nil
+	for _, t := range s.targets {
+		t.flush(p)
+	}
+	s.out = nil
+	return len(p), nil
 }
 
 // Line kinds, by prefix (DESIGN §5).
@@ -130,11 +136,13 @@ var (
 	prefixManual = []byte("manual ptwrite: ")
 )
 
-// route hands a line to the targets it belongs to: a branch or trace line
-// to those whose file it names, a record to the target of its event
-// (numbered in that stream), anything else (gap lines, manual ptwrites) to
-// every target. A line no target takes is counted (Outside).
-func (s *Stage) route(line []byte) {
+// route hands the line out[start:end] to the targets it belongs to: a
+// branch or trace line to those whose file it names, a record to the
+// target of its event (numbered in that stream), anything else (gap lines,
+// manual ptwrites) to every target. A line no target takes is counted
+// (Outside).
+func (s *Stage) route(start, end int) {
+	line := s.out[start:end]
 	switch {
 	case bytes.HasPrefix(line, prefixBranch), bytes.HasPrefix(line, prefixTrace):
 		branch := line[0] == 'b'
@@ -142,7 +150,7 @@ func (s *Stage) route(line []byte) {
 		for _, t := range s.targets {
 			for _, own := range t.owns {
 				if bytes.Contains(line, own) {
-					t.append(line)
+					t.take(s.out, start, end)
 					s.st.Lines++
 					sent = true
 					break
@@ -158,7 +166,7 @@ func (s *Stage) route(line []byte) {
 	case bytes.HasPrefix(line, prefixRecord):
 		for _, t := range s.targets {
 			if bytes.Contains(line, t.event) {
-				t.record(line)
+				t.record(s.out, line)
 				s.st.Lines++
 				return
 			}
@@ -168,35 +176,46 @@ func (s *Stage) route(line []byte) {
 		if bytes.HasPrefix(line, prefixManual) {
 			s.st.Manual++
 		}
-		s.toAll(line)
+		for _, t := range s.targets {
+			t.take(s.out, start, end)
+			s.st.Lines++
+		}
 	}
 }
 
-// toAll gives every target the line.
-func (s *Stage) toAll(line []byte) {
-	for _, t := range s.targets {
-		t.append(line)
-		s.st.Lines++
-	}
-}
-
-func (t *Target) append(line []byte) {
+// take adds the line p[start:end] to t's run of lines, which goes to its
+// stream when a line breaks it (flush).
+func (t *Target) take(p []byte, start, end int) {
 	t.lines++
-	t.out.Append(line)
+	if t.runEnd != start || t.runEnd == 0 {
+		t.flush(p)
+		t.runStart = start
+	}
+	t.runEnd = end
 }
 
-// record appends a record line numbered in t's stream: `record N:` counts
-// the records of this stream from 1.
-func (t *Target) record(line []byte) {
+// flush appends t's run of lines of p to its stream.
+func (t *Target) flush(p []byte) {
+	if t.runEnd > t.runStart {
+		t.out.Append(p[t.runStart:t.runEnd])
+	}
+	t.runStart, t.runEnd = 0, 0
+}
+
+// record appends a record line of p numbered in t's stream: `record N:`
+// counts the records of this stream from 1.
+func (t *Target) record(p, line []byte) {
 	i := bytes.IndexByte(line, ':')
 	if i < 0 {
 		return
 	}
+	t.flush(p)
 	t.seq++
 	t.buf = append(t.buf[:0], prefixRecord...)
 	t.buf = strconv.AppendUint(t.buf, t.seq, 10)
 	t.buf = append(t.buf, line[i:]...)
-	t.append(t.buf)
+	t.lines++
+	t.out.Append(t.buf)
 }
 
 // psb is the PSB packet: every piece the stand-in decodes starts at one.

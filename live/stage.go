@@ -92,6 +92,7 @@ type Stage struct {
 	empty   *images.Space // the memory of a CPU whose process is unknown
 	cpus    []*cpuState   // by CPU number; nil until named
 	targets []*Target
+	out     []byte // the formatter's output being routed (cpuState.Write)
 	events  map[uint16]*decode.Event
 	exits   []int32 // processes that exited, forgotten after the next decode
 	st      Stats
@@ -137,6 +138,9 @@ type Target struct {
 	out   *stream.Stream
 	seq   uint64 // its records in this stream
 	buf   []byte
+	// runStart, runEnd: the lines of the formatter's output that go to
+	// out next (take, flush).
+	runStart, runEnd int
 	lines uint64
 }
 
@@ -146,7 +150,7 @@ type Target struct {
 func (s *Stage) Attach(name string, paths []string, out *stream.Stream) error {
 	t := &Target{name: name, out: out, event: []byte("event=ptfs_" + name + "/")}
 	for _, p := range paths {
-		t.owns = append(t.owns, []byte(" ("+p+")"))
+		t.owns = append(t.owns, []byte("("+p+")"))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
