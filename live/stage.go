@@ -141,7 +141,7 @@ type Target struct {
 	// runStart, runEnd: the lines of the formatter's output that go to
 	// out next (take, flush).
 	runStart, runEnd int
-	lines uint64
+	lines            uint64
 }
 
 // Attach makes the lines of code in a file named by one of paths (as the
