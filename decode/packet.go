@@ -226,6 +226,22 @@ func (d *PacketDecoder) Reset(buf []byte) {
 	*d = PacketDecoder{buf: buf, sync: -1, reuseErr: d.reuseErr}
 }
 
+// Slide points d at buf, which holds the bytes of the old buffer from
+// offset drop on followed by more of the stream (a bounded window over a
+// stream that arrives in pieces): positions move down by drop, the last
+// IP and block context stay, a packet cut by the old buffer's end is
+// decoded again whole (its failure is forgotten), and a search for a PSB
+// that reached the end goes on in the new bytes.
+func (d *PacketDecoder) Slide(buf []byte, drop int) {
+	if d.pos < len(d.buf) {
+		d.failed = false
+	}
+	d.buf, d.pos = buf, max(0, d.pos-drop)
+	if d.sync -= drop; d.sync < 0 {
+		d.sync = -1
+	}
+}
+
 // Pos returns the offset of the next packet Next will decode, or of the
 // packet that made the last Next fail.
 func (d *PacketDecoder) Pos() uint64 { return uint64(d.pos) }
@@ -247,7 +263,8 @@ func (d *PacketDecoder) SyncForward() error {
 	start -= min(start, len(psbPattern)-1)
 	at := findPSB(d.buf, start)
 	if at < 0 {
-		d.pos = len(d.buf)
+		// Failed: the next Next searches on (in what Slide adds).
+		d.pos, d.failed = len(d.buf), true
 		return io.EOF
 	}
 	d.pos, d.sync = at, at

@@ -34,14 +34,7 @@ func (l *flowLog) Event(e *Event) {
 func TestNoInsnsSameFlow(t *testing.T) {
 	for _, name := range benchNames {
 		bt := loadBench(t, name)
-		bad := slices.Clone(bt.trace)
-		for i := 5000; i < len(bad); i += 50000 {
-			bad[i] ^= 0x5a
-		}
-		for _, tc := range []struct {
-			name  string
-			trace []byte
-		}{{"whole", bt.trace}, {"truncated", bt.trace[:len(bt.trace)*2/3]}, {"corrupted", bad}} {
+		for _, tc := range variants(bt.trace) {
 			t.Run(name+"/"+tc.name, func(t *testing.T) {
 				if c := sameFlow(t, bt.space, tc.trace, Options{}); tc.name == "corrupted" && c.Errors == 0 {
 					t.Fatal("the corrupted trace decodes without an error")
@@ -49,30 +42,10 @@ func TestNoInsnsSameFlow(t *testing.T) {
 			})
 		}
 	}
-	dir := filepath.Join(testkit.Corpus(t), "libipt")
-	ptts, _ := filepath.Glob(filepath.Join(dir, "*.ptt"))
-	if len(ptts) == 0 {
-		testkit.Unavailable(t, "no libipt tests in %s", dir)
-	}
 	var errs uint64
-	for _, ptt := range ptts {
-		base := strings.TrimSuffix(ptt, ".ptt")
-		src, err := os.ReadFile(ptt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := fuzzOrg.FindSubmatch(src)
-		code, err1 := os.ReadFile(base + ".bin")
-		trace, err2 := os.ReadFile(base + ".pt")
-		if m == nil || err1 != nil || err2 != nil {
-			continue // not assembled, or no code
-		}
-		org, err := strconv.ParseUint(string(m[1]), 0, 64)
-		if err != nil {
-			t.Fatalf("%s: org %s: %v", ptt, m[1], err)
-		}
-		t.Run("libipt/"+filepath.Base(base), func(t *testing.T) {
-			errs += sameFlow(t, &blob{base: org, code: code}, trace, Options{}).Errors
+	for _, lt := range libiptTraces(t) {
+		t.Run("libipt/"+lt.name, func(t *testing.T) {
+			errs += sameFlow(t, lt.mem, lt.trace, Options{}).Errors
 		})
 	}
 	if errs == 0 {
@@ -119,4 +92,58 @@ func FuzzNoInsns(f *testing.F) {
 		}
 		sameFlow(t, &blob{base: base, code: code}, trace, Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1})
 	})
+}
+
+// libiptTrace is a libipt test trace with the code it ran (its .bin at the
+// .ptt's org).
+type libiptTrace struct {
+	name  string
+	mem   *blob
+	trace []byte
+}
+
+// libiptTraces returns the corpus's assembled libipt tests that have code.
+func libiptTraces(t *testing.T) []libiptTrace {
+	t.Helper()
+	dir := filepath.Join(testkit.Corpus(t), "libipt")
+	ptts, _ := filepath.Glob(filepath.Join(dir, "*.ptt"))
+	if len(ptts) == 0 {
+		testkit.Unavailable(t, "no libipt tests in %s", dir)
+	}
+	var out []libiptTrace
+	for _, ptt := range ptts {
+		base := strings.TrimSuffix(ptt, ".ptt")
+		src, err := os.ReadFile(ptt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := fuzzOrg.FindSubmatch(src)
+		code, err1 := os.ReadFile(base + ".bin")
+		trace, err2 := os.ReadFile(base + ".pt")
+		if m == nil || err1 != nil || err2 != nil {
+			continue // not assembled, or no code
+		}
+		org, err := strconv.ParseUint(string(m[1]), 0, 64)
+		if err != nil {
+			t.Fatalf("%s: org %s: %v", ptt, m[1], err)
+		}
+		out = append(out, libiptTrace{filepath.Base(base), &blob{base: org, code: code}, trace})
+	}
+	return out
+}
+
+// variant is a trace as a test decodes it.
+type variant struct {
+	name  string
+	trace []byte
+}
+
+// variants are trace whole, truncated to two thirds, and corrupted (a
+// byte flipped every 50,000 from the 5,000th).
+func variants(trace []byte) []variant {
+	bad := slices.Clone(trace)
+	for i := 5000; i < len(bad); i += 50000 {
+		bad[i] ^= 0x5a
+	}
+	return []variant{{"whole", trace}, {"truncated", trace[:len(trace)*2/3]}, {"corrupted", bad}}
 }

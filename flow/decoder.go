@@ -140,6 +140,11 @@ type Decoder struct {
 	cache   blockCache
 	buf     [x86insn.MaxLen]byte
 	c       Counters
+
+	// src is the Stream feeding the packet decoder (nil in Decode), base
+	// the stream offset of the first byte the packet decoder holds.
+	src  *Stream
+	base uint64
 }
 
 // New returns a decoder that reads code from mem.
@@ -166,6 +171,12 @@ var errStop = errors.New("stop")
 // reported to h as EvError events (and counted); decoding resynchronises
 // after each.
 func (d *Decoder) Decode(trace []byte, h Handler) {
+	d.src, d.base = nil, 0
+	d.decode(trace, h)
+}
+
+// decode is Decode's loop; a Stream runs it over its window.
+func (d *Decoder) decode(trace []byte, h Handler) {
 	d.h = h
 	defer d.flushUnnamed()
 	d.resetPackets(trace)
@@ -220,7 +231,7 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 			d.h.Event(&d.errv)
 			continue
 		}
-		if d.opts.ResyncOnError && d.progressed() {
+		if d.opts.ResyncOnError && !errors.Is(err, ErrLost) && d.progressed() {
 			// Go on from here with tracing off: the next packet
 			// that gives an IP turns it on again.
 			mode, on := d.mode, d.enabled
@@ -236,7 +247,7 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 func (d *Decoder) progressed() bool {
 	pos := d.pos()
 	if d.hasBack {
-		pos = d.back.Offset
+		pos = d.base + d.back.Offset
 	}
 	ok := !d.errSeen || pos != d.errPos
 	d.errPos, d.errSeen = pos, true
@@ -260,11 +271,11 @@ func (d *Decoder) report(err error) {
 	// The offset of the next packet not consumed, as libipt reports.
 	off := d.pos()
 	if d.hasBack {
-		off = d.back.Offset
+		off = d.base + d.back.Offset
 	}
 	var pe *decode.PacketError
 	if errors.As(err, &pe) {
-		off = pe.Offset
+		off = d.base + pe.Offset
 		switch {
 		case errors.Is(err, decode.ErrBadOpcode):
 			err = ErrBadOpcode

@@ -1,6 +1,10 @@
 package flow
 
-import "ptfs/decode"
+import (
+	"errors"
+
+	"ptfs/decode"
+)
 
 // batchSize is how many packets the decoder decodes ahead: one call of the
 // packet decoder's batch loop instead of one per packet.
@@ -44,29 +48,49 @@ func (d *Decoder) nextPacket() error {
 		}
 		if err := b.err; err != nil {
 			b.err = nil
+			if err = d.more(err); err == nil {
+				continue
+			}
 			return err
 		}
 		n, err := d.pd.Decode(b.pkts[:])
 		b.i, b.n, b.err = 0, n, err
 		if n == 0 {
 			b.err = nil
+			if err = d.more(err); err == nil {
+				continue
+			}
 			return err
 		}
 	}
 }
 
-// pos is the offset of the next packet not read (by nextPacket), or of the
-// bytes that failed to decode.
+// pos is the stream offset of the next packet not read (by nextPacket), or
+// of the bytes that failed to decode.
 func (d *Decoder) pos() uint64 {
 	if d.pb.i < d.pb.n {
-		return d.pb.pkts[d.pb.i].Offset
+		return d.base + d.pb.pkts[d.pb.i].Offset
 	}
-	return d.pd.Pos()
+	return d.base + d.pd.Pos()
 }
 
-// syncForward moves to the next PSB from the next packet not read.
+// syncForward moves to the next PSB from the next packet not read; on a
+// Stream it waits for the bytes to search (more).
 func (d *Decoder) syncForward() error {
 	pos := d.pos()
 	d.pb.i, d.pb.n, d.pb.err = 0, 0, nil
-	return d.pd.SyncForwardFrom(pos)
+	for {
+		err := d.pd.SyncForwardFrom(pos - d.base)
+		if err == nil || d.src == nil {
+			return err
+		}
+		if err = d.more(err); errors.Is(err, ErrLost) {
+			// A hole while searching: told, and the search goes
+			// on after it.
+			d.report(err)
+		} else if err != nil {
+			return err
+		}
+		pos = d.base + d.pd.Pos()
+	}
 }

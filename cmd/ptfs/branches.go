@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -225,28 +226,30 @@ func readMaps(path string) ([]images.MapsEntry, error) {
 	return entries, nil
 }
 
-// listBranches implements `ptfs decode --branches`.
+// listBranches implements `ptfs decode --branches`. A raw trace is read
+// and decoded as a stream (flow.Stream), in pieces: memory does not grow
+// with the trace.
 func listBranches(w io.Writer, args []string) error {
 	a, err := parseBranchesArgs(args)
 	if err != nil {
 		return err
 	}
-	data, err := readTrace(a.trace)
+	in, closeIn, err := openTrace(a.trace)
 	if err != nil {
 		return err
 	}
-	if isPerfData(data) {
+	defer closeIn()
+	r := bufio.NewReaderSize(in, traceChunk)
+	if head, _ := r.Peek(8); isPerfData(head) {
+		data, err := io.ReadAll(r)
+		if err != nil {
+			return fmt.Errorf("read trace: %w", err)
+		}
 		return perfBranches(w, &a, data)
 	}
 	if len(a.raws)+len(a.elfs)+len(a.pages)+len(a.maps) == 0 {
 		return fmt.Errorf("%w: %w", errNoImage, flow.ErrBadOption)
 	}
-	streams, _, err := inputData(a.trace, data)
-	if err != nil {
-		return err
-	}
-	var trace []byte
-	streams[0].segments(func(d []byte, _ bool) { trace = d })
 	s, closeAll, err := branchImages(&a)
 	if err != nil {
 		return err
@@ -261,7 +264,14 @@ func listBranches(w io.Writer, args []string) error {
 	// Lines carry time= once a TSC conversion (perf.data) sets b.TimeConv
 	// and the decoder runs with Options.Time; raw PT has neither.
 	b.SetClock(d)
-	d.Decode(trace, b)
+	psb, err := streamTrace(r, flow.NewStream(d, b))
+	if err != nil {
+		return errors.Join(err, closeAll())
+	}
+	if !psb {
+		// PT streams start at a PSB; a file without one is no trace.
+		return errors.Join(fmt.Errorf("%s: neither perf.data nor raw Intel PT (no PSB packet): %w", a.trace, errNoTrace), closeAll())
+	}
 	b.Finish()
 	c, bc, rc := d.Counters(), b.Counters(), b.RecordCounters()
 	rc.Errors += c.Errors
@@ -273,6 +283,46 @@ func listBranches(w io.Writer, args []string) error {
 		return errors.Join(fmt.Errorf("write output: %w", err), closeAll())
 	}
 	return closeAll()
+}
+
+// traceChunk is the piece of a trace file read and decoded at a time.
+const traceChunk = 1 << 20
+
+// openTrace opens the trace file name ("-": standard input).
+func openTrace(name string) (io.Reader, func(), error) {
+	if name == "-" {
+		return os.Stdin, func() {}, nil
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read trace: %w", err)
+	}
+	return f, func() { _ = f.Close() }, nil
+}
+
+// streamTrace writes what r gives to s in pieces, closes s, and tells
+// whether the trace held a PSB (one may straddle two pieces).
+func streamTrace(r io.Reader, s *flow.Stream) (psb bool, err error) {
+	buf := make([]byte, traceChunk)
+	var edge []byte // the last bytes of the previous piece, then the first of this one
+	for {
+		n, err := io.ReadFull(r, buf)
+		if n > 0 {
+			if !psb {
+				edge = append(edge, buf[:min(n, 15)]...)
+				psb = decode.HasPSB(edge) || decode.HasPSB(buf[:n])
+				edge = append(edge[:0], buf[max(0, n-15):n]...)
+			}
+			_, _ = s.Write(buf[:n])
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return psb, s.Close()
+		}
+		if err != nil {
+			_ = s.Close()
+			return psb, fmt.Errorf("read trace: %w", err)
+		}
+	}
 }
 
 // branchEvents loads the probe events of --events (none without it).
