@@ -2,8 +2,6 @@ package live
 
 import (
 	"bytes"
-	"errors"
-	"fmt"
 	"strconv"
 
 	"ptfs/flow"
@@ -20,32 +18,10 @@ type cpuState struct {
 	pid, tid int32
 	mem      spaceMemory
 	symGen   uint64        // mem's generation when the formatter's names were cached
-	fd       *flow.Decoder // kept across chunk decoders: its block cache
-	dec      chunkDecoder
+	fd       *flow.Decoder // kept across streams: its block cache
+	dec      *flow.Stream  // the trace since the CPU's events last started
 	br       *flow.Branches
 	tc       perfdata.TimeConv
-}
-
-// chunkDecoder is what the stage needs of a streaming flow decoder, with
-// the methods of flow's: one CPU's trace as it comes, cut anywhere, decoded
-// into the Handler it was made with as far as the bytes decide the flow
-// (Write); a hole where trace was lost (Gap: a gap line, then the flow
-// resumes at the next PSB); the end of the trace (Close: a stopped or
-// flushed event, whose next trace starts with a PSB+). After Close the
-// stage makes a new one (newChunkDecoder) over the same flow.Decoder, so
-// the block cache is kept. pieces is the stand-in until the streaming
-// decoder of package flow (flow.NewStream), which keeps the flow across
-// chunks, takes its place.
-type chunkDecoder interface {
-	Write(p []byte) (int, error)
-	Gap(cause error)
-	Close() error
-}
-
-// newChunkDecoder makes the chunk decoder of a CPU over d into h; where the
-// streaming decoder of package flow goes.
-func newChunkDecoder(d *flow.Decoder, h flow.Handler, minPiece, maxHeld int) chunkDecoder {
-	return &pieces{d: d, f: endFilter{h: h}, min: minPiece, max: maxHeld}
 }
 
 // spaceMemory is the memory of the process a CPU runs, for the decoder
@@ -69,8 +45,8 @@ func (c *cpuState) switchTo(pid, tid int32) {
 }
 
 // useSpace points the memory at the current process's space (a new one
-// after exec, an empty one for an unknown process) and drops the names
-// cached from other code.
+// after exec, an empty one for an unknown process) and, when it or its
+// mappings changed, drops the code and names decoded from other bytes.
 func (c *cpuState) useSpace() {
 	sp := c.s.space(c.pid)
 	if sp == nil {
@@ -78,6 +54,7 @@ func (c *cpuState) useSpace() {
 	}
 	if sp != c.mem.space || sp.Generation() != c.symGen {
 		c.mem.space, c.symGen = sp, sp.Generation()
+		c.fd.MemoryChanged()
 		c.br.SetSymbolizer(&c.mem)
 	}
 }
@@ -85,8 +62,10 @@ func (c *cpuState) useSpace() {
 // write passes trace bytes to the decoder and hands the lines out.
 func (c *cpuState) write(data []byte) {
 	c.useSpace()
-	_, _ = c.dec.Write(data) // a chunkDecoder takes all
-	_ = c.br.Flush()         // Write never fails
+	// A Stream takes all bytes until Close, after which end made a new
+	// one; the stage's Write never fails.
+	_, _ = c.dec.Write(data)
+	_ = c.br.Flush()
 }
 
 // end ends the CPU's trace (the event stopped or was flushed): what is
@@ -96,7 +75,7 @@ func (c *cpuState) end() {
 	_ = c.dec.Close()
 	c.br.Finish()
 	_ = c.br.Flush()
-	c.dec = newChunkDecoder(c.fd, c.br, c.s.opts.MinPiece, c.s.opts.MaxHeld)
+	c.dec = flow.NewStream(c.fd, c.br)
 }
 
 // gap reports trace lost by cause: a gap line, then the flow resumes at
@@ -216,93 +195,4 @@ func (t *Target) record(p, line []byte) {
 	t.buf = append(t.buf, line[i:]...)
 	t.lines++
 	t.out.Append(t.buf)
-}
-
-// psb is the PSB packet: every piece the stand-in decodes starts at one.
-var psb = []byte{2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82}
-
-// errLost is the error of a hole (Gap), as the streaming decoder reports it.
-var errLost = errors.New("trace lost")
-
-// pieces is the stand-in for a streaming flow decoder (chunkDecoder): it
-// holds a CPU's trace and, once at least min bytes are held, decodes them
-// with flow.Decoder.Decode up to the last PSB, so that each piece after the
-// first starts at a PSB, where the decoder synchronises. The end of a piece
-// that the trace goes on after is not reported (endFilter): the lines run
-// on across pieces. What this cannot keep across a cut, unlike a streaming
-// decoder: the call stack of return compression (reset at each piece, as
-// at a resynchronisation), a direct jump or call in the last bytes before
-// the PSB, which no packet of the piece confirms (its line comes after
-// lines the next piece gives it, or is missing), and a probe record read
-// before it (printed before that branch). More than max bytes without a
-// PSB are decoded whole (counted as forced): the next bytes resume at
-// their first PSB.
-type pieces struct {
-	d        *flow.Decoder
-	f        endFilter
-	held     []byte
-	min, max int
-	pos      uint64 // stream offset of held[0]
-	nForced  uint64
-}
-
-func (p *pieces) Write(data []byte) (int, error) {
-	p.held = append(p.held, data...)
-	if len(p.held) < p.min {
-		return len(data), nil
-	}
-	cut := bytes.LastIndex(p.held, psb)
-	switch {
-	case cut > 0:
-		p.decode(cut, false)
-	case len(p.held) > p.max:
-		p.nForced++
-		p.decode(len(p.held), true)
-	}
-	return len(data), nil
-}
-
-// Gap decodes what is held to its end and reports the hole.
-func (p *pieces) Gap(cause error) {
-	p.decode(len(p.held), true)
-	err := errLost
-	if cause != nil {
-		err = fmt.Errorf("%w: %w", errLost, cause)
-	}
-	p.f.h.Event(&flow.Event{Kind: flow.EvError, Offset: p.pos, Err: err})
-}
-
-// Close decodes what is held to its end.
-func (p *pieces) Close() error {
-	p.decode(len(p.held), true)
-	return nil
-}
-
-// decode decodes held[:cut], reporting its end when whole.
-func (p *pieces) decode(cut int, whole bool) {
-	if cut == 0 {
-		return
-	}
-	p.f.keepEnd = whole
-	p.d.Decode(p.held[:cut], &p.f)
-	p.pos += uint64(cut)
-	p.held = p.held[:copy(p.held, p.held[cut:])]
-}
-
-// endFilter passes the flow on but for the end of a piece that the trace
-// goes on after.
-type endFilter struct {
-	h       flow.Handler
-	keepEnd bool
-}
-
-func (f *endFilter) Insn(in *flow.Insn) { f.h.Insn(in) }
-
-func (f *endFilter) Branch(from, to uint64, k flow.BranchKind) { f.h.Branch(from, to, k) }
-
-func (f *endFilter) Event(e *flow.Event) {
-	if e.Kind == flow.EvEnd && !f.keepEnd {
-		return
-	}
-	f.h.Event(e)
 }

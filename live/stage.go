@@ -43,19 +43,7 @@ type Options struct {
 	// (with the TimeConv of a CPU, lines carry time=); nil: TSC packets
 	// alone.
 	Clock *decode.ClockConfig
-	// MinPiece is how many bytes of one CPU's trace the stand-in decoder
-	// holds before it decodes up to their last PSB (see pieces); default
-	// DefaultMinPiece. MaxHeld bounds the bytes held waiting for a PSB;
-	// default DefaultMaxHeld.
-	MinPiece, MaxHeld int
 }
-
-// Defaults of Options: pieces of 64 KiB (the streaming decoder's window)
-// and at most 4 MiB without a PSB (psb_period allows 2 to 64 KiB).
-const (
-	DefaultMinPiece = 64 << 10
-	DefaultMaxHeld  = 4 << 20
-)
 
 // Stats are the stage's counters (DESIGN §5, the branches lines of status).
 type Stats struct {
@@ -71,9 +59,6 @@ type Stats struct {
 	UnknownCode uint64
 	// Outside counts lines of code that no attached target owns, dropped.
 	Outside uint64
-	// Forced counts pieces cut without a PSB (more than MaxHeld bytes
-	// without one): the trace to the next PSB is lost, with a gap line.
-	Forced uint64
 	// Branches, Lines: branch lines and lines of any kind handed to the
 	// targets.
 	Branches, Lines uint64
@@ -105,12 +90,6 @@ const maxCPUs = 8192
 
 // New returns a stage with nothing attached.
 func New(o Options) *Stage {
-	if o.MinPiece <= 0 {
-		o.MinPiece = DefaultMinPiece
-	}
-	if o.MaxHeld <= 0 {
-		o.MaxHeld = DefaultMaxHeld
-	}
 	if o.Maps == nil {
 		o.Maps = procMaps
 	}
@@ -216,9 +195,6 @@ func (s *Stage) Stats() Stats {
 	for _, c := range s.cpus {
 		if c != nil {
 			st.DecodeErrors += c.fd.Counters().Errors
-			if p, ok := c.dec.(*pieces); ok {
-				st.Forced += p.nForced
-			}
 		}
 	}
 	return st
@@ -240,7 +216,7 @@ func (s *Stage) cpuLocked(cpu int) *cpuState {
 	c.mem.space = s.empty
 	c.fd = flow.New(&c.mem, flow.Options{Time: s.opts.Clock})
 	c.br = flow.NewBranches(c, &c.mem, &c.mem, s.events)
-	c.dec = newChunkDecoder(c.fd, c.br, s.opts.MinPiece, s.opts.MaxHeld)
+	c.dec = flow.NewStream(c.fd, c.br)
 	c.br.SetContext(-1, int32(cpu))
 	c.br.SetClock(c.fd)
 	s.cpus[cpu] = c
