@@ -107,8 +107,16 @@ func NewBranches(w io.Writer, mem Memory, sym Symbolizer, events map[uint16]*dec
 }
 
 // SetContext sets the thread and CPU printed with each line; negative
-// means unknown (left out).
+// means unknown (left out). A change ends a probe record (its words do
+// not continue in another thread), and a stop at a far transfer that no
+// enable resumed yet is told as a stop in the old context: the thread
+// that made the syscall is not the one that goes on.
 func (b *Branches) SetContext(tid, cpu int32) {
+	if tid == b.tid && cpu == b.cpu {
+		return
+	}
+	b.endFar()
+	b.recs.ContextSwitch()
 	b.tid, b.cpu = tid, cpu
 	b.recs.SetTID(tid)
 	b.recs.SetCPU(cpu)
@@ -118,12 +126,22 @@ func (b *Branches) SetContext(tid, cpu int32) {
 // (a live mount adds and removes probes while it decodes).
 func (b *Branches) SetEvents(events map[uint16]*decode.Event) { b.recs.SetEvents(events) }
 
-// SetSymbolizer names addresses with sym from now on and forgets the
-// names cached from the previous one (a live decoder switching between
-// processes: the same address may hold other code in each).
-func (b *Branches) SetSymbolizer(sym Symbolizer) {
-	b.sym = sym
+// SymbolsChanged is called before the memory and the Symbolizer change
+// (a context switch, an exec, an mmap): a stop at a far transfer that no
+// enable resumed yet is told as a stop, named in the old memory (an
+// exec's syscall does not return to its own code), and the names looked
+// up so far are forgotten.
+func (b *Branches) SymbolsChanged() {
+	b.endFar()
 	clear(b.cache)
+}
+
+// endFar tells a stop at a far transfer that no enable resumed.
+func (b *Branches) endFar() {
+	if b.farOK {
+		b.farOK = false
+		b.trace("stop after", b.far)
+	}
 }
 
 // SetClock sets where the lines' time comes from (the Decoder, decoding
@@ -151,10 +169,7 @@ func (b *Branches) Manual(m *decode.Manual) {
 // transfer that nothing resumed gets its line.
 func (b *Branches) Finish() {
 	b.recs.End()
-	if b.farOK {
-		b.farOK = false
-		b.trace("stop after", b.far)
-	}
+	b.endFar()
 }
 
 // RecordCounters returns the counters of the records and ptwrites

@@ -170,3 +170,8 @@ func (p *Processes) Close() error {
 	p.files = map[string]fileSource{}
 	return errors.Join(errs...)
 }
+
+// Forget drops every address space and keeps the files read: the side
+// band applied again from its start (one CPU's trace after another's, each
+// following the processes over time) reads no file twice.
+func (p *Processes) Forget() { clear(p.spaces) }

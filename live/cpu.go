@@ -55,7 +55,7 @@ func (c *cpuState) useSpace() {
 	if sp != c.mem.space || sp.Generation() != c.symGen {
 		c.mem.space, c.symGen = sp, sp.Generation()
 		c.fd.MemoryChanged()
-		c.br.SetSymbolizer(&c.mem)
+		c.br.SymbolsChanged()
 	}
 }
 

@@ -38,10 +38,18 @@ const (
 	recCompressed       = 81
 	recCompressed2      = 83
 	auxtraceRecordSize  = 48 // struct perf_record_auxtrace
-	auxFlagTruncated    = 0x01
-	auxFlagPartial      = 0x04
-	auxFlagCollision    = 0x08
 	auxtraceTypeIntelPT = 1
+)
+
+// PERF_RECORD_AUX flags (Event.AuxFlags): data the kernel lost.
+const (
+	// AuxTruncated: the AUX buffer was full; what followed was lost.
+	AuxTruncated = 0x01
+	// AuxPartial: the record covers a partial snapshot.
+	AuxPartial = 0x04
+	// AuxCollision: samples collided (data overwritten).
+	AuxCollision = 0x08
+	auxLossFlags = AuxTruncated | AuxPartial | AuxCollision
 )
 
 const magic = "PERFILE2"
@@ -62,7 +70,7 @@ type File struct {
 	// AuxtraceErrors counts PERF_RECORD_AUXTRACE_ERROR records.
 	LostAux, LostEvents, AuxtraceErrors uint64
 	// Events are the side-band records (MMAP, MMAP2, COMM, FORK, EXIT,
-	// ITRACE_START) in file order.
+	// ITRACE_START, SWITCH, SWITCH_CPU_WIDE, AUX, LOST) in file order.
 	Events []Event
 	// BuildIDs are the build ids perf recorded (HEADER_BUILD_ID), by
 	// file name.
@@ -174,10 +182,12 @@ const (
 	trailerBits      = sampleTID | sampleTime | sampleID | sampleCPU | sampleStreamID | sampleIdentifier
 )
 
-// attr keeps what the sample_id trailer layout depends on.
+// attr keeps what the sample_id trailer layout depends on, and the ids
+// of the events it was opened for (PERF_SAMPLE_IDENTIFIER tells them).
 type attr struct {
 	sampleType uint64
 	idAll      bool
+	ids        []uint64
 }
 
 // Parse reads a perf.data file held in memory. The chunks of the result
@@ -221,7 +231,11 @@ func Parse(data []byte) (*File, error) {
 		}
 		for off := uint64(0); off+attrSize <= uint64(len(attrs)); off += attrSize {
 			// perf_file_attr: perf_event_attr then its ids section.
-			p.addAttr(attrs[off : off+attrSize-16])
+			var ids []byte
+			if sec, err := section(data, int(binary.LittleEndian.Uint64(data[24:])+off+attrSize-16), "attr ids"); err == nil {
+				ids = sec
+			}
+			p.addAttr(attrs[off:off+attrSize-16], ids)
 		}
 	}
 	base := binary.LittleEndian.Uint64(data[40:])
@@ -253,6 +267,14 @@ type parser struct {
 	losses []loss
 	// starts are the ITRACE_START records, which tell a buffer's pid.
 	starts []start
+	// trailers are the records of f.Events after their headers, whose
+	// sample_id trailers give the events' time and CPU.
+	trailers [][]byte
+	// layout is the trailer layout every attribute shares (sameLayout),
+	// else byID has each attribute's by event id.
+	layout     uint64
+	sameLayout bool
+	byID       map[uint64]uint64
 }
 
 type start struct {
@@ -266,9 +288,13 @@ type loss struct {
 }
 
 // addAttr keeps what matters of a perf_event_attr (at least 16 bytes have
-// been checked by the caller; shorter versions lack the fields).
-func (p *parser) addAttr(b []byte) {
-	var a attr
+// been checked by the caller; shorter versions lack the fields) and the
+// ids of its events (u64s).
+func (p *parser) addAttr(b, ids []byte) {
+	a := attr{}
+	for ; len(ids) >= 8; ids = ids[8:] {
+		a.ids = append(a.ids, binary.LittleEndian.Uint64(ids))
+	}
 	if len(b) >= 32 {
 		a.sampleType = binary.LittleEndian.Uint64(b[24:])
 	}
@@ -300,6 +326,7 @@ func (p *parser) records(data []byte, off, end uint64) error {
 		}
 		if ok {
 			p.f.Events = append(p.f.Events, ev)
+			p.trailers = append(p.trailers, rec[8:])
 			if ev.Kind == ItraceStart {
 				p.starts = append(p.starts, start{pid: ev.PID, tid: ev.TID, trailer: rec[16:]})
 			}
@@ -326,13 +353,13 @@ func (p *parser) records(data []byte, off, end uint64) error {
 			}
 		case recHeaderAttr:
 			// struct perf_record_header_attr: the attr, then ids.
-			a := rec[8:]
+			a, ids := rec[8:], []byte(nil)
 			if len(a) >= 8 {
 				asz := uint64(binary.LittleEndian.Uint32(a[4:]))
 				if asz >= 8 && asz <= uint64(len(a)) {
-					a = a[:asz]
+					a, ids = a[:asz], a[asz:]
 				}
-				p.addAttr(a)
+				p.addAttr(a, ids)
 			}
 		case recAux:
 			if size < 32 {
@@ -341,7 +368,7 @@ func (p *parser) records(data []byte, off, end uint64) error {
 			auxOff := binary.LittleEndian.Uint64(rec[8:])
 			auxSize := binary.LittleEndian.Uint64(rec[16:])
 			flags := binary.LittleEndian.Uint64(rec[24:])
-			if flags&(auxFlagTruncated|auxFlagPartial|auxFlagCollision) != 0 {
+			if flags&auxLossFlags != 0 {
 				p.losses = append(p.losses, loss{end: auxOff + auxSize, trailer: rec[32:]})
 			}
 		case recLost:
@@ -436,21 +463,20 @@ func (p *parser) auxtraceInfo(rec []byte) {
 }
 
 // finish attributes the AUX losses to buffers through the sample_id
-// trailer, when every attribute lays it out the same way.
+// trailer, and gives the side-band events their time and CPU.
 func (p *parser) finish() *File {
-	layout, ok := uint64(0), len(p.attrs) > 0
-	for i, a := range p.attrs {
-		if !a.idAll || (i > 0 && a.sampleType&trailerBits != layout) {
-			ok = false
-			break
+	p.layouts()
+	for i := range p.f.Events {
+		p.f.Events[i].CPU = -1
+		if s, found := p.sample(p.trailers[i]); found {
+			p.f.Events[i].setSample(s)
 		}
-		layout = a.sampleType & trailerBits
 	}
 	for _, b := range p.f.Buffers {
 		b.PID = -1
 	}
 	for _, s := range slices.Backward(p.starts) {
-		if b := p.buffer(s.trailer, layout, ok); b != nil {
+		if b := p.buffer(s.trailer); b != nil {
 			b.PID = s.pid
 		} else if b := p.threadBuffer(s.tid); b != nil {
 			b.PID = s.pid
@@ -466,7 +492,7 @@ func (p *parser) finish() *File {
 		}
 	}
 	for _, l := range p.losses {
-		b := p.buffer(l.trailer, layout, ok)
+		b := p.buffer(l.trailer)
 		if b == nil {
 			p.f.LostAux++
 			continue
@@ -481,13 +507,13 @@ func (p *parser) finish() *File {
 
 // buffer returns the buffer a record with the sample_id trailer t belongs
 // to, nil if that cannot be told.
-func (p *parser) buffer(t []byte, layout uint64, ok bool) *Buffer {
-	cpu, tid, found := trailerIDs(t, layout)
-	if !ok || !found {
+func (p *parser) buffer(t []byte) *Buffer {
+	s, found := p.sample(t)
+	if !found {
 		return nil
 	}
 	for _, c := range p.f.Buffers {
-		if (c.CPU >= 0 && c.CPU == cpu) || (c.CPU < 0 && c.TID == tid) {
+		if (c.CPU >= 0 && c.CPU == s.cpu) || (c.CPU < 0 && c.TID == s.tid) {
 			return c
 		}
 	}
@@ -504,32 +530,85 @@ func (p *parser) threadBuffer(tid int32) *Buffer {
 	return nil
 }
 
-// trailerIDs reads the CPU and TID from a sample_id trailer with the given
-// layout; found is false if the layout lacks what is needed or the trailer
-// is too short.
-func trailerIDs(t []byte, layout uint64) (cpu, tid int32, found bool) {
+// layouts finds how the records' sample_id trailers are laid out: alike
+// when every attribute has sample_id_all and the same trailer bits; else,
+// when every attribute has sample_id_all and PERF_SAMPLE_IDENTIFIER (the
+// trailer's last word is then the event id), per event id.
+func (p *parser) layouts() {
+	p.sameLayout = len(p.attrs) > 0
+	ident := len(p.attrs) > 0
+	for i, a := range p.attrs {
+		ident = ident && a.idAll && a.sampleType&sampleIdentifier != 0
+		if !a.idAll || (i > 0 && a.sampleType&trailerBits != p.layout) {
+			p.sameLayout = false
+		}
+		p.layout = a.sampleType & trailerBits
+	}
+	if p.sameLayout || !ident {
+		return
+	}
+	p.byID = map[uint64]uint64{}
+	for _, a := range p.attrs {
+		for _, id := range a.ids {
+			p.byID[id] = a.sampleType & trailerBits
+		}
+	}
+}
+
+// sample reads the sample_id trailer that t ends with; found is false
+// when its layout is not known.
+func (p *parser) sample(t []byte) (s idSample, found bool) {
+	if p.sameLayout {
+		return trailerIDs(t, p.layout)
+	}
+	if len(t) < 8 {
+		return s, false
+	}
+	layout, ok := p.byID[binary.LittleEndian.Uint64(t[len(t)-8:])]
+	if !ok {
+		return s, false
+	}
+	return trailerIDs(t, layout)
+}
+
+// idSample is what a sample_id trailer says; a field the layout lacks is
+// -1 (time: hasTime false).
+type idSample struct {
+	pid, tid, cpu int32
+	time          uint64
+	hasTime       bool
+}
+
+// trailerIDs reads a sample_id trailer with the given layout; found is
+// false if the layout has neither CPU nor TID or the trailer is too short.
+func trailerIDs(t []byte, layout uint64) (s idSample, found bool) {
 	size := 0
 	for bits := layout & trailerBits; bits != 0; bits &= bits - 1 {
 		size += 8
 	}
 	if layout&(sampleCPU|sampleTID) == 0 || len(t) < size {
-		return 0, 0, false
+		return s, false
 	}
 	t = t[len(t)-size:]
-	cpu, tid = -1, -1
+	s = idSample{pid: -1, tid: -1, cpu: -1}
 	// struct sample_id: {pid, tid}, time, id, stream_id, {cpu, res},
 	// identifier (last, unlike in samples).
 	if layout&sampleTID != 0 {
-		tid = int32(binary.LittleEndian.Uint32(t[4:]))
+		s.pid = int32(binary.LittleEndian.Uint32(t))
+		s.tid = int32(binary.LittleEndian.Uint32(t[4:]))
 		t = t[8:]
 	}
-	for _, bit := range []uint64{sampleTime, sampleID, sampleStreamID} {
+	if layout&sampleTime != 0 {
+		s.time, s.hasTime = binary.LittleEndian.Uint64(t), true
+		t = t[8:]
+	}
+	for _, bit := range []uint64{sampleID, sampleStreamID} {
 		if layout&bit != 0 {
 			t = t[8:]
 		}
 	}
 	if layout&sampleCPU != 0 {
-		cpu = int32(binary.LittleEndian.Uint32(t))
+		s.cpu = int32(binary.LittleEndian.Uint32(t))
 	}
-	return cpu, tid, true
+	return s, true
 }

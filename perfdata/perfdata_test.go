@@ -92,12 +92,18 @@ type builder struct {
 }
 
 func (b *builder) rec(typ uint32, body []byte, extra []byte) {
+	b.recMisc(typ, 0, body)
+	b.recs = append(b.recs, extra...)
+}
+
+// recMisc adds a record with misc flags.
+func (b *builder) recMisc(typ uint32, misc uint16, body []byte) {
 	var h [8]byte
 	binary.LittleEndian.PutUint32(h[:], typ)
+	binary.LittleEndian.PutUint16(h[4:], misc)
 	binary.LittleEndian.PutUint16(h[6:], uint16(8+len(body)))
 	b.recs = append(b.recs, h[:]...)
 	b.recs = append(b.recs, body...)
-	b.recs = append(b.recs, extra...)
 }
 
 func u64s(vs ...uint64) []byte {
@@ -166,10 +172,10 @@ func TestSynthetic(t *testing.T) {
 	b.rec(recTimeConv, u64s(10, 1<<10, 5), nil)
 	b.auxtrace(0, 1, 7, 1, []byte("aaaa"))
 	b.auxtrace(0, 0, 7, 0, []byte("cccccc"))
-	b.rec(recAux, append(u64s(4, 4, auxFlagTruncated), trailer(7, 1)...), nil)
+	b.rec(recAux, append(u64s(4, 4, AuxTruncated), trailer(7, 1)...), nil)
 	b.auxtrace(4, 1, 7, 1, []byte("bbbbbbbb")) // loss after its 4th byte
 	b.auxtrace(20, 0, 7, 0, []byte("dd"))      // hole in the offsets
-	b.rec(recAux, append(u64s(0, 22, auxFlagCollision), trailer(7, 9)...), nil)
+	b.rec(recAux, append(u64s(0, 22, AuxCollision), trailer(7, 9)...), nil)
 	b.rec(recLost, u64s(1, 3), nil)
 	b.rec(recAuxtraceError, make([]byte, 8), nil)
 	b.rec(recHeaderTracing, []byte{5, 0, 0, 0, 0, 0, 0, 0}, []byte("xxxxx\x00\x00\x00"))
@@ -243,7 +249,7 @@ func TestPerThreadLoss(t *testing.T) {
 	b.auxtrace(0, 0, 55, -1, []byte("xy"))
 	tr := binary.LittleEndian.AppendUint32(nil, 1)
 	tr = binary.LittleEndian.AppendUint32(tr, 55)
-	b.rec(recAux, append(u64s(0, 2, auxFlagPartial), tr...), nil)
+	b.rec(recAux, append(u64s(0, 2, AuxPartial), tr...), nil)
 	f, err := Parse(b.file(sampleTID))
 	if err != nil {
 		t.Fatal(err)
@@ -310,7 +316,7 @@ func FuzzParse(f *testing.F) {
 	var b builder
 	b.rec(recTimeConv, u64s(10, 1<<10, 5), nil)
 	b.auxtrace(0, 1, 7, 1, []byte("aaaa"))
-	b.rec(recAux, append(u64s(0, 4, auxFlagTruncated), make([]byte, 32)...), nil)
+	b.rec(recAux, append(u64s(0, 4, AuxTruncated), make([]byte, 32)...), nil)
 	b.auxtrace(4, 1, 7, 1, []byte("bb"))
 	f.Add(b.file(sampleCPU))
 	f.Add(b.pipe(sampleCPU | sampleTID))

@@ -8,15 +8,18 @@ import (
 
 // Side-band record types and misc flags (include/uapi/linux/perf_event.h).
 const (
-	recMmap        = 1
-	recComm        = 3
-	recExit        = 4
-	recFork        = 7
-	recMmap2       = 10
-	recItraceStart = 12
-	recBuildID     = 67 // PERF_RECORD_HEADER_BUILD_ID (pipe mode)
+	recMmap          = 1
+	recComm          = 3
+	recExit          = 4
+	recFork          = 7
+	recMmap2         = 10
+	recItraceStart   = 12
+	recSwitch        = 14
+	recSwitchCPUWide = 15
+	recBuildID       = 67 // PERF_RECORD_HEADER_BUILD_ID (pipe mode)
 
 	miscCommExec    = 1 << 13
+	miscSwitchOut   = 1 << 13
 	miscMmapBuildID = 1 << 14
 	miscBuildIDSize = 1 << 15
 
@@ -34,6 +37,9 @@ const (
 	Fork                        // PERF_RECORD_FORK
 	Exit                        // PERF_RECORD_EXIT
 	ItraceStart                 // PERF_RECORD_ITRACE_START
+	Switch                      // PERF_RECORD_SWITCH or SWITCH_CPU_WIDE
+	Aux                         // PERF_RECORD_AUX
+	Lost                        // PERF_RECORD_LOST: side band the ring dropped
 )
 
 // Event is one side-band record: what the process memory model needs.
@@ -55,6 +61,32 @@ type Event struct {
 	Name string
 	// Exec is set on a Comm that an exec caused.
 	Exec bool
+	// Time is the record's perf time (its sample_id trailer; HasTime
+	// says whether it has one), CPU the CPU it was recorded on (-1: not
+	// known). Parse fills them in when every attribute lays the trailer
+	// out alike.
+	Time    uint64
+	HasTime bool
+	CPU     int32
+	// Out marks a Switch away from a task; after a Switch, PID and TID
+	// are the task that runs on the CPU (-1: not known, a per-task
+	// switch out).
+	Out bool
+	// AuxOffset, AuxSize and AuxFlags are an Aux record's: the AUX data
+	// it announces and its loss flags (AuxTruncated, ...).
+	AuxOffset, AuxSize, AuxFlags uint64
+	// Lost is how many records a Lost event says were dropped. Aux and
+	// Lost events have the PID and TID of their sample_id trailer.
+	Lost uint64
+}
+
+// setSample takes the time, CPU and (for a switch in, an AUX or LOST
+// record) the task of a record's sample_id trailer.
+func (e *Event) setSample(s idSample) {
+	e.Time, e.HasTime, e.CPU = s.time, s.hasTime, s.cpu
+	if e.Kind == Switch && !e.Out || e.Kind == Aux || e.Kind == Lost {
+		e.PID, e.TID = s.pid, s.tid
+	}
 }
 
 // cstr returns the NUL-terminated string at the start of b.
@@ -122,6 +154,27 @@ func sideBand(typ uint32, rec []byte, off uint64) (ev Event, ok bool, err error)
 			return ev, true, err
 		}
 		ev = Event{Kind: ItraceStart, PID: int32(le.Uint32(rec[8:])), TID: int32(le.Uint32(rec[12:]))}
+	case recSwitch, recSwitchCPUWide:
+		// After a switch in the trailer's task runs (setSample); after
+		// a CPU-wide switch out, next_prev_pid/tid; after a per-task
+		// one, a task it does not name.
+		ev = Event{Kind: Switch, Out: misc&miscSwitchOut != 0, PID: -1, TID: -1}
+		if typ == recSwitchCPUWide && ev.Out {
+			if err := need(16, "switch"); err != nil {
+				return ev, true, err
+			}
+			ev.PID, ev.TID = int32(le.Uint32(rec[8:])), int32(le.Uint32(rec[12:]))
+		}
+	case recAux:
+		if err := need(32, "aux"); err != nil {
+			return ev, true, err
+		}
+		ev = Event{Kind: Aux, AuxOffset: le.Uint64(rec[8:]), AuxSize: le.Uint64(rec[16:]), AuxFlags: le.Uint64(rec[24:])}
+	case recLost:
+		if err := need(24, "lost"); err != nil {
+			return ev, true, err
+		}
+		ev = Event{Kind: Lost, Lost: le.Uint64(rec[16:])}
 	default:
 		return ev, false, nil
 	}

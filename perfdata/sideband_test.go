@@ -64,6 +64,15 @@ func TestSideBand(t *testing.T) {
 			Event{Kind: Exit, PID: 7, PPID: 5, TID: 8, PTID: 5}, nil},
 		{"itrace start", record(recItraceStart, 0, u32s(9, 10)),
 			Event{Kind: ItraceStart, PID: 9, TID: 10}, nil},
+		{"switch in", record(recSwitch, 0, nil), Event{Kind: Switch, PID: -1, TID: -1}, nil},
+		{"switch out", record(recSwitch, miscSwitchOut, nil), Event{Kind: Switch, Out: true, PID: -1, TID: -1}, nil},
+		{"cpu-wide switch in", record(recSwitchCPUWide, 0, u32s(3, 4)), Event{Kind: Switch, PID: -1, TID: -1}, nil},
+		{"cpu-wide switch out", record(recSwitchCPUWide, miscSwitchOut, u32s(3, 4)), Event{Kind: Switch, Out: true, PID: 3, TID: 4}, nil},
+		{"aux", record(recAux, 0, u64s(0x100, 0x40, AuxTruncated)), Event{Kind: Aux, AuxOffset: 0x100, AuxSize: 0x40, AuxFlags: AuxTruncated}, nil},
+		{"lost", record(recLost, 0, u64s(7, 3)), Event{Kind: Lost, Lost: 3}, nil},
+		{"short cpu-wide switch out", record(recSwitchCPUWide, miscSwitchOut, u32s(3)), Event{}, ErrCorrupt},
+		{"short aux", record(recAux, 0, u64s(1, 2)), Event{}, ErrCorrupt},
+		{"short lost", record(recLost, 0, u64s(1)), Event{}, ErrCorrupt},
 		{"short mmap", record(recMmap, 0, u32s(1, 2)), Event{}, ErrCorrupt},
 		{"short mmap2", record(recMmap2, 0, cat(u32s(3, 4), u64s(0x1000))), Event{}, ErrCorrupt},
 		{"short comm", record(recComm, 0, u32s(5)), Event{}, ErrCorrupt},
@@ -86,8 +95,8 @@ func TestSideBand(t *testing.T) {
 			}
 		})
 	}
-	if _, ok, _ := sideBand(recAux, record(recAux, 0, nil), 0); ok {
-		t.Error("PERF_RECORD_AUX taken as side band")
+	if _, ok, _ := sideBand(recAuxtrace, record(recAuxtrace, 0, make([]byte, 40)), 0); ok {
+		t.Error("PERF_RECORD_AUXTRACE taken as side band")
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"ptfs/flow"
 	"ptfs/images"
 	"ptfs/perfdata"
+	"ptfs/perfflow"
 	"ptfs/tracefs"
 )
 
@@ -369,49 +370,51 @@ func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
 	if err != nil {
 		return err
 	}
+	// A first pass over the whole side band names the files whose code
+	// stays unknown, once; each buffer then applies it again from its
+	// start, over time (the files are read once).
 	imageErrs := sideBand(p, f.Events)
+	unknown := p.Unknown()
 	for _, e := range imageErrs {
 		if _, err := fmt.Fprintf(w, "image: %v\n", e); err != nil {
 			return errors.Join(fmt.Errorf("write output: %w", err), closeP())
 		}
 	}
+	var conv func(tsc uint64) uint64
+	if f.Time != nil {
+		conv = f.Time.NS
+	}
 	var bc flow.BranchCounters
 	var c flow.Counters
 	var rc decode.Counters
-	var lost uint64
+	var pc perfflow.Counters
 	for _, buf := range f.Buffers {
-		s, ok := p.Space(buf.PID)
-		if !ok {
-			s = images.NewSpace()
-		}
 		if _, err := fmt.Fprintf(w, "perf buffer: idx=%d cpu=%d tid=%d pid=%d\n", buf.Idx, buf.CPU, buf.TID, buf.PID); err != nil {
 			return errors.Join(fmt.Errorf("write output: %w", err), closeP())
 		}
-		b := flow.NewBranches(w, s, s, events)
-		b.SetContext(a.tid, buf.CPU)
-		if buf.TID >= 0 {
-			b.SetContext(buf.TID, buf.CPU)
+		p.Forget()
+		d := perfflow.New(perfflow.Config{Processes: p, Timeline: f.Timeline(buf), CPU: buf.CPU, TimeConv: conv},
+			func(mem flow.Memory, sym flow.Symbolizer) *flow.Branches {
+				return flow.NewBranches(w, mem, sym, events)
+			})
+		if err := d.DecodeBuffer(buf, f.AuxRecords(buf)); err != nil {
+			return errors.Join(err, closeP())
 		}
-		d := flow.New(s, flow.Options{})
-		buf.Segments(func(seg []byte, gap bool) {
-			if gap {
-				lost++
-			}
-			if len(seg) > 0 {
-				d.Decode(seg, b)
-			}
-		})
-		b.Finish()
+		b := d.Branches()
 		if err := b.Flush(); err != nil {
 			return errors.Join(fmt.Errorf("write output: %w", err), closeP())
 		}
-		dc, bcc, rcc := d.Counters(), b.Counters(), b.RecordCounters()
+		dc, bcc, rcc, pcc := d.Flow().Counters(), b.Counters(), b.RecordCounters(), d.Counters()
 		bc.Branches, bc.Gaps, c.Insns, c.Errors = bc.Branches+bcc.Branches, bc.Gaps+bcc.Gaps, c.Insns+dc.Insns, c.Errors+dc.Errors
 		rc.Add(&rcc)
+		pc.Add(&pcc)
 	}
 	rc.Errors += c.Errors
+	lost := pc.Truncated + pc.Collision + pc.Partial + pc.Holes
 	line := fmt.Appendf(nil, "perf summary: buffers=%d lost=%d unknown-mappings=%d image-errors=%d\n",
-		len(f.Buffers), lost+f.LostAux+f.LostEvents+f.AuxtraceErrors, p.Unknown(), len(imageErrs))
+		len(f.Buffers), lost+f.LostAux+f.LostEvents+f.AuxtraceErrors, unknown, len(imageErrs))
+	line = fmt.Appendf(line, "perf losses: aux-truncated=%d aux-collision=%d aux-partial=%d aux-hole=%d side-band-lost=%d switches=%d\n",
+		pc.Truncated, pc.Collision, pc.Partial, pc.Holes, pc.SideBandLost, pc.Switches)
 	line = fmt.Appendf(line, "branch summary: branches=%d insns=%d gaps=%d\n", bc.Branches, c.Insns, bc.Gaps)
 	if _, err := w.Write(decode.AppendSummary(line, &rc)); err != nil {
 		return errors.Join(fmt.Errorf("write output: %w", err), closeP())
@@ -420,9 +423,8 @@ func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
 }
 
 // sideBand applies the side band to p in file order and returns the
-// errors of the mappings whose bytes stay unknown. Every mapping is
-// applied before decoding (exits are not: the spaces must outlive them),
-// so a buffer sees its process's last mappings.
+// errors of the mappings whose bytes stay unknown (exits are not applied:
+// the spaces must outlive them).
 func sideBand(p *images.Processes, evs []perfdata.Event) []error {
 	var errs []error
 	for _, e := range evs {

@@ -1,0 +1,106 @@
+package perfflow
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"ptfs/decode/ptenc"
+	"ptfs/flow"
+	"ptfs/images"
+	"ptfs/perfdata"
+)
+
+// segment is a stretch of trace that starts tracing at 0x1000 (a PSB+) and
+// takes the loop's branch n times: 1000: nop; 1001: jne 1000; 1003: ...
+func segment(n int) []byte {
+	e := ptenc.New()
+	e.PSB()
+	e.IP(ptenc.FUP, 0x1000)
+	e.ModeExec(true, false)
+	e.PSBEnd()
+	for range n {
+		e.TNT(1, 1)
+	}
+	e.TNT(0, 1)
+	e.IPC(ptenc.TIPPGD, 0, 0)
+	return e.Bytes()
+}
+
+// TestDecodeBuffer cuts one buffer's trace by its AUX records: a
+// COLLISION or PARTIAL record loses trace before its bytes, a TRUNCATED
+// one after them (also when it has no bytes), a jump in the chunks'
+// offsets is a hole, and each is a gap line counted by its cause.
+func TestDecodeBuffer(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a"), []byte{0x90, 0x75, 0xfd, 0x0f, 0x05}, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s1, s2 := segment(1), segment(2)
+	aux := func(off, size, flags uint64) perfdata.Event {
+		return perfdata.Event{Kind: perfdata.Aux, AuxOffset: off, AuxSize: size, AuxFlags: flags}
+	}
+	n1, n2 := uint64(len(s1)), uint64(len(s2))
+	tests := []struct {
+		name   string
+		chunks []perfdata.Chunk
+		auxes  []perfdata.Event
+		// want are the lines' first words: s for a sync, b for a
+		// branch, the cause for a gap.
+		want string
+		c    Counters
+	}{
+		{"clean", []perfdata.Chunk{{0, s1}, {n1, s2}}, []perfdata.Event{aux(0, n1, 0), aux(n1, n2, 0)}, "s b s b b", Counters{}},
+		{"hole", []perfdata.Chunk{{0, s1}, {n1 + 8, s2}}, nil, "s b hole s b b", Counters{Holes: 1}},
+		{"truncated", []perfdata.Chunk{{0, s1}, {n1, s2}}, []perfdata.Event{aux(0, n1, perfdata.AuxTruncated), aux(n1, n2, 0)}, "s b truncated s b b", Counters{Truncated: 1}},
+		{"collision", []perfdata.Chunk{{0, s1}, {n1, s2}}, []perfdata.Event{aux(0, n1, 0), aux(n1, n2, perfdata.AuxCollision)}, "s b collision s b b", Counters{Collision: 1}},
+		{"partial first", []perfdata.Chunk{{0, s1}}, []perfdata.Event{aux(0, n1, perfdata.AuxPartial)}, "partial s b", Counters{Partial: 1}},
+		{"empty truncated record at the end", []perfdata.Chunk{{0, s1}}, []perfdata.Event{aux(0, n1, 0), aux(n1, 0, perfdata.AuxTruncated)}, "s b truncated", Counters{Truncated: 1}},
+		{"record without its data", []perfdata.Chunk{{0, s1}}, []perfdata.Event{aux(0, n1, 0), aux(n1, 64, perfdata.AuxTruncated)}, "s b truncated", Counters{Truncated: 1}},
+		{"record across two chunks", []perfdata.Chunk{{0, s1[:5]}, {5, s1[5:]}}, []perfdata.Event{aux(0, n1, perfdata.AuxTruncated)}, "s b truncated", Counters{Truncated: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := images.NewProcesses(images.Options{Path: func(name string) string { return filepath.Join(dir, name) }})
+			defer p.Close()
+			tl := &perfdata.Timeline{}
+			tl.Push(perfdata.Event{Kind: perfdata.Comm, Exec: true, PID: 1, TID: 1})
+			tl.Push(perfdata.Event{Kind: perfdata.Mmap, PID: 1, TID: 1, Addr: 0x1000, Len: 0x1000, Name: "a"})
+			tl.Push(perfdata.Event{Kind: perfdata.ItraceStart, PID: 1, TID: 1})
+			var out bytes.Buffer
+			d := New(Config{Processes: p, Timeline: tl, CPU: 0}, func(mem flow.Memory, sym flow.Symbolizer) *flow.Branches {
+				return flow.NewBranches(&out, mem, sym, nil)
+			})
+			if err := d.DecodeBuffer(&perfdata.Buffer{Chunks: tt.chunks}, tt.auxes); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Branches().Flush(); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for line := range strings.Lines(out.String()) {
+				switch {
+				case strings.HasPrefix(line, "trace: sync"):
+					got = append(got, "s")
+				case strings.HasPrefix(line, "branch: "):
+					if !strings.Contains(line, "(a) jcc tid=1 cpu=0") {
+						t.Errorf("line %q", line)
+					}
+					got = append(got, "b")
+				case strings.HasPrefix(line, "gap: "):
+					_, cause, _ := strings.Cut(line, "trace lost: aux ")
+					cause, _, _ = strings.Cut(cause, " ")
+					got = append(got, cause)
+				}
+			}
+			if g := strings.Join(got, " "); g != tt.want {
+				t.Errorf("lines %q, want %q:\n%s", g, tt.want, out.String())
+			}
+			if c := d.Counters(); c.Truncated != tt.c.Truncated || c.Collision != tt.c.Collision || c.Partial != tt.c.Partial || c.Holes != tt.c.Holes {
+				t.Errorf("counters %+v, want %+v", c, tt.c)
+			}
+		})
+	}
+}
