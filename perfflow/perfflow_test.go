@@ -52,14 +52,14 @@ func TestDecodeBuffer(t *testing.T) {
 		want string
 		c    Counters
 	}{
-		{"clean", []perfdata.Chunk{{0, s1}, {n1, s2}}, []perfdata.Event{aux(0, n1, 0), aux(n1, n2, 0)}, "s b s b b", Counters{}},
-		{"hole", []perfdata.Chunk{{0, s1}, {n1 + 8, s2}}, nil, "s b hole s b b", Counters{Holes: 1}},
-		{"truncated", []perfdata.Chunk{{0, s1}, {n1, s2}}, []perfdata.Event{aux(0, n1, perfdata.AuxTruncated), aux(n1, n2, 0)}, "s b truncated s b b", Counters{Truncated: 1}},
-		{"collision", []perfdata.Chunk{{0, s1}, {n1, s2}}, []perfdata.Event{aux(0, n1, 0), aux(n1, n2, perfdata.AuxCollision)}, "s b collision s b b", Counters{Collision: 1}},
-		{"partial first", []perfdata.Chunk{{0, s1}}, []perfdata.Event{aux(0, n1, perfdata.AuxPartial)}, "partial s b", Counters{Partial: 1}},
-		{"empty truncated record at the end", []perfdata.Chunk{{0, s1}}, []perfdata.Event{aux(0, n1, 0), aux(n1, 0, perfdata.AuxTruncated)}, "s b truncated", Counters{Truncated: 1}},
-		{"record without its data", []perfdata.Chunk{{0, s1}}, []perfdata.Event{aux(0, n1, 0), aux(n1, 64, perfdata.AuxTruncated)}, "s b truncated", Counters{Truncated: 1}},
-		{"record across two chunks", []perfdata.Chunk{{0, s1[:5]}, {5, s1[5:]}}, []perfdata.Event{aux(0, n1, perfdata.AuxTruncated)}, "s b truncated", Counters{Truncated: 1}},
+		{"clean", []perfdata.Chunk{{Offset: 0, Data: s1}, {Offset: n1, Data: s2}}, []perfdata.Event{aux(0, n1, 0), aux(n1, n2, 0)}, "s b s b b", Counters{}},
+		{"hole", []perfdata.Chunk{{Offset: 0, Data: s1}, {Offset: n1 + 8, Data: s2}}, nil, "s b hole s b b", Counters{Holes: 1}},
+		{"truncated", []perfdata.Chunk{{Offset: 0, Data: s1}, {Offset: n1, Data: s2}}, []perfdata.Event{aux(0, n1, perfdata.AuxTruncated), aux(n1, n2, 0)}, "s b truncated s b b", Counters{Truncated: 1}},
+		{"collision", []perfdata.Chunk{{Offset: 0, Data: s1}, {Offset: n1, Data: s2}}, []perfdata.Event{aux(0, n1, 0), aux(n1, n2, perfdata.AuxCollision)}, "s b collision s b b", Counters{Collision: 1}},
+		{"partial first", []perfdata.Chunk{{Offset: 0, Data: s1}}, []perfdata.Event{aux(0, n1, perfdata.AuxPartial)}, "partial s b", Counters{Partial: 1}},
+		{"empty truncated record at the end", []perfdata.Chunk{{Offset: 0, Data: s1}}, []perfdata.Event{aux(0, n1, 0), aux(n1, 0, perfdata.AuxTruncated)}, "s b truncated", Counters{Truncated: 1}},
+		{"record without its data", []perfdata.Chunk{{Offset: 0, Data: s1}}, []perfdata.Event{aux(0, n1, 0), aux(n1, 64, perfdata.AuxTruncated)}, "s b truncated", Counters{Truncated: 1}},
+		{"record across two chunks", []perfdata.Chunk{{Offset: 0, Data: s1[:5]}, {Offset: 5, Data: s1[5:]}}, []perfdata.Event{aux(0, n1, perfdata.AuxTruncated)}, "s b truncated", Counters{Truncated: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
