@@ -119,4 +119,9 @@ type SideEvent struct {
 	Comm             string // SideComm
 	Addr, Len, PgOff uint64 // SideMmap2
 	Filename         string // SideMmap2
+	// Maj, Min and Ino identify the mapped file (SideMmap2 of an MMAP2
+	// record that carries them; 0 when not known), so that a file
+	// replaced on disk since is not read for its code.
+	Maj, Min uint32
+	Ino      uint64
 }

@@ -10,12 +10,16 @@ package live
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"ptfs/decode"
 	"ptfs/engine"
 	"ptfs/flow"
 	"ptfs/images"
+	"ptfs/objfile"
 	"ptfs/perfdata"
 	"ptfs/stream"
 )
@@ -57,6 +61,9 @@ type Stats struct {
 	// cannot be read or matched, a vDSO without a dump, a process whose
 	// maps could not be read).
 	UnknownCode uint64
+	// Replaced counts mappings of files replaced on disk since they were
+	// mapped: unknown code (also in UnknownCode).
+	Replaced uint64
 	// Outside counts lines of code that no attached target owns, dropped.
 	Outside uint64
 	// Branches, Lines: branch lines and lines of any kind handed to the
@@ -83,6 +90,8 @@ type Stage struct {
 	st      Stats
 	// mapsErrs counts processes whose /proc/PID/maps could not be read.
 	mapsErrs uint64
+	// read is the file each name was read as (mmap).
+	read map[string]objfile.FileID
 }
 
 // maxCPUs bounds the CPU numbers the stage accepts (the kernel's NR_CPUS).
@@ -96,7 +105,8 @@ func New(o Options) *Stage {
 	if o.Clock == nil {
 		o.Clock = &decode.ClockConfig{}
 	}
-	return &Stage{opts: o, procs: images.NewProcesses(images.Options{VDSO: o.VDSO, Path: o.Path}), empty: images.NewSpace()}
+	return &Stage{opts: o, procs: images.NewProcesses(images.Options{VDSO: o.VDSO, Path: o.Path}), empty: images.NewSpace(),
+		read: map[string]objfile.FileID{}}
 }
 
 // Close releases the files the images read.
@@ -191,7 +201,7 @@ func (s *Stage) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.st
-	st.UnknownCode = s.procs.Unknown() + s.mapsErrs
+	st.UnknownCode = s.procs.Unknown() + s.mapsErrs + s.st.Replaced
 	for _, c := range s.cpus {
 		if c != nil {
 			st.DecodeErrors += c.fd.Counters().Errors
@@ -293,10 +303,7 @@ func (s *Stage) Side(cpu int, ev *engine.SideEvent) {
 	defer s.mu.Unlock()
 	switch ev.Kind {
 	case engine.SideMmap2:
-		s.space(ev.PID)
-		// A file that cannot be read is mapped as unknown code and
-		// counted (Processes.Unknown); its lines say [unknown].
-		_ = s.procs.Mmap(ev.PID, ev.Addr, ev.Len, ev.PgOff, ev.Filename)
+		s.mmap(ev)
 	case engine.SideExit:
 		if ev.PID == ev.TID {
 			s.exits = append(s.exits, ev.PID)
@@ -315,6 +322,36 @@ func (s *Stage) Side(cpu int, ev *engine.SideEvent) {
 		}
 		c.switchTo(pid, tid)
 	}
+}
+
+// mmap maps what ev says into its process's memory. A file that the
+// record identifies (device and inode) is read only if the path names that
+// file now: one replaced on disk since the process mapped it is mapped as
+// unknown code ("[replaced] PATH", counted), never decoded from another
+// file's bytes; a path that names another file than the one read for an
+// earlier mapping is read again. A file that cannot be read is mapped as
+// unknown code too (Processes.Unknown); its lines say [unknown].
+func (s *Stage) mmap(ev *engine.SideEvent) {
+	s.space(ev.PID)
+	name := ev.Filename
+	if ev.Ino != 0 && strings.HasPrefix(name, "/") {
+		path := name
+		if s.opts.Path != nil {
+			path = s.opts.Path(name)
+		}
+		want := objfile.FileID{Dev: unix.Mkdev(ev.Maj, ev.Min), Ino: ev.Ino}
+		now, err := objfile.StatID(path)
+		if err != nil || !now.SameFile(want) {
+			s.st.Replaced++
+			_ = s.procs.Mmap(ev.PID, ev.Addr, ev.Len, ev.PgOff, "[replaced] "+name)
+			return
+		}
+		if read, ok := s.read[name]; ok && !read.SameFile(want) {
+			s.procs.Reread(name)
+		}
+		s.read[name] = want
+	}
+	_ = s.procs.Mmap(ev.PID, ev.Addr, ev.Len, ev.PgOff, name)
 }
 
 // Round implements engine.TraceSink: with flush (the source stopped or

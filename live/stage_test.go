@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"ptfs/decode"
 	"ptfs/engine"
@@ -15,6 +18,7 @@ import (
 	"ptfs/flow"
 	"ptfs/images"
 	"ptfs/internal/testkit"
+	"ptfs/objfile"
 	"ptfs/stream"
 )
 
@@ -279,5 +283,125 @@ func TestOwnVDSO(t *testing.T) {
 	}
 	if !found || len(e.Bytes()) < 4096 {
 		t.Errorf("vDSO of %d bytes without clock_gettime", len(e.Bytes()))
+	}
+}
+
+// copyFile copies src to dst (a new inode) and returns dst's identity.
+func copyFile(t *testing.T, src, dst string) objfile.FileID {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := dst + ".new"
+	if err := os.WriteFile(tmp, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		t.Fatal(err)
+	}
+	id, err := objfile.StatID(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// identify gives the run's mappings of bin the device and inode of id, as
+// MMAP2 records carry them.
+func identify(batches []enginetest.Batch, bin string, id objfile.FileID) {
+	for _, b := range batches {
+		for _, steps := range b {
+			for i := range steps {
+				if ev := &steps[i].Side; steps[i].Kind == enginetest.StepSide && ev.Filename == bin {
+					ev.Maj, ev.Min, ev.Ino = unix.Major(id.Dev), unix.Minor(id.Dev), id.Ino
+				}
+			}
+		}
+	}
+}
+
+// TestStageReplaced: a binary replaced on disk after the process mapped it
+// (MMAP2's inode is not the path's any more) is unknown code, counted, and
+// its trace gives gap lines, never lines decoded from the new file's bytes;
+// a path that names another file than the one read for an earlier mapping
+// is read again for the new one.
+func TestStageReplaced(t *testing.T) {
+	run, orig := ptsimRun(t, "run-static")
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "flow-static")
+	id := copyFile(t, orig, bin)
+	moved, err := enginetest.LoadPtsim(filepath.Join(filepath.Dir(orig), "run-static"), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The file the process mapped: decoded exactly.
+	want, _ := own(offline(t, moved, nil, 42, 0), bin)
+	s := newStage(t, run)
+	out := stream.New(stream.Options{})
+	if err := s.Attach("t", []string{bin}, out); err != nil {
+		t.Fatal(err)
+	}
+	batches := moved.Batches(0, 7, 42, 4096)
+	identify(batches, bin, id)
+	play(t, s, batches)
+	if got := streamText(t, out); got != want {
+		t.Fatalf("the mapped file itself: %s", firstDiff(got, want))
+	}
+	if st := s.Stats(); st.Replaced != 0 || st.UnknownCode != 0 {
+		t.Errorf("stats %+v", st)
+	}
+
+	// Replaced after the mapping: unknown code, not the new bytes.
+	s = newStage(t, run)
+	out = stream.New(stream.Options{})
+	if err := s.Attach("t", []string{bin}, out); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, orig, bin)
+	play(t, s, batches)
+	got := streamText(t, out)
+	if strings.Contains(got, "branch: ") || !strings.Contains(got, "gap: error ") {
+		t.Errorf("replaced file: got\n%s", got[:min(len(got), 500)])
+	}
+	maps := 0
+	for _, m := range moved.Maps {
+		if m.Path == bin {
+			maps++
+		}
+	}
+	if st := s.Stats(); st.Replaced != uint64(maps) || st.UnknownCode < st.Replaced || st.DecodeErrors == 0 {
+		t.Errorf("stats %+v, want %d replaced mappings", st, maps)
+	}
+
+	// Process 7 maps file A, then the path is replaced with B (fib's
+	// first byte changed) and process 8 maps B: B is read, and 7 keeps A.
+	s = newStage(t, run)
+	mmap := func(pid int32, fid objfile.FileID) {
+		s.Side(0, &engine.SideEvent{Kind: engine.SideMmap2, PID: pid, TID: pid, Addr: 0x401000, Len: 0x78000, PgOff: 0x1000,
+			Filename: bin, Maj: unix.Major(fid.Dev), Min: unix.Minor(fid.Dev), Ino: fid.Ino})
+	}
+	mmap(7, copyFile(t, orig, bin))
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const at = 0x1840 // fib's first byte, file offset
+	old := b[at]
+	b[at] ^= 0xff
+	if err := os.WriteFile(bin+".b", b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mmap(8, copyFile(t, bin+".b", bin))
+	for pid, want := range map[int32]byte{7: old, 8: b[at]} {
+		sp, _ := s.procs.Space(pid)
+		var c [1]byte
+		if n, err := sp.ReadAt(c[:], 0x401840); n != 1 || c[0] != want {
+			t.Errorf("process %d: code at fib %#x (%d, %v), want %#x", pid, c[0], n, err, want)
+		}
+	}
+	if st := s.Stats(); st.Replaced != 0 {
+		t.Errorf("stats %+v", st)
 	}
 }

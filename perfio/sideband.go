@@ -113,6 +113,12 @@ func (p *sideParser) parse(typ uint32, misc uint16, rec []byte, ev *engine.SideE
 		name := body[mmapFixedSize:]
 		if typ == unix.PERF_RECORD_MMAP2 {
 			name = body[mmap2FixedSize:]
+			// Unless the record carries a build id in their place.
+			if misc&unix.PERF_RECORD_MISC_MMAP_BUILD_ID == 0 {
+				ev.Maj = binary.LittleEndian.Uint32(body[32:])
+				ev.Min = binary.LittleEndian.Uint32(body[36:])
+				ev.Ino = binary.LittleEndian.Uint64(body[40:])
+			}
 		}
 		s, err := cString(name)
 		if err != nil {

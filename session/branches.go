@@ -325,7 +325,7 @@ func (b *branches) appendStatus(dst []byte, t *Target) []byte {
 			dst = fmt.Appendf(dst, " %s=%d", engine.LossKind(k), v)
 		}
 	}
-	dst = fmt.Appendf(dst, " decode errors=%d unknown code=%d\n", st.DecodeErrors, st.UnknownCode)
+	dst = fmt.Appendf(dst, " decode errors=%d unknown code=%d (replaced on disk=%d)\n", st.DecodeErrors, st.UnknownCode, st.Replaced)
 	dst = fmt.Appendf(dst, "branches decoded: bytes=%d branches=%d lines=%d outside=%d (lines of code no reader's target owns: dropped) "+
 		"manual ptwrites=%d flushes=%d\n", st.Bytes, st.Branches, st.Lines, st.Outside, st.Manual, st.Losses[engine.LossFlush])
 	if lastErr != nil {
