@@ -134,3 +134,26 @@ func TestNrAddrFilters(t *testing.T) {
 		t.Errorf("missing: %d, %v; want 0 (a PMU without filters)", n, err)
 	}
 }
+
+// FuzzFilterText feeds FilterText hostile paths and ranges: it never
+// panics, and a text it accepts parses back, by the kernel's grammar, to
+// exactly the ranges given (no path split into another item).
+func FuzzFilterText(f *testing.F) {
+	f.Add("/proc/1/fd/3", uint64(0x1000), uint64(0x10), "/usr/lib/libc.so.6", uint64(0), uint64(1))
+	f.Add("/tmp/a b", uint64(1), uint64(1), "/x,filter 0x0/0x1@/bin/sh", uint64(2), uint64(3))
+	f.Add("/a\nb", ^uint64(0), uint64(2), "", uint64(0), uint64(0))
+	f.Fuzz(func(t *testing.T, p1 string, o1, s1 uint64, p2 string, o2, s2 uint64) {
+		fs := []AddrFilter{{o1, s1, p1}, {o2, s2, p2}}
+		text, err := FilterText(fs, 2)
+		if err != nil {
+			if !errors.Is(err, ErrFilter) {
+				t.Fatalf("error %v is not ErrFilter", err)
+			}
+			return
+		}
+		back, err := parseFilterText(text)
+		if err != nil || len(back) != 2 || back[0] != fs[0] || back[1] != fs[1] {
+			t.Fatalf("%q parses to %v, %v; want %v", text, back, err, fs)
+		}
+	})
+}
