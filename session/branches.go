@@ -258,6 +258,24 @@ func (b *branches) filterFor() (string, string) {
 	return text, ""
 }
 
+// fileChanged sets the address filter anew when the path of a target
+// read names another file (DESIGN §2, following the path): its code is
+// traced from now on. Called holding t's change.
+func (b *branches) fileChanged(t *Target) {
+	if b.ptw || b.err != nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.readers[t] == 0 {
+		return
+	}
+	if err := b.apply(); err != nil {
+		b.lastErr = err
+		logrus.WithError(err).WithField("target", t.name).Warn("ptfs: address filter of the new file")
+	}
+}
+
 // setEvent adds (ev != nil) or removes the probe event id whose records
 // ptw trace carries among the branches.
 func (b *branches) setEvent(id uint16, ev *decode.Event) {

@@ -3,6 +3,7 @@ package session
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -156,6 +157,44 @@ func TestBranchesClassic(t *testing.T) {
 	// Closing the session with a reader stops branch tracing (checked at
 	// cleanup).
 	open(t2)
+}
+
+// TestBranchesFollow: when the path of a target whose branches are read
+// names another file (replaced by rename), the address filter follows it.
+func TestBranchesFollow(t *testing.T) {
+	s, rep := newClassicBranches(t)
+	src := filepath.Join("..", "testdata", "target.c")
+	path := filepath.Join(t.TempDir(), "t")
+	if err := os.Rename(testkit.BuildC(t, src), path); err != nil {
+		t.Fatal(err)
+	}
+	tg, err := s.AddTarget("t", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tg.Branches(); err != nil {
+		t.Fatal(err)
+	}
+	first := execFilter(t, tg)[0]
+	if c := rep.Configs(); len(c) != 1 || c[0].Filter != first {
+		t.Fatalf("configs %+v", c)
+	}
+	if err := os.Rename(testkit.BuildC(t, src, "-no-pie"), path); err != nil {
+		t.Fatal(err)
+	}
+	// The watcher follows the path; a probe write would too.
+	waitFor(t, "the filter of the new file", func() (string, bool) {
+		c := rep.Configs()
+		last := c[len(c)-1]
+		return fmt.Sprint(c), last.Filter != first && strings.HasPrefix(last.Filter, "filter 0x") && last.Running
+	})
+	tg.mu.Lock()
+	bin := tg.bin
+	tg.mu.Unlock()
+	if c := rep.Configs(); !strings.HasSuffix(c[len(c)-1].Filter, "@"+bin.FDPath()) {
+		t.Errorf("filter %q does not name the new file %s", c[len(c)-1].Filter, bin.FDPath())
+	}
+	tg.CloseBranches()
 }
 
 // TestBranchesNoPT: without Intel PT, opening branches fails with
