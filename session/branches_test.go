@@ -49,10 +49,13 @@ func newClassicBranches(t *testing.T) (*Session, *enginetest.Replay) {
 // execFilter is the filter item of bin's executable segments.
 func execFilter(t *testing.T, tg *Target) []string {
 	t.Helper()
+	tg.mu.Lock()
+	bin := tg.bin
+	tg.mu.Unlock()
 	var out []string
-	for _, seg := range tg.bin.Segments() {
+	for _, seg := range bin.Segments() {
 		if seg.Exec() {
-			out = append(out, fmt.Sprintf("filter 0x%x/0x%x@%s", seg.Off, seg.Filesz, tg.bin.FDPath()))
+			out = append(out, fmt.Sprintf("filter 0x%x/0x%x@%s", seg.Off, seg.Filesz, bin.FDPath()))
 		}
 	}
 	if len(out) != 1 {
@@ -99,7 +102,7 @@ func TestBranchesClassic(t *testing.T) {
 	}
 	f1, f2 := execFilter(t, t1)[0], execFilter(t, t2)[0]
 	two := f1 + "," + f2
-	if t2.bin.FDPath() < t1.bin.FDPath() {
+	if t2.bin.FDPath() < t1.bin.FDPath() { // no follow runs: their files stay
 		two = f2 + "," + f1
 	}
 
