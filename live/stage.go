@@ -304,6 +304,11 @@ func (s *Stage) Side(cpu int, ev *engine.SideEvent) {
 	switch ev.Kind {
 	case engine.SideMmap2:
 		s.mmap(ev)
+	case engine.SideComm:
+		if ev.Exec {
+			// Another program: its mappings follow as MMAP2.
+			s.procs.Exec(ev.PID)
+		}
 	case engine.SideExit:
 		if ev.PID == ev.TID {
 			s.exits = append(s.exits, ev.PID)

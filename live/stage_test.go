@@ -405,3 +405,30 @@ func TestStageReplaced(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+// TestStageExec: an exec (COMM with the exec flag) gives the process a new
+// address space: the old program's code is not read for the new one's;
+// the MMAP2s that follow build it.
+func TestStageExec(t *testing.T) {
+	run, bin := ptsimRun(t, "run-static")
+	s := newStage(t, run)
+	play(t, s, run.Batches(0, 7, 7, 1<<20)[:1])
+	code := func() bool {
+		sp, _ := s.procs.Space(7)
+		var c [1]byte
+		n, _ := sp.ReadAt(c[:], 0x401840)
+		return n == 1
+	}
+	if !code() {
+		t.Fatal("no code at fib after the mappings")
+	}
+	s.Side(0, &engine.SideEvent{Kind: engine.SideComm, PID: 7, TID: 7, Comm: "other", Exec: true})
+	if code() {
+		t.Error("the old program's code is still mapped after the exec")
+	}
+	s.Side(0, &engine.SideEvent{Kind: engine.SideComm, PID: 7, TID: 7, Comm: "renamed"})
+	s.Side(0, &engine.SideEvent{Kind: engine.SideMmap2, PID: 7, TID: 7, Addr: 0x401000, Len: 0x78000, PgOff: 0x1000, Filename: bin})
+	if !code() {
+		t.Error("no code after the new program's mapping")
+	}
+}

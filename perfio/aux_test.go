@@ -470,7 +470,7 @@ func TestAuxReaderSideBand(t *testing.T) {
 	r.drain(s)
 	want := []engine.SideEvent{
 		{Kind: engine.SideITraceStart, Time: 1001, PID: 10, TID: 11},
-		{Kind: engine.SideComm, Time: 1002, PID: 10, TID: 11, Comm: "target"},
+		{Kind: engine.SideComm, Time: 1002, PID: 10, TID: 11, Comm: "target", Exec: true},
 		{Kind: engine.SideMmap2, Time: 1003, PID: 10, TID: 10, Addr: 0x400000, Len: 0x2000, PgOff: 0x1000, Filename: "/usr/bin/target",
 			Maj: 254, Min: 1, Ino: 9985995},
 		{Kind: engine.SideMmap2, Time: 1004, PID: 10, TID: 10, Addr: 0x400000, Len: 0x2000, PgOff: 0x1000, Filename: "/usr/bin/target"},

@@ -106,6 +106,7 @@ func (p *sideParser) parse(typ uint32, misc uint16, rec []byte, ev *engine.SideE
 			return fmt.Errorf("comm: %w", err)
 		}
 		ev.Comm = p.comm.get(s)
+		ev.Exec = misc&unix.PERF_RECORD_MISC_COMM_EXEC != 0
 	case unix.PERF_RECORD_MMAP, unix.PERF_RECORD_MMAP2:
 		ev.Addr = binary.LittleEndian.Uint64(body[8:])
 		ev.Len = binary.LittleEndian.Uint64(body[16:])
