@@ -119,7 +119,7 @@ type SideEvent struct {
 	Comm             string // SideComm
 	// Exec: the SideComm came with an exec (PERF_RECORD_MISC_COMM_EXEC):
 	// PID runs another program, in a new address space.
-	Exec bool
+	Exec             bool
 	Addr, Len, PgOff uint64 // SideMmap2
 	Filename         string // SideMmap2
 	// Maj, Min and Ino identify the mapped file (SideMmap2 of an MMAP2
