@@ -432,3 +432,40 @@ func TestStageExec(t *testing.T) {
 		t.Error("no code after the new program's mapping")
 	}
 }
+
+// FuzzStage feeds the stage a trace it was not made for, cut and broken
+// where the input says, over the ptsim run's images: no panic, no hang,
+// every line whole, and what it counts adds up.
+func FuzzStage(f *testing.F) {
+	run, bin := ptsimRun(f, "run-static")
+	f.Add(run.Trace[:2000], uint16(100), uint8(3))
+	f.Add(run.Trace[4097:6000], uint16(7), uint8(0))
+	f.Add([]byte{2, 0x82, 2, 0x82}, uint16(1), uint8(1))
+	f.Fuzz(func(t *testing.T, trace []byte, chunk uint16, losses uint8) {
+		s := newStage(t, run)
+		out := stream.New(stream.Options{})
+		defer out.Close()
+		if err := s.Attach("t", []string{bin}, out); err != nil {
+			t.Fatal(err)
+		}
+		// A replay batch per chunk: bounded so that an exec stays short.
+		trace = trace[:min(len(trace), 16<<10)]
+		b := run.Batches(0, 7, 42, 1<<20)[:1]
+		step := max(int(chunk), len(trace)/256) + 1
+		for i := 0; i < len(trace); i += step {
+			steps := []enginetest.Step{enginetest.Trace(trace[i:min(i+step, len(trace))])}
+			if losses > 0 && i/step%int(losses+1) == 1 {
+				steps = append(steps, enginetest.Loss(engine.LossKind(i%int(engine.NumLossKinds+1)), 1))
+			}
+			b = append(b, enginetest.Batch{0: steps})
+		}
+		play(t, s, b)
+		text := streamText(t, out)
+		if text != "" && !strings.HasSuffix(text, "\n") {
+			t.Fatalf("a cut line: %q", text[max(0, len(text)-100):])
+		}
+		if st := s.Stats(); st.Bytes != uint64(len(trace)) || st.Lines != uint64(strings.Count(text, "\n")) {
+			t.Fatalf("stats %+v for %d bytes, %d lines", st, len(trace), strings.Count(text, "\n"))
+		}
+	})
+}
