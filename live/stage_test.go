@@ -469,3 +469,36 @@ func FuzzStage(f *testing.F) {
 		}
 	})
 }
+
+// TestStageOverflow: an OVF packet in the trace (the CPU's internal buffer
+// overflowed) gives one `gap: overflow` line where it is, and decoding
+// goes on after it exactly as the offline decoder does.
+func TestStageOverflow(t *testing.T) {
+	run, bin := ptsimRun(t, "run-static")
+	const at = 8193 // a PSB begins here
+	if !bytes.HasPrefix(run.Trace[at:], []byte{2, 0x82, 2, 0x82}) {
+		t.Fatalf("no PSB at %d", at)
+	}
+	ovf := *run
+	ovf.Trace = append(append(append([]byte(nil), run.Trace[:at]...), 0x02, 0xf3), run.Trace[at:]...)
+	want, _ := own(offline(t, &ovf, nil, 42, 0), bin)
+	s := newStage(t, run)
+	out := stream.New(stream.Options{})
+	if err := s.Attach("t", []string{bin}, out); err != nil {
+		t.Fatal(err)
+	}
+	play(t, s, ovf.Batches(0, 7, 42, 1000))
+	got := streamText(t, out)
+	if got != want {
+		t.Fatalf("%s", firstDiff(got, want))
+	}
+	if n := strings.Count(got, "gap: overflow"); n != 1 {
+		t.Errorf("%d overflow lines, want 1", n)
+	}
+	whole, _ := own(offline(t, run, nil, 42, 0), bin)
+	tail := got[strings.LastIndex(got, "gap: overflow"):]
+	tail = tail[strings.IndexByte(tail, '\n')+1:]
+	if !strings.HasSuffix(whole, tail[strings.IndexByte(tail, '\n')+1:]) {
+		t.Errorf("the lines after the overflow differ from the trace's without it")
+	}
+}
