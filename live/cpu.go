@@ -5,85 +5,139 @@ import (
 	"strconv"
 
 	"ptfs/flow"
-	"ptfs/images"
 	"ptfs/perfdata"
+	"ptfs/perfflow"
 )
 
-// cpuState is the decoding of one CPU's trace: the process that runs there
-// (its memory and thread), the decoder and the line formatter, whose output
-// the stage routes (Write). Its methods run with the stage's mu held.
+// cpuState is the decoding of one CPU's trace. Its side band goes into a
+// timeline (perfdata.Timeline); while the CPU's events pass trace (from the
+// first bytes after they started to the next stop or flush: a run), a
+// perfflow.Decoder decodes it and applies the side band as the trace's
+// clock passes it: the process and thread of every line are the ones that
+// ran then, not the last that the side band named (the kernel writes a
+// switch before the AUX data that covers it). The formatter's output is
+// routed by Write. Its methods run with the stage's mu held.
 type cpuState struct {
-	s        *Stage
-	cpu      int32
+	s   *Stage
+	cpu int32
+	// pid and tid are the task the CPU's side band last named (the one
+	// that runs now, whatever the trace has reached).
 	pid, tid int32
-	mem      spaceMemory
-	symGen   uint64        // mem's generation when the formatter's names were cached
-	fd       *flow.Decoder // kept across streams: its block cache
-	dec      *flow.Stream  // the trace since the CPU's events last started
-	br       *flow.Branches
-	tc       perfdata.TimeConv
+	// last is the time of the newest side-band record: without a TSC
+	// conversion the trace is placed there (arrival order).
+	last uint64
+	conv func(tsc uint64) uint64 // nil until TimeConv
+	tc   perfdata.TimeConv
+	// tl is the side band not applied yet; it begins with the task that
+	// runs at its start (an ITRACE_START, real or made).
+	tl *perfdata.Timeline
+	// apid and atid are the task of the side band applied outside a run.
+	apid, atid int32
+	// run decodes the trace since the events last started; nil between.
+	run *perfflow.Decoder
+	// errs counts the decoding errors of runs that ended.
+	errs uint64
 }
 
-// spaceMemory is the memory of the process a CPU runs, for the decoder
-// (code bytes, generation) and the formatter (names). It is switched
-// between processes' spaces.
-type spaceMemory struct{ space *images.Space }
+// maxIdleSide bounds the side band kept for a CPU that passes no trace:
+// beyond it the model takes it at once.
+const maxIdleSide = 1 << 12
 
-func (m *spaceMemory) ReadAt(dst []byte, addr uint64) (int, error) { return m.space.ReadAt(dst, addr) }
-
-func (m *spaceMemory) Generation() uint64 { return m.space.Generation() }
-
-func (m *spaceMemory) Symbolize(addr uint64) (string, uint64, string, bool) {
-	return m.space.Symbolize(addr)
+// newCPU returns the state of cpu, before any side band.
+func newCPU(s *Stage, cpu int32) *cpuState {
+	c := &cpuState{s: s, cpu: cpu, pid: -1, tid: -1, apid: -1, atid: -1}
+	c.seed()
+	return c
 }
 
-// switchTo makes pid/tid the process and thread of the lines from now on.
-func (c *cpuState) switchTo(pid, tid int32) {
-	c.pid, c.tid = pid, tid
-	c.br.SetContext(tid, c.cpu)
-	c.useSpace()
+// seed starts a timeline at the task applied last.
+func (c *cpuState) seed() {
+	c.tl = &perfdata.Timeline{}
+	c.tl.Push(perfdata.Event{Kind: perfdata.ItraceStart, PID: c.apid, TID: c.atid, Time: c.last, HasTime: true})
 }
 
-// useSpace points the memory at the current process's space (a new one
-// after exec, an empty one for an unknown process) and, when it or its
-// mappings changed, drops the code and names decoded from other bytes.
-func (c *cpuState) useSpace() {
-	sp := c.s.space(c.pid)
-	if sp == nil {
-		sp = c.s.empty
-	}
-	if sp != c.mem.space || sp.Generation() != c.symGen {
-		c.mem.space, c.symGen = sp, sp.Generation()
-		c.fd.MemoryChanged()
-		c.br.SymbolsChanged()
-	}
-}
-
-// write passes trace bytes to the decoder and hands the lines out.
+// write passes trace bytes to the run (begun with the first) and hands
+// the lines out.
 func (c *cpuState) write(data []byte) {
-	c.useSpace()
-	// A Stream takes all bytes until Close, after which end made a new
-	// one; the stage's Write never fails.
-	_, _ = c.dec.Write(data)
-	_ = c.br.Flush()
+	if c.run == nil {
+		s := c.s
+		c.run = perfflow.New(perfflow.Config{Processes: s.procs, Timeline: c.tl, CPU: c.cpu, TimeConv: c.conv,
+			Options: flow.Options{Time: s.opts.Clock}}, func(mem flow.Memory, sym flow.Symbolizer) *flow.Branches {
+			return flow.NewBranches(c, mem, sym, s.events)
+		})
+	}
+	if c.conv == nil {
+		// No time in the trace: the side band applies as it came.
+		c.run.Place(c.last)
+	}
+	// The stage's Write never fails.
+	_, _ = c.run.Write(data)
+	_ = c.run.Branches().Flush()
 }
 
-// end ends the CPU's trace (the event stopped or was flushed): what is
-// held is decoded to its end, and the next bytes start a new trace.
+// side takes a side-band event of the CPU into its timeline. Outside a
+// run a long timeline is applied at once: no trace is coming for it.
+func (c *cpuState) side(e perfdata.Event) {
+	c.last = max(c.last, e.Time)
+	c.tl.Push(e)
+	if c.run == nil && c.tl.Len() > maxIdleSide {
+		c.drain()
+	}
+}
+
+// drain applies the whole timeline to the model and starts a new one.
+func (c *cpuState) drain() {
+	for {
+		e, ok := c.tl.Next(^uint64(0))
+		if !ok {
+			break
+		}
+		switch e.Kind {
+		case perfdata.Mmap:
+			_ = c.s.procs.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name)
+		case perfdata.Comm:
+			if e.Exec {
+				c.s.procs.Exec(e.PID)
+			}
+		case perfdata.ItraceStart, perfdata.Switch:
+			c.apid, c.atid = e.PID, e.TID
+		case perfdata.Lost:
+			c.atid = -1
+		}
+	}
+	c.seed()
+}
+
+// end ends the run (the events stopped or were flushed: all their trace
+// was passed): its trace is decoded to its end, the side band it did not
+// reach is applied, and the next bytes start a new run.
 func (c *cpuState) end() {
-	c.useSpace()
-	_ = c.dec.Close()
-	c.br.Finish()
-	_ = c.br.Flush()
-	c.dec = flow.NewStream(c.fd, c.br)
+	if c.run != nil {
+		_ = c.run.Close()
+		_ = c.run.Branches().Flush()
+		c.errs += c.run.Flow().Counters().Errors
+		c.run = nil
+	}
+	c.drain()
 }
 
 // gap reports trace lost by cause: a gap line, then the flow resumes at
 // the next PSB.
 func (c *cpuState) gap(cause error) {
-	c.useSpace()
-	c.dec.Gap(cause)
-	_ = c.br.Flush()
+	if c.run == nil {
+		return
+	}
+	c.run.Lose(cause)
+	_ = c.run.Branches().Flush()
+}
+
+// errors returns the decoding errors so far.
+func (c *cpuState) errors() uint64 {
+	n := c.errs
+	if c.run != nil {
+		n += c.run.Flow().Counters().Errors
+	}
+	return n
 }
 
 // Write takes the formatter's lines (whole lines, as flow.Branches writes

@@ -17,10 +17,10 @@ import (
 
 	"ptfs/decode"
 	"ptfs/engine"
-	"ptfs/flow"
 	"ptfs/images"
 	"ptfs/objfile"
 	"ptfs/perfdata"
+	"ptfs/perfflow"
 	"ptfs/stream"
 )
 
@@ -81,8 +81,7 @@ type Stage struct {
 
 	mu      sync.Mutex
 	procs   *images.Processes
-	empty   *images.Space // the memory of a CPU whose process is unknown
-	cpus    []*cpuState   // by CPU number; nil until named
+	cpus    []*cpuState // by CPU number; nil until named
 	targets []*Target
 	out     []byte // the formatter's output being routed (cpuState.Write)
 	events  map[uint16]*decode.Event
@@ -105,7 +104,7 @@ func New(o Options) *Stage {
 	if o.Clock == nil {
 		o.Clock = &decode.ClockConfig{}
 	}
-	return &Stage{opts: o, procs: images.NewProcesses(images.Options{VDSO: o.VDSO, Path: o.Path}), empty: images.NewSpace(),
+	return &Stage{opts: o, procs: images.NewProcesses(images.Options{VDSO: o.VDSO, Path: o.Path}),
 		read: map[string]objfile.FileID{}}
 }
 
@@ -190,8 +189,8 @@ func (s *Stage) SetEvents(events map[uint16]*decode.Event) {
 	defer s.mu.Unlock()
 	s.events = events
 	for _, c := range s.cpus {
-		if c != nil {
-			c.br.SetEvents(events)
+		if c != nil && c.run != nil {
+			c.run.Branches().SetEvents(events)
 		}
 	}
 }
@@ -204,7 +203,7 @@ func (s *Stage) Stats() Stats {
 	st.UnknownCode = s.procs.Unknown() + s.mapsErrs + s.st.Replaced
 	for _, c := range s.cpus {
 		if c != nil {
-			st.DecodeErrors += c.fd.Counters().Errors
+			st.DecodeErrors += c.errors()
 		}
 	}
 	return st
@@ -222,24 +221,19 @@ func (s *Stage) cpuLocked(cpu int) *cpuState {
 	for len(s.cpus) <= cpu {
 		s.cpus = append(s.cpus, nil)
 	}
-	c := &cpuState{s: s, cpu: int32(cpu), pid: -1, tid: -1}
-	c.mem.space = s.empty
-	c.fd = flow.New(&c.mem, flow.Options{Time: s.opts.Clock})
-	c.br = flow.NewBranches(c, &c.mem, &c.mem, s.events)
-	c.dec = flow.NewStream(c.fd, c.br)
-	c.br.SetContext(-1, int32(cpu))
-	c.br.SetClock(c.fd)
+	c := newCPU(s, int32(cpu))
 	s.cpus[cpu] = c
 	return c
 }
 
-// TimeConv implements engine.TraceSink: lines carry time= from then on.
+// TimeConv implements engine.TraceSink: from the CPU's next run, its side
+// band applies as the trace's time passes it, and lines carry time=.
 func (s *Stage) TimeConv(cpu int, tc perfdata.TimeConv) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c := s.cpuLocked(cpu); c != nil {
 		c.tc = tc
-		c.br.TimeConv = c.tc.NS
+		c.conv = c.tc.NS
 	}
 }
 
@@ -257,10 +251,20 @@ func (s *Stage) Trace(cpu int, data []byte) {
 	}
 }
 
+// lossCauses are the errors of the gap lines of the losses that break the
+// trace, as perfflow names them.
+var lossCauses = [engine.NumLossKinds]error{
+	engine.LossTruncated: perfflow.ErrAuxTruncated,
+	engine.LossPartial:   perfflow.ErrAuxPartial,
+	engine.LossCollision: perfflow.ErrAuxCollision,
+	engine.LossHole:      perfflow.ErrAuxHole,
+}
+
 // Loss implements engine.TraceSink: a loss that breaks the trace is a hole
 // (a `gap: error ... err=trace lost: CAUSE` line for every target, decoding
-// resumes at the next PSB); a flush ends the trace (the next starts with a
-// PSB+); lost side band is counted.
+// resumes at the next PSB); a flush ends the run (the next trace starts
+// with a PSB+); lost side band makes the thread unknown until the next
+// switch (a `gap: error ... err=side band lost: N records` line).
 func (s *Stage) Loss(cpu int, why engine.LossKind, n uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -274,94 +278,94 @@ func (s *Stage) Loss(cpu int, why engine.LossKind, n uint64) {
 	}
 	c := s.cpuLocked(cpu)
 	switch {
-	case c == nil || why == engine.LossSideBand:
+	case c == nil:
+	case why == engine.LossSideBand:
+		c.tid = -1
+		c.side(perfdata.Event{Kind: perfdata.Lost, Lost: n, PID: c.pid, TID: -1, Time: c.last, HasTime: true})
 	case why == engine.LossFlush:
-		// The event stopped for a moment: its trace goes on with a
-		// PSB+, a new trace.
 		c.end()
 	default:
-		c.gap(lossError{why})
+		c.gap(lossCauses[why])
 	}
 }
 
-// lossError is the cause of a hole: the loss's kind, as status names it.
-type lossError struct{ why engine.LossKind }
-
-func (e lossError) Error() string { return e.why.String() }
-
-// Side implements engine.TraceSink: mappings go into the process's
-// memory; ITRACE_START and switches say which process a CPU runs from now
-// on: the trace that comes after is decoded in its memory, with its thread
-// on the lines. (The side band reaches the sink before the AUX data that
-// covers the switch, so lines around a switch may name the next thread;
-// a side band applied by time puts them right.)
+// Side implements engine.TraceSink: each record goes into the CPU's side
+// band, applied when the trace's time passes it (see cpuState). A process
+// that the side band names for the first time is read from /proc/PID/maps
+// now, while it runs.
 func (s *Stage) Side(cpu int, ev *engine.SideEvent) {
 	if ev == nil {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	c := s.cpuLocked(cpu)
+	if c == nil {
+		return
+	}
+	e := perfdata.Event{PID: ev.PID, TID: ev.TID, Time: ev.Time, HasTime: true, CPU: int32(cpu)}
 	switch ev.Kind {
 	case engine.SideMmap2:
-		s.mmap(ev)
+		s.space(ev.PID)
+		e.Kind, e.Addr, e.Len, e.PgOff, e.Name = perfdata.Mmap, ev.Addr, ev.Len, ev.PgOff, s.mapName(ev)
 	case engine.SideComm:
-		if ev.Exec {
-			// Another program: its mappings follow as MMAP2.
-			s.procs.Exec(ev.PID)
+		if !ev.Exec {
+			return
 		}
+		e.Kind, e.Name, e.Exec = perfdata.Comm, ev.Comm, true
 	case engine.SideExit:
 		if ev.PID == ev.TID {
 			s.exits = append(s.exits, ev.PID)
 		}
+		return
 	case engine.SideITraceStart, engine.SideSwitchIn, engine.SideSwitchOut:
-		c := s.cpuLocked(cpu)
-		if c == nil {
-			return
+		e.Kind = perfdata.Switch
+		if ev.Kind == engine.SideITraceStart {
+			e.Kind = perfdata.ItraceStart
 		}
-		pid, tid := ev.PID, ev.TID
 		if ev.Kind == engine.SideSwitchOut {
-			pid, tid = ev.NextPID, ev.NextTID
+			e.Out, e.PID, e.TID = true, ev.NextPID, ev.NextTID
 		}
-		if pid == c.pid && tid == c.tid {
-			return
-		}
-		c.switchTo(pid, tid)
+		s.space(e.PID)
+		c.pid, c.tid = e.PID, e.TID
+	default:
+		return
 	}
+	c.side(e)
 }
 
-// mmap maps what ev says into its process's memory. A file that the
-// record identifies (device and inode) is read only if the path names that
-// file now: one replaced on disk since the process mapped it is mapped as
-// unknown code ("[replaced] PATH", counted), never decoded from another
-// file's bytes; a path that names another file than the one read for an
-// earlier mapping is read again. A file that cannot be read is mapped as
-// unknown code too (Processes.Unknown); its lines say [unknown].
-func (s *Stage) mmap(ev *engine.SideEvent) {
-	s.space(ev.PID)
+// mapName returns the name under which ev's file is mapped. A file that
+// the record identifies (device and inode) is read only if the path names
+// that file now: one replaced on disk since the process mapped it is
+// mapped as unknown code ("[replaced] PATH", counted), never decoded from
+// another file's bytes; a path that names another file than the one read
+// for an earlier mapping is read again. (A file that cannot be read is
+// mapped as unknown code too, Processes.Unknown; its lines say [unknown].)
+func (s *Stage) mapName(ev *engine.SideEvent) string {
 	name := ev.Filename
-	if ev.Ino != 0 && strings.HasPrefix(name, "/") {
-		path := name
-		if s.opts.Path != nil {
-			path = s.opts.Path(name)
-		}
-		want := objfile.FileID{Dev: unix.Mkdev(ev.Maj, ev.Min), Ino: ev.Ino}
-		now, err := objfile.StatID(path)
-		if err != nil || !now.SameFile(want) {
-			s.st.Replaced++
-			_ = s.procs.Mmap(ev.PID, ev.Addr, ev.Len, ev.PgOff, "[replaced] "+name)
-			return
-		}
-		if read, ok := s.read[name]; ok && !read.SameFile(want) {
-			s.procs.Reread(name)
-		}
-		s.read[name] = want
+	if ev.Ino == 0 || !strings.HasPrefix(name, "/") {
+		return name
 	}
-	_ = s.procs.Mmap(ev.PID, ev.Addr, ev.Len, ev.PgOff, name)
+	path := name
+	if s.opts.Path != nil {
+		path = s.opts.Path(name)
+	}
+	want := objfile.FileID{Dev: unix.Mkdev(ev.Maj, ev.Min), Ino: ev.Ino}
+	now, err := objfile.StatID(path)
+	if err != nil || !now.SameFile(want) {
+		s.st.Replaced++
+		return "[replaced] " + name
+	}
+	if read, ok := s.read[name]; ok && !read.SameFile(want) {
+		s.procs.Reread(name)
+	}
+	s.read[name] = want
+	return name
 }
 
 // Round implements engine.TraceSink: with flush (the source stopped or
-// flushed its events) every CPU's trace is decoded to its end; exited
-// processes are forgotten.
+// flushed its events) every CPU's run is decoded to its end; processes
+// that exited and run nowhere are forgotten.
 func (s *Stage) Round(flush bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -378,35 +382,31 @@ func (s *Stage) Round(flush bool) {
 	s.exits = s.exits[:0]
 }
 
-// runningLocked tells whether a CPU's current process is pid.
+// runningLocked tells whether pid is a CPU's current process or may still
+// be decoded (a CPU's run is under way).
 func (s *Stage) runningLocked(pid int32) bool {
 	for _, c := range s.cpus {
-		if c != nil && c.pid == pid {
+		if c != nil && (c.pid == pid || c.run != nil) {
 			return true
 		}
 	}
 	return false
 }
 
-// space returns the memory of pid, made from /proc/PID/maps when the side
-// band has not shown the process (it ran before tracing began).
-func (s *Stage) space(pid int32) *images.Space {
-	if sp, ok := s.procs.Space(pid); ok {
-		return sp
-	}
-	if pid < 0 {
-		return nil
+// space makes the memory of pid from /proc/PID/maps when the side band has
+// not shown the process (it ran before tracing began).
+func (s *Stage) space(pid int32) {
+	if _, ok := s.procs.Space(pid); ok || pid < 0 {
+		return
 	}
 	s.procs.Exec(pid)
 	entries, err := s.opts.Maps(pid)
 	if err != nil {
 		// Its code stays unknown: counted, and its lines say so.
 		s.mapsErrs++
-	} else {
-		// Files that cannot be read are mapped as unknown code and
-		// counted by Processes.Unknown.
-		_ = s.procs.MapMaps(pid, entries)
+		return
 	}
-	sp, _ := s.procs.Space(pid)
-	return sp
+	// Files that cannot be read are mapped as unknown code and counted by
+	// Processes.Unknown.
+	_ = s.procs.MapMaps(pid, entries)
 }

@@ -13,12 +13,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"ptfs/decode"
+	"ptfs/decode/ptenc"
 	"ptfs/engine"
 	"ptfs/engine/enginetest"
 	"ptfs/flow"
 	"ptfs/images"
 	"ptfs/internal/testkit"
 	"ptfs/objfile"
+	"ptfs/perfdata"
 	"ptfs/stream"
 )
 
@@ -194,11 +196,12 @@ func firstDiff(got, want string) string {
 }
 
 // TestStageLosses replays the run with the kernel's losses in the middle
-// (a truncated AUX record, a hole in the AUX offsets, lost side band, a
-// flush): each hole gives every target a gap line naming its cause where it
-// happened, decoding resumes at the next PSB with a sync line, the lines
-// around the holes are the offline decoder's, and status counts each
-// loss by cause.
+// (a truncated AUX record, a hole in the AUX offsets, lost side band): each
+// hole gives every target a gap line naming its cause where it happened and
+// decoding resumes at the next PSB with a sync line; lost side band gives a
+// gap line and leaves the thread unknown (no tid=) until the next switch;
+// the lines around are the offline decoder's, and status counts each loss
+// by cause.
 func TestStageLosses(t *testing.T) {
 	run, bin := ptsimRun(t, "run-static")
 	want, _ := own(offline(t, run, nil, 42, 3), bin)
@@ -234,17 +237,25 @@ func TestStageLosses(t *testing.T) {
 			continue
 		}
 		gaps = append(gaps, l)
-		if i+1 >= len(got) || !strings.HasPrefix(got[i+1], "trace: sync at ") {
-			t.Errorf("after %q: %q, want a sync line", l, got[min(i+1, len(got)-1)])
+		// The path is unknown until a sync (another gap line may come
+		// first).
+		j := i + 1
+		for j < len(got) && strings.HasPrefix(got[j], "gap: ") {
+			j++
+		}
+		if strings.Contains(l, "err=trace lost: ") && (j >= len(got) || !strings.HasPrefix(got[j], "trace: sync at ")) {
+			t.Errorf("after %q: %q, want a sync line", l, got[min(j, len(got)-1)])
 		}
 	}
 	wantGaps := []string{"gap: error offset=0x1194 ip=0x401585 main+0x95 (" + bin + ") err=trace lost: aux truncated tid=42 cpu=3",
-		"gap: error offset=0x2328 ip=0x40158a main+0x9a (" + bin + ") err=trace lost: aux hole tid=42 cpu=3"}
+		"gap: error offset=0x2328 err=side band lost: 5 records cpu=3",
+		"gap: error offset=0x2328 ip=0x40158a main+0x9a (" + bin + ") err=trace lost: aux hole cpu=3"}
 	if strings.Join(gaps, "\n") != strings.Join(wantGaps, "\n") {
 		t.Errorf("gap lines\n%s\nwant\n%s", strings.Join(gaps, "\n"), strings.Join(wantGaps, "\n"))
 	}
-	// Before the first hole and after the last resync, the lines are the
-	// offline decoder's.
+	// Before the first hole the lines are the offline decoder's; after
+	// the last resync too, without tid= (no switch told the thread since
+	// the side band was lost).
 	first := slices.IndexFunc(got, func(l string) bool { return strings.HasPrefix(l, "gap: ") })
 	if first < 100 || !slices.Equal(got[:first-1], wantLines[:first-1]) {
 		t.Errorf("the %d lines before the first hole differ from the offline decoder's", first)
@@ -254,9 +265,10 @@ func TestStageLosses(t *testing.T) {
 		last--
 	}
 	tail := len(got) - last - 1
-	if tail < 100 || !slices.Equal(got[last+1:], wantLines[len(wantLines)-tail:]) {
+	wantTail := strings.ReplaceAll(strings.Join(wantLines[len(wantLines)-tail:], "\n"), " tid=42", "")
+	if tail < 100 || strings.Join(got[last+1:], "\n") != wantTail {
 		t.Errorf("the %d lines after the last resync differ from the offline decoder's:\n%s", tail,
-			firstDiff(strings.Join(got[last+1:], "\n"), strings.Join(wantLines[len(wantLines)-tail:], "\n")))
+			firstDiff(strings.Join(got[last+1:], "\n"), wantTail))
 	}
 	for l := range strings.SplitSeq(strings.TrimSuffix(streamText(t, other), "\n"), "\n") {
 		if !strings.HasPrefix(l, "gap: ") {
@@ -265,7 +277,7 @@ func TestStageLosses(t *testing.T) {
 	}
 	st := s.Stats()
 	if st.Losses[engine.LossTruncated] != 1 || st.Losses[engine.LossHole] != 1 || st.Losses[engine.LossSideBand] != 5 || st.DecodeErrors != 2 {
-		t.Errorf("losses %v", st.Losses)
+		t.Errorf("losses %v, stats %+v", st.Losses, st)
 	}
 	t.Logf("%d lines, %d offline; stats %+v", len(got), len(wantLines), st)
 }
@@ -383,6 +395,7 @@ func TestStageReplaced(t *testing.T) {
 			Filename: bin, Maj: unix.Major(fid.Dev), Min: unix.Minor(fid.Dev), Ino: fid.Ino})
 	}
 	mmap(7, copyFile(t, orig, bin))
+	s.Round(true) // the side band applies when the trace before it passed
 	b, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)
@@ -394,6 +407,7 @@ func TestStageReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	mmap(8, copyFile(t, bin+".b", bin))
+	s.Round(true)
 	for pid, want := range map[int32]byte{7: old, 8: b[at]} {
 		sp, _ := s.procs.Space(pid)
 		var c [1]byte
@@ -423,11 +437,13 @@ func TestStageExec(t *testing.T) {
 		t.Fatal("no code at fib after the mappings")
 	}
 	s.Side(0, &engine.SideEvent{Kind: engine.SideComm, PID: 7, TID: 7, Comm: "other", Exec: true})
+	s.Round(true)
 	if code() {
 		t.Error("the old program's code is still mapped after the exec")
 	}
 	s.Side(0, &engine.SideEvent{Kind: engine.SideComm, PID: 7, TID: 7, Comm: "renamed"})
 	s.Side(0, &engine.SideEvent{Kind: engine.SideMmap2, PID: 7, TID: 7, Addr: 0x401000, Len: 0x78000, PgOff: 0x1000, Filename: bin})
+	s.Round(true)
 	if !code() {
 		t.Error("no code after the new program's mapping")
 	}
@@ -500,5 +516,58 @@ func TestStageOverflow(t *testing.T) {
 	tail = tail[strings.IndexByte(tail, '\n')+1:]
 	if !strings.HasSuffix(whole, tail[strings.IndexByte(tail, '\n')+1:]) {
 		t.Errorf("the lines after the overflow differ from the trace's without it")
+	}
+}
+
+// TestStageSideBandByTime: a switch arrives before the trace that covers
+// it (the kernel writes side band before the AUX data): with the CPU's TSC
+// conversion it applies when the trace's time passes it, so the lines
+// before carry the old thread and those after the new one.
+func TestStageSideBandByTime(t *testing.T) {
+	run, bin := ptsimRun(t, "run-static")
+	var e ptenc.Encoder
+	e.PSB()
+	e.PSBEnd()
+	e.TSC(1000)
+	e.IP(ptenc.TIPPGE, 0x4016d0) // _start; its call goes to __libc_start_main
+	e.TSC(3000)
+	e.IP(ptenc.TIPPGD, 0x402aa0)
+	e.TSC(5000)
+	e.IP(ptenc.TIPPGE, 0x4016d0)
+	e.TSC(6000)
+	e.IP(ptenc.TIPPGD, 0x402aa0)
+	s := newStage(t, run)
+	out := stream.New(stream.Options{})
+	if err := s.Attach("t", []string{bin}, out); err != nil {
+		t.Fatal(err)
+	}
+	b := run.Batches(0, 7, 41, 1<<20)[:1]
+	b = append(b, enginetest.Batch{0: {
+		enginetest.TimeConv(perfdata.TimeConv{Mult: 1}),
+		enginetest.Side(engine.SideEvent{Kind: engine.SideSwitchIn, Time: 4000, PID: 7, TID: 42}),
+		enginetest.Trace(e.Bytes()),
+	}})
+	play(t, s, b)
+	want := "trace: start at 0x4016d0 _start+0x0 (" + bin + ") tid=41 cpu=0 time=0.000001000\n" +
+		"trace: stop at 0x402aa0 __libc_start_main_impl+0x0 (" + bin + ") tid=41 cpu=0 time=0.000003000\n" +
+		"trace: start at 0x4016d0 _start+0x0 (" + bin + ") tid=42 cpu=0 time=0.000005000\n" +
+		"trace: stop at 0x402aa0 __libc_start_main_impl+0x0 (" + bin + ") tid=42 cpu=0 time=0.000006000\n"
+	if got := streamText(t, out); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+
+	// Without a TSC conversion (no time in the trace, as under
+	// kvm-clock) the side band applies as it arrives, and lines carry
+	// no time.
+	s = newStage(t, run)
+	out = stream.New(stream.Options{})
+	if err := s.Attach("t", []string{bin}, out); err != nil {
+		t.Fatal(err)
+	}
+	b[1][0] = b[1][0][1:]
+	play(t, s, b)
+	got := streamText(t, out)
+	if strings.Count(got, " tid=42 cpu=0\n") != 4 {
+		t.Errorf("without time:\n%s\nwant 4 lines of the thread that arrived last, without time=", got)
 	}
 }
