@@ -117,6 +117,9 @@ func (c *cpuState) end() {
 		_ = c.run.Branches().Flush()
 		c.errs += c.run.Flow().Counters().Errors
 		c.run = nil
+		// The run applied what its trace reached; drain applies the
+		// rest, after which the last task named is the one running.
+		c.apid, c.atid = c.pid, c.tid
 	}
 	c.drain()
 }

@@ -571,3 +571,23 @@ func TestStageSideBandByTime(t *testing.T) {
 		t.Errorf("without time:\n%s\nwant 4 lines of the thread that arrived last, without time=", got)
 	}
 }
+
+// TestStageRuns: a flush ends a run (the events restart with a PSB+); the
+// next run decodes in the same process, with no ITRACE_START of its own,
+// exactly as the first.
+func TestStageRuns(t *testing.T) {
+	run, bin := ptsimRun(t, "run-static")
+	want, _ := own(offline(t, run, nil, 42, 0), bin)
+	s := newStage(t, run)
+	out := stream.New(stream.Options{})
+	if err := s.Attach("t", []string{bin}, out); err != nil {
+		t.Fatal(err)
+	}
+	b := run.Batches(0, 7, 42, 5000)
+	b = append(b, enginetest.Batch{0: {enginetest.Loss(engine.LossFlush, 1)}})
+	b = append(b, run.Batches(0, 7, 42, 3000)[1:]...)
+	play(t, s, b)
+	if got := streamText(t, out); got != want+want {
+		t.Fatalf("%s", firstDiff(got, want+want))
+	}
+}
