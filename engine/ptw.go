@@ -114,9 +114,12 @@ type PTW struct {
 	// ctl serializes Add, Remove and Close, and with them the calls of
 	// src. The sink path never takes it: src.Flush and src.Stop wait for
 	// a Round, which must be able to run.
-	ctl      sync.Mutex
-	running  bool
-	closed   bool
+	ctl     sync.Mutex
+	running bool
+	closed  bool
+	// kept: Keep(true) holds the source running without events (the
+	// live branches of ptw mode read the same trace).
+	kept     bool
 	closeErr error
 
 	mu      sync.Mutex // guards the fields below; the sink path holds it
@@ -218,6 +221,32 @@ func (p *PTW) Add(ev *decode.Event) error {
 	return nil
 }
 
+// Keep holds the source running while no event is added (on), or lets
+// it stop once none is (off): the PT events of ptw mode also carry the
+// trace of the live branches files. Keep(true) starts a stopped source.
+func (p *PTW) Keep(on bool) error {
+	p.ctl.Lock()
+	defer p.ctl.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.kept = on
+	p.mu.Lock()
+	idle := len(p.events) == 0
+	p.mu.Unlock()
+	switch {
+	case on && !p.running:
+		if err := p.src.Start((*ptwSink)(p)); err != nil {
+			p.kept = false
+			return fmt.Errorf("start pt trace: %w", err)
+		}
+		p.running = true
+	case !on && p.running && idle:
+		return p.stop()
+	}
+	return nil
+}
+
 // Remove removes event id. Every record of it already traced reaches the
 // sink before Remove returns (records of other events held back for
 // ordering go out with them, early); a hit traced later counts as stray, so
@@ -237,7 +266,7 @@ func (p *PTW) Remove(id uint16) error {
 	}
 	var err error
 	if p.running {
-		if last {
+		if last && !p.kept {
 			err = p.stop()
 		} else if ferr := p.src.Flush(); ferr != nil {
 			err = fmt.Errorf("flush pt trace: %w", ferr)

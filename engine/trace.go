@@ -117,6 +117,14 @@ type SideEvent struct {
 	PID, TID         int32
 	NextPID, NextTID int32  // SideSwitchOut
 	Comm             string // SideComm
+	// Exec: the SideComm came with an exec (PERF_RECORD_MISC_COMM_EXEC):
+	// PID runs another program, in a new address space.
+	Exec             bool
 	Addr, Len, PgOff uint64 // SideMmap2
 	Filename         string // SideMmap2
+	// Maj, Min and Ino identify the mapped file (SideMmap2 of an MMAP2
+	// record that carries them; 0 when not known), so that a file
+	// replaced on disk since is not read for its code.
+	Maj, Min uint32
+	Ino      uint64
 }

@@ -127,6 +127,10 @@ func (b *Branches) SetContext(tid, cpu int32) {
 	b.recs.SetCPU(cpu)
 }
 
+// SetEvents replaces the probe events whose records the ptwrites carry
+// (a live mount adds and removes probes while it decodes).
+func (b *Branches) SetEvents(events map[uint16]*decode.Event) { b.recs.SetEvents(events) }
+
 // SymbolsChanged is called before the memory and the Symbolizer change
 // (a context switch, an exec, an mmap): a stop that no enable resumed
 // yet is told as a stop, named in the old memory (an

@@ -42,8 +42,7 @@ type StreamCounters struct {
 // Handler sees exactly what Decode of the whole trace gives. Memory is a
 // fixed window (64 KiB) besides the decoder's images and block cache,
 // whatever the trace's length. Write feeds bytes, Gap marks a hole, Close
-// ends the trace; the Handler is called from within them. Close must be
-// called: the decoder waits in a coroutine until then. A Stream is not
+// ends the trace; the Handler is called from within them. A Stream is not
 // safe for concurrent use, nor is its Decoder while the Stream is open.
 type Stream struct {
 	d   *Decoder

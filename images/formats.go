@@ -159,6 +159,19 @@ func ParseMaps(data []byte) ([]MapsEntry, error) {
 	return out, nil
 }
 
+// ParseMapsSnapshots parses maps text with '#' comment lines between the
+// snapshots (ptsim's maps.txt, `ptfs decode --branches --maps`): the
+// comments are skipped, the rest is ParseMaps's.
+func ParseMapsSnapshots(data []byte) ([]MapsEntry, error) {
+	var keep []byte
+	for line := range bytes.Lines(data) {
+		if !bytes.HasPrefix(line, []byte("#")) {
+			keep = append(keep, line...)
+		}
+	}
+	return ParseMaps(keep)
+}
+
 // parseMapsLine parses one line of ParseMaps.
 func parseMapsLine(line string) (MapsEntry, error) {
 	var e MapsEntry

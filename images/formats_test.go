@@ -126,6 +126,19 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
 	}
 }
 
+// TestParseMapsSnapshots skips the comment lines of a snapshot file only.
+func TestParseMapsSnapshots(t *testing.T) {
+	got, err := ParseMapsSnapshots([]byte("# snapshot 0 exec\n00400000-00401000 r--p 00000000 fe:00 1 /x\n# dump a b\n" +
+		"00401000-00402000 r-xp 00001000 fe:00 1 /x\n"))
+	want := []MapsEntry{{0x400000, 0x401000, 0, "r--p", "/x"}, {0x401000, 0x402000, 0x1000, "r-xp", "/x"}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("ParseMapsSnapshots = %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := ParseMapsSnapshots([]byte(" # not a comment\n")); !errors.Is(err, ErrSyntax) {
+		t.Errorf("indented #: %v, want ErrSyntax", err)
+	}
+}
+
 func TestParseBuildIDs(t *testing.T) {
 	got, err := ParseBuildIDs([]byte("672679ce [kernel.kallsyms]\n00ff /usr/lib/a b.so\n\n"))
 	if err != nil {

@@ -3,6 +3,8 @@ package images
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -28,6 +30,7 @@ type Processes struct {
 	opts   Options
 	spaces map[int32]*Space
 	files  map[string]fileSource
+	old    []fileSource // files read again (Reread), still mapped
 	// unknown counts mappings whose bytes are not known because their
 	// file could not be read or matched.
 	unknown uint64
@@ -159,15 +162,25 @@ func (p *Processes) MapMaps(pid int32, entries []MapsEntry) error {
 	return errors.Join(errs...)
 }
 
+// Reread makes the next mapping of name read the file again: another file
+// is at that path now (a live side band saw a mapping of another inode).
+// Spaces that mapped the old one keep its bytes; Close releases it.
+func (p *Processes) Reread(name string) {
+	if fs, ok := p.files[name]; ok {
+		p.old = append(p.old, fs)
+		delete(p.files, name)
+	}
+}
+
 // Close releases the files read.
 func (p *Processes) Close() error {
 	var errs []error
-	for _, fs := range p.files {
+	for _, fs := range append(p.old, slices.Collect(maps.Values(p.files))...) {
 		if e, ok := fs.src.(*ELF); ok {
 			errs = append(errs, e.Close())
 		}
 	}
-	p.files = map[string]fileSource{}
+	p.files, p.old = map[string]fileSource{}, nil
 	return errors.Join(errs...)
 }
 

@@ -6,11 +6,9 @@
 package perfdata
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 )
 
@@ -99,44 +97,9 @@ type Buffer struct {
 
 // Chunk is the payload of one PERF_RECORD_AUXTRACE.
 type Chunk struct {
-	// Offset is the position of the data in the AUX area's running
-	// offset.
+	// Offset is the position of Data in the AUX area's running offset.
 	Offset uint64
-	// Data is the payload (nil from ParseReader: Pieces reads it).
-	Data []byte
-	r    io.ReaderAt
-	pos  uint64
-	n    uint64
-}
-
-// Size returns the payload's length.
-func (c *Chunk) Size() uint64 {
-	if c.Data != nil {
-		return uint64(len(c.Data))
-	}
-	return c.n
-}
-
-// Pieces calls fn with the payload in order: Data whole, or read from the
-// file into buf (len(buf) bytes at a time), with each piece's AUX offset.
-func (c *Chunk) Pieces(buf []byte, fn func(off uint64, p []byte) error) error {
-	if c.Data != nil || c.n == 0 {
-		return fn(c.Offset, c.Data)
-	}
-	if len(buf) == 0 {
-		return fmt.Errorf("auxtrace payload at %d: no buffer: %w", c.pos, ErrUnsupported)
-	}
-	for done := uint64(0); done < c.n; {
-		b := buf[:min(uint64(len(buf)), c.n-done)]
-		if _, err := c.r.ReadAt(b, int64(c.pos+done)); err != nil {
-			return fmt.Errorf("read auxtrace payload at %d: %w", c.pos+done, err)
-		}
-		if err := fn(c.Offset+done, b); err != nil {
-			return err
-		}
-		done += uint64(len(b))
-	}
-	return nil
+	Data   []byte
 }
 
 // Bytes returns the buffer's chunks concatenated.
@@ -230,98 +193,37 @@ type attr struct {
 // Parse reads a perf.data file held in memory. The chunks of the result
 // alias data.
 func Parse(data []byte) (*File, error) {
-	return parse(&input{mem: data, size: uint64(len(data))})
-}
-
-// ParseReader reads a perf.data file of size bytes through r, record by
-// record: the AUX payloads stay in the file (their chunks have no Data;
-// Chunk.Pieces reads them), so that memory is the side band, not the
-// trace. The file must not change while the result is used.
-func ParseReader(r io.ReaderAt, size int64) (*File, error) {
-	if size < 0 {
-		return nil, fmt.Errorf("perf.data of %d bytes: %w", size, ErrCorrupt)
+	if len(data) < 16 {
+		return nil, fmt.Errorf("perf.data header: %d bytes: %w", len(data), ErrTruncated)
 	}
-	return parse(&input{r: r, size: uint64(size)})
-}
-
-// maxPiece bounds what ParseReader reads at once (a header section); a
-// record is at most 64 KiB.
-const maxPiece = 64 << 20
-
-// input is the file Parse reads: in memory, or read piece by piece.
-type input struct {
-	mem  []byte
-	r    io.ReaderAt
-	size uint64
-	buf  []byte
-}
-
-// at returns the n bytes at off: from memory, or read into a buffer that
-// the next call reuses.
-func (in *input) at(off, n uint64, what string) ([]byte, error) {
-	if off > in.size || n > in.size-off {
-		return nil, fmt.Errorf("%s at %d, %d bytes, in a %d-byte file: %w", what, off, n, in.size, ErrTruncated)
-	}
-	if in.mem != nil {
-		return in.mem[off : off+n], nil
-	}
-	if n > maxPiece {
-		return nil, fmt.Errorf("%s at %d: %d bytes: %w", what, off, n, ErrUnsupported)
-	}
-	if uint64(cap(in.buf)) < n {
-		in.buf = make([]byte, n)
-	}
-	b := in.buf[:n]
-	if _, err := in.r.ReadAt(b, int64(off)); err != nil {
-		return nil, fmt.Errorf("read %s at %d: %w", what, off, err)
-	}
-	return b, nil
-}
-
-// section returns the file section whose {offset, size} is at h[at:].
-func (in *input) section(h []byte, at int, name string) ([]byte, error) {
-	return in.at(binary.LittleEndian.Uint64(h[at:]), binary.LittleEndian.Uint64(h[at+8:]), name+" section")
-}
-
-func parse(in *input) (*File, error) {
-	if in.size < 16 {
-		return nil, fmt.Errorf("perf.data header: %d bytes: %w", in.size, ErrTruncated)
-	}
-	// struct perf_file_header: magic, size, attr_size, attrs, data,
-	// event_types (sections of offset and size), adds_features[4].
-	var h [104]byte
-	b, err := in.at(0, min(in.size, uint64(len(h))), "header")
-	if err != nil {
-		return nil, err
-	}
-	copy(h[:], b)
-	if string(h[:8]) != magic {
-		if string(h[:8]) == "2ELIFREP" {
+	if string(data[:8]) != magic {
+		if string(data[:8]) == "2ELIFREP" {
 			return nil, fmt.Errorf("big-endian perf.data: %w", ErrUnsupported)
 		}
-		return nil, fmt.Errorf("magic %q: %w", h[:8], ErrNotPerfData)
+		return nil, fmt.Errorf("magic %q: %w", data[:8], ErrNotPerfData)
 	}
 	p := &parser{f: &File{BuildIDs: map[string][]byte{}}, byIdx: map[uint32]*Buffer{}}
-	hsize := binary.LittleEndian.Uint64(h[8:])
+	hsize := binary.LittleEndian.Uint64(data[8:])
 	if hsize == 16 {
 		p.f.Pipe = true
-		if err := p.records(in, 16, in.size); err != nil {
+		if err := p.records(data, 16, uint64(len(data))); err != nil {
 			return nil, err
 		}
 		return p.finish(), nil
 	}
-	if hsize < 72 || hsize > in.size {
-		return nil, fmt.Errorf("perf.data header size %d of %d bytes: %w", hsize, in.size, ErrCorrupt)
+	// struct perf_file_header: magic, size, attr_size, attrs, data,
+	// event_types (sections of offset and size), adds_features[4].
+	if hsize < 72 || hsize > uint64(len(data)) {
+		return nil, fmt.Errorf("perf.data header size %d of %d bytes: %w", hsize, len(data), ErrCorrupt)
 	}
-	attrSize := binary.LittleEndian.Uint64(h[16:])
-	attrs, err := in.section(h[:], 24, "attrs")
+	attrSize := binary.LittleEndian.Uint64(data[16:])
+	attrs, err := section(data, 24, "attrs")
 	if err != nil {
 		return nil, err
 	}
-	attrs = bytes.Clone(attrs) // the ids are read next
-	dataOff, dataSize := binary.LittleEndian.Uint64(h[40:]), binary.LittleEndian.Uint64(h[48:])
-	if dataOff > in.size || dataSize > in.size-dataOff {
-		return nil, fmt.Errorf("data section at %d, %d bytes, in a %d-byte file: %w", dataOff, dataSize, in.size, ErrTruncated)
+	body, err := section(data, 40, "data")
+	if err != nil {
+		return nil, err
 	}
 	if attrSize != 0 {
 		if attrSize < 16+16 {
@@ -329,20 +231,31 @@ func parse(in *input) (*File, error) {
 		}
 		for off := uint64(0); off+attrSize <= uint64(len(attrs)); off += attrSize {
 			// perf_file_attr: perf_event_attr then its ids section.
-			ids, err := in.section(attrs, int(off+attrSize-16), "attr ids")
-			if err != nil {
-				ids = nil
+			var ids []byte
+			if sec, err := section(data, int(binary.LittleEndian.Uint64(data[24:])+off+attrSize-16), "attr ids"); err == nil {
+				ids = sec
 			}
 			p.addAttr(attrs[off:off+attrSize-16], ids)
 		}
 	}
-	if err := p.records(in, dataOff, dataOff+dataSize); err != nil {
+	base := binary.LittleEndian.Uint64(data[40:])
+	if err := p.records(data, base, base+uint64(len(body))); err != nil {
 		return nil, err
 	}
-	if err := featureBuildIDs(in, h[:], p.f.BuildIDs); err != nil {
+	if err := featureBuildIDs(data, p.f.BuildIDs); err != nil {
 		return nil, err
 	}
 	return p.finish(), nil
+}
+
+// section returns the file section whose {offset, size} is at data[at:].
+func section(data []byte, at int, name string) ([]byte, error) {
+	off := binary.LittleEndian.Uint64(data[at:])
+	size := binary.LittleEndian.Uint64(data[at+8:])
+	if off > uint64(len(data)) || size > uint64(len(data))-off {
+		return nil, fmt.Errorf("%s section at %d, %d bytes, in a %d-byte file: %w", name, off, size, len(data), ErrTruncated)
+	}
+	return data[off : off+size], nil
 }
 
 type parser struct {
@@ -391,28 +304,21 @@ func (p *parser) addAttr(b, ids []byte) {
 	p.attrs = append(p.attrs, a)
 }
 
-// records walks the records from off to end.
-func (p *parser) records(in *input, off, end uint64) error {
+// records walks the records in data[off:end].
+func (p *parser) records(data []byte, off, end uint64) error {
 	for off < end {
 		if end-off < 8 {
 			return fmt.Errorf("record header at %d: %w", off, ErrTruncated)
 		}
-		hdr, err := in.at(off, 8, "record header")
-		if err != nil {
-			return err
-		}
-		typ := binary.LittleEndian.Uint32(hdr)
-		size := uint64(binary.LittleEndian.Uint16(hdr[6:]))
+		typ := binary.LittleEndian.Uint32(data[off:])
+		size := uint64(binary.LittleEndian.Uint16(data[off+6:]))
 		if size < 8 {
 			return fmt.Errorf("record at %d: size %d: %w", off, size, ErrCorrupt)
 		}
 		if size > end-off {
 			return fmt.Errorf("record at %d: type %d, %d bytes: %w", off, typ, size, ErrTruncated)
 		}
-		rec, err := in.at(off, size, "record")
-		if err != nil {
-			return err
-		}
+		rec := data[off : off+size]
 		next := off + size
 		ev, ok, err := sideBand(typ, rec, off)
 		if err != nil {
@@ -420,14 +326,14 @@ func (p *parser) records(in *input, off, end uint64) error {
 		}
 		if ok {
 			p.f.Events = append(p.f.Events, ev)
-			p.trailers = append(p.trailers, bytes.Clone(rec[8:]))
+			p.trailers = append(p.trailers, rec[8:])
 			if ev.Kind == ItraceStart {
-				p.starts = append(p.starts, start{pid: ev.PID, tid: ev.TID, trailer: p.trailers[len(p.trailers)-1][8:]})
+				p.starts = append(p.starts, start{pid: ev.PID, tid: ev.TID, trailer: rec[16:]})
 			}
 		}
 		switch typ {
 		case recAuxtrace:
-			n, err := p.auxtrace(in, rec, off, end)
+			n, err := p.auxtrace(data, rec, off, end)
 			if err != nil {
 				return err
 			}
@@ -463,7 +369,7 @@ func (p *parser) records(in *input, off, end uint64) error {
 			auxSize := binary.LittleEndian.Uint64(rec[16:])
 			flags := binary.LittleEndian.Uint64(rec[24:])
 			if flags&auxLossFlags != 0 {
-				p.losses = append(p.losses, loss{end: auxOff + auxSize, trailer: p.trailers[len(p.trailers)-1][24:]})
+				p.losses = append(p.losses, loss{end: auxOff + auxSize, trailer: rec[32:]})
 			}
 		case recLost:
 			if size >= 24 {
@@ -489,7 +395,7 @@ func (p *parser) records(in *input, off, end uint64) error {
 
 // auxtrace takes one PERF_RECORD_AUXTRACE and returns the size of the
 // payload that follows it.
-func (p *parser) auxtrace(in *input, rec []byte, off, end uint64) (uint64, error) {
+func (p *parser) auxtrace(data, rec []byte, off, end uint64) (uint64, error) {
 	if len(rec) < auxtraceRecordSize {
 		return 0, fmt.Errorf("auxtrace record at %d: %d bytes: %w", off, len(rec), ErrCorrupt)
 	}
@@ -511,11 +417,7 @@ func (p *parser) auxtrace(in *input, rec []byte, off, end uint64) (uint64, error
 		p.byIdx[idx] = b
 		p.f.Buffers = append(p.f.Buffers, b)
 	}
-	c := Chunk{Offset: auxOff, r: in.r, pos: start, n: n}
-	if in.mem != nil {
-		c.Data = in.mem[start : start+n]
-	}
-	b.Chunks = append(b.Chunks, c)
+	b.Chunks = append(b.Chunks, Chunk{Offset: auxOff, Data: data[start : start+n]})
 	return n, nil
 }
 

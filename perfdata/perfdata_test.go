@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"reflect"
 	"testing"
 
 	"ptfs/internal/testkit"
@@ -323,14 +322,9 @@ func FuzzParse(f *testing.F) {
 	f.Add(b.pipe(sampleCPU | sampleTID))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		pf, err := Parse(data)
-		rf, rerr := ParseReader(bytes.NewReader(data), int64(len(data)))
-		if (err == nil) != (rerr == nil) {
-			t.Fatalf("Parse: %v, ParseReader: %v", err, rerr)
-		}
 		if err != nil {
 			return
 		}
-		sameFile(t, pf, rf)
 		for _, bf := range pf.Buffers {
 			n := 0
 			bf.Segments(func(d []byte, gap bool) { n += len(d) })
@@ -339,67 +333,4 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
-}
-
-// sameFile fails t unless r (ParseReader's) says what m (Parse's) says,
-// its chunks read in pieces of 7 bytes.
-func sameFile(t *testing.T, m, r *File) {
-	t.Helper()
-	if !reflect.DeepEqual(m.Events, r.Events) || !reflect.DeepEqual(m.BuildIDs, r.BuildIDs) || !reflect.DeepEqual(m.Time, r.Time) ||
-		m.Pipe != r.Pipe || m.LostAux != r.LostAux || m.LostEvents != r.LostEvents || m.AuxtraceErrors != r.AuxtraceErrors || len(m.Buffers) != len(r.Buffers) {
-		t.Fatalf("ParseReader differs:\n%+v\n%+v", m, r)
-	}
-	for i, mb := range m.Buffers {
-		rb := r.Buffers[i]
-		if mb.Idx != rb.Idx || mb.CPU != rb.CPU || mb.TID != rb.TID || mb.PID != rb.PID || !reflect.DeepEqual(mb.Losses, rb.Losses) || len(mb.Chunks) != len(rb.Chunks) {
-			t.Fatalf("buffer %d: %+v, ParseReader %+v", i, mb, rb)
-		}
-		for j := range rb.Chunks {
-			mc, rc := &mb.Chunks[j], &rb.Chunks[j]
-			var got []byte
-			next := rc.Offset
-			err := rc.Pieces(make([]byte, 7), func(off uint64, p []byte) error {
-				if off != next {
-					t.Errorf("piece at %d, want %d", off, next)
-				}
-				got, next = append(got, p...), off+uint64(len(p))
-				return nil
-			})
-			if err != nil || rc.Data != nil || mc.Offset != rc.Offset || rc.Size() != mc.Size() || !bytes.Equal(got, mc.Data) {
-				t.Fatalf("buffer %d chunk %d: %v, %d bytes at %d, want %d at %d", i, j, err, len(got), rc.Offset, len(mc.Data), mc.Offset)
-			}
-		}
-	}
-}
-
-// TestParseReader: ParseReader, reading the file record by record and
-// leaving the AUX payloads in it, gives what Parse gives on the corpus
-// recording and on synthetic files (file and pipe layouts).
-func TestParseReader(t *testing.T) {
-	dir := filepath.Join(testkit.Corpus(t), "perf")
-	corpus, err := os.ReadFile(filepath.Join(dir, "perf.data.intel_pt-4.14"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b builder
-	b.rec(recTimeConv, u64s(10, 1<<10, 5), nil)
-	b.auxtrace(0, 1, 7, 1, []byte("aaaaaaaaaaaaaaaaaaaa"))
-	b.rec(recAux, append(u64s(0, 4, AuxTruncated), make([]byte, 32)...), nil)
-	b.auxtrace(20, 1, 7, 1, nil)
-	for name, data := range map[string][]byte{"corpus": corpus, "file": b.file(sampleCPU | sampleTime), "pipe": b.pipe(sampleCPU | sampleTID)} {
-		t.Run(name, func(t *testing.T) {
-			m, err := Parse(data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := ParseReader(bytes.NewReader(data), int64(len(data)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			sameFile(t, m, r)
-			if _, err := ParseReader(bytes.NewReader(data[:len(data)/2]), int64(len(data))); err == nil {
-				t.Error("a file cut in half under its size parsed")
-			}
-		})
-	}
 }

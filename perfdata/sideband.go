@@ -218,11 +218,11 @@ func buildIDs(b []byte, base uint64, ids map[string][]byte) error {
 // featureBuildIDs reads the HEADER_BUILD_ID feature section, if the file
 // has one: the feature sections follow the data section, one per set bit
 // of adds_features, in bit order.
-func featureBuildIDs(in *input, h []byte, ids map[string][]byte) error {
-	if in.size < 104 {
+func featureBuildIDs(data []byte, ids map[string][]byte) error {
+	if len(data) < 104 {
 		return nil
 	}
-	feats := binary.LittleEndian.Uint64(h[72:])
+	feats := binary.LittleEndian.Uint64(data[72:])
 	if feats&(1<<featBuildID) == 0 {
 		return nil
 	}
@@ -233,19 +233,14 @@ func featureBuildIDs(in *input, h []byte, ids map[string][]byte) error {
 			idx++
 		}
 	}
-	dataEnd := binary.LittleEndian.Uint64(h[40:]) + binary.LittleEndian.Uint64(h[48:])
+	dataEnd := binary.LittleEndian.Uint64(data[40:]) + binary.LittleEndian.Uint64(data[48:])
 	at := dataEnd + uint64(idx)*16
-	if dataEnd < binary.LittleEndian.Uint64(h[40:]) || at > in.size || in.size-at < 16 {
+	if dataEnd < binary.LittleEndian.Uint64(data[40:]) || at > uint64(len(data)) || uint64(len(data))-at < 16 {
 		return fmt.Errorf("feature sections at %d: %w", at, ErrTruncated)
 	}
-	desc, err := in.at(at, 16, "feature section")
+	sec, err := section(data, int(at), "build id")
 	if err != nil {
 		return err
 	}
-	off := binary.LittleEndian.Uint64(desc)
-	sec, err := in.section(desc, 0, "build id")
-	if err != nil {
-		return err
-	}
-	return buildIDs(sec, off, ids)
+	return buildIDs(sec, binary.LittleEndian.Uint64(data[at:]), ids)
 }

@@ -8,8 +8,6 @@ package perfdata
 type Timeline struct {
 	evs  []Event
 	head int
-	// kinds counts the waiting events of each kind.
-	kinds [Lost + 1]int
 }
 
 // Push adds e in time order. Side band comes nearly in order, so it is
@@ -18,9 +16,6 @@ func (t *Timeline) Push(e Event) {
 	if t.head > 64 && t.head > len(t.evs)/2 {
 		t.evs = t.evs[:copy(t.evs, t.evs[t.head:])]
 		t.head = 0
-	}
-	if int(e.Kind) < len(t.kinds) {
-		t.kinds[e.Kind]++
 	}
 	t.evs = append(t.evs, e)
 	i := len(t.evs) - 1
@@ -46,18 +41,7 @@ func (t *Timeline) Next(now uint64) (Event, bool) {
 	}
 	t.evs[t.head] = Event{}
 	t.head++
-	if int(e.Kind) < len(t.kinds) {
-		t.kinds[e.Kind]--
-	}
 	return e, true
-}
-
-// Waiting returns how many events of kind k wait.
-func (t *Timeline) Waiting(k Kind) int {
-	if int(k) < len(t.kinds) {
-		return t.kinds[k]
-	}
-	return 0
 }
 
 // Len returns how many events wait.

@@ -250,15 +250,13 @@ func (d *Decoder) Branch(from, to uint64, k flow.BranchKind) {
 }
 
 // Event passes the event on, after the side band due at its time. After
-// an error the code is looked up afresh when side band that maps code is
-// still to come: the block that failed may be there when the decoder
-// resynchronises later. (Not after every error: unknown code fails at
-// every PSB, and a drop costs the cache.)
+// an error the code is looked up afresh: the block that failed may be
+// there when the decoder resynchronises later.
 func (d *Decoder) Event(e *flow.Event) {
 	d.advance(true)
 	d.fresh = true
 	d.out.Event(e)
-	if e.Kind == flow.EvError && d.tl.Waiting(perfdata.Mmap)+d.tl.Waiting(perfdata.Comm)+d.tl.Waiting(perfdata.Switch)+d.tl.Waiting(perfdata.ItraceStart) > 0 {
+	if e.Kind == flow.EvError {
 		d.fd.MemoryChanged()
 	}
 }
@@ -304,28 +302,22 @@ func (d *Decoder) changesMemory(e *perfdata.Event) bool {
 	return false
 }
 
-// Apply takes a process event of the side band into p: an MMAP maps (its
-// error is the file's, the first time it is read), a COMM exec replaces
-// the space, a FORK of a new process copies it. Exits are not applied:
-// the spaces outlive them.
-func Apply(p *images.Processes, e *perfdata.Event) error {
-	switch {
-	case e.Kind == perfdata.Mmap && e.PID >= 0:
-		return p.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name)
-	case e.Kind == perfdata.Comm && e.Exec:
-		p.Exec(e.PID)
-	case e.Kind == perfdata.Fork && e.PID != e.PPID:
-		p.Fork(e.PPID, e.PID)
-	}
-	return nil
-}
-
 // apply takes one side-band event into the model. Image errors were told
 // when the side band was first applied (the files are read once).
 func (d *Decoder) apply(e perfdata.Event) {
 	switch e.Kind {
-	case perfdata.Mmap, perfdata.Comm, perfdata.Fork:
-		_ = Apply(d.procs, &e)
+	case perfdata.Mmap:
+		if e.PID >= 0 {
+			_ = d.procs.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name)
+		}
+	case perfdata.Comm:
+		if e.Exec {
+			d.procs.Exec(e.PID)
+		}
+	case perfdata.Fork:
+		if e.PID != e.PPID {
+			d.procs.Fork(e.PPID, e.PID)
+		}
 	case perfdata.ItraceStart, perfdata.Switch:
 		d.setTask(e.PID, e.TID)
 	case perfdata.Lost:
@@ -372,82 +364,57 @@ func (d *Decoder) syncMemory() {
 // record are placed after the time of the one before; COLLISION and
 // PARTIAL lose trace before the record's bytes, TRUNCATED after them (as
 // perfio reads a live ring), and a jump in the chunks' AUX offsets is a
-// hole. Chunks without Data (perfdata.ParseReader) are read in pieces of
-// 1 MiB. It ends with Close.
+// hole. It ends with Close.
 func (d *Decoder) DecodeBuffer(b *perfdata.Buffer, auxes []perfdata.Event) error {
-	f := feeder{d: d, auxes: auxes, begun: -1}
-	var buf []byte
-	for i := range b.Chunks {
-		c := &b.Chunks[i]
-		if i > 0 && c.Offset != b.Chunks[i-1].Offset+b.Chunks[i-1].Size() {
+	ai, begun := 0, -1
+	var prev uint64
+	for i, c := range b.Chunks {
+		if i > 0 && c.Offset != b.Chunks[i-1].Offset+uint64(len(b.Chunks[i-1].Data)) {
 			d.Lose(ErrAuxHole)
 		}
-		if c.Data == nil && buf == nil {
-			buf = make([]byte, 1<<20)
-		}
-		if err := c.Pieces(buf, f.feed); err != nil {
-			return errors.Join(err, d.Close())
-		}
-	}
-	f.feed(^uint64(0), nil)
-	return d.Close()
-}
-
-// feeder cuts the trace by the AUX records.
-type feeder struct {
-	d     *Decoder
-	auxes []perfdata.Event
-	// ai is the next record not ended, begun the last one begun, prev
-	// the time of the last one ended.
-	ai, begun int
-	prev      uint64
-}
-
-// feed writes data, at AUX offset off, cut at the records' edges; records
-// that end at or before off end first (at the end, off is the largest).
-func (f *feeder) feed(off uint64, data []byte) error {
-	for {
-		for f.ai < len(f.auxes) && auxEnd(&f.auxes[f.ai]) <= off {
-			a := &f.auxes[f.ai]
-			if f.begun < f.ai {
-				f.d.begin(a, f.prev)
-			}
-			if f.prev = a.Time; a.AuxFlags&perfdata.AuxTruncated != 0 {
-				f.d.Lose(ErrAuxTruncated)
-			}
-			f.ai++
-		}
-		if len(data) == 0 {
-			return nil
-		}
-		n := uint64(len(data))
-		if f.ai < len(f.auxes) {
-			a := &f.auxes[f.ai]
-			if off < a.AuxOffset {
-				n = min(n, a.AuxOffset-off)
-			} else {
-				if f.begun < f.ai {
-					f.begun = f.ai
-					f.d.begin(a, f.prev)
+		data, off := c.Data, c.Offset
+		for {
+			for ai < len(auxes) && auxes[ai].AuxOffset+auxes[ai].AuxSize <= off {
+				if begun < ai {
+					d.begin(&auxes[ai], prev)
 				}
-				n = min(n, auxEnd(a)-off)
+				if prev = auxes[ai].Time; auxes[ai].AuxFlags&perfdata.AuxTruncated != 0 {
+					d.Lose(ErrAuxTruncated)
+				}
+				ai++
 			}
+			if len(data) == 0 {
+				break
+			}
+			n := uint64(len(data))
+			if ai < len(auxes) {
+				a := &auxes[ai]
+				if off < a.AuxOffset {
+					n = min(n, a.AuxOffset-off)
+				} else {
+					if begun < ai {
+						begun = ai
+						d.begin(a, prev)
+					}
+					n = min(n, a.AuxOffset+a.AuxSize-off)
+				}
+			}
+			if _, err := d.Write(data[:n]); err != nil {
+				return err
+			}
+			data, off = data[n:], off+n
 		}
-		if _, err := f.d.Write(data[:n]); err != nil {
-			return err
+	}
+	for ; ai < len(auxes); ai++ {
+		// Records whose data never came: their losses still count.
+		if begun < ai {
+			d.begin(&auxes[ai], prev)
 		}
-		data, off = data[n:], off+n
+		if auxes[ai].AuxFlags&perfdata.AuxTruncated != 0 {
+			d.Lose(ErrAuxTruncated)
+		}
 	}
-}
-
-// auxEnd is the AUX offset after record a's data; a hostile size that
-// runs past the largest offset covers everything after a's offset
-// instead of wrapping to an end before it.
-func auxEnd(a *perfdata.Event) uint64 {
-	if e := a.AuxOffset + a.AuxSize; e >= a.AuxOffset {
-		return e
-	}
-	return ^uint64(0)
+	return d.Close()
 }
 
 // begin starts the bytes of AUX record a, written after time prev.

@@ -440,11 +440,18 @@ func TestAuxReaderSideBand(t *testing.T) {
 	mmap2 := append(pt(10, 10), le(8, 0x400000)...)
 	mmap2 = append(mmap2, le(8, 0x2000)...)
 	mmap2 = append(mmap2, le(8, 0x1000)...)
-	mmap2 = append(mmap2, make([]byte, 24)...) // maj, min, ino, ino_generation
-	mmap2 = append(mmap2, le(4, 5)...)         // prot
-	mmap2 = append(mmap2, le(4, 2)...)         // flags
-	mmap2 = append(mmap2, "/usr/bin/target\x00"...)
-	f.record(unix.PERF_RECORD_MMAP2, 0, mmap2)
+	head := mmap2
+	mmap2 = append(mmap2, le(4, 254)...)     // maj
+	mmap2 = append(mmap2, le(4, 1)...)       // min
+	mmap2 = append(mmap2, le(8, 9985995)...) // ino
+	mmap2 = append(mmap2, le(8, 7)...)       // ino_generation
+	tail := append(le(4, 5), le(4, 2)...)    // prot, flags
+	tail = append(tail, "/usr/bin/target\x00"...)
+	f.record(unix.PERF_RECORD_MMAP2, 0, append(mmap2, tail...))
+	// With a build id in place of maj/min/ino, the file is not known by
+	// its inode.
+	withID := append(append(head[:len(head):len(head)], 20, 0, 0, 0), make([]byte, 20)...)
+	f.record(unix.PERF_RECORD_MMAP2, unix.PERF_RECORD_MISC_MMAP_BUILD_ID, append(withID, tail...))
 	mmap := append(pt(12, 12), le(8, 0x7f0000)...)
 	mmap = append(mmap, le(8, 0x1000)...)
 	mmap = append(mmap, le(8, 0)...)
@@ -463,14 +470,16 @@ func TestAuxReaderSideBand(t *testing.T) {
 	r.drain(s)
 	want := []engine.SideEvent{
 		{Kind: engine.SideITraceStart, Time: 1001, PID: 10, TID: 11},
-		{Kind: engine.SideComm, Time: 1002, PID: 10, TID: 11, Comm: "target"},
-		{Kind: engine.SideMmap2, Time: 1003, PID: 10, TID: 10, Addr: 0x400000, Len: 0x2000, PgOff: 0x1000, Filename: "/usr/bin/target"},
-		{Kind: engine.SideMmap2, Time: 1004, PID: 12, TID: 12, Addr: 0x7f0000, Len: 0x1000, Filename: "/lib/x.so"},
-		{Kind: engine.SideSwitchOut, Time: 1005, PID: 10, TID: 10, NextPID: 20, NextTID: 21},
-		{Kind: engine.SideSwitchIn, Time: 1006, PID: 20, TID: 20, NextPID: -1, NextTID: -1},
-		{Kind: engine.SideSwitchOut, Time: 1007, PID: 20, TID: 20, NextPID: -1, NextTID: -1},
-		{Kind: engine.SideExit, Time: 1008, PID: 10, TID: 11},
-		{Kind: engine.SideComm, Time: 1009, PID: 10, TID: 11, Comm: "target"},
+		{Kind: engine.SideComm, Time: 1002, PID: 10, TID: 11, Comm: "target", Exec: true},
+		{Kind: engine.SideMmap2, Time: 1003, PID: 10, TID: 10, Addr: 0x400000, Len: 0x2000, PgOff: 0x1000, Filename: "/usr/bin/target",
+			Maj: 254, Min: 1, Ino: 9985995},
+		{Kind: engine.SideMmap2, Time: 1004, PID: 10, TID: 10, Addr: 0x400000, Len: 0x2000, PgOff: 0x1000, Filename: "/usr/bin/target"},
+		{Kind: engine.SideMmap2, Time: 1005, PID: 12, TID: 12, Addr: 0x7f0000, Len: 0x1000, Filename: "/lib/x.so"},
+		{Kind: engine.SideSwitchOut, Time: 1006, PID: 10, TID: 10, NextPID: 20, NextTID: 21},
+		{Kind: engine.SideSwitchIn, Time: 1007, PID: 20, TID: 20, NextPID: -1, NextTID: -1},
+		{Kind: engine.SideSwitchOut, Time: 1008, PID: 20, TID: 20, NextPID: -1, NextTID: -1},
+		{Kind: engine.SideExit, Time: 1009, PID: 10, TID: 11},
+		{Kind: engine.SideComm, Time: 1010, PID: 10, TID: 11, Comm: "target"},
 	}
 	if len(s.side) != len(want) {
 		t.Fatalf("%d side events, want %d: %+v", len(s.side), len(want), s.side)
@@ -480,7 +489,7 @@ func TestAuxReaderSideBand(t *testing.T) {
 			t.Errorf("side %d:\n %+v\nwant\n %+v", i, s.side[i], want[i])
 		}
 	}
-	if unsafe.StringData(s.side[1].Comm) != unsafe.StringData(s.side[8].Comm) {
+	if unsafe.StringData(s.side[1].Comm) != unsafe.StringData(s.side[9].Comm) {
 		t.Error("a repeated comm allocated a new string")
 	}
 }

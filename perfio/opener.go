@@ -14,6 +14,8 @@ type opener interface {
 	open(attr *unix.PerfEventAttr, cpu, groupFD int, flags int) (int, error)
 	// ioctl runs a PERF_EVENT_IOC_* request with an int argument.
 	ioctl(fd int, req uint, arg int) error
+	// setFilter is PERF_EVENT_IOC_SET_FILTER with the filter's text.
+	setFilter(fd int, filter string) error
 	// mmap maps size bytes of fd at offset off, shared and writable.
 	mmap(fd int, off int64, size int) ([]byte, error)
 	// munmap releases a mapping made by mmap.
@@ -28,6 +30,10 @@ func (kernelOpener) open(attr *unix.PerfEventAttr, cpu, groupFD int, flags int) 
 }
 
 func (kernelOpener) ioctl(fd int, req uint, arg int) error { return unix.IoctlSetInt(fd, req, arg) }
+
+func (kernelOpener) setFilter(fd int, filter string) error {
+	return unix.IoctlSetString(fd, unix.PERF_EVENT_IOC_SET_FILTER, filter)
+}
 
 func (kernelOpener) mmap(fd int, off int64, size int) ([]byte, error) {
 	return unix.Mmap(fd, off, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)

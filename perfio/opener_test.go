@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"ptfs/engine"
 )
 
 // fakeCall is one call of the kernel interface as fakeOpener saw it.
@@ -20,10 +22,11 @@ type fakeCall struct {
 	cpu  int    // open: the cpu; others: the cpu of fd
 	fd   int    // the fd returned (open) or used
 	attr unix.PerfEventAttr
-	req  uint  // ioctl
-	arg  int   // ioctl
-	off  int64 // mmap
-	size int   // mmap, munmap
+	req  uint   // ioctl
+	arg  int    // ioctl
+	text string // setFilter
+	off  int64  // mmap
+	size int    // mmap, munmap
 }
 
 // fakeOpener plays the kernel behind PT: each open returns a real eventfd
@@ -35,6 +38,7 @@ type fakeOpener struct {
 	fail  map[int]error // cpu → error of open
 	// failEnable: cpu → error of PERF_EVENT_IOC_ENABLE
 	failEnable map[int]error
+	failFilter error            // of every setFilter
 	cpuOf      map[int]int      // fd → cpu
 	rings      map[int]*fakeAux // cpu → its PT event's memory
 }
@@ -69,6 +73,13 @@ func (f *fakeOpener) ioctl(fd int, req uint, arg int) error {
 		return f.failEnable[f.cpuOf[fd]]
 	}
 	return nil
+}
+
+func (f *fakeOpener) setFilter(fd int, filter string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fakeCall{op: "filter", cpu: f.cpuOf[fd], fd: fd, text: filter})
+	return f.failFilter
 }
 
 func (f *fakeOpener) mmap(fd int, off int64, size int) ([]byte, error) {
@@ -457,5 +468,87 @@ func TestPTBuffersFromLimits(t *testing.T) {
 	}
 	if st := p.Status(); st.AuxPages != unprivAuxBytes/page || !strings.Contains(st.Buffers, `"lots" is not a number`) {
 		t.Errorf("status %+v", st)
+	}
+}
+
+// TestPTReconfigure checks branch tracing switched on and off on a running
+// source over the fake kernel: the address filter is set on each PT event
+// after it opens and before it is enabled; a Reconfigure stops and closes
+// every CPU's events, reports a flush loss per CPU to the same sink, and
+// opens them again with the new attributes (branch on, no filter); no fd
+// is left behind; a refused filter fails Start with the reason.
+func TestPTReconfigure(t *testing.T) {
+	fds := countFDs(t)
+	env, fo := failingEnv(t, "0-1", nil)
+	const filter = "filter 0x1000/0x78000@/proc/1/fd/3"
+	p, err := newPT(copyPMU(t), PTOptions{AuxPages: 4, DataPages: 2, FlushInterval: -1, Filter: filter}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newAuxLogSink(t)
+	if err := p.Start(s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop() })
+	branchBit := uint64(1) << 13
+	// summary lists the calls that matter here, in order.
+	summary := func() string {
+		var got []string
+		for _, c := range fo.take() {
+			switch {
+			case c.op == "open" && c.attr.Type == 8:
+				got = append(got, fmt.Sprintf("open pt %d branch=%v", c.cpu, c.attr.Config&branchBit != 0))
+			case c.op == "filter":
+				got = append(got, fmt.Sprintf("filter %d %s", c.cpu, c.text))
+			case c.op == "ioctl" && c.req == unix.PERF_EVENT_IOC_ENABLE:
+				got = append(got, fmt.Sprintf("enable %d", c.cpu))
+			case c.op == "ioctl" && c.req == unix.PERF_EVENT_IOC_DISABLE:
+				got = append(got, fmt.Sprintf("disable %d", c.cpu))
+			}
+		}
+		return strings.Join(got, "; ")
+	}
+	want := "open pt 0 branch=false; filter 0 " + filter + "; enable 0; enable 0; open pt 1 branch=false; filter 1 " + filter + "; enable 1; enable 1"
+	if got := summary(); got != want {
+		t.Errorf("start:\n %s\nwant\n %s", got, want)
+	}
+	fo.ring(0).trace([]byte("before"), 0)
+	if err := p.Reconfigure(true, ""); err != nil {
+		t.Fatal(err)
+	}
+	want = "disable 0; disable 1; open pt 0 branch=true; enable 0; enable 0; open pt 1 branch=true; enable 1; enable 1"
+	if got := summary(); got != want {
+		t.Errorf("reconfigure:\n %s\nwant\n %s", got, want)
+	}
+	if log := joinLog(s.take()); !strings.Contains(log, "trace 0 6; round flush; loss 0 flush 1; loss 1 flush 1") {
+		t.Errorf("sink: %s", log)
+	}
+	if st := p.Stats(); st.Switches != 1 || st.Losses[engine.LossFlush] != 2 {
+		t.Errorf("stats %+v", st)
+	}
+	fo.ring(1).trace([]byte("after"), 0)
+	if err := p.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if log := joinLog(s.take()); !strings.Contains(log, "trace 1 5") {
+		t.Errorf("the new events pass no trace: %s", log)
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Stopped: the configuration waits for the next Start.
+	if err := p.Reconfigure(false, filter); err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(); strings.Contains(got, "open") {
+		t.Errorf("reconfigure of a stopped source opened events: %s", got)
+	}
+	fo.failFilter = unix.EINVAL
+	err = p.Start(s)
+	if !errors.Is(err, ErrNoCPU) || !strings.Contains(err.Error(), "PERF_EVENT_IOC_SET_FILTER") {
+		t.Errorf("refused filter: %v", err)
+	}
+	if n := countFDs(t); n != fds {
+		t.Errorf("%d fds, %d before", n, fds)
 	}
 }

@@ -41,6 +41,11 @@ type PTOptions struct {
 	PSBPeriod int
 	// Branch turns on branch tracing.
 	Branch bool
+	// NoPTW traces branches only, without PTWRITE (PTConfig.NoPTW).
+	NoPTW bool
+	// Filter is the address filter text (FilterText) set on every
+	// CPU's event when it opens; "" traces all user code.
+	Filter string
 }
 
 // Defaults of PTOptions.
@@ -84,6 +89,9 @@ type PTStats struct {
 	// one per gap, or for engine.LossSideBand the records lost.
 	Losses [engine.NumLossKinds]uint64
 	Errors uint64 // malformed records, failed ioctls, unreadable time
+	// Switches counts the Reconfigures of a running source: each stops
+	// every CPU's event and opens it anew (a LossFlush per CPU).
+	Switches uint64
 }
 
 // CPUState is what a PT source does with one CPU.
@@ -140,7 +148,10 @@ type PTStatus struct {
 // event's ring; read by one goroutine.
 type PT struct {
 	attr     unix.PerfEventAttr
+	dir      string
+	timingOK bool
 	opts     PTOptions
+	switches atomic.Uint64
 	buffers  string
 	pageSize int
 	cnt      ptCounters
@@ -216,20 +227,78 @@ func newPT(dir string, o PTOptions, env ptEnv) (*PT, error) {
 		return nil, fmt.Errorf("%w: aux watermark %d outside the %d-byte aux ring", engine.ErrOptions, o.AuxWatermark, o.AuxPages*pageSize)
 	}
 	timing, mtc := PTTiming(dir)
-	attr, err := PTAttr(dir, PTConfig{Branch: o.Branch, PSBPeriod: o.PSBPeriod, AuxWatermark: uint32(o.AuxWatermark),
-		MTC: mtc, MTCPeriod: int(timing.MTCPeriod)})
+	p := &PT{dir: dir, timingOK: mtc, opts: o, buffers: buffers, pageSize: pageSize, timing: timing, op: env.op, cpuDir: env.cpuDir}
+	attr, err := p.attrFor(o.Branch, o.NoPTW)
 	if err != nil {
 		return nil, err
 	}
-	return &PT{attr: *attr, opts: o, buffers: buffers, pageSize: pageSize, timing: timing, op: env.op, cpuDir: env.cpuDir}, nil
+	p.attr = *attr
+	return p, nil
+}
+
+// attrFor builds the PT event's attributes with branch tracing on or off.
+func (p *PT) attrFor(branch, noPTW bool) (*unix.PerfEventAttr, error) {
+	return PTAttr(p.dir, PTConfig{Branch: branch, NoPTW: noPTW, PSBPeriod: p.opts.PSBPeriod, AuxWatermark: uint32(p.opts.AuxWatermark),
+		MTC: p.timingOK, MTCPeriod: int(p.timing.MTCPeriod)})
+}
+
+// Reconfigure turns branch tracing on or off and sets the address filter
+// text ("" for none). A PT event's configuration is fixed when it opens
+// (the intel_pt PMU takes no PERF_EVENT_IOC_MODIFY_ATTRIBUTES), so a
+// running source stops every CPU's event, passes on what it traced,
+// reports LossFlush on each (what ran in between is not traced: ptw
+// records open then are dropped, the stream does not break), and opens
+// and enables them anew, with the same sink; a stopped one only takes
+// the configuration for its next Start. When the new events cannot be
+// opened, the source is stopped and the error returned.
+func (p *PT) Reconfigure(branch bool, filter string) error {
+	attr, err := p.attrFor(branch, p.opts.NoPTW)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.attr, p.opts.Branch, p.opts.Filter = *attr, branch, filter
+	r := p.run
+	if r == nil {
+		return nil
+	}
+	sink := r.sink
+	p.run = nil
+	close(r.stop)
+	werr := r.poll.wake()
+	<-r.done
+	cpus := make([]int, 0, len(r.cpus))
+	for _, c := range r.cpus {
+		cpus = append(cpus, c.cpu)
+	}
+	if err := errors.Join(werr, r.stopErr, r.release()); err != nil {
+		return fmt.Errorf("reconfigure pt: stop: %w", err)
+	}
+	// The old reader is gone and the new one not started: this goroutine
+	// is the only caller of sink now.
+	for _, cpu := range cpus {
+		p.cnt.losses[engine.LossFlush].Add(1)
+		sink.Loss(cpu, engine.LossFlush, 1)
+	}
+	p.switches.Add(1)
+	nr, err := p.open()
+	if err != nil {
+		return fmt.Errorf("reconfigure pt: %w", err)
+	}
+	nr.sink = sink
+	p.run = nr
+	go nr.loop(sink)
+	return nil
 }
 
 // Stats returns the counters.
 func (p *PT) Stats() PTStats {
 	s := PTStats{
-		Records: p.cnt.records.Load(),
-		Bytes:   p.cnt.bytes.Load(),
-		Errors:  p.cnt.errors.Load(),
+		Records:  p.cnt.records.Load(),
+		Bytes:    p.cnt.bytes.Load(),
+		Errors:   p.cnt.errors.Load(),
+		Switches: p.switches.Load(),
 	}
 	for i := range s.Losses {
 		s.Losses[i] = p.cnt.losses[i].Load()
@@ -275,6 +344,7 @@ func (p *PT) cameOnline(cpu int) {
 type ptRun struct {
 	p    *PT
 	cpus []*ptCPU
+	sink engine.TraceSink
 	// poll is where the reader sleeps; Flush and Stop wake it so that it
 	// looks at their request at once.
 	poll     *poller
@@ -327,6 +397,7 @@ func (p *PT) Start(sink engine.TraceSink) error {
 		return err
 	}
 	p.run = r
+	r.sink = sink
 	go r.loop(sink)
 	return nil
 }
@@ -423,6 +494,13 @@ func (p *PT) openCPU(cpu int) (*ptCPU, error) {
 		return nil, fmt.Errorf("perf_event_open intel_pt on cpu %d: %w (%s)", cpu, err, openHint(err))
 	}
 	c := &ptCPU{cpu: cpu, fd: newFD(n), op: p.op}
+	if p.opts.Filter != "" {
+		// Before the event is enabled: it never traces outside the
+		// ranges.
+		if err := p.op.setFilter(n, p.opts.Filter); err != nil {
+			return nil, errors.Join(fmt.Errorf("address filter %q on cpu %d (PERF_EVENT_IOC_SET_FILTER): %w", p.opts.Filter, cpu, err), c.close())
+		}
+	}
 	size := (1 + p.opts.DataPages) * p.pageSize
 	if c.mem, err = p.op.mmap(n, 0, size); err != nil {
 		return nil, errors.Join(fmt.Errorf("mmap %d data pages of cpu %d: %w (%s)", p.opts.DataPages, cpu, err, mmapHint(err)), c.close())

@@ -51,6 +51,10 @@ type PTConfig struct {
 	// caps/mtc_periods.
 	MTC       bool
 	MTCPeriod int
+	// NoPTW leaves PTWRITE tracing off and does not need it: branch
+	// tracing alone, as `branches` of a classic-mode mount runs it on any
+	// CPU with Intel PT. It needs Branch.
+	NoPTW bool
 }
 
 // ptSampleType is the sample_id layout of every record in a PT data ring,
@@ -88,10 +92,10 @@ func SideBandAttr() unix.PerfEventAttr {
 }
 
 // PTAttr builds the attributes of a system-wide, user-mode Intel PT event
-// with PTWRITE tracing from the PMU description in dir (PTSysfsDir on a real
-// machine): the type from dir/type and every config bit where dir/format/
-// says, never hard-coded. It asks for no side band: SideBandAttr's event
-// carries it.
+// with PTWRITE tracing (unless NoPTW) from the PMU description in dir
+// (PTSysfsDir on a real machine): the type from dir/type and every config
+// bit where dir/format/ says, never hard-coded. It asks for no side band:
+// SideBandAttr's event carries it.
 func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 	if _, err := os.Stat(dir); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -107,8 +111,13 @@ func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := CheckPTWrite(dir); err != nil {
-		return nil, err
+	if o.NoPTW && !o.Branch {
+		return nil, fmt.Errorf("%w: neither ptwrite nor branch tracing", ErrPTConfig)
+	}
+	if !o.NoPTW {
+		if _, err := CheckPTWrite(dir); err != nil {
+			return nil, err
+		}
 	}
 	attr := &unix.PerfEventAttr{
 		Type:          uint32(typ),
@@ -123,10 +132,11 @@ func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 	}
 	// pt=1 tells the driver to take branch from config instead of forcing
 	// it on; without it branch=0 is refused.
-	for _, f := range []struct {
-		name string
-		v    uint64
-	}{{"pt", 1}, {"tsc", 1}, {"ptw", 1}, {"fup_on_ptw", 1}, {"branch", branch}} {
+	fields := []fieldValue{{"pt", 1}, {"tsc", 1}, {"branch", branch}}
+	if !o.NoPTW {
+		fields = append(fields, fieldValue{"ptw", 1}, fieldValue{"fup_on_ptw", 1})
+	}
+	for _, f := range fields {
 		fm, ok := formats[f.name]
 		if !ok {
 			return nil, fmt.Errorf("%w: %s/format/%s missing", ErrPTConfig, dir, f.name)
@@ -153,6 +163,12 @@ func PTAttr(dir string, o PTConfig) (*unix.PerfEventAttr, error) {
 		}
 	}
 	return attr, nil
+}
+
+// fieldValue is a value for one format field of the PMU.
+type fieldValue struct {
+	name string
+	v    uint64
 }
 
 // CheckPTWrite tells whether the intel_pt PMU described in dir can trace

@@ -108,6 +108,16 @@ func TestPTAttr(t *testing.T) {
 		{"psb period", copyPMU, PTConfig{PSBPeriod: 5}, want(map[string]uint64{"psb_period": 5}), 1<<0 | 1<<5 | 1<<10 | 1<<12 | 5<<24},
 		{"moved", moved, PTConfig{PSBPeriod: 5, Branch: true}, want(map[string]uint64{"psb_period": 5, "branch": 1}), 0},
 		{"mtc", copyPMU, PTConfig{MTC: true, MTCPeriod: 6}, want(map[string]uint64{"mtc": 1, "mtc_period": 6}), 1<<0 | 1<<5 | 1<<9 | 1<<10 | 1<<12 | 6<<14},
+		// Branches of a classic-mode mount: no PTWRITE bits, and none needed.
+		{"branch only", copyPMU, PTConfig{Branch: true, NoPTW: true}, want(map[string]uint64{"branch": 1, "ptw": 0, "fup_on_ptw": 0}), 1<<0 | 1<<10 | 1<<13},
+		{"branch only without ptwrite", func(t *testing.T) string {
+			dir := copyPMU(t)
+			writePMUFile(t, dir, "caps/ptwrite", "0\n")
+			os.Remove(filepath.Join(dir, "format/ptw"))
+			os.Remove(filepath.Join(dir, "format/fup_on_ptw"))
+			return dir
+		}, PTConfig{Branch: true, NoPTW: true}, map[string]uint64{"pt": 1, "cyc": 0, "pwr_evt": 0, "mtc": 0, "tsc": 1,
+			"noretcomp": 0, "branch": 1, "event": 0, "notnt": 0, "mtc_period": 0, "cyc_thresh": 0, "psb_period": 0}, 1<<0 | 1<<10 | 1<<13},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := tc.dir(t)
@@ -168,6 +178,8 @@ func TestPTAttrErrors(t *testing.T) {
 		}, PTConfig{PSBPeriod: 5}, ErrPTConfig},
 		{"no psb_periods caps", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "caps/psb_periods")) }, PTConfig{PSBPeriod: 1}, ErrPMUFormat},
 		{"mtc period not allowed", nil, PTConfig{MTC: true, MTCPeriod: 5}, ErrPTConfig},
+		{"nothing to trace", nil, PTConfig{NoPTW: true}, ErrPTConfig},
+		{"branch only without branch format", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "format/branch")) }, PTConfig{Branch: true, NoPTW: true}, ErrPTConfig},
 		{"no mtc format", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "format/mtc")) }, PTConfig{MTC: true, MTCPeriod: 3}, ErrPTConfig},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

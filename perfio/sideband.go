@@ -106,6 +106,7 @@ func (p *sideParser) parse(typ uint32, misc uint16, rec []byte, ev *engine.SideE
 			return fmt.Errorf("comm: %w", err)
 		}
 		ev.Comm = p.comm.get(s)
+		ev.Exec = misc&unix.PERF_RECORD_MISC_COMM_EXEC != 0
 	case unix.PERF_RECORD_MMAP, unix.PERF_RECORD_MMAP2:
 		ev.Addr = binary.LittleEndian.Uint64(body[8:])
 		ev.Len = binary.LittleEndian.Uint64(body[16:])
@@ -113,6 +114,12 @@ func (p *sideParser) parse(typ uint32, misc uint16, rec []byte, ev *engine.SideE
 		name := body[mmapFixedSize:]
 		if typ == unix.PERF_RECORD_MMAP2 {
 			name = body[mmap2FixedSize:]
+			// Unless the record carries a build id in their place.
+			if misc&unix.PERF_RECORD_MISC_MMAP_BUILD_ID == 0 {
+				ev.Maj = binary.LittleEndian.Uint32(body[32:])
+				ev.Min = binary.LittleEndian.Uint32(body[36:])
+				ev.Ino = binary.LittleEndian.Uint64(body[40:])
+			}
 		}
 		s, err := cString(name)
 		if err != nil {

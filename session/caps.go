@@ -191,16 +191,14 @@ func (c *Caps) ptw() error {
 	return lack(strings.Join(why, "; "), miss...)
 }
 
-// BranchesErr says why branch tracing is unavailable (in this build, it
-// always is); it wraps ErrNoBranches, and perfio.ErrNoPT without Intel PT.
-// It wraps no errno: Branches adds EOPNOTSUPP for FUSE.
+// BranchesErr says why branch tracing is unavailable, nil when it is
+// available (Intel PT, with or without PTWRITE); it wraps ErrNoBranches and
+// perfio.ErrNoPT. It wraps no errno: Branches adds EOPNOTSUPP for FUSE.
 func (c *Caps) BranchesErr() error {
 	if !c.IntelPT {
 		return lack("branches need Intel PT: "+c.IntelPTErr.Error(), ErrNoBranches, perfio.ErrNoPT)
 	}
-	// The capture can trace branches (perfio.PTOptions.Branch); what
-	// turns them into branch lines is not written yet.
-	return lack("this build of ptfs cannot reconstruct control flow from the PT stream yet", ErrNoBranches)
+	return nil
 }
 
 // AppendText appends the capability lines of `ptfs check` and the root status.

@@ -193,7 +193,7 @@ func checkSentinels(t *testing.T, c *Caps) {
 	}
 	// The errno FUSE returns for branches is the EOPNOTSUPP Branches adds.
 	var en syscall.Errno
-	if err := c.BranchesErr(); !errors.Is(err, ErrNoBranches) || !c.IntelPT && !errors.Is(err, perfio.ErrNoPT) || errors.As(err, &en) {
+	if err := c.BranchesErr(); c.IntelPT != (err == nil) || !c.IntelPT && (!errors.Is(err, ErrNoBranches) || !errors.Is(err, perfio.ErrNoPT) || errors.As(err, &en)) {
 		t.Errorf("branches: %v (errno %v)", err, en)
 	}
 	// Without Intel PT, PTWRITE goes unsaid; without uprobes, nothing runs.

@@ -83,6 +83,8 @@ func (t *Target) follow() error {
 		t.mu.Unlock()
 		moved++
 	}
+	// Branch tracing filters on the code of the file the path names.
+	t.s.br.fileChanged(t)
 	if !slices.Contains(t.binaries(), old) {
 		if err := old.Close(); err != nil {
 			logrus.WithError(err).WithField("target", t.name).Warn("ptfs: closing the replaced binary")

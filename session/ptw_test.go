@@ -3,7 +3,6 @@ package session
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,33 +24,6 @@ import (
 	"ptfs/tracefs"
 	"ptfs/tracefs/tracefstest"
 )
-
-// fakeSysfs returns a sysfs root whose intel_pt PMU is the real tree of a
-// ptwrite-capable machine (perfio/testdata/sysfs-intel_pt).
-func fakeSysfs(t *testing.T) string {
-	t.Helper()
-	root := t.TempDir()
-	dst := filepath.Join(root, "bus/event_source/devices/intel_pt")
-	src := filepath.Join("..", "perfio", "testdata", "sysfs-intel_pt")
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		if d.IsDir() {
-			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
-		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(dst, rel), data, 0o644)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
 
 // mountSession mounts s in a temp dir until the test ends.
 func mountSession(t *testing.T, s *Session) string {
@@ -250,7 +222,7 @@ func newPTWSession(t *testing.T, opts tracefstest.Options) (*Session, *Target, *
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Options{Tracefs: k.Tracefs, Sysfs: fakeSysfs(t), Trace: rep, Latency: time.Hour})
+	s, err := New(Options{Tracefs: k.Tracefs, Sysfs: testkit.PTSysfs(t), Trace: rep, Latency: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

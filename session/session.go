@@ -22,6 +22,8 @@ import (
 
 	"ptfs/decode"
 	"ptfs/engine"
+	"ptfs/images"
+	"ptfs/live"
 	"ptfs/perfio"
 	"ptfs/probes"
 	"ptfs/stream"
@@ -53,6 +55,13 @@ type Options struct {
 	// Trace is the PT trace source of ptw mode; nil opens Intel PT through
 	// perf_event_open. Tests pass a replay.
 	Trace engine.TraceSource
+	// BranchTrace is the source of branch tracing in classic mode; nil
+	// opens branch-only Intel PT events at the first open of a
+	// `branches`. Tests pass a replay.
+	BranchTrace engine.TraceSource
+	// Branches configures the decode stage of the branches files (its
+	// VDSO nil: ptfs's own vDSO).
+	Branches live.Options
 }
 
 // Default bounds of a records file (stream.Options).
@@ -85,7 +94,9 @@ type Session struct {
 	why   string
 	claim *tracefs.Claim
 	src   source
-	watch *watcher // nil when inotify is unavailable
+	br    *branches
+	vdso  *images.ELF // ptfs's own vDSO, for branches; nil if none
+	watch *watcher    // nil when inotify is unavailable
 
 	// routes maps an event id to its probe (and, while the probe is
 	// replaced at its site, the swap); copied on write so that the record
@@ -169,9 +180,17 @@ func New(opts Options) (*Session, error) {
 	if err != nil {
 		logrus.WithError(err).Warn("ptfs: removing stale probes")
 	}
-	if s.src, err = s.newSource(r); err != nil {
+	stage := s.newStage(r)
+	if s.src, err = s.newSource(r, stage); err != nil {
 		s.claim.Close()
-		return nil, fmt.Errorf("record source: %w", err)
+		err = errors.Join(fmt.Errorf("record source: %w", err), stage.Close())
+		if s.vdso != nil {
+			err = errors.Join(err, s.vdso.Close())
+		}
+		return nil, err
+	}
+	if s.br == nil {
+		s.br = newBranches(s, r, stage)
 	}
 	if s.watch, err = newWatcher(s.targetList); err != nil {
 		logrus.WithError(err).Warn("ptfs: target paths are checked on probe writes only")
@@ -180,9 +199,31 @@ func New(opts Options) (*Session, error) {
 	return s, nil
 }
 
+// newStage makes the decode stage of the branches files: ptfs's own vDSO
+// stands for the traced processes' (unless the options give one), and the
+// trace's timing is the PMU's.
+func (s *Session) newStage(r roots) *live.Stage {
+	o := s.opts.Branches
+	if o.VDSO == nil {
+		vdso, err := live.OwnVDSO()
+		if err != nil {
+			logrus.WithError(err).Debug("ptfs: branches in the vDSO are unknown code")
+		} else {
+			o.VDSO, s.vdso = vdso, vdso
+		}
+	}
+	if o.Clock == nil {
+		if t, ok := perfio.PTTiming(r.intelPT()); ok {
+			o.Clock = &decode.ClockConfig{MTCFreq: t.MTCPeriod, CPUID15EAX: t.ARTDen, CPUID15EBX: t.ARTNum}
+		}
+	}
+	return live.New(o)
+}
+
 // newSource makes the record source of the session's mode. In ptw mode
-// nothing is traced until the first probe is added.
-func (s *Session) newSource(r roots) (source, error) {
+// nothing is traced until the first probe is added (or `branches` is
+// opened); its trace goes to stage too.
+func (s *Session) newSource(r roots, stage *live.Stage) (source, error) {
 	if s.mode != ModePTW {
 		c, err := perfio.NewClassic(perfio.ClassicOptions{RingPages: s.opts.RingPages, Latency: s.opts.Latency}, s.deliver)
 		if err != nil {
@@ -200,7 +241,10 @@ func (s *Session) newSource(r roots) (source, error) {
 		}
 		trace, timing = pt, pt.Timing()
 	}
-	w, err := engine.NewPTW(trace, engine.PTWOptions{Latency: s.opts.Latency, Timing: timing}, s.deliver)
+	s.br = newBranches(s, r, stage)
+	s.br.conf, _ = trace.(reconfigurer)
+	s.br.pt = pt
+	w, err := engine.NewPTW(engine.Tee(trace, stage), engine.PTWOptions{Latency: s.opts.Latency, Timing: timing}, s.deliver)
 	if err != nil {
 		return nil, err
 	}
@@ -407,7 +451,10 @@ func (s *Session) Close() error {
 	for _, t := range ts {
 		errs = append(errs, t.close())
 	}
-	errs = append(errs, s.src.Close())
+	errs = append(errs, s.br.shutdown(), s.src.Close())
+	if s.vdso != nil {
+		errs = append(errs, s.vdso.Close())
+	}
 	// With the perf events closed, what was busy may go now.
 	s.mu.Lock()
 	left := s.leftovers

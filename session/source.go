@@ -113,7 +113,7 @@ func appendPTStatus(b []byte, st perfio.PTStatus, cnt perfio.PTStats) []byte {
 		}
 		b = append(b, '\n')
 	}
-	return fmt.Appendf(b, "pt reader: records=%d errors=%d (malformed records, failed ioctls)\n", cnt.Records, cnt.Errors)
+	return fmt.Appendf(b, "pt reader: records=%d errors=%d (malformed records, failed ioctls) reconfigured=%d\n", cnt.Records, cnt.Errors, cnt.Switches)
 }
 
 func (ptwSource) running() string { return "running (ptwrite uprobes, Intel PT)" }

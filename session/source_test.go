@@ -41,7 +41,7 @@ func TestAppendPTStatus(t *testing.T) {
 			st: perfio.PTStatus{AuxPages: 1024, DataPages: 64, Buffers: "privileged defaults: CAP_IPC_LOCK",
 				CPUs: []perfio.CPUStatus{{CPU: 0}, {CPU: 1}}},
 			want: "pt buffers: aux=1024 pages data=64 pages (privileged defaults: CAP_IPC_LOCK)\n" +
-				"pt cpus: 2 of 2 tracing\npt reader: records=5 errors=1 (malformed records, failed ioctls)\n",
+				"pt cpus: 2 of 2 tracing\npt reader: records=5 errors=1 (malformed records, failed ioctls) reconfigured=3\n",
 		},
 		{
 			name: "offline, busy, error, hotplug",
@@ -56,11 +56,11 @@ func TestAppendPTStatus(t *testing.T) {
 				"pt cpu 3: error: mmap: operation not permitted\n" +
 				"pt cpu 4: went offline (not traced until the next start)\n" +
 				"pt cpu 5: came online (traced from the next start)\n" +
-				"pt reader: records=5 errors=1 (malformed records, failed ioctls)\n",
+				"pt reader: records=5 errors=1 (malformed records, failed ioctls) reconfigured=3\n",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := string(appendPTStatus(nil, tc.st, perfio.PTStats{Records: 5, Errors: 1})); got != tc.want {
+			if got := string(appendPTStatus(nil, tc.st, perfio.PTStats{Records: 5, Errors: 1, Switches: 3})); got != tc.want {
 				t.Errorf("got\n%s\nwant\n%s", got, tc.want)
 			}
 		})

@@ -36,6 +36,9 @@ type Target struct {
 	path  string // the user's absolute path: shown and followed
 	group string // tracefs group
 	recs  *stream.Stream
+	brs   *stream.Stream // branches
+	// brOn: the branches are read, classic records go there too.
+	brOn atomic.Bool
 
 	change  sync.Mutex
 	events  map[string]bool // tracefs event names in use in group; guarded by change
@@ -97,6 +100,7 @@ func newTarget(s *Session, name, path, group string, bin *probes.Binary) *Target
 		group:  group,
 		bin:    bin,
 		recs:   stream.New(s.opts.Stream),
+		brs:    stream.New(s.opts.Stream),
 		probes: map[string]*probe{},
 		events: map[string]bool{},
 	}
@@ -111,12 +115,23 @@ func (t *Target) Path() string { return t.path }
 // Records returns the records stream.
 func (t *Target) Records() *stream.Stream { return t.recs }
 
-// Branches fails: branch tracing needs the Intel PT engine.
+// Branches is an open of the branches file: the first starts branch
+// tracing (DESIGN §2). Without Intel PT it fails with EOPNOTSUPP and the
+// reason.
 func (t *Target) Branches() (*stream.Stream, error) {
-	why := t.s.caps.BranchesErr()
-	logrus.WithField("target", t.name).Warn("ptfs: " + why.Error())
-	return nil, fmt.Errorf("%w: %w", why, syscall.EOPNOTSUPP)
+	if err := t.s.br.open(t); err != nil {
+		logrus.WithError(err).WithField("target", t.name).Warn("ptfs: branches")
+		if errors.Is(err, ErrNoBranches) {
+			return nil, fmt.Errorf("%w: %w", err, syscall.EOPNOTSUPP)
+		}
+		return nil, err
+	}
+	return t.brs, nil
 }
+
+// CloseBranches ends an open of the branches file: the last stops branch
+// tracing.
+func (t *Target) CloseBranches() { t.s.br.close(t, false) }
 
 // Symbols returns one function a line: file offset, size, demangled name,
 // of the binary the path named when last looked at. The text is made once
@@ -137,6 +152,10 @@ func (t *Target) emit(r *decode.Record) {
 	t.cnt.Records++
 	t.line = decode.AppendRecord(t.line[:0], t.seq, r)
 	t.recs.Append(t.line)
+	if t.brOn.Load() && t.s.mode != ModePTW {
+		// ptw records come with the branches, from the same trace.
+		t.brs.Append(t.line)
+	}
 	t.out.Unlock()
 }
 
@@ -174,8 +193,8 @@ func (t *Target) Status() []byte {
 	}
 	b = fmt.Appendf(b, "file: %s\n", file)
 	b = fmt.Appendf(b, "probes: %d active, %d refused, %d stale\ncapture: %s\n", active, refused, stale, capture)
-	b = fmt.Appendf(b, "branches: unavailable: %s\n", t.s.caps.BranchesErr())
 	b = t.recs.AppendStatus(b, "records")
+	b = t.s.br.appendStatus(b, t)
 	b = t.s.src.appendStatus(b)
 	c := t.counters()
 	// Losses and decoder counts that no event attributes to one target:
@@ -436,6 +455,7 @@ func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec,
 		return err
 	}
 	t.events[tevent] = true
+	t.s.br.setEvent(ev.ID, ev)
 	if p.ev != nil {
 		if rerr := t.retire(p); rerr != nil {
 			// The new probe works; the old one is retried at unmount.
@@ -479,6 +499,7 @@ func (t *Target) retire(p *probe) error {
 	}
 	err = errors.Join(err, t.s.src.Remove(p.ev.ID))
 	t.s.setRoute(p.ev.ID, nil)
+	t.s.br.setEvent(p.ev.ID, nil)
 	if rerr := t.s.tfs.RemoveProbe(t.group, p.tevent); rerr != nil {
 		t.s.leave(t.group, p.tevent)
 		err = errors.Join(err, rerr)
@@ -532,9 +553,11 @@ func (t *Target) close() error {
 			errs = append(errs, fmt.Errorf("probe %s: %w", name, err))
 		}
 	}
+	// Branch tracing for it ends before its file goes (the filter names it).
+	t.s.br.close(t, true)
 	for _, b := range bins {
 		errs = append(errs, b.Close())
 	}
-	errs = append(errs, t.recs.Close())
+	errs = append(errs, t.recs.Close(), t.brs.Close())
 	return errors.Join(errs...)
 }

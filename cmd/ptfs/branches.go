@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -221,13 +220,7 @@ func readMaps(path string) ([]images.MapsEntry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--maps: %w", err)
 	}
-	var keep []byte
-	for line := range bytes.Lines(data) {
-		if !bytes.HasPrefix(line, []byte("#")) {
-			keep = append(keep, line...)
-		}
-	}
-	entries, err := images.ParseMaps(keep)
+	entries, err := images.ParseMapsSnapshots(data)
 	if err != nil {
 		return nil, fmt.Errorf("--maps %s: %w", path, err)
 	}
@@ -249,11 +242,11 @@ func listBranches(w io.Writer, args []string) error {
 	defer closeIn()
 	r := bufio.NewReaderSize(in, traceChunk)
 	if head, _ := r.Peek(8); isPerfData(head) {
-		f, err := parsePerf(in, r)
+		data, err := io.ReadAll(r)
 		if err != nil {
-			return fmt.Errorf("%s: %w", a.trace, err)
+			return fmt.Errorf("read trace: %w", err)
 		}
-		return perfBranches(w, &a, f)
+		return perfBranches(w, &a, data)
 	}
 	if len(a.raws)+len(a.elfs)+len(a.pages)+len(a.maps) == 0 {
 		return fmt.Errorf("%w: %w", errNoImage, flow.ErrBadOption)
@@ -291,24 +284,6 @@ func listBranches(w io.Writer, args []string) error {
 		return errors.Join(fmt.Errorf("write output: %w", err), closeAll())
 	}
 	return closeAll()
-}
-
-// parsePerf parses the perf.data that in holds: a file record by record,
-// its AUX data left on disk for the decoder to read (perfdata.ParseReader);
-// standard input whole.
-func parsePerf(in io.Reader, r io.Reader) (*perfdata.File, error) {
-	if f, ok := in.(*os.File); ok && f != os.Stdin {
-		st, err := f.Stat()
-		if err != nil {
-			return nil, fmt.Errorf("read trace: %w", err)
-		}
-		return perfdata.ParseReader(f, st.Size())
-	}
-	data, err := io.ReadAll(r)
-	if err != nil {
-		return nil, fmt.Errorf("read trace: %w", err)
-	}
-	return perfdata.Parse(data)
 }
 
 // traceChunk is the piece of a trace file read and decoded at a time.
@@ -366,12 +341,16 @@ func branchEvents(a *branchesArgs) (map[uint16]*decode.Event, error) {
 // perfBranches implements `ptfs decode --branches` on perf.data: the
 // side band builds each process's memory from the binaries on disk (under
 // --root), refusing one whose build id is not the recorded one, and each
-// AUX buffer is decoded with it over time (perfflow: the thread and memory
-// of each line's time; DESIGN §5). Code whose file is missing or refused
-// is unknown: its mappings are counted, its errors printed as image: lines.
-func perfBranches(w io.Writer, a *branchesArgs, f *perfdata.File) error {
+// AUX buffer is decoded in the space of the process its ITRACE_START names
+// (DESIGN §5). Code whose file is missing or refused is unknown: its
+// mappings are counted, its errors printed as image: lines.
+func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
 	if len(a.raws)+len(a.elfs)+len(a.pages)+len(a.maps) > 0 {
 		return fmt.Errorf("%s: perf.data brings its own images (its side band, with --root and --vdso): %w", a.trace, flow.ErrBadOption)
+	}
+	f, err := perfdata.Parse(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w", a.trace, err)
 	}
 	if len(f.Buffers) == 0 {
 		return fmt.Errorf("%s: perf.data without AUX area trace (record with -e intel_pt//): %w", a.trace, errNoTrace)
@@ -444,12 +423,20 @@ func perfBranches(w io.Writer, a *branchesArgs, f *perfdata.File) error {
 }
 
 // sideBand applies the side band to p in file order and returns the
-// errors of the mappings whose bytes stay unknown.
+// errors of the mappings whose bytes stay unknown (exits are not applied:
+// the spaces must outlive them).
 func sideBand(p *images.Processes, evs []perfdata.Event) []error {
 	var errs []error
-	for i := range evs {
-		if err := perfflow.Apply(p, &evs[i]); err != nil {
-			errs = append(errs, err)
+	for _, e := range evs {
+		switch {
+		case e.Kind == perfdata.Mmap && e.PID >= 0:
+			if err := p.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name); err != nil {
+				errs = append(errs, err)
+			}
+		case e.Kind == perfdata.Comm && e.Exec:
+			p.Exec(e.PID)
+		case e.Kind == perfdata.Fork && e.PID != e.PPID:
+			p.Fork(e.PPID, e.PID)
 		}
 	}
 	return errs

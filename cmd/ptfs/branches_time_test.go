@@ -2,15 +2,11 @@ package main
 
 import (
 	"encoding/binary"
-	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"ptfs/decode/ptenc"
-	"ptfs/internal/testkit"
-	"ptfs/perfdata"
 )
 
 // perfWriter writes pipe-mode perf.data whose records carry a sample_id
@@ -60,19 +56,13 @@ func (w *perfWriter) side(typ uint32, misc uint16, pid, tid uint32, time uint64,
 
 func name8(s string) []byte { return append([]byte(s), make([]byte, 8-len(s)%8)...) }
 
-// exec appends a COMM exec of pid.
+// exec appends COMM exec and an MMAP2 of file at addr for pid.
 func (w *perfWriter) exec(pid, tid uint32, time uint64, comm string) {
 	w.side(3, 1<<13, pid, tid, time, u32(pid), u32(tid), name8(comm))
 }
 
-// mmap appends an MMAP2 of a page of file at addr for pid.
 func (w *perfWriter) mmap(pid, tid uint32, time, addr uint64, file string) {
-	w.mmapAt(pid, tid, time, addr, 0x1000, 0, file)
-}
-
-// mmapAt appends an MMAP2 of n bytes of file from offset off at addr.
-func (w *perfWriter) mmapAt(pid, tid uint32, time, addr, n, off uint64, file string) {
-	w.side(10, 0, pid, tid, time, u32(pid), u32(tid), u64(addr), u64(n), u64(off),
+	w.side(10, 0, pid, tid, time, u32(pid), u32(tid), u64(addr), u64(0x1000), u64(0),
 		make([]byte, 24), u32(5), u32(2), name8(file))
 }
 
@@ -100,10 +90,17 @@ func psbAt(e *ptenc.Encoder, tsc, ip uint64) {
 	e.PSBEnd()
 }
 
-// overTimeRecording writes the code files of TestBranchesPerfOverTime
-// under root and returns root and the recording.
-func overTimeRecording(tb testing.TB) (root string, data []byte) {
-	root = tb.TempDir()
+// TestBranchesPerfOverTime decodes a synthesized recording of one CPU on
+// which two processes take turns: pid 100 (/bin/a) runs a loop and makes a
+// syscall; the CPU switches to thread 201 of pid 200 (/bin/b), which jumps
+// and makes a syscall (its exec): /bin/c replaces /bin/b at the same
+// address, calls and returns; pid 200 maps /lib/d in the middle of the
+// trace: code there before its time is unknown (a gap), after it decodes;
+// back on pid 100, its AUX data is truncated (a gap) and decoding goes on
+// at the next PSB; side band lost after that leaves the thread unknown (no
+// tid=, a gap line). Every line has the thread and the code of its time.
+func TestBranchesPerfOverTime(t *testing.T) {
+	root := t.TempDir()
 	for file, code := range map[string][]byte{
 		// 1000: nop; 1001: jne 1000; 1003: syscall; 1005: jmp 1000
 		"bin/a": {0x90, 0x75, 0xfd, 0x0f, 0x05, 0xeb, 0xf9},
@@ -115,10 +112,10 @@ func overTimeRecording(tb testing.TB) (root string, data []byte) {
 		"lib/d": {0xeb, 0x00, 0x0f, 0x05},
 	} {
 		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(file)), 0o755); err != nil {
-			tb.Fatal(err)
+			t.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join(root, file), code, 0o644); err != nil {
-			tb.Fatal(err)
+			t.Fatal(err)
 		}
 	}
 	w := newPerfWriter()
@@ -173,38 +170,8 @@ func overTimeRecording(tb testing.TB) (root string, data []byte) {
 	e.IPC(ptenc.TIPPGD, 0, 0)
 	w.trace(e.Bytes(), 1250, 0)
 
-	return root, w.b
-}
-
-// FuzzBranchesPerf decodes mutated recordings through the whole perf.data
-// path (side band over time, AUX cuts, streams): an error or lines, never
-// a panic or a hang.
-func FuzzBranchesPerf(f *testing.F) {
-	root, data := overTimeRecording(f)
-	f.Add(data)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		pf, err := perfdata.Parse(data)
-		if err != nil || len(pf.Buffers) == 0 {
-			return
-		}
-		a := branchesArgs{root: root, tid: -1, cpu: -1, trace: "fuzz"}
-		_ = perfBranches(io.Discard, &a, pf)
-	})
-}
-
-// TestBranchesPerfOverTime decodes a synthesized recording of one CPU on
-// which two processes take turns: pid 100 (/bin/a) runs a loop and makes a
-// syscall; the CPU switches to thread 201 of pid 200 (/bin/b), which jumps
-// and makes a syscall (its exec): /bin/c replaces /bin/b at the same
-// address, calls and returns; pid 200 maps /lib/d in the middle of the
-// trace: code there before its time is unknown (a gap), after it decodes;
-// back on pid 100, its AUX data is truncated (a gap) and decoding goes on
-// at the next PSB; side band lost after that leaves the thread unknown (no
-// tid=, a gap line). Every line has the thread and the code of its time.
-func TestBranchesPerfOverTime(t *testing.T) {
-	root, data := overTimeRecording(t)
 	path := filepath.Join(t.TempDir(), "perf.data")
-	if err := os.WriteFile(path, data, 0o644); err != nil {
+	if err := os.WriteFile(path, w.b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errs := runDecodeT("--branches", "--root", root, path)
@@ -241,72 +208,5 @@ summary: records=0 dropped=0 stray=0 unknown=0 errors=2
 `
 	if out != want {
 		t.Errorf("lines:\n%s\nwant:\n%s", out, want)
-	}
-}
-
-// TestBranchesPerfPtsim turns the corpus's ptsim runs into perf.data (an
-// exec, an MMAP2 per line of maps.txt, ITRACE_START, the trace as AUX
-// data): decoded through the side band, the lines are those of the raw
-// trace decoded with --maps (the real binary's symbols, the vDSO dump),
-// each with the thread, CPU and time.
-func TestBranchesPerfPtsim(t *testing.T) {
-	root := filepath.Join(testkit.Corpus(t), "ptsim")
-	for _, name := range []string{"run-static", "run-static-ptw"} {
-		t.Run(name, func(t *testing.T) {
-			run := filepath.Join(root, name)
-			args := ptsimArgs(t, run, root)
-			code, raw, errs := runDecodeT(append(append([]string{"--branches"}, args...), filepath.Join(run, "trace.pt"))...)
-			if code != 0 {
-				t.Fatalf("raw: exit %d: %s", code, errs)
-			}
-			entries, err := readMaps(filepath.Join(run, "maps.txt"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			trace, err := os.ReadFile(filepath.Join(run, "trace.pt"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := newPerfWriter()
-			w.exec(42, 43, 1, "flow-static")
-			for _, e := range entries {
-				if e.Path != "" {
-					w.mmapAt(42, 43, 2, e.Start, e.End-e.Start, e.Off, e.Path)
-				}
-			}
-			w.side(12, 0, 42, 43, 3, u32(42), u32(43)) // ITRACE_START
-			w.trace(trace, 10, 0)
-			path := filepath.Join(t.TempDir(), "perf.data")
-			if err := os.WriteFile(path, w.b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			code, out, errs := runDecodeT("--branches", "--root", root, "--vdso", args[len(args)-1], path)
-			if code != 0 {
-				t.Fatalf("perf.data: exit %d: %s", code, errs)
-			}
-			var got, want []string
-			for l := range strings.Lines(raw) {
-				if !strings.Contains(l, "summary: ") {
-					want = append(want, strings.TrimSuffix(l, "\n"))
-				}
-			}
-			for l := range strings.Lines(out) {
-				l = strings.TrimSuffix(l, "\n")
-				if strings.HasPrefix(l, "perf ") || strings.Contains(l, "summary: ") {
-					continue
-				}
-				// ptsim's trace has TSC packets: perf time follows the
-				// context.
-				i := strings.Index(l, " tid=43 cpu=0 time=")
-				if i < 0 {
-					t.Fatalf("line without its thread and time: %q", l)
-				}
-				got = append(got, l[:i])
-			}
-			if len(want) < 100 || !strings.Contains(strings.Join(want, "\n"), "(flow-static)") {
-				t.Fatalf("raw decode: %d lines", len(want))
-			}
-			diffLines(t, "line", got, want)
-		})
 	}
 }

@@ -80,6 +80,9 @@ type Replay struct {
 	kick     chan struct{}
 	req      chan request
 	done     chan struct{}
+	// configs are the Reconfigure calls, oldest first.
+	configs []Config
+	cpus    map[int]bool // CPUs that played a step
 
 	// Used only by the playing goroutine.
 	buf  []byte
@@ -214,6 +217,47 @@ func (r *Replay) Stop() error {
 	return nil
 }
 
+// Config is one configuration of the simulated PT events (Reconfigure).
+type Config struct {
+	Branch bool
+	Filter string
+	// Running: the replay was started, so the kernel's events were
+	// reopened (a flush loss per CPU, as perfio.PT reports).
+	Running bool
+}
+
+// Reconfigure is perfio.PT's: branch tracing on or off, an address filter.
+// It is recorded (Configs); on a running replay every CPU that played a
+// step reports a LossFlush and a flush round follows, as the kernel's
+// source reports reopening its events.
+func (r *Replay) Reconfigure(branch bool, filter string) error {
+	r.mu.Lock()
+	c := Config{Branch: branch, Filter: filter, Running: r.running}
+	r.configs = append(r.configs, c)
+	var b Batch
+	if c.Running {
+		b = Batch{}
+		for cpu := range r.cpus {
+			b[cpu] = []Step{Loss(engine.LossFlush, 1)}
+		}
+	}
+	r.mu.Unlock()
+	if !c.Running {
+		return nil
+	}
+	if err := r.Queue(b); err != nil {
+		return err
+	}
+	return r.Flush()
+}
+
+// Configs returns the Reconfigure calls so far, oldest first.
+func (r *Replay) Configs() []Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.configs)
+}
+
 // Counts returns how often Start (successfully), Stop and Flush were
 // called.
 func (r *Replay) Counts() (starts, stops, flushes int) {
@@ -271,6 +315,14 @@ func (r *Replay) play(sink engine.TraceSink, b Batch) {
 		cpus = append(cpus, cpu)
 	}
 	slices.Sort(cpus)
+	r.mu.Lock()
+	if r.cpus == nil {
+		r.cpus = map[int]bool{}
+	}
+	for _, cpu := range cpus {
+		r.cpus[cpu] = true
+	}
+	r.mu.Unlock()
 	for _, cpu := range cpus {
 		for i := range b[cpu] {
 			s := &b[cpu][i]

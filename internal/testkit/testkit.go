@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"compress/gzip"
 	"debug/elf"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -179,4 +180,41 @@ func ReadGzip(t testing.TB, path string) []byte {
 		t.Fatalf("%s: %v", path, err)
 	}
 	return data
+}
+
+// ReadStream reads a stream's reader (stream.Reader: ReadAt gives whole
+// lines and io.EOF at the end, never blocking) from offset 0 to its end.
+func ReadStream(t testing.TB, r interface {
+	ReadAt(p []byte, off int64) (int, error)
+}) []byte {
+	t.Helper()
+	var out []byte
+	buf := make([]byte, 64<<10)
+	for off := int64(0); ; {
+		n, err := r.ReadAt(buf, off)
+		out = append(out, buf[:n]...)
+		off += int64(n)
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// PTSysfs returns a sysfs root in a temp dir whose intel_pt PMU is the tree
+// of a PTWRITE-capable machine (perfio/testdata/sysfs-intel_pt), for tests
+// of Intel PT capture without the hardware.
+func PTSysfs(t testing.TB) string {
+	t.Helper()
+	root := t.TempDir()
+	dst := filepath.Join(root, "bus", "event_source", "devices", "intel_pt")
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(dst, os.DirFS(filepath.Join(Root(t), "perfio", "testdata", "sysfs-intel_pt"))); err != nil {
+		t.Fatal(err)
+	}
+	return root
 }

@@ -9,6 +9,7 @@
 package tracefstest
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -49,6 +50,10 @@ type Options struct {
 	// created; a non-zero errno refuses the line with reason in error_log,
 	// as a ptwrite kernel does when punning fails ("failed to install").
 	Refuse func(line string) (syscall.Errno, string)
+	// FirstID is the id of the first event made (later ones count up);
+	// 0 means 2326. A test replaying a recorded trace gives the id its
+	// probe headers carry.
+	FirstID int
 }
 
 // Kernel is a simulated tracefs kernel. Its methods are safe for
@@ -110,7 +115,7 @@ func New(t testing.TB, opts Options) *Kernel {
 	if err := os.Mkdir(filepath.Join(dir, "events"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	k := &Kernel{opts: opts, nextID: 2326}
+	k := &Kernel{opts: opts, nextID: cmp.Or(opts.FirstID, 2326)}
 	k.Tracefs = &tracefs.Tracefs{Dir: dir, Exec: k.Exec}
 	return k
 }
