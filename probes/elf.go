@@ -3,6 +3,7 @@ package probes
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"ptfs/objfile"
 	"ptfs/x86insn"
@@ -55,7 +56,10 @@ func (b *Binary) lookup(name string) (objfile.Symbol, error) {
 // outside any known function (stripped code) by a linear sweep from the end
 // of the previous function, or from the start of the executable section or
 // segment, as objdump does. The ptwrite verdict is computed but a refused
-// verdict is not an error here: classic probes take such sites.
+// verdict is not an error here: classic probes take such sites. A %return
+// probe must be at a function's entry (a return probe takes the return
+// address from the top of the stack when it fires); its ptwrite verdict
+// is the refusal of returnVerdict.
 func (b *Binary) Resolve(s *Spec) (*Site, error) {
 	off := s.Offset
 	if s.Symbol != "" {
@@ -82,11 +86,20 @@ func (b *Binary) Resolve(s *Spec) (*Site, error) {
 	addr := off - seg.Off + seg.Vaddr
 	site := &Site{Offset: off, Addr: addr}
 	var start uint64
-	if fn, fnOff, ok := b.SymbolAt(addr); ok && fn.Addr >= seg.Vaddr {
+	fn, fnOff, ok := b.SymbolAt(addr)
+	if ok && fn.Addr >= seg.Vaddr {
 		start = fn.Addr
 		site.Func, site.FuncOff = fn.Name, fnOff
 	} else {
 		start = b.SweepStart(addr, seg)
+	}
+	if s.Return && (site.Func == "" || site.FuncOff != 0) {
+		where := "no known function"
+		if site.Func != "" {
+			where = fmt.Sprintf("%s+0x%x", site.Func, site.FuncOff)
+		}
+		return nil, fmt.Errorf("%w: %%return needs a function's entry (its return address is on the stack only there); file offset 0x%x is in %s",
+			ErrBadSite, off, where)
 	}
 	in, code, err := b.walk(seg, start, addr)
 	if err != nil {
@@ -94,7 +107,44 @@ func (b *Binary) Resolve(s *Spec) (*Site, error) {
 	}
 	site.Insn, site.Len = in.Text, in.Len
 	site.Verdict = verdict(s.MultiNop, in, code, addr)
+	if s.Return {
+		site.Verdict = b.returnVerdict(seg, fn, in.Text)
+	}
 	return site, nil
+}
+
+// returnVerdict refuses a return probe on fn in ptw mode, saying where its
+// returns are. The kernel's ptwrite uprobes take no %return; emulating one
+// would mean a probe on each ret of the function, whose verdicts are listed
+// (one probe's records would then come from several events, which ptfs
+// does not do yet).
+func (b *Binary) returnVerdict(seg objfile.Segment, fn objfile.Symbol, insn string) Verdict {
+	v := Verdict{Kind: Refused, Insn: insn}
+	end := min(fn.Addr+fn.Size, seg.Vaddr+seg.Filesz)
+	code, err := b.ReadCode(fn.Addr, end-fn.Addr)
+	var rets []string
+	for pc := fn.Addr; err == nil && pc < end; {
+		var in x86insn.Inst
+		if in, err = x86insn.Decode(code[pc-fn.Addr:], pc); err != nil {
+			break
+		}
+		if in.Class == x86insn.Ret {
+			rets = append(rets, fmt.Sprintf("0x%x (%s)", pc-seg.Vaddr+seg.Off, verdict(false, in, code[pc-fn.Addr:], pc).Kind))
+		}
+		pc += uint64(in.Len)
+	}
+	switch {
+	case fn.Size == 0:
+		v.Reason = "%return: ptwrite uprobes take no return probes, and the symbol table gives no size for " + fn.Name + " to find its rets"
+	case err != nil:
+		v.Reason = fmt.Sprintf("%%return: ptwrite uprobes take no return probes, and %s cannot be walked to its rets: %v", fn.Name, err)
+	case len(rets) == 0:
+		v.Reason = "%return: ptwrite uprobes take no return probes, and " + fn.Name + " has no ret (it ends in a jump or never returns)"
+	default:
+		v.Reason = fmt.Sprintf("%%return: ptwrite uprobes take no return probes; a probe on each ret of %s would do (file offsets %s), which ptfs does not emulate yet: use classic mode",
+			fn.Name, strings.Join(rets, ", "))
+	}
+	return v
 }
 
 // walk decodes from start to addr, both in seg, and returns the instruction

@@ -321,7 +321,8 @@ func (t *Target) place(p *probe, spec string, sp *probes.Spec) error {
 		return err
 	}
 	for _, o := range t.list() {
-		if o != p && o.ev != nil && o.bin == bin && o.site.Offset == site.Offset {
+		// An entry and a return probe of one function share its site.
+		if o != p && o.ev != nil && o.bin == bin && o.site.Offset == site.Offset && o.sp.Return == sp.Return {
 			return fmt.Errorf("%w: probe %s is at file offset 0x%x already", tracefs.ErrExists, o.name, site.Offset)
 		}
 	}
@@ -331,7 +332,7 @@ func (t *Target) place(p *probe, spec string, sp *probes.Spec) error {
 		if err := site.Verdict.Err(); err != nil {
 			return err
 		}
-		if p.ev != nil && p.bin == bin && p.site.Offset == site.Offset {
+		if p.ev != nil && p.bin == bin && p.site.Offset == site.Offset && p.sp.Return == sp.Return {
 			return t.replaceAtSite(p, spec, sp, site)
 		}
 	}
@@ -378,9 +379,10 @@ func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec,
 	// A classic probe replaced at its own site: both events record the
 	// hits until the old one goes, one copy is kept (see swap). (A ptw
 	// probe at its own site went first: replaceAtSite.)
-	swapped := p.ev != nil && p.site.Offset == site.Offset
+	swapped := p.ev != nil && p.site.Offset == site.Offset && p.sp.Return == sp.Return
 	// Records show the mount's names; the tracefs names carry the PID.
 	ev.Group, ev.Name = "ptfs_"+t.name, p.name
+	ev.Filter = sp.Filter()
 	if swapped {
 		t.s.beginSwap(p, p.ev.ID, ev.ID)
 	} else {
