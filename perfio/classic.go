@@ -484,19 +484,30 @@ func (c *Classic) drainLocked() {
 			case recordSample:
 				c.addSample(q, rec)
 			case recordLost:
-				// struct { header; u64 id; u64 lost; }
-				if len(rec) < headerSize+16 {
-					c.errs.Add(1)
-					continue
-				}
-				c.lost.Add(binary.LittleEndian.Uint64(rec[headerSize+8:]))
+				c.lost.Add(c.lostCount(rec))
 			}
 		}
-		r.End()
-		if e := r.Errors(); e != cr.ringErrs {
-			c.errs.Add(e - cr.ringErrs)
-			cr.ringErrs = e
-		}
+		c.endRing(r, &cr.ringErrs)
+	}
+}
+
+// lostCount returns the count of a LOST record (struct { header; u64 id;
+// u64 lost; }), 0 for a malformed one (counted as an error).
+func (c *Classic) lostCount(rec []byte) uint64 {
+	if len(rec) < headerSize+16 {
+		c.errs.Add(1)
+		return 0
+	}
+	return binary.LittleEndian.Uint64(rec[headerSize+8:])
+}
+
+// endRing releases what was read of r and adds the ring's new errors,
+// beyond the seen ones, to the error count.
+func (c *Classic) endRing(r *Ring, seen *uint64) {
+	r.End()
+	if e := r.Errors(); e != *seen {
+		c.errs.Add(e - *seen)
+		*seen = e
 	}
 }
 
@@ -589,13 +600,11 @@ func (c *Classic) drainTasks(tr *taskRing) {
 		}
 		switch typ {
 		case recordLost:
-			if len(rec) < headerSize+16 {
-				c.errs.Add(1)
-				continue
+			if n := c.lostCount(rec); n > 0 {
+				c.taskLost.Add(n)
+				// An exec or exit went unseen: ask /proc again.
+				c.comms.Reset()
 			}
-			c.taskLost.Add(binary.LittleEndian.Uint64(rec[headerSize+8:]))
-			// An exec or exit went unseen: ask /proc again.
-			c.comms.Reset()
 		case unix.PERF_RECORD_COMM, unix.PERF_RECORD_EXIT:
 			ev := &c.sideEv
 			if err := c.side.parse(typ, misc, rec, ev); err != nil {
@@ -610,11 +619,7 @@ func (c *Classic) drainTasks(tr *taskRing) {
 	}
 	// Each ring is in time order; several CPUs' events interleave.
 	slices.SortStableFunc(c.tasks, func(a, b taskEvent) int { return cmp.Compare(a.time, b.time) })
-	r.End()
-	if e := r.Errors(); e != tr.ringErrs {
-		c.errs.Add(e - tr.ringErrs)
-		tr.ringErrs = e
-	}
+	c.endRing(r, &tr.ringErrs)
 }
 
 // ProcComm returns the name of process pid from /proc/PID/comm, "" when
