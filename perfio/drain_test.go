@@ -175,7 +175,8 @@ func fillRing(f *fakeMmap) int {
 	}
 }
 
-// TestDrainNoAlloc checks that the steady-state read path does not allocate.
+// TestDrainNoAlloc checks that the steady-state read path (naming the
+// records included) does not allocate.
 func TestDrainNoAlloc(t *testing.T) {
 	f := newFakeMmap(1<<16, true)
 	f.reset(1 << 15) // the samples wrap around the end
@@ -186,7 +187,7 @@ func TestDrainNoAlloc(t *testing.T) {
 	round := func() {
 		f.page.Data_tail = 1 << 15
 		c.drainLocked()
-		out = c.merge.Release(^uint64(0), out[:0])
+		out = c.nameLocked(c.merge.Release(^uint64(0), out[:0]), ^uint64(0))
 	}
 	round() // grow the buffers once
 	if len(out) != n {
@@ -197,7 +198,8 @@ func TestDrainNoAlloc(t *testing.T) {
 	}
 }
 
-// BenchmarkDrain measures the sample parse and merge path per record.
+// BenchmarkDrain measures the sample parse, merge and naming path per
+// record.
 func BenchmarkDrain(b *testing.B) {
 	f0, f1 := newFakeMmap(1<<20, true), newFakeMmap(1<<20, true)
 	n := fillRing(f0) + fillRing(f1)
@@ -209,7 +211,7 @@ func BenchmarkDrain(b *testing.B) {
 	for b.Loop() {
 		f0.page.Data_tail, f1.page.Data_tail = 0, 0
 		c.drainLocked()
-		out = c.merge.Release(^uint64(0), out[:0])
+		out = c.nameLocked(c.merge.Release(^uint64(0), out[:0]), ^uint64(0))
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
 	if len(out) != n {
