@@ -278,28 +278,90 @@ func (c *Classic) Add(ev *decode.Event) error {
 		return fmt.Errorf("%w: id %d (%s/%s)", engine.ErrExists, ev.ID, ev.Group, ev.Name)
 	}
 	ce := &classicEvent{ev: ev}
-	for _, cr := range c.cpus {
-		fd, err := unix.PerfEventOpen(perfAttr(unix.PERF_TYPE_TRACEPOINT, uint64(ev.ID)), -1, cr.cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
-		if err != nil {
-			closeFDs(ce.fds)
-			return fmt.Errorf("perf_event_open tracepoint %d (%s/%s) on cpu %d: %w", ev.ID, ev.Group, ev.Name, cr.cpu, err)
-		}
-		ce.fds = append(ce.fds, fd)
-		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_SET_OUTPUT, cr.anchor.n); err != nil {
-			closeFDs(ce.fds)
-			return fmt.Errorf("redirect event %d to cpu %d ring: %w", ev.ID, cr.cpu, err)
-		}
+	var err error
+	if ev.Filter.PID != 0 {
+		err = c.openProcess(ce, ev.Filter.PID)
+	} else {
+		err = c.openTask(ce, -1)
+	}
+	if err != nil {
+		closeFDs(ce.fds)
+		return err
 	}
 	// Known before enabled, so that no sample of ev counts as unknown.
 	c.events[ev.ID] = ce
-	for i, fd := range ce.fds {
+	for _, fd := range ce.fds {
 		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
 			disableFDs(ce.fds)
 			c.drainLocked()
 			closeFDs(ce.fds)
 			delete(c.events, ev.ID)
 			c.lastEv = nil
-			return fmt.Errorf("enable event %d on cpu %d: %w", ev.ID, c.cpus[i].cpu, err)
+			return fmt.Errorf("enable event %d (%s/%s): %w", ev.ID, ev.Group, ev.Name, err)
+		}
+	}
+	return nil
+}
+
+// openTask opens ce's event for thread tid (-1: every task) on every CPU,
+// writing into the CPU's ring. A thread's events are inherited by the
+// threads and children it creates from then on.
+func (c *Classic) openTask(ce *classicEvent, tid int) error {
+	ev := ce.ev
+	attr := perfAttr(unix.PERF_TYPE_TRACEPOINT, uint64(ev.ID))
+	if tid >= 0 {
+		attr.Bits |= unix.PerfBitInherit
+	}
+	for _, cr := range c.cpus {
+		fd, err := unix.PerfEventOpen(attr, tid, cr.cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("perf_event_open tracepoint %d (%s/%s) on cpu %d, task %d: %w", ev.ID, ev.Group, ev.Name, cr.cpu, tid, err)
+		}
+		ce.fds = append(ce.fds, fd)
+		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_SET_OUTPUT, cr.anchor.n); err != nil {
+			return fmt.Errorf("redirect event %d to cpu %d ring: %w", ev.ID, cr.cpu, err)
+		}
+	}
+	return nil
+}
+
+// maxTaskPasses bounds the listings of a process's threads in
+// openProcess: each pass attaches the threads the last one did not list.
+const maxTaskPasses = 16
+
+// openProcess opens ce's event for every thread of process pid (%pid=N),
+// as perf record -p does: the kernel then samples that process alone, and
+// installs the uprobe in its memory only, so other processes do not even
+// trap. Threads are listed until a pass finds no new one; a thread that
+// an attached thread creates later inherits the events. A process that
+// does not exist fails with ESRCH.
+func (c *Classic) openProcess(ce *classicEvent, pid int32) error {
+	seen := map[int]bool{}
+	dir := "/proc/" + strconv.Itoa(int(pid)) + "/task"
+	for pass := 0; pass < maxTaskPasses; pass++ {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			if len(seen) == 0 {
+				return fmt.Errorf("%%pid=%d: %w (%v)", pid, unix.ESRCH, err)
+			}
+			return nil // gone meanwhile: its events end with it
+		}
+		added := false
+		for _, e := range ents {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil || seen[tid] {
+				continue
+			}
+			seen[tid], added = true, true
+			if err := c.openTask(ce, tid); err != nil {
+				if errors.Is(err, unix.ESRCH) {
+					continue // the thread exited meanwhile
+				}
+				return err
+			}
+		}
+		if !added {
+			return nil
 		}
 	}
 	return nil

@@ -180,14 +180,15 @@ func waitFiltered(t *testing.T, m *mountProc, target string, n int) {
 }
 
 // TestProcessFilters: two processes hit the same probe; %pid keeps one's
-// records, then %comm the other's. The others are counted as filtered,
-// not lost.
+// records, then %comm the other's. %pid is the kernel's (events on the
+// process's threads only: the other's hits never reach ptfs), %comm
+// ptfs's: the other's records are counted as filtered, not lost.
 func TestProcessFilters(t *testing.T) {
 	needKernel(t)
 	bin, other := buildProcs(t, "other")
 	m := startMount(t, "p="+bin)
 	const k = 50
-	run := func(specFor func(pidA int) string, want func(a, b *exec.Cmd) *exec.Cmd, before int) {
+	run := func(specFor func(pidA int) string, want func(a, b *exec.Cmd) *exec.Cmd, before, wantFiltered int) {
 		a, ina, fa := startProcs(t, bin, "wait", strconv.Itoa(k))
 		b, inb, fb := startProcs(t, other, "wait", strconv.Itoa(k))
 		spec := specFor(a.Process.Pid)
@@ -197,7 +198,7 @@ func TestProcessFilters(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		waitFiltered(t, m, "p", before+k)
+		waitFiltered(t, m, "p", wantFiltered)
 		recs := parseProcRecords(t, m.waitLines(before+k, "p", "records"))
 		fa()
 		fb()
@@ -210,14 +211,22 @@ func TestProcessFilters(t *testing.T) {
 				t.Fatalf("%s: record %+v, want only pid %d (%s)", spec, r, keep.Process.Pid, filepath.Base(keep.Path))
 			}
 		}
-		if n := filtered(t, m, "p"); n != before+k {
-			t.Errorf("%s: filtered %d, want %d", spec, n, before+k)
+		if n := filtered(t, m, "p"); n != wantFiltered {
+			t.Errorf("%s: filtered %d, want %d", spec, n, wantFiltered)
 		}
 	}
 	run(func(pid int) string { return fmt.Sprintf("hit %%pid=%d a=%%di b=%%si", pid) },
-		func(a, _ *exec.Cmd) *exec.Cmd { return a }, 0)
+		func(a, _ *exec.Cmd) *exec.Cmd { return a }, 0, 0)
 	run(func(int) string { return "hit %comm=other a=%di b=%si" },
-		func(_, b *exec.Cmd) *exec.Cmd { return b }, k)
+		func(_, b *exec.Cmd) *exec.Cmd { return b }, k, k)
+	// A process that does not exist: ESRCH, and the probe file says so.
+	if err := os.Remove(m.path("p", "probes", "h")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := shell(fmt.Sprintf("echo 'hit %%pid=4194304' > %s", m.path("p", "probes", "gone"))); err == nil ||
+		!strings.Contains(out, "No such process") {
+		t.Errorf("%%pid of no process: err %v, %q\n%s", err, out, m.probeText("p", "gone"))
+	}
 	st := m.read("p", "status")
 	if !strings.Contains(st, "summary: records=100 dropped=0 stray=0 unknown=0 errors=0\n") || statusValue(st, "lost") != "0 (samples dropped by full kernel rings, all targets)" {
 		t.Errorf("status:\n%s", st)
