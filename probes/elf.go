@@ -29,6 +29,9 @@ type Site struct {
 	// Verdict says whether and how a ptwrite uprobe can patch the site.
 	// Classic probes install on any instruction boundary.
 	Verdict Verdict
+	// Rets are the file offsets of the function's rets, for a return
+	// probe: where ptw mode emulates it (Verdict Rets).
+	Rets []uint64
 }
 
 // Open opens the ELF file at path (objfile.Open: a regular file only,
@@ -108,43 +111,57 @@ func (b *Binary) Resolve(s *Spec) (*Site, error) {
 	site.Insn, site.Len = in.Text, in.Len
 	site.Verdict = verdict(s.MultiNop, in, code, addr)
 	if s.Return {
-		site.Verdict = b.returnVerdict(seg, fn, in.Text)
+		site.Verdict, site.Rets = b.returnVerdict(seg, fn, in.Text)
 	}
 	return site, nil
 }
 
-// returnVerdict refuses a return probe on fn in ptw mode, saying where its
-// returns are. The kernel's ptwrite uprobes take no %return; emulating one
-// would mean a probe on each ret of the function, whose verdicts are listed
-// (one probe's records would then come from several events, which ptfs
-// does not do yet).
-func (b *Binary) returnVerdict(seg objfile.Segment, fn objfile.Symbol, insn string) Verdict {
+// returnVerdict judges a return probe on fn for ptw mode. The kernel's
+// ptwrite uprobes take no %return, so ptw mode emulates one with a probe on
+// each ret of the function, found by walking its code with the site
+// checker; it is refused when one of them is, or when the walk cannot
+// find them. Returns through a tail jump into another function are not
+// rets of fn and are not seen.
+func (b *Binary) returnVerdict(seg objfile.Segment, fn objfile.Symbol, insn string) (Verdict, []uint64) {
 	v := Verdict{Kind: Refused, Insn: insn}
 	end := min(fn.Addr+fn.Size, seg.Vaddr+seg.Filesz)
 	code, err := b.ReadCode(fn.Addr, end-fn.Addr)
-	var rets []string
+	var rets []uint64
+	var texts []string
+	refused := ""
 	for pc := fn.Addr; err == nil && pc < end; {
 		var in x86insn.Inst
 		if in, err = x86insn.Decode(code[pc-fn.Addr:], pc); err != nil {
 			break
 		}
 		if in.Class == x86insn.Ret {
-			rets = append(rets, fmt.Sprintf("0x%x (%s)", pc-seg.Vaddr+seg.Off, verdict(false, in, code[pc-fn.Addr:], pc).Kind))
+			off := pc - seg.Vaddr + seg.Off
+			rv := verdict(false, in, code[pc-fn.Addr:], pc)
+			if rv.Kind == Refused && refused == "" {
+				refused = fmt.Sprintf("the ret at file offset 0x%x: %s", off, rv.Reason)
+			}
+			rets = append(rets, off)
+			texts = append(texts, fmt.Sprintf("0x%x (%s)", off, rv.Kind))
 		}
 		pc += uint64(in.Len)
 	}
+	const head = "%return: ptwrite uprobes take no return probes"
 	switch {
 	case fn.Size == 0:
-		v.Reason = "%return: ptwrite uprobes take no return probes, and the symbol table gives no size for " + fn.Name + " to find its rets"
+		v.Reason = head + ", and the symbol table gives no size for " + fn.Name + " to find its rets"
 	case err != nil:
-		v.Reason = fmt.Sprintf("%%return: ptwrite uprobes take no return probes, and %s cannot be walked to its rets: %v", fn.Name, err)
+		v.Reason = fmt.Sprintf("%s, and %s cannot be walked to its rets: %v", head, fn.Name, err)
 	case len(rets) == 0:
-		v.Reason = "%return: ptwrite uprobes take no return probes, and " + fn.Name + " has no ret (it ends in a jump or never returns)"
+		v.Reason = head + ", and " + fn.Name + " has no ret (it ends in a jump or never returns)"
+	case refused != "":
+		v.Reason = fmt.Sprintf("%s, and a probe on each ret of %s cannot stand in for one: %s", head, fn.Name, refused)
 	default:
-		v.Reason = fmt.Sprintf("%%return: ptwrite uprobes take no return probes; a probe on each ret of %s would do (file offsets %s), which ptfs does not emulate yet: use classic mode",
-			fn.Name, strings.Join(rets, ", "))
+		v.Kind = Rets
+		v.Reason = fmt.Sprintf("%%return emulated by a probe on each ret of %s (file offsets %s; $retval is %%ax there; returns through a tail jump are not seen)",
+			fn.Name, strings.Join(texts, ", "))
+		return v, rets
 	}
-	return v
+	return v, nil
 }
 
 // walk decodes from start to addr, both in seg, and returns the instruction

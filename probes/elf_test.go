@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -102,7 +103,7 @@ func TestResolve(t *testing.T) {
 				}
 				// The same site by file offset resolves the same.
 				byOff, err := b.Resolve(&Spec{Offset: site.Offset, MultiNop: strings.Contains(tt.spec, "%multinop")})
-				if err != nil || *byOff != *site {
+				if err != nil || !reflect.DeepEqual(byOff, site) {
 					t.Errorf("Resolve(0x%x) = %+v, %v; want %+v", site.Offset, byOff, err, site)
 				}
 			}

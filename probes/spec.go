@@ -2,6 +2,7 @@ package probes
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -64,6 +65,21 @@ type Spec struct {
 	Comm string
 	// Args are the fetch arguments, at most MaxArgs.
 	Args []Arg
+}
+
+// AtRet returns the spec of the probe that stands in for return probe s
+// on one ret of its function (ptw mode): an entry probe with the same
+// options and arguments, $retval fetched from %ax, where the ret finds it.
+func AtRet(s *Spec) *Spec {
+	r := *s
+	r.Return = false
+	r.Args = slices.Clone(s.Args)
+	for i := range r.Args {
+		if r.Args[i].Fetch == "$retval" {
+			r.Args[i].Fetch = "%ax"
+		}
+	}
+	return &r
 }
 
 // Filter returns the record filter of the spec's %pid and %comm.

@@ -1,12 +1,10 @@
 package session
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"ptfs/decode/ptenc"
@@ -17,23 +15,69 @@ import (
 	"ptfs/tracefs/tracefstest"
 )
 
-// TestPTWReturnRefused: ptw mode refuses %return before the kernel sees
-// it, and the probe file says why and where the function's rets are.
-func TestPTWReturnRefused(t *testing.T) {
-	_, tg, k, _ := newPTWSession(t, tracefstest.Options{PTW: true})
-	err := tg.SetProbe("r", "target%return r=$retval")
-	if !errors.Is(err, syscall.EOPNOTSUPP) {
-		t.Fatalf("SetProbe: %v, want EOPNOTSUPP", err)
+// TestPTWReturn: ptw mode emulates %return with a ptw probe on each ret
+// of the function, found by the site checker, fetching %ax for $retval;
+// the probe file lists them, their records carry the probe's name, and
+// removing the probe removes every one of them.
+func TestPTWReturn(t *testing.T) {
+	s, tg, k, rep := newPTWSession(t, tracefstest.Options{PTW: true})
+	dir := mountSession(t, s)
+	probeFile := filepath.Join(dir, "t", "probes", "r")
+	if err := os.WriteFile(probeFile, []byte("target%return r=$retval\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	text, _ := tg.ProbeText("r")
-	for _, want := range []string{"# state: refused", "%return: ptwrite uprobes take no return probes",
-		"a probe on each ret of target would do (file offsets 0x", "(pun)", "use classic mode"} {
-		if !strings.Contains(string(text), want) {
-			t.Errorf("probe file:\n%s\nwant %q", text, want)
+	text := readFile(t, probeFile)
+	if !strings.Contains(text, "# state: installed (ptw mode") || !strings.Contains(text, "# ptw: %return emulated by a probe on each ret of target (file offsets 0x") {
+		t.Fatalf("probe file:\n%s", text)
+	}
+	group := tracefs.GroupName(os.Getpid(), "t")
+	lines, err := k.Tracefs.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg.mu.Lock()
+	rets := tg.probes["r"].site.Rets
+	tg.mu.Unlock()
+	if len(rets) == 0 || len(lines) != len(rets) {
+		t.Fatalf("rets %x, uprobe_events %q", rets, lines)
+	}
+	var e ptenc.Encoder
+	e.PSB()
+	e.TSC(1000)
+	e.PSBEnd()
+	for i, off := range rets {
+		name := "r"
+		if i > 0 {
+			name = tracefs.Numbered("r", i+1)
+		}
+		want := fmt.Sprintf("%s/%s %s:0x%x r=%%ax", group, name, tg.bin.FDPath(), off)
+		if !strings.Contains(text, "# tracefs: ptw:"+want+"\n") {
+			t.Errorf("probe file:\n%s\nwant the line %q", text, want)
+		}
+		id, err := k.Tracefs.EventID(group, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Probe(id, 0x7f0000001000, true, uint64(40+i))
+	}
+	tc := perfdata.TimeConv{Mult: 1, Zero: 5_000_000_000}
+	if err := rep.Queue(enginetest.Batch{0: {enginetest.TimeConv(tc), enginetest.Trace(e.Bytes())}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	recs := readFile(t, dir, "t", "records")
+	for i := range rets {
+		if !strings.Contains(recs, "event=ptfs_t/r id=0x") || !strings.Contains(recs, fmt.Sprintf(" args=[r=%d] cpu=0", 40+i)) {
+			t.Errorf("records:\n%s\nwant r=%d", recs, 40+i)
 		}
 	}
-	if cmds := k.Commands(); len(cmds) != 0 {
-		t.Errorf("the kernel got %q for a refused return probe", cmds)
+	if err := os.Remove(probeFile); err != nil {
+		t.Fatal(err)
+	}
+	if lines, _ := k.Tracefs.Events(); len(lines) != 0 {
+		t.Errorf("uprobe_events after rm: %q", lines)
 	}
 }
 
