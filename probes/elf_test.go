@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"debug/elf"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -279,5 +280,36 @@ func TestResolveAmbiguous(t *testing.T) {
 	}
 	if site, err := b.Resolve(mustParse(t, "strlen")); err != nil || site.Func != "strlen" || site.FuncOff != 0 {
 		t.Errorf("Resolve(strlen) = %+v, %v", site, err)
+	}
+}
+
+// TestResolveReturn: a return probe goes at a function's entry, and its
+// ptw verdict names the rets that stand in for it, each a ret in the file.
+func TestResolveReturn(t *testing.T) {
+	path := testkit.BuildC(t, filepath.Join("..", "testdata", "procs.c"), "-O0", "-pthread")
+	b := openBinary(t, path)
+	site, err := b.Resolve(mustParse(t, "fib%return r=$retval"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if site.Verdict.Kind != Rets || len(site.Rets) == 0 || !strings.Contains(site.Verdict.String(), "ptw: %return emulated by a probe on each ret of fib") {
+		t.Fatalf("verdict %v, rets %x", site.Verdict, site.Rets)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range site.Rets {
+		if c := data[off]; c != 0xc3 && c != 0xc2 {
+			t.Errorf("ret at 0x%x is byte %#x", off, c)
+		}
+	}
+	// The second instruction of fib is no entry.
+	if _, err := b.Resolve(mustParse(t, fmt.Sprintf("fib+%d %%return", site.Len))); !errors.Is(err, ErrBadSite) || !strings.Contains(err.Error(), "function's entry") {
+		t.Errorf("return probe inside fib: %v, want ErrBadSite", err)
+	}
+	// An entry probe is not judged as a return probe.
+	if site, err := b.Resolve(mustParse(t, "fib")); err != nil || site.Verdict.Kind == Rets || site.Rets != nil {
+		t.Errorf("entry probe: %+v, %v", site, err)
 	}
 }
