@@ -15,11 +15,11 @@ import (
 
 // procRecord is a parsed record line of testdata/procs.c's hit(a, b).
 type procRecord struct {
-	event            string
-	a, b             string
-	tid, pid         int
-	comm             string
-	hasComm, hasName bool
+	event    string
+	a, b     string
+	tid, pid int
+	comm     string
+	hasComm  bool
 }
 
 // parseProcRecords parses record lines whose args are [a=A, b=B].
