@@ -63,6 +63,7 @@ type Assembler struct {
 	conv   func(tsc uint64) uint64
 	cpu    int32
 	tid    int32
+	pid    int32
 
 	dec PacketDecoder
 	pkt Packet
@@ -160,6 +161,9 @@ func (a *Assembler) SetCPU(cpu int32) { a.cpu = cpu }
 
 // SetTID sets the thread id that records report (-1: unknown).
 func (a *Assembler) SetTID(tid int32) { a.tid = tid }
+
+// SetPID sets the process id that records report (0: unknown).
+func (a *Assembler) SetPID(pid int32) { a.pid = pid }
 
 // SetTimeConv sets the conversion from raw TSC values to nanoseconds; nil
 // leaves Time 0.
@@ -633,7 +637,7 @@ func (a *Assembler) header(v uint64, withIP bool) {
 	}
 	a.rec.Event = ev
 	a.rec.N = min(nargs, len(ev.Args), len(a.rec.Args))
-	a.rec.TID, a.rec.CPU, a.rec.Time = a.tid, a.cpu, a.now()
+	a.rec.TID, a.rec.PID, a.rec.CPU, a.rec.Time = a.tid, a.pid, a.cpu, a.now()
 	a.want, a.got = nargs, 0
 	a.open = true
 	if nargs == 0 {

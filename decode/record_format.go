@@ -27,6 +27,28 @@ type Event struct {
 	Group string
 	Name  string
 	Args  []Arg
+	// Filter limits the records of the event to some processes (the
+	// spec's %pid and %comm); the zero value takes every record.
+	Filter Filter
+}
+
+// Filter selects records by process. A zero field matches everything.
+type Filter struct {
+	// PID is the process id (tgid) to keep; 0 keeps every process.
+	PID int32
+	// Comm is the process name to keep, as the kernel keeps it (at most
+	// 15 bytes); "" keeps every name.
+	Comm string
+}
+
+// Active tells whether f drops anything.
+func (f *Filter) Active() bool { return f.PID != 0 || f.Comm != "" }
+
+// Match tells whether a record of process pid named comm passes f. A
+// record whose process or name is unknown (0, "") fails a filter on it:
+// keeping it would show a record the filter may exclude.
+func (f *Filter) Match(pid int32, comm string) bool {
+	return (f.PID == 0 || f.PID == pid) && (f.Comm == "" || f.Comm == comm)
 }
 
 // Record is one assembled probe hit.
@@ -43,6 +65,11 @@ type Record struct {
 	TID  int32
 	CPU  int32
 	Time uint64 // nanoseconds
+	// PID is the process (tgid) of the hit and Comm its name; 0 and ""
+	// mean unknown (pid 0 is the idle task, which runs no user code).
+	// Comm is a cached string: setting it copies no bytes.
+	PID  int32
+	Comm string
 }
 
 // Counters are the summary counters of DESIGN §5.
@@ -66,11 +93,14 @@ func (c *Counters) Add(o *Counters) {
 // AppendRecord appends the text line of record number seq (counted from 1),
 // with its trailing newline, in the format of DESIGN §5:
 //
-//	record N: event=GRP/EVENT id=0xID args=[A, name=B] tid=T cpu=C time=SEC.NSEC
+//	record N: event=GRP/EVENT id=0xID args=[A, name=B] tid=T cpu=C time=SEC.NSEC pid=P comm=NAME
 //
 // Only known context is printed: no tid= for a negative TID (ptw mode: the
 // side band did not say which thread ran), no cpu= for a negative CPU, no
-// time= for Time 0 (no TSC conversion): never a guessed value.
+// time= for Time 0 (no TSC conversion), no pid= for PID 0, no comm= for an
+// empty Comm: never a guessed value. pid= and comm= come last so that the
+// older fields keep their places; comm is last because a process names
+// itself (AppendComm escapes what could split the line or the field).
 func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 	dst = append(dst, "record "...)
 	dst = appendDec(dst, seq)
@@ -117,7 +147,31 @@ func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 		dst = append(dst, " time="...)
 		dst = AppendTime(dst, r.Time)
 	}
+	if r.PID > 0 {
+		dst = append(dst, " pid="...)
+		dst = appendDec(dst, uint64(r.PID))
+	}
+	if r.Comm != "" {
+		dst = append(dst, " comm="...)
+		dst = AppendComm(dst, r.Comm)
+	}
 	return append(dst, '\n')
+}
+
+// AppendComm appends a process name as one field: any process can name
+// itself anything but NUL (prctl PR_SET_NAME), so bytes outside the
+// printable ASCII range, space and backslash are written as \xHH.
+func AppendComm(dst []byte, comm string) []byte {
+	const hex = "0123456789abcdef"
+	for i := 0; i < len(comm); i++ {
+		c := comm[i]
+		if c > ' ' && c < 0x7f && c != '\\' {
+			dst = append(dst, c)
+			continue
+		}
+		dst = append(dst, '\\', 'x', hex[c>>4], hex[c&0xf])
+	}
+	return dst
 }
 
 // AppendValue appends v printed as type t, as the kernel's print format

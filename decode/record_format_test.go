@@ -26,6 +26,12 @@ func TestAppendRecord(t *testing.T) {
 			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] cpu=2\n"},
 		{"time with whole seconds", Record{Event: ev, N: 1, TID: -1, CPU: -1, Time: 12_000000000},
 			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] time=12.000000000\n"},
+		{"process and name", Record{Event: ev, N: 1, TID: 4712, CPU: 1, Time: 5, PID: 4711, Comm: "worker"},
+			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] tid=4712 cpu=1 time=0.000000005 pid=4711 comm=worker\n"},
+		{"process known, name not", Record{Event: ev, N: 1, TID: -1, CPU: -1, PID: 1},
+			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] pid=1\n"},
+		{"hostile name escaped", Record{Event: ev, N: 1, TID: -1, CPU: -1, PID: 9, Comm: "a b\nc\\d\x7f\xffe=f"},
+			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] pid=9 comm=a\\x20b\\x0ac\\x5cd\\x7f\\xffe=f\n"},
 	}
 	for _, c := range cases {
 		if got := string(AppendRecord(nil, 7, &c.r)); got != c.want {
@@ -48,14 +54,21 @@ func TestAppendManualSummary(t *testing.T) {
 	}
 }
 
+// BenchmarkAppendRecord formats a record without and with its process
+// (pid= and comm=): the ratio is what issue 12's fields cost a line.
 func BenchmarkAppendRecord(b *testing.B) {
 	ev := &Event{ID: 0x6c2, Group: "ptfs_t", Name: "e", Args: []Arg{{Name: "a"}, {Name: "b"}}}
 	r := Record{Event: ev, N: 2, Args: [8]uint64{123456, 123457}, TID: 4711, CPU: 1, Time: 8061_235912410}
-	buf := make([]byte, 0, 256)
-	b.ReportAllocs()
-	for i := 0; i < b.N; i++ {
-		buf = AppendRecord(buf[:0], uint64(i), &r)
+	bench := func(b *testing.B) {
+		buf := make([]byte, 0, 256)
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			buf = AppendRecord(buf[:0], uint64(i), &r)
+		}
 	}
+	b.Run("thread", bench)
+	r.PID, r.Comm = 4711, "target"
+	b.Run("process", bench)
 }
 
 func TestAppendDec(t *testing.T) {

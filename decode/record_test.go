@@ -85,10 +85,11 @@ func TestAssembler(t *testing.T) {
 			setup: func(a *Assembler) {
 				a.SetCPU(3)
 				a.SetTID(4711)
+				a.SetPID(4700)
 				a.SetTimeConv(func(tsc uint64) uint64 { return tsc*1_000_000 + 5 })
 			},
-			want: "record 1: event=ptfs_t/e id=0x10 args=[7, b=8] tid=4711 cpu=3 time=1.000000005\n" +
-				"record 2: event=ptfs_t/e id=0x10 args=[9, b=10] tid=4711 cpu=3 time=2.000000005\n",
+			want: "record 1: event=ptfs_t/e id=0x10 args=[7, b=8] tid=4711 cpu=3 time=1.000000005 pid=4700\n" +
+				"record 2: event=ptfs_t/e id=0x10 args=[9, b=10] tid=4711 cpu=3 time=2.000000005 pid=4700\n",
 			c: Counters{Records: 2},
 		},
 		{

@@ -23,6 +23,10 @@ type PTWOptions struct {
 	// Timing times records between TSC packets (PT.Timing); zero: records
 	// have the time of the last TSC packet.
 	Timing decode.Timing
+	// Comm looks up the name of a process that the side band has not
+	// named yet (perfio.ProcComm); nil leaves such records without comm=
+	// until a COMM record names their process.
+	Comm func(pid int32) string
 }
 
 // DefaultPTWLatency is the default PTWOptions.Latency.
@@ -65,6 +69,10 @@ type PTWStats struct {
 	// packet yet. They go out in arrival order, held back at most until
 	// the records already released, and are not counted Late.
 	Untimed uint64
+	// Filtered counts records that their event's Filter dropped (a
+	// process the probe does not watch, or one the side band did not
+	// name): not losses.
+	Filtered uint64
 	// CPUs counts the CPUs that passed trace; NoTimeConv those of them
 	// that passed it without a TimeConv, whose records have no time.
 	CPUs, NoTimeConv int
@@ -133,6 +141,8 @@ type PTW struct {
 	manual  uint64
 	unattr  uint64
 	untimed uint64
+	filter  uint64
+	comms   *Comms
 	bytes   uint64
 	badCPU  uint64
 
@@ -180,6 +190,7 @@ func NewPTW(src TraceSource, o PTWOptions, sink Sink) (*PTW, error) {
 		clock:   func() time.Duration { return time.Since(start) },
 		events:  make(map[uint16]*decode.Event),
 		merge:   NewMerger[decode.Record](0, o.MaxPending),
+		comms:   NewComms(o.Comm),
 	}, nil
 }
 
@@ -327,6 +338,7 @@ func (p *PTW) Stats() PTWStats {
 		Manual:       p.manual,
 		Unattributed: p.unattr,
 		Untimed:      p.untimed,
+		Filtered:     p.filter,
 	}
 	for _, c := range p.cpus {
 		if c != nil {
@@ -375,23 +387,30 @@ func (p *PTW) cpuLocked(cpu int) *ptwCPU {
 	return c
 }
 
-// Record queues a record the assembler completed, with the thread that
-// ran on the CPU at its time. A record without time cannot be placed in
-// the timeline (no thread) nor among other CPUs' records: it is merged at
-// the latest time released, so it goes out by arrival, behind what its
-// CPU queued before, without holding anything back or counting as late.
+// Record queues a record the assembler completed, with the thread (and
+// its process and the process's name) that ran on the CPU at its time,
+// unless its event's Filter drops it. A record without time cannot be
+// placed in the timeline (no thread) nor among other CPUs' records: it is
+// merged at the latest time released, so it goes out by arrival, behind
+// what its CPU queued before, without holding anything back or counting
+// as late.
 func (c *ptwCPU) Record(r *decode.Record) {
 	p := c.p
-	at, tid := r.Time, int32(-1)
+	at, pid, tid := r.Time, int32(0), int32(-1)
 	if at == 0 {
 		p.untimed++
 		at = p.merge.last
 	} else {
-		tid = c.tl.at(r.Time)
+		pid, tid = c.tl.at(r.Time)
+	}
+	comm := p.comms.Get(pid)
+	if f := &r.Event.Filter; f.Active() && !f.Match(pid, comm) {
+		p.filter++
+		return
 	}
 	s := p.merge.Push(c.q, at)
 	*s = *r
-	s.TID = tid
+	s.PID, s.TID, s.Comm = pid, tid, comm
 	if tid < 0 {
 		p.unattr++
 	}
@@ -483,19 +502,27 @@ func (s *ptwSink) Side(cpu int, ev *SideEvent) {
 	switch ev.Kind {
 	case SideITraceStart:
 		st.ITraceStart++
-		st.Dropped += c.tl.add(ev.Time, ev.TID)
+		st.Dropped += c.tl.add(ev.Time, ev.PID, ev.TID)
 	case SideSwitchIn:
 		st.SwitchIn++
-		st.Dropped += c.tl.add(ev.Time, ev.TID)
+		st.Dropped += c.tl.add(ev.Time, ev.PID, ev.TID)
 	case SideSwitchOut:
 		st.SwitchOut++
-		st.Dropped += c.tl.add(ev.Time, ev.NextTID)
+		st.Dropped += c.tl.add(ev.Time, ev.NextPID, ev.NextTID)
 	case SideComm:
 		st.Comm++
+		// The process's name is its main thread's: exec, or a rename
+		// of that thread (other threads name only themselves).
+		if ev.PID == ev.TID {
+			p.comms.Set(ev.PID, ev.Comm)
+		}
 	case SideMmap2:
 		st.Mmap2++
 	case SideExit:
 		st.Exit++
+		if ev.PID == ev.TID {
+			p.comms.Exit(ev.PID)
+		}
 	default:
 		st.Other++
 	}
@@ -559,8 +586,9 @@ func (w *watermark) update(now time.Duration, seen uint64, lat time.Duration) ui
 }
 
 // timeline is which thread ran on one CPU from when, from the side band
-// (ITRACE_START, SWITCH in and out), in time order; an entry of TID -1
-// marks where side band was lost and the thread is unknown. Records of a CPU come
+// (ITRACE_START, SWITCH in and out), in time order, with the thread's
+// process; an entry of TID -1 marks where side band was lost and the thread
+// is unknown. Records of a CPU come
 // in time order, so a cursor moves forward through it. What is behind the
 // cursor is pruned, and so is what came before the previous Trace but the
 // last such entry: side band and AUX records share the data ring, in the
@@ -575,14 +603,15 @@ type timeline struct {
 }
 
 type tlEntry struct {
-	time uint64
-	tid  int32
+	time     uint64
+	pid, tid int32
 }
 
-// add appends that tid runs from time and returns how many entries it
-// dropped to stay bounded. A time before the last entry's (the kernel
-// writes a CPU's side band in time order) is taken as the last entry's.
-func (t *timeline) add(time uint64, tid int32) uint64 {
+// add appends that thread tid of process pid runs from time and returns
+// how many entries it dropped to stay bounded. A time before the last
+// entry's (the kernel writes a CPU's side band in time order) is taken as
+// the last entry's.
+func (t *timeline) add(time uint64, pid, tid int32) uint64 {
 	var dropped uint64
 	if n := len(t.ent); n > 0 && time < t.ent[n-1].time {
 		time = t.ent[n-1].time
@@ -597,7 +626,10 @@ func (t *timeline) add(time uint64, tid int32) uint64 {
 		copy(ent, t.ent)
 		t.ent = ent
 	}
-	t.ent = append(t.ent, tlEntry{time: time, tid: tid})
+	if tid < 0 {
+		pid = 0
+	}
+	t.ent = append(t.ent, tlEntry{time: time, pid: pid, tid: tid})
 	return dropped
 }
 
@@ -611,7 +643,7 @@ func (t *timeline) lost() uint64 {
 	if n == 0 || t.ent[n-1].tid < 0 {
 		return 0
 	}
-	return t.add(t.ent[n-1].time, -1)
+	return t.add(t.ent[n-1].time, 0, -1)
 }
 
 // cut drops the first k entries.
@@ -633,11 +665,11 @@ func (t *timeline) trace() {
 	t.mark = len(t.ent)
 }
 
-// at returns the thread that ran at time, or -1 when the side band did not
-// say (yet).
-func (t *timeline) at(time uint64) int32 {
+// at returns the process and thread that ran at time, or 0 and -1 when the
+// side band did not say (yet).
+func (t *timeline) at(time uint64) (pid, tid int32) {
 	if len(t.ent) == 0 {
-		return -1
+		return 0, -1
 	}
 	t.cur = min(t.cur, len(t.ent)-1)
 	for t.cur+1 < len(t.ent) && t.ent[t.cur+1].time <= time {
@@ -646,10 +678,10 @@ func (t *timeline) at(time uint64) int32 {
 	// A record out of time order: look behind the cursor.
 	for i := t.cur; i >= 0; i-- {
 		if t.ent[i].time <= time {
-			return t.ent[i].tid
+			return t.ent[i].pid, t.ent[i].tid
 		}
 	}
-	return -1
+	return 0, -1
 }
 
 // reset forgets everything: a new trace begins with its own ITRACE_START.

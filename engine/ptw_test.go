@@ -314,12 +314,17 @@ func TestTimeline(t *testing.T) {
 					t.Errorf("%s: op %d dropped %d", tc.name, i, d)
 				}
 			case o.add:
-				if d := tl.add(o.time, o.tid); d != 0 {
+				// Each thread's process is its tid + 1000.
+				if d := tl.add(o.time, o.tid+1000, o.tid); d != 0 {
 					t.Errorf("%s: op %d dropped %d", tc.name, i, d)
 				}
 			default:
-				if got := tl.at(o.time); got != o.tid {
-					t.Errorf("%s: op %d: at(%d) = %d, want %d", tc.name, i, o.time, got, o.tid)
+				wantPID := int32(0)
+				if o.tid >= 0 {
+					wantPID = o.tid + 1000
+				}
+				if pid, got := tl.at(o.time); got != o.tid || pid != wantPID {
+					t.Errorf("%s: op %d: at(%d) = %d/%d, want %d/%d", tc.name, i, o.time, pid, got, wantPID, o.tid)
 				}
 			}
 		}
@@ -333,7 +338,7 @@ func TestTimelineBounded(t *testing.T) {
 	var tl timeline
 	var dropped uint64
 	for i := 0; i < 3*maxTimeline; i++ {
-		dropped += tl.add(uint64(i), int32(i))
+		dropped += tl.add(uint64(i), 1, int32(i))
 	}
 	if len(tl.ent) > maxTimeline || cap(tl.ent) > maxTimeline {
 		t.Errorf("len %d cap %d, bound %d", len(tl.ent), cap(tl.ent), maxTimeline)
@@ -342,10 +347,10 @@ func TestTimelineBounded(t *testing.T) {
 		t.Errorf("dropped %d + kept %d != added %d", dropped, len(tl.ent), 3*maxTimeline)
 	}
 	last := uint64(3*maxTimeline - 1)
-	if got := tl.at(last); got != int32(last) {
+	if _, got := tl.at(last); got != int32(last) {
 		t.Errorf("newest entry: %d", got)
 	}
-	if got := tl.at(0); got != -1 {
+	if _, got := tl.at(0); got != -1 {
 		t.Errorf("dropped time: %d, want -1", got)
 	}
 }

@@ -1,10 +1,14 @@
 package perfio
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +58,13 @@ type ClassicStats struct {
 	Unknown uint64 // samples of an event id not (or no longer) added
 	Errors  uint64 // malformed ring data or samples, skipped
 	Late    uint64 // times a record went out after a later one (order broken)
+	// Filtered counts records that their event's Filter dropped: not
+	// losses.
+	Filtered uint64
+	// TaskLost counts COMM and EXIT records the kernel dropped because a
+	// CPU's task ring was full; after one, process names are read from
+	// /proc again.
+	TaskLost uint64
 }
 
 // Classic reads classic uprobe events: one tracepoint perf event per event
@@ -70,6 +81,14 @@ type Classic struct {
 	lastEv *classicEvent
 	merge  engine.Merger[decode.Record]
 	closed bool
+	// comms names the processes of the records: the task rings' COMM and
+	// EXIT records keep it current, applied in time order as records are
+	// released (tasks holds those not applied yet); /proc names a process
+	// first seen.
+	comms  *engine.Comms
+	tasks  []taskEvent
+	side   sideParser
+	sideEv engine.SideEvent
 
 	// poll is where the reader sleeps; Remove and Close wake it so that it
 	// flushes or stops at once instead of at its next poll.
@@ -80,11 +99,14 @@ type Classic struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	records, lost, unknown, errs atomic.Uint64
+	records, lost, unknown, errs, filtered, taskLost atomic.Uint64
 }
 
 // cpuRing is the ring of one CPU: anchor is the dummy event that owns the
 // mmap; every tracepoint event of that CPU redirects its output there.
+// task holds the CPU's COMM and EXIT records, in a ring of their own so
+// that the samples' ring counts lost samples only (the kernel counts a
+// ring's losses, not an event's).
 type cpuRing struct {
 	cpu    int
 	anchor *fd
@@ -92,7 +114,29 @@ type cpuRing struct {
 	ring   *Ring
 	// ringErrs is the part of ring.Errors already added to Classic.errs.
 	ringErrs uint64
+	task     *taskRing
 }
+
+// taskRing is a dummy event that writes the COMM records (exec, renames)
+// and EXIT records of one CPU's tasks into its own ring.
+type taskRing struct {
+	fd       *fd
+	mem      []byte
+	ring     *Ring
+	ringErrs uint64
+}
+
+// taskEvent is a COMM (exit false) or EXIT of a process's main thread.
+type taskEvent struct {
+	time uint64
+	pid  int32
+	exit bool
+	comm string
+}
+
+// taskRingPages is the size of a task ring: a COMM or EXIT record is 40 to
+// 64 bytes, and the ring is read at least every idleInterval.
+const taskRingPages = 16
 
 // classicEvent is one added event and its perf fds, one per CPU.
 type classicEvent struct {
@@ -130,6 +174,8 @@ func NewClassic(opts ClassicOptions, sink engine.Sink) (*Classic, error) {
 		sink:     sink,
 		latency:  uint64(opts.Latency),
 		events:   make(map[uint16]*classicEvent),
+		comms:    engine.NewComms(ProcComm),
+		side:     sideParser{idSize: classicIDSize},
 		poll:     poll,
 		flushReq: make(chan chan struct{}),
 		stop:     make(chan struct{}),
@@ -153,30 +199,52 @@ func NewClassic(opts ClassicOptions, sink engine.Sink) (*Classic, error) {
 	return c, nil
 }
 
-// openCPURing opens the dummy event that owns cpu's ring and maps the ring.
+// openCPURing opens the dummy event that owns cpu's ring and maps the ring,
+// and the CPU's task ring.
 func openCPURing(cpu, pages int) (*cpuRing, error) {
-	pageSize := os.Getpagesize()
 	attr := perfAttr(unix.PERF_TYPE_SOFTWARE, unix.PERF_COUNT_SW_DUMMY)
 	// Wake the reader when a quarter of the ring is full; the poll
 	// interval covers slower streams.
 	attr.Bits |= unix.PerfBitWatermark
-	attr.Wakeup = uint32(pages * pageSize / 4)
+	attr.Wakeup = uint32(pages * os.Getpagesize() / 4)
+	fd, mem, ring, err := openRing(attr, cpu, pages)
+	if err != nil {
+		return nil, err
+	}
+	// Runs from the start (not disabled) and wakes nobody: the reader
+	// reads it whenever it reads the samples.
+	attr = perfAttr(unix.PERF_TYPE_SOFTWARE, unix.PERF_COUNT_SW_DUMMY)
+	attr.Bits &^= unix.PerfBitDisabled
+	attr.Bits |= unix.PerfBitComm | unix.PerfBitCommExec | unix.PerfBitTask | unix.PerfBitSampleIDAll
+	tfd, tmem, tring, err := openRing(attr, cpu, taskRingPages)
+	if err != nil {
+		unix.Munmap(mem)
+		unix.Close(fd)
+		return nil, fmt.Errorf("task ring: %w", err)
+	}
+	return &cpuRing{cpu: cpu, anchor: newFD(fd), mem: mem, ring: ring,
+		task: &taskRing{fd: newFD(tfd), mem: tmem, ring: tring}}, nil
+}
+
+// openRing opens a perf event of attr on cpu and maps its ring of pages.
+func openRing(attr *unix.PerfEventAttr, cpu, pages int) (int, []byte, *Ring, error) {
+	pageSize := os.Getpagesize()
 	fd, err := unix.PerfEventOpen(attr, -1, cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("perf_event_open dummy on cpu %d: %w", cpu, err)
+		return -1, nil, nil, fmt.Errorf("perf_event_open dummy on cpu %d: %w", cpu, err)
 	}
 	mem, err := unix.Mmap(fd, 0, (1+pages)*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("mmap %d pages of cpu %d ring: %w", pages, cpu, err)
+		return -1, nil, nil, fmt.Errorf("mmap %d pages of cpu %d ring: %w", pages, cpu, err)
 	}
 	ring, err := NewDataRing(mem, pageSize)
 	if err != nil {
 		unix.Munmap(mem)
 		unix.Close(fd)
-		return nil, fmt.Errorf("cpu %d: %w", cpu, err)
+		return -1, nil, nil, fmt.Errorf("cpu %d: %w", cpu, err)
 	}
-	return &cpuRing{cpu: cpu, anchor: newFD(fd), mem: mem, ring: ring}, nil
+	return fd, mem, ring, nil
 }
 
 // perfAttr returns the attributes shared by the ring owners and the
@@ -210,28 +278,90 @@ func (c *Classic) Add(ev *decode.Event) error {
 		return fmt.Errorf("%w: id %d (%s/%s)", engine.ErrExists, ev.ID, ev.Group, ev.Name)
 	}
 	ce := &classicEvent{ev: ev}
-	for _, cr := range c.cpus {
-		fd, err := unix.PerfEventOpen(perfAttr(unix.PERF_TYPE_TRACEPOINT, uint64(ev.ID)), -1, cr.cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
-		if err != nil {
-			closeFDs(ce.fds)
-			return fmt.Errorf("perf_event_open tracepoint %d (%s/%s) on cpu %d: %w", ev.ID, ev.Group, ev.Name, cr.cpu, err)
-		}
-		ce.fds = append(ce.fds, fd)
-		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_SET_OUTPUT, cr.anchor.n); err != nil {
-			closeFDs(ce.fds)
-			return fmt.Errorf("redirect event %d to cpu %d ring: %w", ev.ID, cr.cpu, err)
-		}
+	var err error
+	if ev.Filter.PID != 0 {
+		err = c.openProcess(ce, ev.Filter.PID)
+	} else {
+		err = c.openTask(ce, -1)
+	}
+	if err != nil {
+		closeFDs(ce.fds)
+		return err
 	}
 	// Known before enabled, so that no sample of ev counts as unknown.
 	c.events[ev.ID] = ce
-	for i, fd := range ce.fds {
+	for _, fd := range ce.fds {
 		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
 			disableFDs(ce.fds)
 			c.drainLocked()
 			closeFDs(ce.fds)
 			delete(c.events, ev.ID)
 			c.lastEv = nil
-			return fmt.Errorf("enable event %d on cpu %d: %w", ev.ID, c.cpus[i].cpu, err)
+			return fmt.Errorf("enable event %d (%s/%s): %w", ev.ID, ev.Group, ev.Name, err)
+		}
+	}
+	return nil
+}
+
+// openTask opens ce's event for thread tid (-1: every task) on every CPU,
+// writing into the CPU's ring. A thread's events are inherited by the
+// threads and children it creates from then on.
+func (c *Classic) openTask(ce *classicEvent, tid int) error {
+	ev := ce.ev
+	attr := perfAttr(unix.PERF_TYPE_TRACEPOINT, uint64(ev.ID))
+	if tid >= 0 {
+		attr.Bits |= unix.PerfBitInherit
+	}
+	for _, cr := range c.cpus {
+		fd, err := unix.PerfEventOpen(attr, tid, cr.cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("perf_event_open tracepoint %d (%s/%s) on cpu %d, task %d: %w", ev.ID, ev.Group, ev.Name, cr.cpu, tid, err)
+		}
+		ce.fds = append(ce.fds, fd)
+		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_SET_OUTPUT, cr.anchor.n); err != nil {
+			return fmt.Errorf("redirect event %d to cpu %d ring: %w", ev.ID, cr.cpu, err)
+		}
+	}
+	return nil
+}
+
+// maxTaskPasses bounds the listings of a process's threads in
+// openProcess: each pass attaches the threads the last one did not list.
+const maxTaskPasses = 16
+
+// openProcess opens ce's event for every thread of process pid (%pid=N),
+// as perf record -p does: the kernel then samples that process alone, and
+// installs the uprobe in its memory only, so other processes do not even
+// trap. Threads are listed until a pass finds no new one; a thread that
+// an attached thread creates later inherits the events. A process that
+// does not exist fails with ESRCH.
+func (c *Classic) openProcess(ce *classicEvent, pid int32) error {
+	seen := map[int]bool{}
+	dir := "/proc/" + strconv.Itoa(int(pid)) + "/task"
+	for pass := 0; pass < maxTaskPasses; pass++ {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			if len(seen) == 0 {
+				return fmt.Errorf("%%pid=%d: %w (%v)", pid, unix.ESRCH, err)
+			}
+			return nil // gone meanwhile: its events end with it
+		}
+		added := false
+		for _, e := range ents {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil || seen[tid] {
+				continue
+			}
+			seen[tid], added = true, true
+			if err := c.openTask(ce, tid); err != nil {
+				if errors.Is(err, unix.ESRCH) {
+					continue // the thread exited meanwhile
+				}
+				return err
+			}
+		}
+		if !added {
+			return nil
 		}
 	}
 	return nil
@@ -282,11 +412,13 @@ func (c *Classic) Stats() ClassicStats {
 	late := c.merge.Late()
 	c.mu.Unlock()
 	return ClassicStats{
-		Records: c.records.Load(),
-		Lost:    c.lost.Load(),
-		Unknown: c.unknown.Load(),
-		Errors:  c.errs.Load(),
-		Late:    late,
+		Records:  c.records.Load(),
+		Lost:     c.lost.Load(),
+		Unknown:  c.unknown.Load(),
+		Errors:   c.errs.Load(),
+		Late:     late,
+		Filtered: c.filtered.Load(),
+		TaskLost: c.taskLost.Load(),
 	}
 }
 
@@ -313,6 +445,14 @@ func (c *Classic) Close() error {
 			delete(c.events, id)
 		}
 		for _, cr := range c.cpus {
+			if tr := cr.task; tr != nil {
+				if err := unix.Munmap(tr.mem); err != nil {
+					errs = append(errs, fmt.Errorf("munmap cpu %d task ring: %w", cr.cpu, err))
+				}
+				if err := tr.fd.Close(); err != nil {
+					errs = append(errs, fmt.Errorf("close cpu %d task ring: %w", cr.cpu, err))
+				}
+			}
 			if err := unix.Munmap(cr.mem); err != nil {
 				errs = append(errs, fmt.Errorf("munmap cpu %d ring: %w", cr.cpu, err))
 			}
@@ -364,7 +504,7 @@ func (c *Classic) run() {
 		}
 		c.mu.Lock()
 		c.drainLocked()
-		out = c.merge.Release(watermark, out[:0])
+		out = c.nameLocked(c.merge.Release(watermark, out[:0]), watermark)
 		held = c.merge.Pending() > 0
 		c.mu.Unlock()
 		for i := range out {
@@ -388,9 +528,13 @@ func monotonicNow() uint64 {
 	return uint64(ts.Nano())
 }
 
-// drainLocked moves every record in the rings into the merger.
+// drainLocked moves every record in the rings into the merger, each CPU's
+// process names first.
 func (c *Classic) drainLocked() {
 	for q, cr := range c.cpus {
+		if cr.task != nil {
+			c.drainTasks(cr.task)
+		}
 		r := cr.ring
 		r.Begin()
 		for {
@@ -402,19 +546,30 @@ func (c *Classic) drainLocked() {
 			case recordSample:
 				c.addSample(q, rec)
 			case recordLost:
-				// struct { header; u64 id; u64 lost; }
-				if len(rec) < headerSize+16 {
-					c.errs.Add(1)
-					continue
-				}
-				c.lost.Add(binary.LittleEndian.Uint64(rec[headerSize+8:]))
+				c.lost.Add(c.lostCount(rec))
 			}
 		}
-		r.End()
-		if e := r.Errors(); e != cr.ringErrs {
-			c.errs.Add(e - cr.ringErrs)
-			cr.ringErrs = e
-		}
+		c.endRing(r, &cr.ringErrs)
+	}
+}
+
+// lostCount returns the count of a LOST record (struct { header; u64 id;
+// u64 lost; }), 0 for a malformed one (counted as an error).
+func (c *Classic) lostCount(rec []byte) uint64 {
+	if len(rec) < headerSize+16 {
+		c.errs.Add(1)
+		return 0
+	}
+	return binary.LittleEndian.Uint64(rec[headerSize+8:])
+}
+
+// endRing releases what was read of r and adds the ring's new errors,
+// beyond the seen ones, to the error count.
+func (c *Classic) endRing(r *Ring, seen *uint64) {
+	r.End()
+	if e := r.Errors(); e != *seen {
+		c.errs.Add(e - *seen)
+		*seen = e
 	}
 }
 
@@ -439,6 +594,104 @@ func (c *Classic) addSample(q int, rec []byte) {
 		c.merge.Drop(q)
 		c.errs.Add(1)
 	}
+}
+
+// nameLocked gives the released records, in time order, the names of
+// their processes and drops those that their event's Filter rejects
+// (counted, not losses). The task events up to each record's time are
+// applied first, and after the last record those up to watermark: every
+// record stamped before it has been released.
+func (c *Classic) nameLocked(out []decode.Record, watermark uint64) []decode.Record {
+	n := 0
+	for i := range out {
+		r := &out[i]
+		c.applyTasks(r.Time)
+		r.Comm = c.comm(r.PID)
+		if f := &r.Event.Filter; f.Active() && !f.Match(r.PID, r.Comm) {
+			c.filtered.Add(1)
+			continue
+		}
+		out[n] = *r
+		n++
+	}
+	c.applyTasks(watermark)
+	return out[:n]
+}
+
+// applyTasks applies the task events up to time t.
+func (c *Classic) applyTasks(t uint64) {
+	k := 0
+	for ; k < len(c.tasks) && c.tasks[k].time <= t; k++ {
+		if e := &c.tasks[k]; e.exit {
+			c.comms.Exit(e.pid)
+		} else {
+			c.comms.Set(e.pid, e.comm)
+		}
+	}
+	if k > 0 {
+		c.tasks = c.tasks[:copy(c.tasks, c.tasks[k:])]
+	}
+}
+
+// comm returns the name of process pid at the time of the record being
+// named. A process not named yet is looked up in /proc, unless a task
+// event of it is still to come: then /proc gives the name after that
+// exec or rename, not the one the record's process had, and the record
+// gets none.
+func (c *Classic) comm(pid int32) string {
+	if !c.comms.Known(pid) {
+		for i := range c.tasks {
+			if c.tasks[i].pid == pid {
+				return ""
+			}
+		}
+	}
+	return c.comms.Get(pid)
+}
+
+// drainTasks queues a task ring's COMM and EXIT records of main threads
+// for nameLocked, in time order: a process is named after its main thread
+// (exec, or a rename of that thread; other threads name only themselves).
+func (c *Classic) drainTasks(tr *taskRing) {
+	r := tr.ring
+	r.Begin()
+	for {
+		typ, misc, rec, ok := r.Next()
+		if !ok {
+			break
+		}
+		switch typ {
+		case recordLost:
+			if n := c.lostCount(rec); n > 0 {
+				c.taskLost.Add(n)
+				// An exec or exit went unseen: ask /proc again.
+				c.comms.Reset()
+			}
+		case unix.PERF_RECORD_COMM, unix.PERF_RECORD_EXIT:
+			ev := &c.sideEv
+			if err := c.side.parse(typ, misc, rec, ev); err != nil {
+				c.errs.Add(1)
+				continue
+			}
+			if ev.PID != ev.TID {
+				continue
+			}
+			c.tasks = append(c.tasks, taskEvent{time: ev.Time, pid: ev.PID, exit: ev.Kind == engine.SideExit, comm: ev.Comm})
+		}
+	}
+	// Each ring is in time order; several CPUs' events interleave.
+	slices.SortStableFunc(c.tasks, func(a, b taskEvent) int { return cmp.Compare(a.time, b.time) })
+	c.endRing(r, &tr.ringErrs)
+}
+
+// ProcComm returns the name of process pid from /proc/PID/comm, "" when
+// the process is gone or its name unreadable.
+func ProcComm(pid int32) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/comm")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(string(b), "\n")
 }
 
 // disableFDs stops the events of fds.

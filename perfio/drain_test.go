@@ -10,7 +10,8 @@ import (
 // fakeClassic is a Classic over fake rings, for the read path without a
 // kernel: no reader goroutine, no fds.
 func fakeClassic(t testing.TB, rings ...*fakeMmap) *Classic {
-	c := &Classic{events: make(map[uint16]*classicEvent), merge: engine.NewMerger[decode.Record](len(rings), engine.MaxPending)}
+	c := &Classic{events: make(map[uint16]*classicEvent), merge: engine.NewMerger[decode.Record](len(rings), engine.MaxPending),
+		comms: engine.NewComms(nil), side: sideParser{idSize: classicIDSize}}
 	for i, f := range rings {
 		r, err := NewDataRing(f.mem, fakePage)
 		if err != nil {
@@ -34,19 +35,46 @@ func lostRecord(n uint64) []byte {
 	return makeRecord(recordLost, 0, append(le(8, 99), le(8, n)...))
 }
 
+// taskRecord is a COMM (with comm) or EXIT record of a task ring at time,
+// with classicSampleType's sample_id trailer.
+func taskRecord(typ uint32, time uint64, pid, tid uint32, comm string) []byte {
+	var body []byte
+	if typ == 3 { // PERF_RECORD_COMM: pid, tid, comm padded to 8
+		body = append(le(4, uint64(pid)), le(4, uint64(tid))...)
+		body = append(body, comm...)
+		body = append(body, make([]byte, 8-len(comm)%8)...)
+	} else { // PERF_RECORD_EXIT: pid, ppid, tid, ptid, time
+		body = append(le(4, uint64(pid)), le(4, 1)...)
+		body = append(body, le(4, uint64(tid))...)
+		body = append(body, le(4, 1)...)
+		body = append(body, le(8, 0)...)
+	}
+	id := append(append(le(4, uint64(pid)), le(4, uint64(tid))...), le(8, time)...)
+	return makeRecord(typ, 0, append(append(body, id...), make([]byte, classicIDSize-len(id))...))
+}
+
 // TestDrain checks the read path over two CPU rings: samples become
-// records in time order, and every other kind of record is counted.
+// records in time order with their process and its name, the task ring's
+// COMM and EXIT records keep the names, and every other kind of record is
+// counted.
 func TestDrain(t *testing.T) {
-	r0, r1 := newFakeMmap(1024, true), newFakeMmap(1024, true)
+	r0, r1, task0 := newFakeMmap(1024, true), newFakeMmap(1024, true), newFakeMmap(1024, true)
 	badSample := pairSample(1, 25, 0, 0, 0)
 	badSample[sampleRawOff] = 0xff // raw size beyond the record
+	for _, rec := range [][]byte{
+		taskRecord(3, 5, 1, 1, "one"),
+		taskRecord(3, 6, 2, 3, "thread"), // a thread's own name: not its process's
+		makeRecord(3, 0, seq(0, 16)),     // COMM without NUL: an error
+	} {
+		task0.write(rec)
+	}
 	for _, rec := range [][]byte{
 		pairSample(1, 10, 0, 1, 2),
 		lostRecord(5),
 		makeSample(1, 1, 15, 0, makeRaw(8, 1, le(8, 0))), // unknown event
 		badSample,
 		makeSample(1, 1, 26, 0, makeRaw(pairEvent.ID, 1, le(8, 0))), // too short for the event
-		makeRecord(3, 0, seq(0, 16)),                                // COMM: not ours, skipped
+		makeRecord(3, 0, seq(0, 16)),                                // COMM in the samples' ring: not read
 		pairSample(1, 30, 0, 3, 4),
 		makeRecord(recordLost, 0, le(8, 1)), // truncated LOST
 	} {
@@ -56,13 +84,18 @@ func TestDrain(t *testing.T) {
 	r1.write(pairSample(2, 40, 1, 7, 8))
 	r1.write(makeRecord(recordSample, 0, nil)[:4]) // partial header
 	c := fakeClassic(t, r0, r1)
+	tr, err := NewDataRing(task0.mem, fakePage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cpus[0].task = &taskRing{ring: tr}
 	c.events[pairEvent.ID] = &classicEvent{ev: pairEvent}
 	c.drainLocked()
-	got := c.merge.Release(35, nil)
+	got := c.nameLocked(c.merge.Release(35, nil), 35)
 	want := []decode.Record{
-		{Event: pairEvent, N: 2, Args: [8]uint64{1, 2}, TID: 1, CPU: 0, Time: 10},
-		{Event: pairEvent, N: 2, Args: [8]uint64{5, 6}, TID: 2, CPU: 1, Time: 20},
-		{Event: pairEvent, N: 2, Args: [8]uint64{3, 4}, TID: 1, CPU: 0, Time: 30},
+		{Event: pairEvent, N: 2, Args: [8]uint64{1, 2}, TID: 1, CPU: 0, Time: 10, PID: 1, Comm: "one"},
+		{Event: pairEvent, N: 2, Args: [8]uint64{5, 6}, TID: 2, CPU: 1, Time: 20, PID: 2},
+		{Event: pairEvent, N: 2, Args: [8]uint64{3, 4}, TID: 1, CPU: 0, Time: 30, PID: 1, Comm: "one"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("%d records, want %d: %+v", len(got), len(want), got)
@@ -72,11 +105,55 @@ func TestDrain(t *testing.T) {
 			t.Errorf("record %d: %+v, want %+v", i, got[i], want[i])
 		}
 	}
-	if got := c.merge.Release(^uint64(0), nil); len(got) != 1 || got[0].Time != 40 {
+	if got := c.nameLocked(c.merge.Release(^uint64(0), nil), ^uint64(0)); len(got) != 1 || got[0].Time != 40 {
 		t.Errorf("held back: %+v", got)
 	}
-	if c.lost.Load() != 5 || c.unknown.Load() != 1 || c.errs.Load() != 4 {
-		t.Errorf("lost %d unknown %d errors %d, want 5 1 4", c.lost.Load(), c.unknown.Load(), c.errs.Load())
+	if c.lost.Load() != 5 || c.unknown.Load() != 1 || c.errs.Load() != 5 {
+		t.Errorf("lost %d unknown %d errors %d, want 5 1 5", c.lost.Load(), c.unknown.Load(), c.errs.Load())
+	}
+	// An exit forgets a name, a new process of the pid gets its own, and
+	// a lost task record forgets them all.
+	for _, rec := range [][]byte{
+		taskRecord(4, 50, 1, 1, ""),
+		taskRecord(3, 60, 1, 1, "uno"),
+		taskRecord(3, 80, 1, 1, "dos"),
+	} {
+		task0.write(rec)
+	}
+	r0.write(pairSample(1, 70, 0, 9, 9))
+	r0.write(pairSample(1, 90, 0, 9, 9))
+	r1.write(pairSample(2, 75, 1, 9, 9))
+	c.drainLocked()
+	// Each record is named by the events before it, whichever ring.
+	got = c.nameLocked(c.merge.Release(^uint64(0), nil), ^uint64(0))
+	if len(got) != 3 || got[0].Comm != "uno" || got[1].PID != 2 || got[2].Comm != "dos" {
+		t.Errorf("after exit and execs: %+v", got)
+	}
+	// A process first seen with a rename of it still to come: /proc
+	// would give the later name, so none.
+	task0.write(taskRecord(3, 200, 7, 7, "later"))
+	r0.write(pairSample(7, 100, 0, 9, 9))
+	c.drainLocked()
+	if got := c.nameLocked(c.merge.Release(150, nil), 150); len(got) != 1 || got[0].PID != 7 || got[0].Comm != "" {
+		t.Errorf("before a pending rename: %+v", got)
+	}
+	// %pid and %comm filters drop records, counted apart from losses.
+	fev := &decode.Event{ID: 9, Group: "g", Name: "f", Args: pairEvent.Args, Filter: decode.Filter{Comm: "later"}}
+	c.events[fev.ID] = &classicEvent{ev: fev}
+	c.lastEv = nil
+	r0.write(makeSample(7, 7, 300, 0, makeRaw(fev.ID, 7, le(8, 1), le(8, 2))))
+	r0.write(makeSample(8, 8, 310, 0, makeRaw(fev.ID, 8, le(8, 3), le(8, 4))))
+	c.drainLocked()
+	if got := c.nameLocked(c.merge.Release(^uint64(0), nil), ^uint64(0)); len(got) != 1 || got[0].PID != 7 || got[0].Comm != "later" || c.filtered.Load() != 1 {
+		t.Errorf("filtered %d: %+v", c.filtered.Load(), got)
+	}
+	task0.write(makeRecord(recordLost, 0, append(le(8, 77), le(8, 3)...)))
+	if c.comms.Len() == 0 {
+		t.Fatal("no names before the loss")
+	}
+	c.drainLocked()
+	if c.taskLost.Load() != 3 || c.comms.Len() != 0 {
+		t.Errorf("task lost %d, %d names kept, want 3 and none", c.taskLost.Load(), c.comms.Len())
 	}
 	for i, f := range []*fakeMmap{r0, r1} {
 		if f.page.Data_tail != f.page.Data_head {
@@ -98,7 +175,8 @@ func fillRing(f *fakeMmap) int {
 	}
 }
 
-// TestDrainNoAlloc checks that the steady-state read path does not allocate.
+// TestDrainNoAlloc checks that the steady-state read path (naming the
+// records included) does not allocate.
 func TestDrainNoAlloc(t *testing.T) {
 	f := newFakeMmap(1<<16, true)
 	f.reset(1 << 15) // the samples wrap around the end
@@ -109,7 +187,7 @@ func TestDrainNoAlloc(t *testing.T) {
 	round := func() {
 		f.page.Data_tail = 1 << 15
 		c.drainLocked()
-		out = c.merge.Release(^uint64(0), out[:0])
+		out = c.nameLocked(c.merge.Release(^uint64(0), out[:0]), ^uint64(0))
 	}
 	round() // grow the buffers once
 	if len(out) != n {
@@ -120,7 +198,8 @@ func TestDrainNoAlloc(t *testing.T) {
 	}
 }
 
-// BenchmarkDrain measures the sample parse and merge path per record.
+// BenchmarkDrain measures the sample parse, merge and naming path per
+// record.
 func BenchmarkDrain(b *testing.B) {
 	f0, f1 := newFakeMmap(1<<20, true), newFakeMmap(1<<20, true)
 	n := fillRing(f0) + fillRing(f1)
@@ -132,7 +211,7 @@ func BenchmarkDrain(b *testing.B) {
 	for b.Loop() {
 		f0.page.Data_tail, f1.page.Data_tail = 0, 0
 		c.drainLocked()
-		out = c.merge.Release(^uint64(0), out[:0])
+		out = c.nameLocked(c.merge.Release(^uint64(0), out[:0]), ^uint64(0))
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
 	if len(out) != n {

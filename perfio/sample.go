@@ -21,6 +21,11 @@ const (
 // parser below reads exactly this layout.
 const classicSampleType = unix.PERF_SAMPLE_TID | unix.PERF_SAMPLE_TIME | unix.PERF_SAMPLE_CPU | unix.PERF_SAMPLE_RAW
 
+// classicIDSize is the sample_id trailer of classicSampleType (RAW is not
+// part of it): u32 pid, tid; u64 time; u32 cpu, res. The ring owner's
+// COMM and EXIT records carry it.
+const classicIDSize = 24
+
 // Offsets in a PERF_RECORD_SAMPLE of classicSampleType, header included.
 const (
 	sampleTIDOff  = headerSize     // u32 pid, u32 tid
@@ -42,6 +47,7 @@ var (
 
 // sample is the decoded fixed part of a classic sample; raw aliases the ring.
 type sample struct {
+	pid  uint32
 	tid  uint32
 	cpu  uint32
 	time uint64
@@ -54,6 +60,7 @@ func parseSample(rec []byte, s *sample) error {
 	if len(rec) < sampleMinSize {
 		return fmt.Errorf("%w: sample of %d bytes", ErrMalformed, len(rec))
 	}
+	s.pid = binary.LittleEndian.Uint32(rec[sampleTIDOff:])
 	s.tid = binary.LittleEndian.Uint32(rec[sampleTIDOff+4:])
 	s.time = binary.LittleEndian.Uint64(rec[sampleTimeOff:])
 	s.cpu = binary.LittleEndian.Uint32(rec[sampleCPUOff:])
@@ -73,6 +80,7 @@ func rawEventID(raw []byte) uint16 { return binary.LittleEndian.Uint16(raw) }
 // checkEvent; a raw area too short for its arguments is an error.
 func fillRecord(ev *decode.Event, s *sample, r *decode.Record) error {
 	r.Event = ev
+	r.PID = int32(s.pid)
 	r.TID = int32(s.tid)
 	r.CPU = int32(s.cpu)
 	r.Time = s.time

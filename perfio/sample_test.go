@@ -75,7 +75,7 @@ func TestParseSample(t *testing.T) {
 		wantErr error
 	}{
 		{name: "all sizes", rec: good, want: decode.Record{Event: typedEvent, N: 5,
-			Args: [8]uint64{1<<40 + 5, 0xfffffffe, 0x1122334455667788, 0xbeef, 0x7f}, TID: 78, CPU: 1, Time: 123456789}},
+			Args: [8]uint64{1<<40 + 5, 0xfffffffe, 0x1122334455667788, 0xbeef, 0x7f}, TID: 78, CPU: 1, Time: 123456789, PID: 77}},
 		{name: "truncated record", rec: good[:sampleMinSize-1], wantErr: ErrMalformed},
 		{name: "raw shorter than the common fields", rec: rawSize(makeSample(1, 1, 1, 1, raw), 12), wantErr: ErrMalformed},
 		{name: "raw size beyond the record", rec: rawSize(makeSample(1, 1, 1, 1, raw), 4096), wantErr: ErrMalformed},
@@ -151,7 +151,7 @@ func TestFillRecordStrings(t *testing.T) {
 	if err := fillRecord(ev, &s, &r); err != nil {
 		t.Fatal(err)
 	}
-	want := `record 1: event=g/e id=0x7 args=[s="a\"b\n", n=-2, f=(fault)] tid=2 cpu=0 time=0.000000003` + "\n"
+	want := `record 1: event=g/e id=0x7 args=[s="a\"b\n", n=-2, f=(fault)] tid=2 cpu=0 time=0.000000003 pid=1` + "\n"
 	if got := string(decode.AppendRecord(nil, 1, &r)); got != want {
 		t.Errorf("got  %q\nwant %q", got, want)
 	}

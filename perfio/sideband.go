@@ -42,6 +42,9 @@ func (c *nameCache) get(b []byte) string {
 // repeated names free.
 type sideParser struct {
 	comm, file nameCache
+	// idSize is the size of the records' sample_id trailer; 0 means
+	// sampleIDSize (a PT data ring's).
+	idSize int
 }
 
 // isSide tells whether records of type typ are side band that parse
@@ -59,11 +62,15 @@ func isSide(typ uint32) bool {
 // parse decodes rec, a whole side-band record of type typ (isSide) with its
 // sample_id trailer, into ev.
 func (p *sideParser) parse(typ uint32, misc uint16, rec []byte, ev *engine.SideEvent) error {
-	if len(rec) < headerSize+sampleIDSize {
+	idSize := p.idSize
+	if idSize == 0 {
+		idSize = sampleIDSize
+	}
+	if len(rec) < headerSize+idSize {
 		return fmt.Errorf("%w: side-band record type %d of %d bytes", ErrMalformed, typ, len(rec))
 	}
-	tr := rec[len(rec)-sampleIDSize:]
-	body := rec[headerSize : len(rec)-sampleIDSize]
+	tr := rec[len(rec)-idSize:]
+	body := rec[headerSize : len(rec)-idSize]
 	*ev = engine.SideEvent{
 		PID:  int32(binary.LittleEndian.Uint32(tr)),
 		TID:  int32(binary.LittleEndian.Uint32(tr[4:])),

@@ -3,6 +3,7 @@ package probes
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"ptfs/objfile"
 	"ptfs/x86insn"
@@ -28,6 +29,9 @@ type Site struct {
 	// Verdict says whether and how a ptwrite uprobe can patch the site.
 	// Classic probes install on any instruction boundary.
 	Verdict Verdict
+	// Rets are the file offsets of the function's rets, for a return
+	// probe: where ptw mode emulates it (Verdict Rets).
+	Rets []uint64
 }
 
 // Open opens the ELF file at path (objfile.Open: a regular file only,
@@ -55,7 +59,10 @@ func (b *Binary) lookup(name string) (objfile.Symbol, error) {
 // outside any known function (stripped code) by a linear sweep from the end
 // of the previous function, or from the start of the executable section or
 // segment, as objdump does. The ptwrite verdict is computed but a refused
-// verdict is not an error here: classic probes take such sites.
+// verdict is not an error here: classic probes take such sites. A %return
+// probe must be at a function's entry (a return probe takes the return
+// address from the top of the stack when it fires); its ptwrite verdict
+// is the refusal of returnVerdict.
 func (b *Binary) Resolve(s *Spec) (*Site, error) {
 	off := s.Offset
 	if s.Symbol != "" {
@@ -85,11 +92,20 @@ func (b *Binary) Resolve(s *Spec) (*Site, error) {
 	addr := off - seg.Off + seg.Vaddr
 	site := &Site{Offset: off, Addr: addr}
 	var start uint64
-	if fn, fnOff, ok := b.SymbolAt(addr); ok && fn.Addr >= seg.Vaddr {
+	fn, fnOff, ok := b.SymbolAt(addr)
+	if ok && fn.Addr >= seg.Vaddr {
 		start = fn.Addr
 		site.Func, site.FuncOff = fn.Name, fnOff
 	} else {
 		start = b.SweepStart(addr, seg)
+	}
+	if s.Return && (site.Func == "" || site.FuncOff != 0) {
+		where := "no known function"
+		if site.Func != "" {
+			where = fmt.Sprintf("%s+0x%x", site.Func, site.FuncOff)
+		}
+		return nil, fmt.Errorf("%w: %%return needs a function's entry (its return address is on the stack only there); file offset 0x%x is in %s",
+			ErrBadSite, off, where)
 	}
 	in, code, err := b.walk(seg, start, addr)
 	if err != nil {
@@ -97,7 +113,58 @@ func (b *Binary) Resolve(s *Spec) (*Site, error) {
 	}
 	site.Insn, site.Len = in.Text, in.Len
 	site.Verdict = verdict(s.MultiNop, in, code, addr)
+	if s.Return {
+		site.Verdict, site.Rets = b.returnVerdict(seg, fn, in.Text)
+	}
 	return site, nil
+}
+
+// returnVerdict judges a return probe on fn for ptw mode. The kernel's
+// ptwrite uprobes take no %return, so ptw mode emulates one with a probe on
+// each ret of the function, found by walking its code with the site
+// checker; it is refused when one of them is, or when the walk cannot
+// find them. Returns through a tail jump into another function are not
+// rets of fn and are not seen.
+func (b *Binary) returnVerdict(seg objfile.Segment, fn objfile.Symbol, insn string) (Verdict, []uint64) {
+	v := Verdict{Kind: Refused, Insn: insn}
+	end := min(fn.Addr+fn.Size, seg.Vaddr+seg.Filesz)
+	code, err := b.ReadCode(fn.Addr, end-fn.Addr)
+	var rets []uint64
+	var texts []string
+	refused := ""
+	for pc := fn.Addr; err == nil && pc < end; {
+		var in x86insn.Inst
+		if in, err = x86insn.Decode(code[pc-fn.Addr:], pc); err != nil {
+			break
+		}
+		if in.Class == x86insn.Ret {
+			off := pc - seg.Vaddr + seg.Off
+			rv := verdict(false, in, code[pc-fn.Addr:], pc)
+			if rv.Kind == Refused && refused == "" {
+				refused = fmt.Sprintf("the ret at file offset 0x%x: %s", off, rv.Reason)
+			}
+			rets = append(rets, off)
+			texts = append(texts, fmt.Sprintf("0x%x (%s)", off, rv.Kind))
+		}
+		pc += uint64(in.Len)
+	}
+	const head = "%return: ptwrite uprobes take no return probes"
+	switch {
+	case fn.Size == 0:
+		v.Reason = head + ", and the symbol table gives no size for " + fn.Name + " to find its rets"
+	case err != nil:
+		v.Reason = fmt.Sprintf("%s, and %s cannot be walked to its rets: %v", head, fn.Name, err)
+	case len(rets) == 0:
+		v.Reason = head + ", and " + fn.Name + " has no ret (it ends in a jump or never returns)"
+	case refused != "":
+		v.Reason = fmt.Sprintf("%s, and a probe on each ret of %s cannot stand in for one: %s", head, fn.Name, refused)
+	default:
+		v.Kind = Rets
+		v.Reason = fmt.Sprintf("%%return emulated by a probe on each ret of %s (file offsets %s; $retval is %%ax there; returns through a tail jump are not seen)",
+			fn.Name, strings.Join(texts, ", "))
+		return v, rets
+	}
+	return v, nil
 }
 
 // walk decodes from start to addr, both in seg, and returns the instruction

@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"debug/elf"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -102,7 +104,7 @@ func TestResolve(t *testing.T) {
 				}
 				// The same site by file offset resolves the same.
 				byOff, err := b.Resolve(&Spec{Offset: site.Offset, MultiNop: strings.Contains(tt.spec, "%multinop")})
-				if err != nil || *byOff != *site {
+				if err != nil || !reflect.DeepEqual(byOff, site) {
 					t.Errorf("Resolve(0x%x) = %+v, %v; want %+v", site.Offset, byOff, err, site)
 				}
 			}
@@ -282,5 +284,36 @@ func TestResolveAmbiguous(t *testing.T) {
 	ifunc := regexp.MustCompile(`^probe refused: strlen is a GNU IFUNC: the code at file offset 0x[0-9a-f]+ is its resolver, which runs once when the program loads; its implementations: 0x[0-9a-f]+(, 0x[0-9a-f]+){2,} \(probe one`)
 	if !errors.Is(err, ErrRefused) || !ifunc.MatchString(err.Error()) {
 		t.Errorf("Resolve(strlen) = %v, want ErrRefused matching %s", err, ifunc)
+	}
+}
+
+// TestResolveReturn: a return probe goes at a function's entry, and its
+// ptw verdict names the rets that stand in for it, each a ret in the file.
+func TestResolveReturn(t *testing.T) {
+	path := testkit.BuildC(t, filepath.Join("..", "testdata", "procs.c"), "-O0", "-pthread")
+	b := openBinary(t, path)
+	site, err := b.Resolve(mustParse(t, "fib%return r=$retval"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if site.Verdict.Kind != Rets || len(site.Rets) == 0 || !strings.Contains(site.Verdict.String(), "ptw: %return emulated by a probe on each ret of fib") {
+		t.Fatalf("verdict %v, rets %x", site.Verdict, site.Rets)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range site.Rets {
+		if c := data[off]; c != 0xc3 && c != 0xc2 {
+			t.Errorf("ret at 0x%x is byte %#x", off, c)
+		}
+	}
+	// The second instruction of fib is no entry.
+	if _, err := b.Resolve(mustParse(t, fmt.Sprintf("fib+%d %%return", site.Len))); !errors.Is(err, ErrBadSite) || !strings.Contains(err.Error(), "function's entry") {
+		t.Errorf("return probe inside fib: %v, want ErrBadSite", err)
+	}
+	// An entry probe is not judged as a return probe.
+	if site, err := b.Resolve(mustParse(t, "fib")); err != nil || site.Verdict.Kind == Rets || site.Rets != nil {
+		t.Errorf("entry probe: %+v, %v", site, err)
 	}
 }

@@ -2,6 +2,7 @@ package probes
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -15,6 +16,16 @@ const MaxArgs = 8
 // maxArgName is the longest argument name tracefs accepts (MAX_ARG_NAME_LEN
 // is 32 with the terminating NUL).
 const maxArgName = 31
+
+// maxPID is the largest process id a Linux kernel gives (PID_MAX_LIMIT).
+const maxPID = 1 << 22
+
+// maxComm is the longest process name the kernel keeps (TASK_COMM_LEN is
+// 16 with the terminating NUL).
+const maxComm = 15
+
+// optionsHelp lists the options for error messages.
+const optionsHelp = "options: %nopace, %multinop, %return, %pid=N, %comm=NAME"
 
 // maxStackSlot bounds $stackN so that the slot offset 8*N fits the signed
 // 32-bit displacement that a ptwrite stub load encodes.
@@ -43,9 +54,36 @@ type Spec struct {
 	NoPace bool
 	// MultiNop marks a site of five 1-byte NOPs (%multinop).
 	MultiNop bool
+	// Return makes a return probe (%return): it fires when the function
+	// at the site returns, and $retval fetches the return value. The site
+	// must be a function's entry.
+	Return bool
+	// PID keeps only the records of one process (%pid=N); 0 keeps all.
+	PID int32
+	// Comm keeps only the records of processes of that name (%comm=NAME,
+	// at most 15 bytes as the kernel keeps names); "" keeps all.
+	Comm string
 	// Args are the fetch arguments, at most MaxArgs.
 	Args []Arg
 }
+
+// AtRet returns the spec of the probe that stands in for return probe s
+// on one ret of its function (ptw mode): an entry probe with the same
+// options and arguments, $retval fetched from %ax, where the ret finds it.
+func AtRet(s *Spec) *Spec {
+	r := *s
+	r.Return = false
+	r.Args = slices.Clone(s.Args)
+	for i := range r.Args {
+		if r.Args[i].Fetch == "$retval" {
+			r.Args[i].Fetch = "%ax"
+		}
+	}
+	return &r
+}
+
+// Filter returns the record filter of the spec's %pid and %comm.
+func (s *Spec) Filter() decode.Filter { return decode.Filter{PID: s.PID, Comm: s.Comm} }
 
 // Arg is one fetch argument of a spec.
 type Arg struct {
@@ -75,9 +113,8 @@ func syntaxErr(format string, v ...any) error {
 }
 
 // Parse parses a probe spec: one line, which may end with a `# comment`
-// (SpecLine), its site a symbol in double quotes when it has spaces. Errors wrap ErrSyntax and quote the offending
-// token; a %return option wraps ErrRefused since the spec is well formed
-// but return probes are not supported.
+// (SpecLine), its site a symbol in double quotes when it has spaces.
+// Errors wrap ErrSyntax and quote the offending token.
 func Parse(text string) (*Spec, error) {
 	text, err := SpecLine(text)
 	if err != nil {
@@ -89,7 +126,7 @@ func Parse(text string) (*Spec, error) {
 	}
 	toks := strings.Fields(text)
 	if len(toks) == 0 {
-		return nil, syntaxErr("empty spec (want SITE [%%nopace] [%%multinop] [ARG...])")
+		return nil, syntaxErr("empty spec (want SITE [OPTION...] [ARG...]; %s)", optionsHelp)
 	}
 	site, glued, _ := strings.Cut(toks[0], "%")
 	if err := s.parseSite(site, toks[0]); err != nil {
@@ -121,11 +158,21 @@ func Parse(text string) (*Spec, error) {
 	if err := checkNames(s.Args); err != nil {
 		return nil, err
 	}
+	if !s.Return {
+		for _, a := range s.Args {
+			if a.Fetch == "$retval" {
+				return nil, syntaxErr("$retval needs %%return (a return probe): %q", text)
+			}
+		}
+	}
 	return s, nil
 }
 
 // isOption tells option tokens from register fetches: both start with '%'.
 func isOption(t string) bool {
+	if strings.HasPrefix(t, "%pid=") || strings.HasPrefix(t, "%comm=") {
+		return true
+	}
 	if !strings.HasPrefix(t, "%") || strings.ContainsAny(t, ":=") {
 		return false
 	}
@@ -145,13 +192,50 @@ func (s *Spec) option(o, tok string) error {
 		}
 		s.MultiNop = true
 	case "%return":
-		return fmt.Errorf("%w: %q: return probes are not supported (ptwrite probes are entry-only)", ErrRefused, tok)
-	default:
-		if o != tok {
-			return syntaxErr("unknown option %q in %q (options: %%nopace, %%multinop)", o, tok)
+		if s.Return {
+			return syntaxErr("duplicate option %q", tok)
 		}
-		return syntaxErr("unknown option or register %q (options: %%nopace, %%multinop)", o)
+		s.Return = true
+	default:
+		if v, ok := strings.CutPrefix(o, "%pid="); ok {
+			return s.pidOption(v, tok)
+		}
+		if v, ok := strings.CutPrefix(o, "%comm="); ok {
+			return s.commOption(v, tok)
+		}
+		if o != tok {
+			return syntaxErr("unknown option %q in %q (%s)", o, tok, optionsHelp)
+		}
+		return syntaxErr("unknown option or register %q (%s)", o, optionsHelp)
 	}
+	return nil
+}
+
+func (s *Spec) pidOption(v, tok string) error {
+	if s.PID != 0 {
+		return syntaxErr("duplicate option %q", tok)
+	}
+	n, err := ParseUint(v)
+	if err != nil || isHex(v) || n == 0 || n > maxPID {
+		return syntaxErr("bad %%pid=%s in %q: want a decimal process id from 1 to %d", v, tok, maxPID)
+	}
+	s.PID = int32(n)
+	return nil
+}
+
+func (s *Spec) commOption(v, tok string) error {
+	if s.Comm != "" {
+		return syntaxErr("duplicate option %q", tok)
+	}
+	if v == "" || len(v) > maxComm {
+		return syntaxErr("bad %%comm=%s in %q: want a process name of 1 to %d bytes (the kernel keeps %d)", v, tok, maxComm, maxComm)
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c >= 0x7f {
+			return syntaxErr("bad %%comm= in %q: byte %q is not printable ASCII", tok, c)
+		}
+	}
+	s.Comm = v
 	return nil
 }
 
@@ -324,7 +408,7 @@ func parseFetch(f string) (string, error) {
 		return f, nil
 	case f[0] == '\\':
 		return parseImm(f[1:])
-	case f == "$stack":
+	case f == "$stack", f == "$retval":
 		return f, nil
 	case strings.HasPrefix(f, "$stack"):
 		n, err := ParseUint(f[6:])
@@ -338,7 +422,7 @@ func parseFetch(f string) (string, error) {
 	case f[0] == '+' || f[0] == '-':
 		return parseDeref(f)
 	}
-	return "", fmt.Errorf("fetch %q not supported (ptfs takes %%REG, \\IMM, $stack, $stackN or +DISP(%%REG))", f)
+	return "", fmt.Errorf("fetch %q not supported (ptfs takes %%REG, \\IMM, $stack, $stackN, +DISP(%%REG) or, with %%return, $retval)", f)
 }
 
 func parseImm(v string) (string, error) {
@@ -440,11 +524,20 @@ func checkNames(args []Arg) error {
 func (s *Spec) String() string {
 	var b strings.Builder
 	b.WriteString(s.siteText())
+	if s.Return {
+		b.WriteString(" %return")
+	}
 	if s.MultiNop {
 		b.WriteString(" %multinop")
 	}
 	if s.NoPace {
 		b.WriteString(" %nopace")
+	}
+	if s.PID != 0 {
+		b.WriteString(" %pid=" + strconv.Itoa(int(s.PID)))
+	}
+	if s.Comm != "" {
+		b.WriteString(" %comm=" + s.Comm)
 	}
 	b.WriteString(ArgsText(s.Args))
 	return b.String()

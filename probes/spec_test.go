@@ -70,6 +70,16 @@ func TestParse(t *testing.T) {
 		{"0x10 arg1=%di %si", &Spec{Offset: 0x10, Args: []Arg{a("arg1", "%di", 0), a("", "%si", 0)}}, ""},
 		{"0x10 %di arg3=%si", &Spec{Offset: 0x10, Args: []Arg{a("", "%di", 0), a("arg3", "%si", 0)}}, ""},
 		{"0x10 " + strings.Repeat("a", 31) + "=%di", &Spec{Offset: 0x10, Args: []Arg{a(strings.Repeat("a", 31), "%di", 0)}}, ""},
+		{"fib%return ret=$retval", &Spec{Symbol: "fib", Return: true, Args: []Arg{a("ret", "$retval", 0)}}, "fib %return ret=$retval"},
+		{"fib $retval:s32 %return", &Spec{Symbol: "fib", Return: true, Args: []Arg{a("", "$retval", decode.S32)}}, "fib %return $retval:s32"},
+		{"0x10 %return", &Spec{Offset: 0x10, Return: true}, ""},
+		{"target %pid=4711 %di", &Spec{Symbol: "target", PID: 4711, Args: []Arg{a("", "%di", 0)}}, ""},
+		{"target%pid=1%comm=a.out", &Spec{Symbol: "target", PID: 1, Comm: "a.out"}, "target %pid=1 %comm=a.out"},
+		{"target %comm=kworker/0:1-ev %pid=4194304", &Spec{Symbol: "target", PID: 4194304, Comm: "kworker/0:1-ev"},
+			"target %pid=4194304 %comm=kworker/0:1-ev"},
+		{"target %comm=%di %di", &Spec{Symbol: "target", Comm: "%di", Args: []Arg{a("", "%di", 0)}}, ""},
+		{"0x10 %nopace %return %multinop %comm=x %pid=2 r=$retval", &Spec{Offset: 0x10, NoPace: true, Return: true,
+			MultiNop: true, PID: 2, Comm: "x", Args: []Arg{a("r", "$retval", 0)}}, "0x10 %return %multinop %nopace %pid=2 %comm=x r=$retval"},
 	}
 	for _, tt := range tests {
 		got, err := Parse(tt.in)
@@ -116,8 +126,21 @@ func TestParseErrors(t *testing.T) {
 		{"0x10%", ErrSyntax, `"%"`},
 		{"0x10 %nopace %nopace", ErrSyntax, "duplicate"},
 		{"0x10%multinop %multinop", ErrSyntax, "duplicate"},
-		{"0x10 %return", ErrRefused, "%return"},
-		{"0x10%return %di", ErrRefused, "entry-only"},
+		{"0x10 %return %return", ErrSyntax, "duplicate"},
+		{"0x10 $retval", ErrSyntax, "$retval needs %return"},
+		{"0x10 r=$retval", ErrSyntax, "$retval needs %return"},
+		{"0x10 %pid=0", ErrSyntax, "%pid=0"},
+		{"0x10 %pid=4194305", ErrSyntax, "1 to 4194304"},
+		{"0x10 %pid=0x10", ErrSyntax, "decimal"},
+		{"0x10 %pid=-1", ErrSyntax, "%pid=-1"},
+		{"0x10 %pid=", ErrSyntax, "%pid="},
+		{"0x10 %pid=1 %pid=1", ErrSyntax, "duplicate"},
+		{"0x10 %comm=", ErrSyntax, "1 to 15 bytes"},
+		{"0x10 %comm=0123456789abcdef", ErrSyntax, "1 to 15 bytes"},
+		{"0x10 %comm=a\x01", ErrSyntax, "printable"},
+		{"0x10 %comm=\xff", ErrSyntax, "printable"},
+		{"0x10 %comm=a %comm=a", ErrSyntax, "duplicate"},
+		{"0x10 %return=1", ErrSyntax, `"%return"`},
 		{"0x10 %rdi", ErrSyntax, `"%rdi"`},
 		{"0x10 %edi", ErrSyntax, `"%edi"`},
 		{"0x10 %ds", ErrSyntax, `"%ds"`},
@@ -143,7 +166,6 @@ func TestParseErrors(t *testing.T) {
 		{"0x10 %di:b4@2/32/", ErrSyntax, "bad bitfield"},
 		{"0x10 %di:b99999999999999999999@2/32", ErrSyntax, "bad bitfield"},
 		{"0x10 %di:", ErrSyntax, `""`},
-		{"0x10 $retval", ErrSyntax, `"$retval"`},
 		{"0x10 $comm", ErrSyntax, `"$comm"`},
 		{"0x10 $arg1", ErrSyntax, `"$arg1"`},
 		{"0x10 @0x1234", ErrSyntax, `"@0x1234"`},
@@ -226,7 +248,9 @@ func FuzzParse(f *testing.F) {
 		`"geo::area(long, long)"+4 %di # c`, "f %di\n# state: x\n",
 
 		"0x10 a=+0(%si):string b=-8(%sp):ustring c=%di:char", "0x10 %di:b4@4/32 %si:b64@0/64 %ax:s8 %bx:x64",
-		"0x10 %di:b4@04/32", "0x10 %di:symbol"} {
+		"0x10 %di:b4@04/32", "0x10 %di:symbol",
+		"fib%return r=$retval", "f %pid=12 %comm=sh"} {
+
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {

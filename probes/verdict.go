@@ -21,6 +21,9 @@ const (
 	// Pun is any other allowed instruction: only byte 0 is patched, which
 	// may fail at install time.
 	Pun
+	// Rets is a return probe (%return) that ptw mode emulates with a
+	// probe on each ret of the function (Site.Rets), none refused.
+	Rets
 	// Refused is a site that ptwrite uprobes never take.
 	Refused
 )
@@ -34,6 +37,8 @@ func (k VerdictKind) String() string {
 		return "multinop"
 	case Pun:
 		return "pun"
+	case Rets:
+		return "rets"
 	}
 	return "refused"
 }
@@ -43,7 +48,8 @@ type Verdict struct {
 	Kind VerdictKind
 	// Insn is the instruction at the site in GNU syntax.
 	Insn string
-	// Reason says why a site is refused; empty otherwise.
+	// Reason says why a site is refused, or for Rets where the rets are;
+	// empty otherwise.
 	Reason string
 }
 
@@ -57,6 +63,8 @@ func (v Verdict) String() string {
 		return "ptw: %multinop (five 1-byte nops at an 8-byte aligned address)"
 	case Pun:
 		return "ptw: pun of " + v.Insn + " (may fail at install time)"
+	case Rets:
+		return "ptw: " + v.Reason
 	}
 	return "ptw: refused: " + v.Reason
 }

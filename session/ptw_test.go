@@ -155,12 +155,12 @@ func TestPTWMount(t *testing.T) {
 	}
 	ev := func(name string) string { return fmt.Sprintf("event=ptfs_t/%s id=0x%x", name, ids[name]) }
 	want := []string{
-		"record 1: " + ev("a") + " args=[a=1, b=2] tid=101 cpu=0 time=5.000001000",
-		"record 2: " + ev("a") + " args=[a=10, b=20] tid=201 cpu=1 time=5.000002000",
-		"record 3: " + ev("b") + " args=[0xdead] tid=101 cpu=0 time=5.000003000",
-		"record 4: " + ev("a") + " args=[a=40, b=50] tid=201 cpu=1 time=5.000005000",
-		"record 5: " + ev("b") + " args=[0x7] tid=101 cpu=0 time=5.000006000",
-		"record 6: " + ev("a") + " args=[a=60, b=70] tid=101 cpu=0 time=5.000007000",
+		"record 1: " + ev("a") + " args=[a=1, b=2] tid=101 cpu=0 time=5.000001000 pid=100",
+		"record 2: " + ev("a") + " args=[a=10, b=20] tid=201 cpu=1 time=5.000002000 pid=200",
+		"record 3: " + ev("b") + " args=[0xdead] tid=101 cpu=0 time=5.000003000 pid=100",
+		"record 4: " + ev("a") + " args=[a=40, b=50] tid=201 cpu=1 time=5.000005000 pid=200",
+		"record 5: " + ev("b") + " args=[0x7] tid=101 cpu=0 time=5.000006000 pid=100",
+		"record 6: " + ev("a") + " args=[a=60, b=70] tid=101 cpu=0 time=5.000007000 pid=100",
 	}
 	if got := readFile(t, dir, "t", "records"); got != strings.Join(want, "\n")+"\n" {
 		t.Errorf("records:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))

@@ -234,17 +234,18 @@ func (s *Session) newSource(r roots, stage *live.Stage) (source, error) {
 	trace := s.opts.Trace
 	var timing decode.Timing
 	var pt *perfio.PT
+	var comm func(int32) string
 	if trace == nil {
 		var err error
 		if pt, err = perfio.NewPT(r.intelPT(), s.opts.PT); err != nil {
 			return nil, err
 		}
-		trace, timing = pt, pt.Timing()
+		trace, timing, comm = pt, pt.Timing(), perfio.ProcComm
 	}
 	s.br = newBranches(s, r, stage)
 	s.br.conf, _ = trace.(reconfigurer)
 	s.br.pt = pt
-	w, err := engine.NewPTW(engine.Tee(trace, stage), engine.PTWOptions{Latency: s.opts.Latency, Timing: timing}, s.deliver)
+	w, err := engine.NewPTW(engine.Tee(trace, stage), engine.PTWOptions{Latency: s.opts.Latency, Timing: timing, Comm: comm}, s.deliver)
 	if err != nil {
 		return nil, err
 	}

@@ -36,8 +36,10 @@ func (c classicSource) shared() decode.Counters {
 func (c classicSource) appendStatus(b []byte) []byte {
 	st := c.Stats()
 	return fmt.Appendf(b, "lost: %d (samples dropped by full kernel rings, all targets)\n"+
-		"capture errors: %d\nunknown samples: %d\nlate: %d (records out of time order)\n",
-		st.Lost, st.Errors, st.Unknown, st.Late)
+		"capture errors: %d\nunknown samples: %d\nlate: %d (records out of time order)\n"+
+		"filtered: %d (records of other processes, dropped by %%pid/%%comm; not losses)\n"+
+		"process names lost: %d (exec and exit records dropped by full kernel rings; names read from /proc again)\n",
+		st.Lost, st.Errors, st.Unknown, st.Late, st.Filtered, st.TaskLost)
 }
 
 func (classicSource) running() string { return "running (classic uprobes, perf tracepoint rings)" }
@@ -70,8 +72,9 @@ func (p ptwSource) appendStatus(b []byte) []byte {
 	b = appendTimeStatus(b, &st)
 	b = fmt.Appendf(b, "manual ptwrites: %d (no target owns them; counted as stray)\n"+
 		"unattributed: %d (records without tid: the side band did not say which thread ran)\n"+
-		"untimed: %d (records without time and tid)\nlate: %d (records out of time order)\n",
-		st.Manual, st.Unattributed, st.Untimed, st.Late)
+		"untimed: %d (records without time and tid)\nlate: %d (records out of time order)\n"+
+		"filtered: %d (records of other or unknown processes, dropped by %%pid/%%comm; not losses)\n",
+		st.Manual, st.Unattributed, st.Untimed, st.Late, st.Filtered)
 	if p.pt != nil {
 		b = appendPTStatus(b, p.pt.Status(), p.pt.Stats())
 	}

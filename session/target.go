@@ -76,6 +76,9 @@ type probe struct {
 	// untyped: the kernel refused the spec's typed fetchargs, line has
 	// none, and the records format the spec's types (tracefs.Installed).
 	untyped bool
+	// rets are the other events of a return probe that ptw mode emulates
+	// with a probe on each ret (ev, tevent and line are the first ret's).
+	rets []retEvent
 
 	// stale says why spec, installed once, is not installed on the
 	// binary that the path names now (its symbol went, its site is
@@ -224,6 +227,9 @@ func (t *Target) ProbeText(name string) ([]byte, bool) {
 		b = fmt.Appendf(b, "%s\n", p.spec)
 		b = fmt.Appendf(b, "# state: installed (%s mode, event id %d)\n", t.s.mode, p.ev.ID)
 		b = fmt.Appendf(b, "# tracefs: %s\n", p.line)
+		for _, r := range p.rets {
+			b = fmt.Appendf(b, "# tracefs: %s\n", r.line)
+		}
 		b = fmt.Appendf(b, "# file: %s (%s)\n", p.bin.Path(), p.bin.ID())
 		b = appendSite(b, p.site)
 		if p.untyped {
@@ -370,7 +376,8 @@ func (t *Target) place(p *probe, spec string, sp *probes.Spec) error {
 		return err
 	}
 	for _, o := range t.list() {
-		if o != p && o.ev != nil && o.bin == bin && o.site.Offset == site.Offset {
+		// An entry and a return probe of one function share its site.
+		if o != p && o.ev != nil && o.bin == bin && o.site.Offset == site.Offset && o.sp.Return == sp.Return {
 			return &siteTakenError{o.name, site.Offset}
 		}
 	}
@@ -380,7 +387,7 @@ func (t *Target) place(p *probe, spec string, sp *probes.Spec) error {
 		if err := site.Verdict.Err(); err != nil {
 			return err
 		}
-		if p.ev != nil && p.bin == bin && p.site.Offset == site.Offset {
+		if p.ev != nil && p.bin == bin && p.site.Offset == site.Offset && p.sp.Return == sp.Return {
 			return t.replaceAtSite(p, spec, sp, site)
 		}
 	}
@@ -418,6 +425,9 @@ func (t *Target) replaceAtSite(p *probe, spec string, sp *probes.Spec, site *pro
 // descriptor, so the kernel probes the inode that was resolved.
 func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec, site *probes.Site) error {
 	ptw := t.s.mode == ModePTW
+	if ptw && sp.Return {
+		return t.addRets(p, bin, spec, sp, site)
+	}
 	tevent := t.freeEvent(p.name)
 	in, err := t.s.tfs.Install(ptw, t.group, tevent, bin.FDPath(), site.Offset, sp)
 	if err != nil {
@@ -427,9 +437,10 @@ func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec,
 	// A classic probe replaced at its own site: both events record the
 	// hits until the old one goes, one copy is kept (see swap). (A ptw
 	// probe at its own site went first: replaceAtSite.)
-	swapped := p.ev != nil && p.site.Offset == site.Offset
+	swapped := p.ev != nil && p.site.Offset == site.Offset && p.sp.Return == sp.Return
 	// Records show the mount's names; the tracefs names carry the PID.
 	ev.Group, ev.Name = "ptfs_"+t.name, p.name
+	ev.Filter = sp.Filter()
 	if swapped {
 		t.s.beginSwap(p, p.ev.ID, ev.ID)
 	} else {
@@ -492,24 +503,93 @@ func (t *Target) retire(p *probe) error {
 	if p.ev == nil {
 		return nil
 	}
+	err := t.stop(retEvent{p.ev, p.tevent, p.line})
+	for _, r := range p.rets {
+		err = errors.Join(err, t.stop(r))
+	}
+	t.mu.Lock()
+	p.ev, p.sp, p.site, p.rets = nil, nil, nil, nil
+	t.mu.Unlock()
+	return err
+}
+
+// stop stops reading and removes one installed event (see retire).
+func (t *Target) stop(r retEvent) error {
 	var err error
 	if t.s.mode == ModePTW {
 		// Stop the hits before the capture lets go of the event.
-		err = t.s.tfs.Enable(t.group, p.tevent, false)
+		err = t.s.tfs.Enable(t.group, r.tevent, false)
 	}
-	err = errors.Join(err, t.s.src.Remove(p.ev.ID))
-	t.s.setRoute(p.ev.ID, nil)
-	t.s.br.setEvent(p.ev.ID, nil)
-	if rerr := t.s.tfs.RemoveProbe(t.group, p.tevent); rerr != nil {
-		t.s.leave(t.group, p.tevent)
+	err = errors.Join(err, t.s.src.Remove(r.ev.ID))
+	t.s.setRoute(r.ev.ID, nil)
+	t.s.br.setEvent(r.ev.ID, nil)
+	if rerr := t.s.tfs.RemoveProbe(t.group, r.tevent); rerr != nil {
+		t.s.leave(t.group, r.tevent)
 		err = errors.Join(err, rerr)
 	} else {
-		delete(t.events, p.tevent)
+		delete(t.events, r.tevent)
+	}
+	return err
+}
+
+// retEvent is one tracefs event of a probe: its decoder event, tracefs
+// event name and line.
+type retEvent struct {
+	ev     *decode.Event
+	tevent string
+	line   string
+}
+
+// addRets installs a return probe in ptw mode, where the kernel takes
+// none: a ptw probe on each ret of the function (site.Rets, checked by the
+// site checker), fetching %ax for $retval, all routed to p. Either all are
+// installed or none; then p's previous probe is retired.
+func (t *Target) addRets(p *probe, bin *probes.Binary, spec string, sp *probes.Spec, site *probes.Site) error {
+	at := probes.AtRet(sp)
+	var evs []retEvent
+	untyped := false
+	undo := func(err error) error {
+		for _, r := range evs {
+			err = errors.Join(err, t.stop(r))
+		}
+		return err
+	}
+	for _, off := range site.Rets {
+		tevent := t.freeEvent(p.name)
+		in, err := t.s.tfs.Install(true, t.group, tevent, bin.FDPath(), off, at)
+		if err != nil {
+			return undo(fmt.Errorf("the probe on the ret at file offset 0x%x: %w", off, err))
+		}
+		t.events[tevent] = true
+		untyped = untyped || in.Untyped
+		ev := in.Event
+		ev.Group, ev.Name, ev.Filter = "ptfs_"+t.name, p.name, sp.Filter()
+		t.s.setRoute(ev.ID, p)
+		r := retEvent{ev, tevent, in.Line}
+		if err := t.s.src.Add(ev); err != nil {
+			t.s.setRoute(ev.ID, nil)
+			if rerr := t.s.tfs.RemoveProbe(t.group, tevent); rerr == nil {
+				delete(t.events, tevent)
+			}
+			return undo(err)
+		}
+		evs = append(evs, r)
+		// The records of the rets go into branches too (ptw mode).
+		t.s.br.setEvent(ev.ID, ev)
+		if err := t.s.tfs.Enable(t.group, tevent, true); err != nil {
+			return undo(err)
+		}
+	}
+	if p.ev != nil {
+		if rerr := t.retire(p); rerr != nil {
+			logrus.WithError(rerr).WithField("probe", p.name).Warn("ptfs: removing the replaced probe")
+		}
 	}
 	t.mu.Lock()
-	p.ev, p.sp, p.site = nil, nil, nil
+	p.spec, p.sp, p.bin, p.site, p.untyped, p.stale = spec, sp, bin, site, untyped, nil
+	p.ev, p.tevent, p.line, p.rets = evs[0].ev, evs[0].tevent, evs[0].line, evs[1:]
 	t.mu.Unlock()
-	return err
+	return nil
 }
 
 // RemoveProbe removes probe name and its uprobe.

@@ -173,7 +173,9 @@ func ParseFormat(r io.Reader) (*decode.Event, error) {
 			return nil, err
 		}
 		fname := decl[strings.LastIndexAny(decl, " \t*")+1:]
-		if fname == "__probe_ip" {
+		// The last fixed field: __probe_ip of an entry probe,
+		// __probe_ret_ip (after __probe_func) of a return probe.
+		if fname == "__probe_ip" || fname == "__probe_ret_ip" {
 			ev, decls = &decode.Event{}, nil
 			continue
 		}

@@ -64,6 +64,14 @@ func TestParseFormat(t *testing.T) {
 				{Name: "x", Type: decode.X32, Offset: 58, Size: 4}},
 		},
 		{
+			name: "return probe: arguments after __probe_func and __probe_ret_ip",
+			in: common + "\tfield:unsigned long __probe_func;\toffset:8;\tsize:8;\tsigned:0;\n" +
+				"\tfield:unsigned long __probe_ret_ip;\toffset:16;\tsize:8;\tsigned:0;\n" +
+				"\tfield:s32 ret;\toffset:24;\tsize:4;\tsigned:1;\n\n" +
+				"print fmt: \"(%lx <- %lx) ret=%d\", REC->__probe_func, REC->__probe_ret_ip, REC->ret\n",
+			want: []decode.Arg{{Name: "ret", Type: decode.S32, Offset: 24, Size: 4}},
+		},
+		{
 			name: "named arg2 in first position stays named",
 			in: common + "\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n" +
 				"\tfield:u64 arg2;\toffset:16;\tsize:8;\tsigned:0;\n",

@@ -62,11 +62,16 @@ func cut(s string, n int) string {
 
 // ClassicLine returns the uprobe_events line of a classic probe at file
 // offset off:
-// "p:GRP/EVENT PATH:0xOFF ARGS". Unnamed arguments stay unnamed (tracefs
-// calls them argN); u64 is the default type and is left out. The ptwrite
-// options of s do not apply and are left out.
+// "p:GRP/EVENT PATH:0xOFF ARGS", or "r:..." for a return probe (%return).
+// Unnamed arguments stay unnamed (tracefs calls them argN); u64 is the
+// default type and is left out. The ptwrite options of s do not apply and
+// are left out, and so do %pid and %comm: ptfs filters the records.
 func ClassicLine(group, event, path string, off uint64, s *probes.Spec) string {
-	return "p:" + group + "/" + event + " " + path + ":0x" + strconv.FormatUint(off, 16) + probes.ArgsText(s.Args)
+	kind := "p:"
+	if s.Return {
+		kind = "r:"
+	}
+	return kind + group + "/" + event + " " + path + ":0x" + strconv.FormatUint(off, 16) + probes.ArgsText(s.Args)
 }
 
 // PTWLine returns the uprobe_events line of a ptwrite probe at file offset
@@ -93,7 +98,8 @@ const maxPath = 4095
 // it is given into lines, drops what follows '#' and reads names, paths and
 // fetchargs by their own delimiters, so anything but the exact grammar
 // could define a probe nobody asked for. It takes "-:GRP/EVENT" and the
-// lines of ClassicLine and PTWLine: "p:GRP/EVENT PATH:0xOFF [ARG...]" and
+// lines of ClassicLine and PTWLine: "p:GRP/EVENT PATH:0xOFF [ARG...]" (or
+// "r:" for a return probe, the only kind that may fetch $retval) and
 // "ptw:GRP/EVENT PATH:0xOFF[%multinop] [ARG...] [%nopace]", tokens split
 // by single spaces, GRP and EVENT C identifiers of at most 63 bytes, PATH
 // absolute of at most 4095 bytes in [A-Za-z0-9._/+,@~-], and every ARG
@@ -112,8 +118,8 @@ func CheckCommand(cmd string) error {
 		return badLine(cmd, "want KIND:GRP/EVENT PATH:OFFSET [ARG...]")
 	}
 	kind, name, _ := strings.Cut(toks[0], ":")
-	if kind != "p" && kind != "ptw" {
-		return badLine(cmd, "kind is not p or ptw")
+	if kind != "p" && kind != "r" && kind != "ptw" {
+		return badLine(cmd, "kind is not p, r or ptw")
 	}
 	grp, ev, _ := strings.Cut(name, "/")
 	if !probes.IsIdent(grp, maxEventName) || !probes.IsIdent(ev, maxEventName) {
@@ -146,6 +152,9 @@ func CheckCommand(cmd string) error {
 		a, err := probes.ParseArg(tok)
 		if err != nil || probes.ArgsText([]probes.Arg{a}) != " "+tok {
 			return badLine(cmd, fmt.Sprintf("argument %q is not in canonical form", tok))
+		}
+		if a.Fetch == "$retval" && kind != "r" {
+			return badLine(cmd, "$retval outside a return probe")
 		}
 		// ptfs asks a ptwrite kernel only for the words its stub writes.
 		if w, err := (&probes.Spec{Args: []probes.Arg{a}}).PTWWire(); kind == "ptw" && (err != nil || w.Args[0] != a) {
@@ -191,6 +200,9 @@ func Line(ptw bool, group, event, path string, off uint64, s *probes.Spec) (stri
 	}
 	line := ClassicLine(group, event, path, off, s)
 	if ptw {
+		if s.Return {
+			return "", fmt.Errorf("%w: ptwrite uprobes take no return probes (%%return)", probes.ErrRefused)
+		}
 		line = PTWLine(group, event, path, off, s)
 	}
 	if err := CheckCommand(line); err != nil {

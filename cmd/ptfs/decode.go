@@ -167,6 +167,7 @@ func runListing(list func(io.Writer, []string) error, usage string, args []strin
 type stream struct {
 	name     string
 	cpu, tid int32
+	pid      int32 // 0: unknown
 	// segments delivers the stream's bytes in order, gap set where data
 	// was lost before them.
 	segments func(fn func(data []byte, gap bool))
@@ -221,9 +222,15 @@ func inputData(name string, data []byte) (streams []stream, lost uint64, err err
 		return nil, 0, fmt.Errorf("%s: perf.data without AUX area trace (record with -e intel_pt//): %w", name, errNoTrace)
 	}
 	for _, b := range f.Buffers {
+		// A per-thread buffer's process is its thread's; a per-CPU
+		// buffer's first ITRACE_START names only its first process.
+		pid := int32(0)
+		if b.TID >= 0 && b.PID > 0 {
+			pid = b.PID
+		}
 		streams = append(streams, stream{
 			name: fmt.Sprintf("%s idx %d cpu %d tid %d", name, b.Idx, b.CPU, b.TID),
-			cpu:  b.CPU, tid: b.TID,
+			cpu:  b.CPU, tid: b.TID, pid: pid,
 			segments: b.Segments,
 			time:     f.Time,
 		})
@@ -351,6 +358,7 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 			c.a = decode.NewAssembler(events, c)
 			c.a.SetCPU(s.cpu)
 			c.a.SetTID(s.tid)
+			c.a.SetPID(s.pid)
 			if s.time != nil {
 				c.a.SetTimeConv(s.time.NS)
 			}

@@ -16,7 +16,9 @@ import (
 	"ptfs/internal/testkit"
 )
 
-var recordRE = regexp.MustCompile(`^record (\d+): event=(\S+) id=0x[0-9a-f]+ args=\[(.*)\] tid=(\d+) cpu=(\d+) time=(\d+)\.(\d{9})$`)
+// recordRE matches a classic record line; pid= is there, comm= when the
+// process could still be named (group 9: pid, 11: comm).
+var recordRE = regexp.MustCompile(`^record (\d+): event=(\S+) id=0x[0-9a-f]+ args=\[(.*)\] tid=(\d+) cpu=(\d+) time=(\d+)\.(\d{9})( pid=(\d+))( comm=(\S+))?$`)
 
 // checkRecords asserts that lines are records 1..n of event with args
 // [i, i+1], in time order.
@@ -158,7 +160,9 @@ func TestBadSpecs(t *testing.T) {
 		{"target %di:b4@30/32", einval, "outside the 32-bit container"},
 		{"target @0x1234", einval, "@0x1234"},
 		{"target %nosuchopt", einval, "nosuchopt"},
-		{"target %return", "Operation not supported", "return"},
+		{"target $retval", einval, "retval"},
+		{"target %pid=0", einval, "pid"},
+		{"target %comm=0123456789abcdef", einval, "comm"},
 		{"target +8(%si", einval, ""},
 		{"target +x(%si)", einval, ""},
 		{"target $stackx", einval, "stackx"},

@@ -72,8 +72,8 @@ func (c *recordsChecker) counts() (seen, missed int) {
 }
 
 // parseRecord parses `record N: event=ptfs_t/e id=0xID args=[A, B] tid=T
-// cpu=C time=S.NNNNNNNNN` with B = A+1, by hand: a regexp would cost the
-// machine more CPU than ptfs spends on the line.
+// cpu=C time=S.NNNNNNNNN pid=P[ comm=NAME]` with B = A+1, by hand: a regexp
+// would cost the machine more CPU than ptfs spends on the line.
 func parseRecord(l []byte) (uint64, bool) {
 	p := parser{b: l, ok: true}
 	p.lit("record ")
@@ -93,7 +93,13 @@ func parseRecord(l []byte) (uint64, bool) {
 	p.lit(".")
 	at := len(p.b)
 	p.num(10)
-	return n, p.ok && len(p.b) == 0 && at == 9 && b == a+1
+	frac := at - len(p.b)
+	p.lit(" pid=")
+	p.num(10)
+	if c, ok := bytes.CutPrefix(p.b, []byte(" comm=")); ok && len(c) > 0 && bytes.IndexByte(c, ' ') < 0 {
+		p.b = nil
+	}
+	return n, p.ok && len(p.b) == 0 && frac == 9 && b == a+1
 }
 
 // parser consumes a line; ok turns false at the first mismatch.

@@ -78,7 +78,7 @@ func TestTypesKernel(t *testing.T) {
 	}
 	kernel := kernelHits(t, string(trace))
 	ours := map[string][]string{}
-	recRE := regexp.MustCompile(`^record \d+: event=ptfs_t/(p\d) id=0x[0-9a-f]+ args=\[(.*)\] tid=(\d+) cpu=\d+ time=\d+\.\d{9}$`)
+	recRE := regexp.MustCompile(`^record \d+: event=ptfs_t/(p\d) id=0x[0-9a-f]+ args=\[(.*)\] tid=(\d+) cpu=\d+ time=\d+\.\d{9} pid=\d+ comm=types$`)
 	for _, l := range records {
 		mk := recRE.FindStringSubmatch(l)
 		if mk == nil {

@@ -265,10 +265,10 @@ func TestPTWTwoCPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkLines(t, col.take(),
-		"record 1: event=ptfs_t/a id=0x6c2 args=[x=1, y=2] tid=100 cpu=0 time=1.000000100",
-		"record 1: event=ptfs_t/a id=0x6c2 args=[x=3, y=4] tid=200 cpu=1 time=1.000000150",
-		"record 1: event=ptfs_t/b id=0x6c3 args=[0xbeef] tid=201 cpu=1 time=1.000000250",
-		"record 1: event=ptfs_t/b id=0x6c3 args=[0xdead] tid=101 cpu=0 time=1.000000300",
+		"record 1: event=ptfs_t/a id=0x6c2 args=[x=1, y=2] tid=100 cpu=0 time=1.000000100 pid=10",
+		"record 1: event=ptfs_t/a id=0x6c2 args=[x=3, y=4] tid=200 cpu=1 time=1.000000150 pid=20",
+		"record 1: event=ptfs_t/b id=0x6c3 args=[0xbeef] tid=201 cpu=1 time=1.000000250 pid=20",
+		"record 1: event=ptfs_t/b id=0x6c3 args=[0xdead] tid=101 cpu=0 time=1.000000300 pid=10",
 	)
 	st := p.Stats()
 	want := engine.PTWStats{

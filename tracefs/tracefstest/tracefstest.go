@@ -329,7 +329,7 @@ func (k *Kernel) create(line string) error {
 			col += len(f) + 1
 			continue
 		}
-		a, r := parseArg(f, len(args)+1, ptw)
+		a, r := parseArg(f, len(args)+1, ptw, kind == "r")
 		if r == nil && ptw && a.typ != "" && k.opts.RefuseTypes {
 			r = &refusal{syscall.EINVAL, "Unknown type is specified", len(f) - len(a.typ)}
 		}
@@ -410,7 +410,7 @@ func (k *Kernel) add(e *event) error {
 	files := map[string]string{
 		"id":     strconv.Itoa(id) + "\n",
 		"enable": "0\n",
-		"format": formatFile(e.name, id, argText),
+		"format": formatFile(e.name, id, argText, strings.HasPrefix(e.listing, "r:")),
 	}
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
@@ -460,17 +460,25 @@ func lookupType(typ string) (fieldType, bool) {
 var ptwTypes = map[string]bool{"u64": true, "u32": true, "s32": true, "x32": true}
 
 // formatFile writes the format file of a uprobe event with the arguments
-// of its listing, packed after __probe_ip as the kernel packs them.
-func formatFile(name string, id int, args string) string {
+// of its listing, packed after __probe_ip (a return probe's __probe_func
+// and __probe_ret_ip) as the kernel packs them.
+func formatFile(name string, id int, args string, ret bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "name: %s\nID: %d\nformat:\n", name, id)
 	b.WriteString("\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n" +
 		"\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n" +
 		"\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n" +
-		"\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n" +
-		"\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n")
+		"\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n")
 	prints, refs := []string{"(%lx)"}, []string{"REC->__probe_ip"}
 	off := 16
+	if ret {
+		b.WriteString("\tfield:unsigned long __probe_func;\toffset:8;\tsize:8;\tsigned:0;\n" +
+			"\tfield:unsigned long __probe_ret_ip;\toffset:16;\tsize:8;\tsigned:0;\n")
+		prints, refs = []string{"(%lx <- %lx)"}, []string{"REC->__probe_func", "REC->__probe_ret_ip"}
+		off = 24
+	} else {
+		b.WriteString("\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n")
+	}
 	for _, f := range strings.Fields(args) {
 		if f == "%nopace" {
 			continue
@@ -508,8 +516,9 @@ func init() {
 }
 
 // parseArg parses the n-th argument "[NAME=]FETCHARG[:TYPE]" of a probe
-// line; the refusal's column is relative to the argument.
-func parseArg(f string, n int, ptw bool) (arg, *refusal) {
+// line (of a return probe when ret); the refusal's column is relative to
+// the argument.
+func parseArg(f string, n int, ptw, ret bool) (arg, *refusal) {
 	a := arg{name: "arg" + strconv.Itoa(n)}
 	fetch := f
 	if i := strings.IndexByte(f, '='); i >= 0 {
@@ -542,6 +551,10 @@ func parseArg(f string, n int, ptw bool) (arg, *refusal) {
 			}
 		}
 	case fetch == "$stack":
+	case fetch == "$retval":
+		if !ret {
+			return a, &refusal{syscall.EINVAL, "$retval is only for return probes", at}
+		}
 	case strings.HasPrefix(fetch, "$stack"):
 		if _, err := strconv.ParseUint(fetch[len("$stack"):], 10, 16); err != nil {
 			return a, &refusal{syscall.EINVAL, "Invalid $-variable specified", at}
