@@ -19,11 +19,10 @@ type insn struct {
 
 // block is a run of instructions from its first up to and including the
 // first that is not a plain fall-through (a branch or ptwrite), at most
-// maxBlock long; err is set when decoding stopped at an undecodable or
-// unmapped instruction after the last one.
+// maxBlock long, decoded in mode. It is kept small (56 bytes, no
+// interface) for the cold path's slabs and the collector.
 type block struct {
 	insns []insn
-	err   error
 	// taken and fall are the blocks the branch at the end leads to
 	// (taken: a direct jump, call or taken conditional branch), once
 	// chain went there; nil until then. For a return or an indirect
@@ -31,7 +30,23 @@ type block struct {
 	taken, fall *block
 	// runs are the TNT runs from the block (tntrun.go), a list.
 	runs *tntRun
+	mode Mode
+	// stop is why decoding stopped after the last instruction: an
+	// index in blockErrs.
+	stop uint8
 }
+
+// blockErrs are a block's errors (block.err), by block.stop.
+var blockErrs = [...]error{nil, stopNoMap: ErrNoMap, stopBadInsn: ErrBadInsn}
+
+const (
+	stopNoMap = 1 + iota
+	stopBadInsn
+)
+
+// err is the error decoding stopped at after the last instruction (an
+// undecodable or unmapped instruction), or nil.
+func (b *block) err() error { return blockErrs[b.stop] }
 
 // blockCache maps an address and mode to its block, so that a hot loop
 // costs a lookup per block instead of decoding: an open-addressing table
@@ -44,8 +59,8 @@ type blockCache struct {
 	gen   uint64
 	insns int // instructions held, plus one per block
 
-	blocks []block // slab the next blocks are taken from
-	code   []insn  // slab the next blocks' instructions are taken from
+	blocks slab[block] // the next blocks
+	code   slab[insn]  // the next blocks' instructions
 
 	// view is the Memory's bytes from vpc on (Viewer), kept from block
 	// to block: the next block is often in the same mapping. It is
@@ -55,18 +70,20 @@ type blockCache struct {
 	runs runCache
 }
 
+// slot is a table entry; the mode is the block's (16 bytes a slot).
 type slot struct {
-	ip   uint64
-	mode Mode
-	b    *block // nil: empty
+	ip uint64
+	b  *block // nil: empty
 }
 
-// Slab and table sizes: a first decode allocates little, a long one a
-// few large pieces.
+// Slab (first and largest chunk) and table sizes: a first decode
+// allocates little, a long one a few large pieces.
 const (
-	minSlots  = 1 << 10
-	blockSlab = 1 << 9
-	insnSlab  = 1 << 12
+	minSlots    = 1 << 10
+	blockSlabLo = 1 << 6
+	blockSlab   = 1 << 9
+	insnSlabLo  = 1 << 9
+	insnSlab    = 1 << 12
 )
 
 func (c *blockCache) init() { c.slots = make([]slot, minSlots) }
@@ -84,7 +101,8 @@ func (c *blockCache) check(gen uint64) {
 func (c *blockCache) drop() {
 	clear(c.slots)
 	c.n, c.insns = 0, 0
-	c.blocks, c.code = nil, nil
+	c.blocks.drop()
+	c.code.drop()
 	c.view = nil
 	c.runs.drop()
 }
@@ -98,7 +116,7 @@ func (c *blockCache) lookup(ip uint64, mode Mode) *block {
 	mask := uint64(len(c.slots) - 1)
 	for i := c.hash(ip, mode) >> 32 & mask; ; i = (i + 1) & mask {
 		s := &c.slots[i]
-		if s.b == nil || s.ip == ip && s.mode == mode {
+		if s.b == nil || s.ip == ip && s.b.mode == mode {
 			return s.b
 		}
 	}
@@ -116,14 +134,14 @@ func (c *blockCache) insert(ip uint64, mode Mode, b *block) {
 			}
 		}
 	}
-	c.put(slot{ip, mode, b})
+	c.put(slot{ip, b})
 	c.n++
 	c.insns += len(b.insns) + 1
 }
 
 func (c *blockCache) put(s slot) {
 	mask := uint64(len(c.slots) - 1)
-	i := c.hash(s.ip, s.mode) >> 32 & mask
+	i := c.hash(s.ip, s.b.mode) >> 32 & mask
 	for c.slots[i].b != nil {
 		i = (i + 1) & mask
 	}
@@ -133,20 +151,16 @@ func (c *blockCache) put(s slot) {
 // room returns the free part of the instruction slab, at least maxBlock
 // long and empty: block decodes into it, alloc takes what it used.
 func (c *blockCache) room() []insn {
-	if len(c.code) < maxBlock {
-		c.code = make([]insn, insnSlab)
-	}
-	return c.code[:0:maxBlock]
+	return c.code.room(maxBlock, insnSlabLo, insnSlab)[:0:maxBlock]
 }
 
-// alloc returns a block, from the slab, of the first n instructions of
-// room.
-func (c *blockCache) alloc(n int, err error) *block {
-	b := slabTake(&c.blocks, blockSlab)
+// alloc returns a block in mode, from the slab, of the first n
+// instructions of room, stopped at blockErrs[stop].
+func (c *blockCache) alloc(n int, mode Mode, stop uint8) *block {
+	b := c.blocks.take(blockSlabLo, blockSlab)
 	// Field by field into the zeroed slab: a whole block written at
 	// once is copied with a bulk write barrier while the GC marks.
-	b.insns, b.err = c.code[:n:n], err
-	c.code = c.code[n:]
+	b.insns, b.mode, b.stop = c.code.used(n), mode, stop
 	return b
 }
 
@@ -169,7 +183,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 	}
 	c := &d.cache
 	ins := c.room()
-	var berr error
+	var stop uint8 // blockErrs
 	pc := ip
 	bits := mode.bits()
 	for len(ins) < maxBlock {
@@ -182,12 +196,12 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		} else if v, err := d.viewAt(pc); len(v) >= x86insn.MaxLen {
 			c.view, c.vpc, code = v, pc, v[:x86insn.MaxLen]
 		} else if err != nil { // no byte known at pc
-			berr = ErrNoMap
+			stop = stopNoMap
 			break
 		} else {
 			n, _ := d.mem.ReadAt(d.buf[:], pc)
 			if n <= 0 {
-				berr = ErrNoMap
+				stop = stopNoMap
 				break
 			}
 			code = d.buf[:n]
@@ -204,7 +218,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 			in = x.Flow
 		}
 		if err != nil {
-			berr = ErrBadInsn
+			stop = stopBadInsn
 			break
 		}
 		ins = append(ins, insn{ip: pc, target: in.Target, len: uint8(in.Len), class: in.Class})
@@ -213,7 +227,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		}
 		pc += uint64(in.Len)
 	}
-	b := c.alloc(len(ins), berr)
+	b := c.alloc(len(ins), mode, stop)
 	c.insert(ip, mode, b)
 	return b
 }

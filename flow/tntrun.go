@@ -68,23 +68,29 @@ type endInfo struct {
 // block lists its runs (block.runs), so they are dropped with the block
 // cache.
 type runCache struct {
-	runs  []tntRun
-	edges []edge
+	runs  slab[tntRun]
+	edges slab[edge]
 	tmp   [maxRunEdges]edge
 }
 
+// Slab sizes: the first chunk's and the largest.
 const (
-	runSlab  = 1 << 9
-	edgeSlab = 1 << 12
+	runSlabLo  = 1 << 6
+	runSlab    = 1 << 9
+	edgeSlabLo = 1 << 9
+	edgeSlab   = 1 << 12
 )
 
-func (c *runCache) drop() { c.runs, c.edges = nil, nil }
+func (c *runCache) drop() {
+	c.runs.drop()
+	c.edges.drop()
+}
 
 // add keeps a copy of r with edges as a run of b.
 func (c *runCache) add(b *block, r *tntRun, edges []edge) *tntRun {
-	kept := slabTake(&c.runs, runSlab)
+	kept := c.runs.take(runSlabLo, runSlab)
 	*kept = *r
-	kept.edges = slabCopy(&c.edges, edges, edgeSlab)
+	kept.edges = c.edges.copy(edges, edgeSlabLo, edgeSlab)
 	kept.next, b.runs = b.runs, kept
 	return kept
 }
