@@ -19,10 +19,13 @@ type insn struct {
 
 // block is a run of instructions from its first up to and including the
 // first that is not a plain fall-through (a branch or ptwrite), at most
-// maxBlock long, decoded in mode. It is kept small (56 bytes, no
-// interface) for the cold path's slabs and the collector.
+// maxBlock long, decoded in mode. It is a cache line (64 bytes, no
+// interface): the fast path finds in it what the next step needs (the
+// start to check a varying successor by, the last instruction's class,
+// the runs) without a load of the instructions.
 type block struct {
 	insns []insn
+	ip    uint64 // the first instruction's
 	// taken and fall are the blocks the branch at the end leads to
 	// (taken: a direct jump, call or taken conditional branch), once
 	// chain went there; nil until then. For a return or an indirect
@@ -31,6 +34,8 @@ type block struct {
 	// runs are the TNT runs from the block (tntrun.go), a list.
 	runs *tntRun
 	mode Mode
+	// class is the last instruction's (none for no instruction).
+	class x86insn.Class
 	// stop is why decoding stopped after the last instruction: an
 	// index in blockErrs.
 	stop uint8
@@ -154,13 +159,16 @@ func (c *blockCache) room() []insn {
 	return c.code.room(maxBlock, insnSlabLo, insnSlab)[:0:maxBlock]
 }
 
-// alloc returns a block in mode, from the slab, of the first n
+// alloc returns the block at ip in mode, from the slab, of the first n
 // instructions of room, stopped at blockErrs[stop].
-func (c *blockCache) alloc(n int, mode Mode, stop uint8) *block {
+func (c *blockCache) alloc(ip uint64, n int, mode Mode, stop uint8) *block {
 	b := c.blocks.take(blockSlabLo, blockSlab)
 	// Field by field into the zeroed slab: a whole block written at
 	// once is copied with a bulk write barrier while the GC marks.
-	b.insns, b.mode, b.stop = c.code.used(n), mode, stop
+	b.insns, b.ip, b.mode, b.stop = c.code.used(n), ip, mode, stop
+	if n > 0 {
+		b.class = b.insns[n-1].class
+	}
 	return b
 }
 
@@ -227,7 +235,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		}
 		pc += uint64(in.Len)
 	}
-	b := c.alloc(len(ins), mode, stop)
+	b := c.alloc(ip, len(ins), mode, stop)
 	c.insert(ip, mode, b)
 	return b
 }

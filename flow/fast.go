@@ -78,7 +78,6 @@ func (d *Decoder) fast() error {
 	skipTiming := d.clock == nil
 	// b is the block at ip, once known.
 	var b *block
-	var runEnd endInfo
 	h := d.h
 loop:
 	for {
@@ -171,15 +170,10 @@ loop:
 		if b == nil {
 			b = d.block(ip, d.mode)
 		}
-		// The last instruction's index and class; a run's end block's
-		// from the run, so that a run leads to the next without a look
-		// at the block's instructions.
-		n, class := runEnd.n, runEnd.class
-		if b != runEnd.b {
-			if n = len(b.insns) - 1; n >= 0 {
-				class = b.insns[n].class
-			}
-		}
+		// The last instruction's index and class, from the block's
+		// header: a run leads to the next without a look at the
+		// block's instructions.
+		n, class := len(b.insns)-1, b.class
 		if n < 0 || steps+n+1 > maxInsns {
 			break
 		}
@@ -202,7 +196,7 @@ loop:
 					d.sinceRef, steps = 0, r.steps
 				}
 				d.c.Insns += r.insns
-				errIP, ip, b, runEnd = r.errIP, r.endIP, r.end.b, r.end
+				errIP, ip, b = r.errIP, r.endIP, r.end
 				continue
 			}
 		}
@@ -321,11 +315,11 @@ func (d *Decoder) fixedSucc(p **block, ip uint64) *block {
 // blocks: taken the last (as chain keeps it), fall (which such a branch
 // has no use for) the one before.
 func (d *Decoder) lastSucc(b *block, ip uint64) *block {
-	if s := b.taken; s != nil && len(s.insns) > 0 && s.insns[0].ip == ip {
+	if s := b.taken; s != nil && s.ip == ip {
 		return s
 	}
 	s := b.fall
-	if s == nil || len(s.insns) == 0 || s.insns[0].ip != ip {
+	if s == nil || s.ip != ip {
 		s = d.block(ip, d.mode)
 	}
 	b.taken, b.fall = s, b.taken
