@@ -36,6 +36,10 @@ type block struct {
 	mode Mode
 	// class is the last instruction's (none for no instruction).
 	class x86insn.Class
+	// lastLen and lastOff are the last instruction's length and offset
+	// from ip (a block spans less than 64 KiB).
+	lastLen uint8
+	lastOff uint16
 	// stop is why decoding stopped after the last instruction: an
 	// index in blockErrs.
 	stop uint8
@@ -167,7 +171,8 @@ func (c *blockCache) alloc(ip uint64, n int, mode Mode, stop uint8) *block {
 	// once is copied with a bulk write barrier while the GC marks.
 	b.insns, b.ip, b.mode, b.stop = c.code.used(n), ip, mode, stop
 	if n > 0 {
-		b.class = b.insns[n-1].class
+		lst := &b.insns[n-1]
+		b.class, b.lastLen, b.lastOff = lst.class, lst.len, uint16(lst.ip-ip)
 	}
 	return b
 }

@@ -200,8 +200,12 @@ loop:
 				continue
 			}
 		}
+		// The branch's address and the next instruction's, from the
+		// header too: a return or an indirect branch needs no more.
 		lst := &b.insns[n]
-		switch lst.class {
+		from := b.ip + uint64(b.lastOff)
+		next := from + uint64(b.lastLen)
+		switch class {
 		case x86insn.CondJump:
 			if nb == 0 {
 				break loop
@@ -211,10 +215,10 @@ loop:
 			tnt &= 1<<nb - 1
 			d.sinceRef, steps = 0, 0
 			if taken {
-				h.Branch(lst.ip, lst.target, BrCond)
+				h.Branch(from, lst.target, BrCond)
 				ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
 			} else {
-				ip = lst.ip + uint64(lst.len)
+				ip = next
 				b = d.fixedSucc(&b.fall, ip)
 			}
 		case x86insn.Jump, x86insn.Call:
@@ -226,13 +230,13 @@ loop:
 			steps += n + 1
 			kind := BrJump
 			// As exec: a call to the next instruction pushes nothing.
-			if ret := lst.ip + uint64(lst.len); lst.class == x86insn.Call {
+			if class == x86insn.Call {
 				kind = BrCall
-				if lst.target != ret {
-					d.pushRet(ret)
+				if lst.target != next {
+					d.pushRet(next)
 				}
 			}
-			h.Branch(lst.ip, lst.target, kind)
+			h.Branch(from, lst.target, kind)
 			ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
 		case x86insn.Ret:
 			if nb > 0 {
@@ -245,7 +249,7 @@ loop:
 				tnt &= 1<<nb - 1
 				d.sinceRef, steps = 0, 0
 				ip = d.popRet()
-				h.Branch(lst.ip, ip, BrReturn)
+				h.Branch(from, ip, BrReturn)
 				b = d.lastSucc(b, ip)
 				break
 			}
@@ -253,7 +257,7 @@ loop:
 				break loop
 			}
 			tip.ok, steps = false, 0
-			h.Branch(lst.ip, tip.ip, BrReturn)
+			h.Branch(from, tip.ip, BrReturn)
 			ip, b = tip.ip, d.lastSucc(b, tip.ip)
 		case x86insn.IndirectJump, x86insn.IndirectCall:
 			if nb > 0 || tip.supp {
@@ -261,17 +265,17 @@ loop:
 			}
 			tip.ok, steps = false, 0
 			kind := BrIndirectJump
-			if lst.class == x86insn.IndirectCall {
+			if class == x86insn.IndirectCall {
 				kind = BrIndirectCall
-				d.pushRet(lst.ip + uint64(lst.len))
+				d.pushRet(next)
 			}
-			h.Branch(lst.ip, tip.ip, kind)
+			h.Branch(from, tip.ip, kind)
 			ip, b = tip.ip, d.lastSucc(b, tip.ip)
 		default:
 			break loop
 		}
 		d.c.Insns += uint64(n + 1)
-		errIP = lst.ip
+		errIP = from
 	}
 	if pos == pos0 && d.c.Insns == insns0 {
 		// Nothing done: the state is as it was.
