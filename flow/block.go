@@ -19,11 +19,13 @@ type insn struct {
 
 // block is a run of instructions from its first up to and including the
 // first that is not a plain fall-through (a branch or ptwrite), at most
-// maxBlock long; err is set when decoding stopped at an undecodable or
-// unmapped instruction after the last one.
+// maxBlock long, decoded in mode. It is a cache line (64 bytes, no
+// interface): the fast path finds in it what the next step needs (the
+// start to check a varying successor by, the last instruction's class,
+// the runs) without a load of the instructions.
 type block struct {
 	insns []insn
-	err   error
+	ip    uint64 // the first instruction's
 	// taken and fall are the blocks the branch at the end leads to
 	// (taken: a direct jump, call or taken conditional branch), once
 	// chain went there; nil until then. For a return or an indirect
@@ -31,7 +33,29 @@ type block struct {
 	taken, fall *block
 	// runs are the TNT runs from the block (tntrun.go), a list.
 	runs *tntRun
+	mode Mode
+	// class is the last instruction's (none for no instruction).
+	class x86insn.Class
+	// lastLen and lastOff are the last instruction's length and offset
+	// from ip (a block spans less than 64 KiB).
+	lastLen uint8
+	lastOff uint16
+	// stop is why decoding stopped after the last instruction: an
+	// index in blockErrs.
+	stop uint8
 }
+
+// blockErrs are a block's errors (block.err), by block.stop.
+var blockErrs = [...]error{nil, stopNoMap: ErrNoMap, stopBadInsn: ErrBadInsn}
+
+const (
+	stopNoMap = 1 + iota
+	stopBadInsn
+)
+
+// err is the error decoding stopped at after the last instruction (an
+// undecodable or unmapped instruction), or nil.
+func (b *block) err() error { return blockErrs[b.stop] }
 
 // blockCache maps an address and mode to its block, so that a hot loop
 // costs a lookup per block instead of decoding: an open-addressing table
@@ -47,8 +71,8 @@ type blockCache struct {
 	// a block is read from it.
 	drops uint64
 
-	blocks []block // slab the next blocks are taken from
-	code   []insn  // slab the next blocks' instructions are taken from
+	blocks slab[block] // the next blocks
+	code   slab[insn]  // the next blocks' instructions
 
 	// view is the Memory's bytes from vpc on (Viewer), kept from block
 	// to block: the next block is often in the same mapping. It is
@@ -58,18 +82,20 @@ type blockCache struct {
 	runs runCache
 }
 
+// slot is a table entry; the mode is the block's (16 bytes a slot).
 type slot struct {
-	ip   uint64
-	mode Mode
-	b    *block // nil: empty
+	ip uint64
+	b  *block // nil: empty
 }
 
-// Slab and table sizes: a first decode allocates little, a long one a
-// few large pieces.
+// Slab (first and largest chunk) and table sizes: a first decode
+// allocates little, a long one a few large pieces.
 const (
-	minSlots  = 1 << 10
-	blockSlab = 1 << 9
-	insnSlab  = 1 << 12
+	minSlots    = 1 << 10
+	blockSlabLo = 1 << 6
+	blockSlab   = 1 << 9
+	insnSlabLo  = 1 << 9
+	insnSlab    = 1 << 12
 )
 
 func (c *blockCache) init() { c.slots = make([]slot, minSlots) }
@@ -87,7 +113,8 @@ func (c *blockCache) check(gen uint64) {
 func (c *blockCache) drop() {
 	clear(c.slots)
 	c.n, c.insns = 0, 0
-	c.blocks, c.code = nil, nil
+	c.blocks.drop()
+	c.code.drop()
 	c.view = nil
 	c.runs.drop()
 	c.drops++
@@ -102,7 +129,7 @@ func (c *blockCache) lookup(ip uint64, mode Mode) *block {
 	mask := uint64(len(c.slots) - 1)
 	for i := c.hash(ip, mode) >> 32 & mask; ; i = (i + 1) & mask {
 		s := &c.slots[i]
-		if s.b == nil || s.ip == ip && s.mode == mode {
+		if s.b == nil || s.ip == ip && s.b.mode == mode {
 			return s.b
 		}
 	}
@@ -120,14 +147,14 @@ func (c *blockCache) insert(ip uint64, mode Mode, b *block) {
 			}
 		}
 	}
-	c.put(slot{ip, mode, b})
+	c.put(slot{ip, b})
 	c.n++
 	c.insns += len(b.insns) + 1
 }
 
 func (c *blockCache) put(s slot) {
 	mask := uint64(len(c.slots) - 1)
-	i := c.hash(s.ip, s.mode) >> 32 & mask
+	i := c.hash(s.ip, s.b.mode) >> 32 & mask
 	for c.slots[i].b != nil {
 		i = (i + 1) & mask
 	}
@@ -137,20 +164,20 @@ func (c *blockCache) put(s slot) {
 // room returns the free part of the instruction slab, at least maxBlock
 // long and empty: block decodes into it, alloc takes what it used.
 func (c *blockCache) room() []insn {
-	if len(c.code) < maxBlock {
-		c.code = make([]insn, insnSlab)
-	}
-	return c.code[:0:maxBlock]
+	return c.code.room(maxBlock, insnSlabLo, insnSlab)[:0:maxBlock]
 }
 
-// alloc returns a block, from the slab, of the first n instructions of
-// room.
-func (c *blockCache) alloc(n int, err error) *block {
-	b := slabTake(&c.blocks, blockSlab)
+// alloc returns the block at ip in mode, from the slab, of the first n
+// instructions of room, stopped at blockErrs[stop].
+func (c *blockCache) alloc(ip uint64, n int, mode Mode, stop uint8) *block {
+	b := c.blocks.take(blockSlabLo, blockSlab)
 	// Field by field into the zeroed slab: a whole block written at
 	// once is copied with a bulk write barrier while the GC marks.
-	b.insns, b.err = c.code[:n:n], err
-	c.code = c.code[n:]
+	b.insns, b.ip, b.mode, b.stop = c.code.used(n), ip, mode, stop
+	if n > 0 {
+		lst := &b.insns[n-1]
+		b.class, b.lastLen, b.lastOff = lst.class, lst.len, uint16(lst.ip-ip)
+	}
 	return b
 }
 
@@ -174,9 +201,9 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 	c := &d.cache
 	for range 3 {
 		drops := c.drops
-		ins, berr := d.decodeBlock(c.room(), ip, mode)
+		ins, stop := d.decodeBlock(c.room(), ip, mode)
 		if c.drops == drops {
-			b := c.alloc(len(ins), berr)
+			b := c.alloc(ip, len(ins), mode, stop)
 			c.insert(ip, mode, b)
 			return b
 		}
@@ -184,14 +211,14 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		// when a read missed): the bytes read may be the old ones.
 	}
 	// Still changing: the block is not known, and not kept.
-	return &block{err: ErrNoMap}
+	return &block{ip: ip, mode: mode, stop: stopNoMap}
 }
 
 // decodeBlock decodes the block at ip in mode into ins (empty, at least
 // maxBlock long).
-func (d *Decoder) decodeBlock(ins []insn, ip uint64, mode Mode) ([]insn, error) {
+func (d *Decoder) decodeBlock(ins []insn, ip uint64, mode Mode) ([]insn, uint8) {
 	c := &d.cache
-	var berr error
+	var stop uint8 // blockErrs
 	pc := ip
 	bits := mode.bits()
 	for len(ins) < maxBlock {
@@ -204,12 +231,12 @@ func (d *Decoder) decodeBlock(ins []insn, ip uint64, mode Mode) ([]insn, error) 
 		} else if v, err := d.viewAt(pc); len(v) >= x86insn.MaxLen {
 			c.view, c.vpc, code = v, pc, v[:x86insn.MaxLen]
 		} else if err != nil { // no byte known at pc
-			berr = ErrNoMap
+			stop = stopNoMap
 			break
 		} else {
 			n, _ := d.mem.ReadAt(d.buf[:], pc)
 			if n <= 0 {
-				berr = ErrNoMap
+				stop = stopNoMap
 				break
 			}
 			code = d.buf[:n]
@@ -226,7 +253,7 @@ func (d *Decoder) decodeBlock(ins []insn, ip uint64, mode Mode) ([]insn, error) 
 			in = x.Flow
 		}
 		if err != nil {
-			berr = ErrBadInsn
+			stop = stopBadInsn
 			break
 		}
 		ins = append(ins, insn{ip: pc, target: in.Target, len: uint8(in.Len), class: in.Class})
@@ -235,5 +262,5 @@ func (d *Decoder) decodeBlock(ins []insn, ip uint64, mode Mode) ([]insn, error) 
 		}
 		pc += uint64(in.Len)
 	}
-	return ins, berr
+	return ins, stop
 }

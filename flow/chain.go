@@ -122,7 +122,7 @@ func (d *Decoder) chain(b *block) (*block, error) {
 		// only through a queued event. Where the target varies (a
 		// return, an indirect branch), the successor pointer is the
 		// last target's block, used when it is the target again.
-		if s := *next; s != nil && len(s.insns) > 0 && s.insns[0].ip == d.ip {
+		if s := *next; s != nil && s.ip == d.ip {
 			b = s
 		} else {
 			b = d.block(d.ip, d.mode)

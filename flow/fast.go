@@ -78,7 +78,6 @@ func (d *Decoder) fast() error {
 	skipTiming := d.clock == nil
 	// b is the block at ip, once known.
 	var b *block
-	var runEnd endInfo
 	h := d.h
 loop:
 	for {
@@ -171,15 +170,10 @@ loop:
 		if b == nil {
 			b = d.block(ip, d.mode)
 		}
-		// The last instruction's index and class; a run's end block's
-		// from the run, so that a run leads to the next without a look
-		// at the block's instructions.
-		n, class := runEnd.n, runEnd.class
-		if b != runEnd.b {
-			if n = len(b.insns) - 1; n >= 0 {
-				class = b.insns[n].class
-			}
-		}
+		// The last instruction's index and class, from the block's
+		// header: a run leads to the next without a look at the
+		// block's instructions.
+		n, class := len(b.insns)-1, b.class
 		if n < 0 || steps+n+1 > maxInsns {
 			break
 		}
@@ -202,12 +196,16 @@ loop:
 					d.sinceRef, steps = 0, r.steps
 				}
 				d.c.Insns += r.insns
-				errIP, ip, b, runEnd = r.errIP, r.endIP, r.end.b, r.end
+				errIP, ip, b = r.errIP, r.endIP, r.end
 				continue
 			}
 		}
+		// The branch's address and the next instruction's, from the
+		// header too: a return or an indirect branch needs no more.
 		lst := &b.insns[n]
-		switch lst.class {
+		from := b.ip + uint64(b.lastOff)
+		next := from + uint64(b.lastLen)
+		switch class {
 		case x86insn.CondJump:
 			if nb == 0 {
 				break loop
@@ -217,10 +215,10 @@ loop:
 			tnt &= 1<<nb - 1
 			d.sinceRef, steps = 0, 0
 			if taken {
-				h.Branch(lst.ip, lst.target, BrCond)
+				h.Branch(from, lst.target, BrCond)
 				ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
 			} else {
-				ip = lst.ip + uint64(lst.len)
+				ip = next
 				b = d.fixedSucc(&b.fall, ip)
 			}
 		case x86insn.Jump, x86insn.Call:
@@ -232,13 +230,13 @@ loop:
 			steps += n + 1
 			kind := BrJump
 			// As exec: a call to the next instruction pushes nothing.
-			if ret := lst.ip + uint64(lst.len); lst.class == x86insn.Call {
+			if class == x86insn.Call {
 				kind = BrCall
-				if lst.target != ret {
-					d.pushRet(ret)
+				if lst.target != next {
+					d.pushRet(next)
 				}
 			}
-			h.Branch(lst.ip, lst.target, kind)
+			h.Branch(from, lst.target, kind)
 			ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
 		case x86insn.Ret:
 			if nb > 0 {
@@ -251,7 +249,7 @@ loop:
 				tnt &= 1<<nb - 1
 				d.sinceRef, steps = 0, 0
 				ip = d.popRet()
-				h.Branch(lst.ip, ip, BrReturn)
+				h.Branch(from, ip, BrReturn)
 				b = d.lastSucc(b, ip)
 				break
 			}
@@ -259,7 +257,7 @@ loop:
 				break loop
 			}
 			tip.ok, steps = false, 0
-			h.Branch(lst.ip, tip.ip, BrReturn)
+			h.Branch(from, tip.ip, BrReturn)
 			ip, b = tip.ip, d.lastSucc(b, tip.ip)
 		case x86insn.IndirectJump, x86insn.IndirectCall:
 			if nb > 0 || tip.supp {
@@ -267,17 +265,17 @@ loop:
 			}
 			tip.ok, steps = false, 0
 			kind := BrIndirectJump
-			if lst.class == x86insn.IndirectCall {
+			if class == x86insn.IndirectCall {
 				kind = BrIndirectCall
-				d.pushRet(lst.ip + uint64(lst.len))
+				d.pushRet(next)
 			}
-			h.Branch(lst.ip, tip.ip, kind)
+			h.Branch(from, tip.ip, kind)
 			ip, b = tip.ip, d.lastSucc(b, tip.ip)
 		default:
 			break loop
 		}
 		d.c.Insns += uint64(n + 1)
-		errIP = lst.ip
+		errIP = from
 	}
 	if pos == pos0 && d.c.Insns == insns0 {
 		// Nothing done: the state is as it was.
@@ -321,11 +319,11 @@ func (d *Decoder) fixedSucc(p **block, ip uint64) *block {
 // blocks: taken the last (as chain keeps it), fall (which such a branch
 // has no use for) the one before.
 func (d *Decoder) lastSucc(b *block, ip uint64) *block {
-	if s := b.taken; s != nil && len(s.insns) > 0 && s.insns[0].ip == ip {
+	if s := b.taken; s != nil && s.ip == ip {
 		return s
 	}
 	s := b.fall
-	if s == nil || len(s.insns) == 0 || s.insns[0].ip != ip {
+	if s == nil || s.ip != ip {
 		s = d.block(ip, d.mode)
 	}
 	b.taken, b.fall = s, b.taken

@@ -116,10 +116,10 @@ func TestBlockView(t *testing.T) {
 	gaps := 0
 	for ip := uint64(base); ip < base+uint64(cuts[len(cuts)-1]); ip++ {
 		v, r := viewed.block(ip, Mode64), read.block(ip, Mode64)
-		if !slices.Equal(v.insns, r.insns) || !errors.Is(v.err, r.err) || !errors.Is(r.err, v.err) {
-			t.Fatalf("block at 0x%x: through View %v %v, through ReadAt %v %v", ip, v.insns, v.err, r.insns, r.err)
+		if !slices.Equal(v.insns, r.insns) || !errors.Is(v.err(), r.err()) || !errors.Is(r.err(), v.err()) {
+			t.Fatalf("block at 0x%x: through View %v %v, through ReadAt %v %v", ip, v.insns, v.err(), r.insns, r.err())
 		}
-		if errors.Is(v.err, ErrNoMap) {
+		if errors.Is(v.err(), ErrNoMap) {
 			gaps++
 		}
 	}

@@ -1,27 +1,51 @@
 package flow
 
 // The caches take their blocks, instructions, runs and edges from slabs:
-// a miss allocates a slab now and then, not an object each time.
+// a miss allocates a chunk now and then, not an object each time. The
+// first chunk is small, each next one twice the last up to a bound, so
+// that a short trace (a cold decoder's first pass) allocates little and a
+// long one a few large chunks.
 
-// slabTake returns the next element of *slab, a new slab of size elements
-// when it is used up.
-func slabTake[T any](slab *[]T, size int) *T {
-	if len(*slab) == 0 {
-		*slab = make([]T, size)
-	}
-	e := &(*slab)[0]
-	*slab = (*slab)[1:]
-	return e
+// slab hands out elements of chunks of lo, 2*lo, ... up to hi elements.
+type slab[T any] struct {
+	free []T
+	next int // the next chunk's size; 0 before the first
 }
 
-// slabCopy returns a copy of src in the next elements of *slab, a new slab
-// of size (at least len(src)) elements when too few are left.
-func slabCopy[T any](slab *[]T, src []T, size int) []T {
-	if len(*slab) < len(src) {
-		*slab = make([]T, max(size, len(src)))
+// fill starts a new chunk of at least need elements.
+func (s *slab[T]) fill(need, lo, hi int) {
+	n := max(s.next, lo)
+	s.next = min(2*n, hi)
+	s.free = make([]T, max(n, need))
+}
+
+// take returns the next element.
+func (s *slab[T]) take(lo, hi int) *T {
+	s.room(1, lo, hi)
+	return &s.used(1)[0]
+}
+
+// copy returns a copy of src in the next elements.
+func (s *slab[T]) copy(src []T, lo, hi int) []T {
+	return s.used(copy(s.room(len(src), lo, hi), src))
+}
+
+// room returns the free elements, a new chunk first when fewer than need
+// are left; the caller uses some and hands them over with used.
+func (s *slab[T]) room(need, lo, hi int) []T {
+	if len(s.free) < need {
+		s.fill(need, lo, hi)
 	}
-	n := copy(*slab, src)
-	out := (*slab)[:n:n]
-	*slab = (*slab)[n:]
+	return s.free
+}
+
+// used takes the first n elements of room.
+func (s *slab[T]) used(n int) []T {
+	out := s.free[:n:n]
+	s.free = s.free[n:]
 	return out
 }
+
+// drop forgets the free elements (those handed out stay valid); the next
+// chunk keeps its size: a cache dropped when full is refilled as fast.
+func (s *slab[T]) drop() { s.free = nil }

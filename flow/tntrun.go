@@ -37,7 +37,7 @@ type tntRun struct {
 	// bit, or before a block it does not go through (a return, an
 	// indirect branch, anything but a conditional branch or direct jump
 	// or call, more than runJumps blocks without a bit).
-	end   endInfo
+	end   *block
 	endIP uint64
 	// errIP is the last branch instruction of the run.
 	errIP uint64
@@ -55,36 +55,53 @@ type tntRun struct {
 	next *tntRun
 }
 
-// endInfo is a run's end block, and its last instruction's index (-1 for
-// none) and class, which decide what comes next without a look at the
-// block's instructions.
-type endInfo struct {
-	b     *block
-	n     int
-	class x86insn.Class
-}
-
 // runCache holds the slabs runs and their edges are allocated from; a
 // block lists its runs (block.runs), so they are dropped with the block
 // cache.
 type runCache struct {
-	runs  []tntRun
-	edges []edge
+	runs  slab[tntRun]
+	edges slab[edge]
 	tmp   [maxRunEdges]edge
+	// recent is a direct-mapped cache over the blocks' lists (runHash),
+	// allocated on the first run: a run that is not its block's first
+	// (patterns alternating in a loop) costs a load instead of a walk
+	// of the list.
+	recent []runRef
 }
 
+// runRef is a recent entry: the run r of block b.
+type runRef struct {
+	b *block
+	r *tntRun
+}
+
+// recentRuns is the size of runCache.recent (16 bytes an entry).
+const recentRuns = 1 << 11
+
+// Slab sizes: the first chunk's and the largest.
 const (
-	runSlab  = 1 << 9
-	edgeSlab = 1 << 12
+	runSlabLo  = 1 << 6
+	runSlab    = 1 << 9
+	edgeSlabLo = 1 << 9
+	edgeSlab   = 1 << 12
 )
 
-func (c *runCache) drop() { c.runs, c.edges = nil, nil }
+func (c *runCache) drop() {
+	c.runs.drop()
+	c.edges.drop()
+	clear(c.recent)
+}
+
+// runHash is the index in runCache.recent of block b's run with pat.
+func runHash(b *block, pat uint8) uint64 {
+	return (b.ip ^ uint64(pat)<<56) * 0x9e3779b97f4a7c15 >> 53 & (recentRuns - 1)
+}
 
 // add keeps a copy of r with edges as a run of b.
 func (c *runCache) add(b *block, r *tntRun, edges []edge) *tntRun {
-	kept := slabTake(&c.runs, runSlab)
+	kept := c.runs.take(runSlabLo, runSlab)
 	*kept = *r
-	kept.edges = slabCopy(&c.edges, edges, edgeSlab)
+	kept.edges = c.edges.copy(edges, edgeSlabLo, edgeSlab)
 	kept.next, b.runs = b.runs, kept
 	return kept
 }
@@ -93,12 +110,24 @@ func (c *runCache) add(b *block, r *tntRun, edges []edge) *tntRun {
 // direct jump or call) with the k (1..runBits) bits of pat below its stop
 // bit, working it out on the first use.
 func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
+	// The last one found in the list first: a loop's pattern is found
+	// at once; then the recent cache, then the list.
+	if r := b.runs; r != nil && r.pat == pat {
+		return r
+	}
+	c := &d.cache.runs
+	ref := (*runRef)(nil)
+	if c.recent != nil {
+		ref = &c.recent[runHash(b, pat)]
+		if ref.b == b && ref.r.pat == pat {
+			return ref.r
+		}
+	}
 	for p := &b.runs; *p != nil; p = &(*p).next {
 		if r := *p; r.pat == pat {
-			// The last one used first: a loop's pattern is
-			// found at once.
-			if p != &b.runs {
-				*p, r.next, b.runs = r.next, b.runs, r
+			*p, r.next, b.runs = r.next, b.runs, r
+			if ref != nil {
+				*ref = runRef{b, r}
 			}
 			return r
 		}
@@ -152,11 +181,10 @@ walk:
 		b = d.fixedSucc(succ, next)
 		r.endIP = next
 	}
-	r.end, r.steps = endInfo{b: b, n: len(b.insns) - 1}, steps
-	if r.end.n >= 0 {
-		r.end.class = b.insns[r.end.n].class
+	r.end, r.steps = b, steps
+	d.cache.insns += 2 + len(edges)
+	if c.recent == nil {
+		c.recent = make([]runRef, recentRuns)
 	}
-	c := &d.cache
-	c.insns += 2 + len(edges)
-	return c.runs.add(start, &r, edges)
+	return c.add(start, &r, edges)
 }

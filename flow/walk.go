@@ -82,7 +82,7 @@ func (d *Decoder) run() error {
 			}
 			if b := d.block(d.ip, d.mode); len(b.insns) == 0 {
 				d.errIP = d.ip
-				return b.err
+				return b.err()
 			}
 			continue
 		}
@@ -176,16 +176,16 @@ func (d *Decoder) walk() error {
 			return err
 		}
 	}
-	if d.enabled && len(b.insns) > 0 && d.ip == b.insns[len(b.insns)-1].ip+uint64(b.insns[len(b.insns)-1].len) && b.err != nil {
+	if d.enabled && len(b.insns) > 0 && d.ip == b.insns[len(b.insns)-1].ip+uint64(b.insns[len(b.insns)-1].len) && b.err() != nil {
 		if d.due() {
 			return nil
 		}
 		d.errIP = d.ip
-		return b.err
+		return b.err()
 	}
 	if len(b.insns) == 0 {
 		d.errIP = d.ip
-		return b.err
+		return b.err()
 	}
 	return nil
 }
