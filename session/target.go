@@ -232,6 +232,10 @@ func (t *Target) ProbeText(name string) ([]byte, bool) {
 		}
 		b = fmt.Appendf(b, "# file: %s (%s)\n", p.bin.Path(), p.bin.ID())
 		b = appendSite(b, p.site)
+		if t.s.mode == ModeClassic {
+			// What each hit costs the traced program, and a cheaper site.
+			b = fmt.Appendf(b, "# %s\n", p.site.Cost)
+		}
 		if p.untyped {
 			b = append(b, "# ptw: the kernel refused typed fetchargs; installed untyped, ptfs formats u32/s32/x32\n"...)
 		}
