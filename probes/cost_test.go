@@ -98,3 +98,21 @@ func TestCheaperSite(t *testing.T) {
 		}
 	}
 }
+
+// FuzzClassicCost: the bytes of a probed file are outside input; every
+// instruction gets a class and a reason, never a panic.
+func FuzzClassicCost(f *testing.F) {
+	f.Add([]byte{0x0f, 0x1f, 0x44, 0x00, 0x00}, uint64(0x1170))
+	f.Add([]byte{0x66, 0xe9, 0, 1}, uint64(0x1040))
+	f.Add([]byte{0x8e, 0xd0}, uint64(0x1ffe))
+	f.Fuzz(func(t *testing.T, code []byte, addr uint64) {
+		in, err := x86insn.Decode(code, addr)
+		if err != nil {
+			return
+		}
+		c := classicCost(in, code, addr)
+		if c.Class > KernelRefused || c.Reason == "" {
+			t.Fatalf("classicCost(% x) = %+v", code, c)
+		}
+	})
+}
