@@ -76,6 +76,18 @@ func (c Cost) String() string {
 	return s
 }
 
+// Err returns nil for a site that classic uprobes take, and for one the
+// kernel refuses an error that wraps ErrRefused with the reason: the
+// kernel accepts such a probe's tracefs line and then never installs it
+// (it checks the instruction when a process maps the file), so its hits
+// would be lost without a word.
+func (c Cost) Err() error {
+	if c.Class != KernelRefused {
+		return nil
+	}
+	return fmt.Errorf("%w: classic: %s", ErrRefused, c.Reason)
+}
+
 // goodOneByte64 is the kernel's good_insns_64 as its rows read: column c of
 // row r is 1 when a 64-bit uprobe may be placed on one-byte opcode r<<4|c.
 var goodOneByte64 = [16]string{

@@ -1,6 +1,7 @@
 package probes
 
 import (
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -64,6 +65,9 @@ func TestClassicCost(t *testing.T) {
 			c := classicCost(in, tt.code, tt.addr)
 			if c.Class != tt.class || !strings.Contains(c.String(), tt.text) {
 				t.Errorf("%s: %v %q, want %v containing %q", in.Text, c.Class, c, tt.class, tt.text)
+			}
+			if err := c.Err(); (err != nil) != (tt.class == KernelRefused) || err != nil && !errors.Is(err, ErrRefused) {
+				t.Errorf("%s: Err() = %v", in.Text, err)
 			}
 		})
 	}

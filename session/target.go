@@ -394,6 +394,9 @@ func (t *Target) place(p *probe, spec string, sp *probes.Spec) error {
 		if p.ev != nil && p.bin == bin && p.site.Offset == site.Offset && p.sp.Return == sp.Return {
 			return t.replaceAtSite(p, spec, sp, site)
 		}
+	} else if err := site.Cost.Err(); err != nil {
+		// The kernel would take the line and never fire.
+		return err
 	}
 	return t.add(p, bin, spec, sp, site)
 }

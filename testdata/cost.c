@@ -3,7 +3,7 @@
  * with the kernel's 5-byte NOP and site_nopw5 with another (optimized),
  * site_nop1 with a 1-byte NOP and site_push with push %rbp (emulated),
  * site_mov with mov %rdi,%rax (single-stepped), site_endbr with endbr64
- * (single-stepped) before a push. Then it prints "trampoline=1" when its
+ * (single-stepped) before a push, site_lock with a lock prefix (refused). Then it prints "trampoline=1" when its
  * memory has the kernel's [uprobes-trampoline] page (an optimized probe
  * was hit), else "trampoline=0". */
 #include <stdio.h>
@@ -20,9 +20,11 @@ SITE(site_nop1, "nop\nmov %rdi,%rax\nret");
 SITE(site_push, "push %rbp\npop %rbp\nmov %rdi,%rax\nret");
 SITE(site_mov, "mov %rdi,%rax\nret");
 SITE(site_endbr, "endbr64\npush %rbp\npop %rbp\nmov %rdi,%rax\nret");
+SITE(site_lock, "lock addl $0,(%rsp)\nmov %rdi,%rax\nret");
 
 unsigned long site_nop5(unsigned long), site_nopw5(unsigned long), site_nop1(unsigned long),
-	site_push(unsigned long), site_mov(unsigned long), site_endbr(unsigned long);
+	site_push(unsigned long), site_mov(unsigned long), site_endbr(unsigned long),
+	site_lock(unsigned long);
 
 static const struct {
 	const char *name;
@@ -30,6 +32,7 @@ static const struct {
 } sites[] = {
 	{"site_nop5", site_nop5}, {"site_nopw5", site_nopw5}, {"site_nop1", site_nop1},
 	{"site_push", site_push}, {"site_mov", site_mov},     {"site_endbr", site_endbr},
+	{"site_lock", site_lock},
 };
 
 int main(int argc, char **argv)

@@ -25,6 +25,7 @@ var costSites = []struct {
 	{"site_push", probes.Emulated},
 	{"site_mov", probes.SingleStepped},
 	{"site_endbr", probes.SingleStepped},
+	{"site_lock", probes.KernelRefused},
 }
 
 // steppedOver is the CPU a hit costs the program above which the kernel
@@ -35,21 +36,27 @@ const steppedOver = 3 * time.Microsecond
 
 // TestProbeCostKernel checks the classic cost class of each site of
 // testdata/cost.c against the kernel: a real probe on each, the traced
-// program timed with and without it. Optimized: the kernel mapped its
-// trampoline page into the program; single-stepped: a hit costs more
-// than 3 µs of its CPU; emulated: neither.
+// program timed with and without it. Refused: the kernel counted no hit
+// (uprobe_profile); optimized: it mapped its trampoline page into the
+// program; single-stepped: a hit costs more than 3 µs of its CPU;
+// emulated: none of these.
 func TestProbeCostKernel(t *testing.T) {
 	needKernel(t)
 	bin := buildC(t, "cost", "cost", "-O2", "-no-pie")
-	costs := measureCosts(t, bin, 100000)
+	const n = 100000
+	costs := measureCosts(t, bin, n)
 	for _, s := range costSites {
 		c := costs[s.sym]
-		t.Logf("%s (%s): %v a hit, trampoline %v; ptfs says %s", s.sym, c.site.Insn, c.perHit, c.tramp, c.site.Cost.Class)
+		t.Logf("%s (%s): %d hits, %v a hit, trampoline %v; ptfs says %s", s.sym, c.site.Insn, c.hits, c.perHit, c.tramp, c.site.Cost.Class)
 		if c.site.Cost.Class != s.class {
 			t.Errorf("%s: class %s, want %s", s.sym, c.site.Cost.Class, s.class)
 		}
 		var kernel probes.CostClass
 		switch {
+		case c.hits == 0:
+			kernel = probes.KernelRefused
+		case c.hits != 2*n:
+			t.Errorf("%s: the kernel counted %d hits of %d", s.sym, c.hits, 2*n)
 		case c.tramp:
 			kernel = probes.Optimized
 		case c.perHit > steppedOver:
@@ -88,6 +95,7 @@ type siteCost struct {
 	site   *probes.Site
 	perHit time.Duration
 	tramp  bool
+	hits   int // the kernel's count (uprobe_profile) over the two runs
 }
 
 // measureCosts resolves each cost site of bin, times n calls of it without
@@ -126,7 +134,7 @@ func measureCosts(tb testing.TB, bin string, n int) map[string]siteCost {
 		if err := os.WriteFile(enable, []byte("0"), 0); err != nil {
 			tb.Fatalf("disable %s: %v", s.sym, err)
 		}
-		out[s.sym] = siteCost{site: site, perHit: (with - base) / time.Duration(max(n, 1)), tramp: tramp}
+		out[s.sym] = siteCost{site: site, perHit: (with - base) / time.Duration(max(n, 1)), tramp: tramp, hits: profileHits(tb, tfs, bin, s.sym)}
 	}
 	return out
 }
@@ -148,4 +156,45 @@ func timeCost(tb testing.TB, bin, sym string, n int) (time.Duration, bool) {
 		tramp = tramp || strings.Contains(string(o), "trampoline=1")
 	}
 	return best, tramp
+}
+
+// profileHits returns the hits that uprobe_profile counts for event of
+// the probe on bin.
+func profileHits(tb testing.TB, tfs, bin, event string) int {
+	tb.Helper()
+	data, err := os.ReadFile(filepath.Join(tfs, "uprobe_profile"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == bin && f[1] == event {
+			n, _ := strconv.Atoi(f[2])
+			return n
+		}
+	}
+	tb.Fatalf("no %s of %s in uprobe_profile", event, bin)
+	return 0
+}
+
+// TestProbeCostRefused: a classic probe on a site the kernel refuses
+// (TestProbeCostKernel: it counts no hit) fails the write with EOPNOTSUPP
+// and the reason, and no line reaches uprobe_events.
+func TestProbeCostRefused(t *testing.T) {
+	needKernel(t)
+	bin := buildC(t, "cost", "cost", "-O2", "-no-pie")
+	m := startMount(t, "--mode=classic", "t="+bin)
+	out, err := shell(fmt.Sprintf("echo site_lock > %s", m.path("t", "probes", "l")))
+	if err == nil || !strings.Contains(out, "Operation not supported") {
+		t.Fatalf("echo site_lock: %v %s", err, out)
+	}
+	if text := m.probeText("t", "l"); !strings.Contains(text, "# error: probe refused: classic: lock addl $0x0,(%rsp) has prefix f0") {
+		t.Fatalf("probe file:\n%s", text)
+	}
+	if l := uprobeLines(t, m.group()+"t/"); len(l) != 0 {
+		t.Fatalf("uprobe_events lines: %q", l)
+	}
+	m.setProbe("t", "e", "site_mov")
+	if text := m.probeText("t", "e"); !strings.Contains(text, "\n# classic: single-stepped") {
+		t.Fatalf("probe file:\n%s", text)
+	}
 }
