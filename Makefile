@@ -1,6 +1,6 @@
 GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
 
-.PHONY: build test race bench fuzz demo vet staticcheck clean
+.PHONY: build test race bench bench-peers fuzz demo vet staticcheck clean
 
 build:
 	$(GO) build -o bin/ptfs ./cmd/ptfs
@@ -34,6 +34,13 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./stream ./perfio ./engine
 	$(GO) test -run '^$$' -bench Overhead -benchtime 200000x ./cmd/ptfs
 	$(GO) test -run '^$$' -bench StreamLoad -benchtime 1000000x ./cmd/ptfs
+	$(GO) test -run '^$$' -bench ProbeCost -benchtime 200000x ./cmd/ptfs
+
+# ptfs beside bpftrace and perf on one probe workload (N hits; needs root,
+# and the peers' packages: README "Performance"). Missing tools are skipped.
+N ?= 1000000
+bench-peers:
+	./scripts/bench-peers.sh $(N)
 
 # Each fuzz target for a short time (FUZZTIME=30s).
 FUZZTIME ?= 20s

@@ -29,6 +29,9 @@ type Site struct {
 	// Verdict says whether and how a ptwrite uprobe can patch the site.
 	// Classic probes install on any instruction boundary.
 	Verdict Verdict
+	// Cost says how the kernel runs a classic uprobe here, and names a
+	// cheaper site with the same arguments where there is one.
+	Cost Cost
 	// Rets are the file offsets of the function's rets, for a return
 	// probe: where ptw mode emulates it (Verdict Rets).
 	Rets []uint64
@@ -113,6 +116,11 @@ func (b *Binary) Resolve(s *Spec) (*Site, error) {
 	}
 	site.Insn, site.Len = in.Text, in.Len
 	site.Verdict = verdict(s.MultiNop, in, code, addr)
+	site.Cost = classicCost(in, code, addr)
+	// A return probe must stay at the entry: no other site stands in.
+	if site.Func != "" && !s.Return && (site.Cost.Class == Emulated || site.Cost.Class == SingleStepped) {
+		site.Cost.Cheaper = b.cheaperSite(seg, fn, addr, site.Cost.Class)
+	}
 	if s.Return {
 		site.Verdict, site.Rets = b.returnVerdict(seg, fn, in.Text)
 	}

@@ -232,6 +232,10 @@ func (t *Target) ProbeText(name string) ([]byte, bool) {
 		}
 		b = fmt.Appendf(b, "# file: %s (%s)\n", p.bin.Path(), p.bin.ID())
 		b = appendSite(b, p.site)
+		if t.s.mode == ModeClassic {
+			// What each hit costs the traced program, and a cheaper site.
+			b = fmt.Appendf(b, "# %s\n", p.site.Cost)
+		}
 		if p.untyped {
 			b = append(b, "# ptw: the kernel refused typed fetchargs; installed untyped, ptfs formats u32/s32/x32\n"...)
 		}
@@ -390,6 +394,9 @@ func (t *Target) place(p *probe, spec string, sp *probes.Spec) error {
 		if p.ev != nil && p.bin == bin && p.site.Offset == site.Offset && p.sp.Return == sp.Return {
 			return t.replaceAtSite(p, spec, sp, site)
 		}
+	} else if err := site.Cost.Err(); err != nil {
+		// The kernel would take the line and never fire.
+		return err
 	}
 	return t.add(p, bin, spec, sp, site)
 }

@@ -186,3 +186,20 @@ func decodePTWrite(code []byte, pc uint64, s shape) Inst {
 	}
 	return in
 }
+
+// Prefixes returns the legacy prefix bytes at the start of code, in order,
+// and the REX byte directly before the opcode (0 when none): what a
+// check of the kernel's uprobe rules (segment and lock prefixes, push
+// with REX.B) reads, with the length decoder's own prefix table.
+func Prefixes(code []byte) (legacy []byte, rex byte) {
+	i := 0
+	for i < len(code) && i < MaxLen && prefixes[code[i]].set != 0 {
+		i++
+	}
+	legacy = code[:i]
+	if i > 0 && code[i-1]&0xf0 == 0x40 {
+		rex = code[i-1]
+		legacy = code[:i-1]
+	}
+	return legacy, rex
+}

@@ -1,6 +1,7 @@
 package x86insn
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -270,4 +271,26 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("Decode(% x) = %+v: relative width and class disagree", code, in)
 		}
 	})
+}
+
+func TestPrefixes(t *testing.T) {
+	for _, tt := range []struct {
+		code   []byte
+		legacy []byte
+		rex    byte
+	}{
+		{[]byte{0x55}, []byte{}, 0},
+		{[]byte{0x41, 0x54}, []byte{}, 0x41},
+		{[]byte{0x66, 0x0f, 0x1f, 0x40, 0x00}, []byte{0x66}, 0},
+		{[]byte{0xf0, 0x48, 0x83, 0x04, 0x24, 0x00}, []byte{0xf0}, 0x48},
+		{[]byte{0x64, 0x48, 0x8b, 0x04, 0x25, 0x28, 0, 0, 0}, []byte{0x64}, 0x48},
+		{[]byte{0x3e, 0xff, 0xe0}, []byte{0x3e}, 0},
+		{[]byte{0x66, 0x66}, []byte{0x66, 0x66}, 0},
+		{nil, []byte{}, 0},
+	} {
+		legacy, rex := Prefixes(tt.code)
+		if !bytes.Equal(legacy, tt.legacy) || rex != tt.rex {
+			t.Errorf("Prefixes(% x) = % x, %#x; want % x, %#x", tt.code, legacy, rex, tt.legacy, tt.rex)
+		}
+	}
 }

@@ -57,8 +57,14 @@ func TestRecordsExact(t *testing.T) {
 			t.Run(build.name+"/"+strings.Fields(spec)[0], func(t *testing.T) {
 				m := startMount(t, "t="+bin)
 				m.setProbe("t", "e", spec)
-				if got := m.probeText("t", "e"); !strings.HasPrefix(got, spec+"\n# state: installed") {
-					t.Fatalf("probe file:\n%s", got)
+				text := m.probeText("t", "e")
+				if !strings.HasPrefix(text, spec+"\n# state: installed") {
+					t.Fatalf("probe file:\n%s", text)
+				}
+				// target starts with mov %rdi,%rax: a classic probe there
+				// is single-stepped (TestProbeCostKernel measures it).
+				if !strings.Contains(text, "\n# classic: single-stepped (two traps a hit, the dearest): mov %rdi,%rax is run out of line under the trap flag\n") {
+					t.Fatalf("probe file without its cost:\n%s", text)
 				}
 				if l := uprobeLines(t, m.group()+"t/e "); len(l) != 1 {
 					t.Fatalf("uprobe_events lines of the probe: %q", l)
