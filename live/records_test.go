@@ -3,7 +3,6 @@ package live
 import (
 	"testing"
 
-	"ptfs/decode/ptenc"
 	"ptfs/engine/enginetest"
 	"ptfs/perfdata"
 	"ptfs/stream"
@@ -18,19 +17,9 @@ import (
 // a TSC conversion at once; the rest at the end of the run.
 func TestStageRecordsByTime(t *testing.T) {
 	run, bin := ptsimRun(t, "run-static")
-	var e ptenc.Encoder
-	e.PSB()
-	e.PSBEnd()
-	e.TSC(1000)
-	e.IP(ptenc.TIPPGE, 0x4016d0)
-	e.TSC(3000)
-	e.IP(ptenc.TIPPGD, 0x402aa0)
-	first := len(e.Bytes())
-	e.TSC(5000)
-	e.IP(ptenc.TIPPGE, 0x4016d0)
-	e.TSC(6000)
-	e.IP(ptenc.TIPPGD, 0x402aa0)
-	trace := e.Bytes()
+	// _start's call goes to __libc_start_main.
+	trace, ends := enginetest.StartStops(0x4016d0, 0x402aa0, 1000, 3000, 5000, 6000)
+	first := ends[0]
 
 	s := newStage(t, run)
 	out := stream.New(stream.Options{})

@@ -364,14 +364,8 @@ func TestBranchesClassicRecordsByTime(t *testing.T) {
 	for _, perf := range []uint64{500, 2000, 9000} {
 		tg.emit(&decode.Record{Event: ev, TID: 42, CPU: 0, Time: perf + 1_000_000})
 	}
-	var e ptenc.Encoder
-	e.PSB()
-	e.PSBEnd()
-	e.TSC(1000)
-	e.IP(ptenc.TIPPGE, 0x4016d0)
-	e.TSC(3000)
-	e.IP(ptenc.TIPPGD, 0x402aa0)
-	if err := rep.Queue(enginetest.Batch{0: {enginetest.Trace(e.Bytes())}}); err != nil {
+	trace, _ := enginetest.StartStops(0x4016d0, 0x402aa0, 1000, 3000)
+	if err := rep.Queue(enginetest.Batch{0: {enginetest.Trace(trace)}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := rep.Flush(); err != nil {
