@@ -8,8 +8,7 @@ import (
 
 // TestPerfClockOffset measures the offset twice on this kernel: both
 // brackets are narrow and the offsets agree within them (the clocks do not
-// drift measurably in a few ms), and a monotonic time converted lands
-// between perf times read around it.
+// drift measurably in a few ms).
 func TestPerfClockOffset(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("perf_event_open of a dummy event with comm needs root or perf_event_paranoid <= 1")
