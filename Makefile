@@ -32,6 +32,8 @@ bench:
 	$(GO) test -run '^$$' -bench AppendRecord -benchmem ./decode
 	$(GO) test -run '^$$' -bench 'Flow|LibiptBlock' -benchmem -benchtime 10x ./flow
 	$(GO) test -run '^$$' -bench . -benchmem ./stream ./perfio ./engine
+	$(GO) test -run '^$$' -bench Live -benchtime 5x ./live
+	$(GO) test -run '^$$' -bench Route -benchmem ./live
 	$(GO) test -run '^$$' -bench Overhead -benchtime 200000x ./cmd/ptfs
 	$(GO) test -run '^$$' -bench StreamLoad -benchtime 1000000x ./cmd/ptfs
 	$(GO) test -run '^$$' -bench ProbeCost -benchtime 200000x ./cmd/ptfs

@@ -124,3 +124,39 @@ func (c *lineCounter) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = (*lineCounter)(nil)
+
+// BenchmarkRoute times the routing of formatted lines alone (cpuState.Write
+// into one attached target's stream, spilling as it fills): the part of
+// the live path's cost after the formatter, per line.
+func BenchmarkRoute(b *testing.B) {
+	run, bin := ptsimRun(b, "run-static")
+	text := []byte(offline(b, run, nil, 42, 0))
+	st := New(Options{Maps: func(int32) ([]images.MapsEntry, error) { return nil, nil }})
+	defer st.Close()
+	out := stream.New(stream.Options{})
+	defer out.Close()
+	if err := st.Attach("t", []string{bin}, out); err != nil {
+		b.Fatal(err)
+	}
+	c := newCPU(st, 0)
+	// The formatter's writes: up to 64 KiB of whole lines.
+	var pieces [][]byte
+	for rest := text; len(rest) > 0; {
+		n := min(len(rest), 64<<10)
+		if n < len(rest) {
+			n = bytes.LastIndexByte(rest[:n], '\n') + 1
+		}
+		pieces, rest = append(pieces, rest[:n]), rest[n:]
+	}
+	lines := bytes.Count(text, []byte{'\n'})
+	b.SetBytes(int64(len(text)))
+	b.ResetTimer()
+	for range b.N {
+		st.mu.Lock()
+		for _, p := range pieces {
+			_, _ = c.Write(p)
+		}
+		st.mu.Unlock()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(lines), "ns/line")
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strconv"
 
+	"ptfs/engine"
 	"ptfs/flow"
 	"ptfs/perfdata"
 	"ptfs/perfflow"
@@ -37,6 +38,14 @@ type cpuState struct {
 	run *perfflow.Decoder
 	// errs counts the decoding errors of runs that ended.
 	errs uint64
+	// recs holds the records of the CPU delivered by another source
+	// (Stage.Record) until its lines pass their time; out is the
+	// storage they are released into. nil until the first.
+	recs *engine.Merger[heldRecord]
+	out  []heldRecord
+	// lineTime is the time of the CPU's latest line that had one.
+	lineTime  uint64
+	lineTimed bool
 }
 
 // maxIdleSide bounds the side band kept for a CPU that passes no trace:
@@ -121,6 +130,8 @@ func (c *cpuState) end() {
 		// rest, after which the last task named is the one running.
 		c.apid, c.atid = c.pid, c.tid
 	}
+	// All the trace before the end was passed: what is held is later.
+	c.release(^uint64(0))
 	c.drain()
 }
 
@@ -149,19 +160,67 @@ func (c *cpuState) errors() uint64 {
 func (c *cpuState) Write(p []byte) (int, error) {
 	s := c.s
 	s.out = p
+	held := c.recs != nil && c.recs.Pending() > 0
+	last := 0
 	for off := 0; off < len(p); {
 		i := bytes.IndexByte(p[off:], '\n')
 		if i < 0 {
 			i = len(p) - off - 1
 		}
+		if held {
+			// Records held go before the first line later than
+			// them; only then is each line's time read.
+			if tm, ok := lineTime(p[off : off+i]); ok && tm > 0 {
+				c.lineTime, c.lineTimed = tm, true
+				c.release(tm - 1)
+				held = c.recs.Pending() > 0
+			}
+		}
 		s.route(off, off+i+1)
+		last = off
 		off += i + 1
+	}
+	if len(p) > 0 {
+		if tm, ok := lineTime(p[last : len(p)-1]); ok {
+			c.lineTime, c.lineTimed = tm, true
+		}
 	}
 	for _, t := range s.targets {
 		t.flush(p)
 	}
 	s.out = nil
 	return len(p), nil
+}
+
+// timeField is the time of a line's context (DESIGN §5), its last field.
+var timeField = []byte(" time=")
+
+// lineTime returns the time of a line (without its newline), from its
+// ` time=SEC.NSEC`, or false when it has none.
+func lineTime(line []byte) (uint64, bool) {
+	i := bytes.LastIndex(line, timeField)
+	if i < 0 {
+		return 0, false
+	}
+	var sec, ns uint64
+	frac := -1
+	for _, ch := range line[i+len(timeField):] {
+		switch {
+		case ch == '.' && frac < 0:
+			frac = 0
+		case ch >= '0' && ch <= '9' && frac < 0:
+			sec = sec*10 + uint64(ch-'0')
+		case ch >= '0' && ch <= '9' && frac < 9:
+			ns = ns*10 + uint64(ch-'0')
+			frac++
+		default:
+			return 0, false
+		}
+	}
+	if frac != 9 {
+		return 0, false
+	}
+	return sec*1e9 + ns, true
 }
 
 // Line kinds, by prefix (DESIGN §5).

@@ -275,14 +275,18 @@ func (d *Decoder) now() uint64 {
 // advance applies the side band due at the trace's time; with memOK, also
 // what changes the running process's memory.
 func (d *Decoder) advance(memOK bool) {
-	now := d.now()
-	for {
-		e, ok := d.tl.Peek()
-		if !ok || e.Time > now || !memOK && d.changesMemory(&e) {
-			break
+	// Called at every branch: nothing waiting (the common case of a
+	// busy CPU) costs neither the clock nor a copy of an event.
+	if d.tl.Len() > 0 {
+		now := d.now()
+		for {
+			e, ok := d.tl.Peek()
+			if !ok || e.Time > now || !memOK && d.changesMemory(&e) {
+				break
+			}
+			d.tl.Next(now)
+			d.apply(e)
 		}
-		d.tl.Next(now)
-		d.apply(e)
 	}
 	if memOK {
 		d.syncMemory()

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -57,12 +58,65 @@ type branches struct {
 	filterWhy string
 	lastErr   error
 	events    map[uint16]*decode.Event
+
+	// clock places classic records (CLOCK_MONOTONIC) in perf time.
+	clock recordClock
+}
+
+// clockRefresh is how long a measured clock offset is used: NTP slews
+// CLOCK_MONOTONIC against perf time by up to 500 ppm, 0.5 ms a second.
+const clockRefresh = uint64(time.Second)
+
+// recordClock converts the time of classic records (CLOCK_MONOTONIC) to
+// perf time, the clock of the branch lines, with an offset measured again
+// after clockRefresh.
+type recordClock struct {
+	measure func() (int64, error)
+	mu      sync.Mutex
+	offset  int64
+	at      uint64 // record time of the last measurement; 0: none
+	failed  bool   // the last measurement failed (logged at the first)
+}
+
+// perf returns the perf time of a record's time, or 0 (unknown: the
+// record goes as it arrives) while the offset cannot be measured.
+func (c *recordClock) perf(mono uint64) uint64 {
+	if mono == 0 {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at == 0 || mono > c.at && mono-c.at > clockRefresh {
+		off, err := c.measure()
+		if err != nil && !c.failed {
+			logrus.WithError(err).Warn("ptfs: classic records in branches go as they arrive, not by time")
+		}
+		c.offset, c.at, c.failed = off, mono, err != nil
+	}
+	if c.failed {
+		return 0
+	}
+	return uint64(int64(mono) + c.offset)
+}
+
+// record gives a classic record line of t to the stage, placed by time
+// among t's branch lines (DESIGN §2).
+func (b *branches) record(t *Target, r *decode.Record, line []byte) {
+	// false: t was detached meanwhile; its reader is gone.
+	_ = b.stage.Record(t.name, int(r.CPU), b.clock.perf(r.Time), line)
 }
 
 // newBranches prepares branch tracing for the session's mode; nothing
 // runs until the first open.
 func newBranches(s *Session, r roots, stage *live.Stage) *branches {
 	b := &branches{s: s, stage: stage, ptw: s.mode == ModePTW, readers: map[*Target]int{}, events: map[uint16]*decode.Event{}}
+	b.clock.measure = s.opts.ClockOffset
+	if b.clock.measure == nil {
+		b.clock.measure = func() (int64, error) {
+			off, _, err := perfio.PerfClockOffset()
+			return off, err
+		}
+	}
 	b.nFilters, b.nrErr = perfio.NrAddrFilters(r.intelPT())
 	if b.ptw {
 		// newSource of ptw mode tees the trace into the stage.

@@ -16,6 +16,7 @@ import (
 	"ptfs/images"
 	"ptfs/internal/testkit"
 	"ptfs/live"
+	"ptfs/perfdata"
 	"ptfs/perfio"
 	"ptfs/stream"
 	"ptfs/tracefs/tracefstest"
@@ -307,4 +308,79 @@ func readStream(t *testing.T, s *stream.Stream) []byte {
 	r := s.NewReader()
 	defer r.Close()
 	return testkit.ReadStream(t, r)
+}
+
+// TestBranchesClassicRecordsByTime: a classic session on a simulated
+// kernel whose branch tracing replays a hand-made trace of ptsim's
+// flow-static (side band of its recording) while the target's classic
+// records come from the record path (Target.emit): in branches each record
+// stands among the branch lines by time (converted from CLOCK_MONOTONIC by
+// the measured offset), the one later than all trace after the flush.
+func TestBranchesClassicRecordsByTime(t *testing.T) {
+	root := filepath.Join(testkit.Corpus(t), "ptsim")
+	run, err := enginetest.LoadPtsim(filepath.Join(root, "run-static"), root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(root, "flow-static")
+	vdso, err := images.LoadBlob(run.VDSO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := tracefstest.New(t, tracefstest.Options{})
+	rep, err := enginetest.NewReplay()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const offset = -1_000_000 // perf time is CLOCK_MONOTONIC - 1 ms
+	s, err := New(Options{Mode: ModeClassic, Tracefs: k.Tracefs, Sysfs: testkit.PTSysfs(t), BranchTrace: rep,
+		Branches:    live.Options{VDSO: vdso, Maps: func(int32) ([]images.MapsEntry, error) { return nil, nil }},
+		ClockOffset: func() (int64, error) { return offset, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	tg, err := s.AddTarget("t", bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tg.Branches(); err != nil {
+		t.Fatal(err)
+	}
+	defer tg.CloseBranches()
+	side := run.Batches(0, 7, 42, 1<<20)[:1]
+	side[0][0] = append([]enginetest.Step{enginetest.TimeConv(perfdata.TimeConv{Mult: 1})}, side[0][0]...)
+	if err := rep.Queue(side...); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	ev := &decode.Event{ID: 1, Group: "ptfs_t", Name: "e"}
+	for _, perf := range []uint64{500, 2000, 9000} {
+		tg.emit(&decode.Record{Event: ev, TID: 42, CPU: 0, Time: perf + 1_000_000})
+	}
+	trace, _ := enginetest.StartStops(0x4016d0, 0x402aa0, 1000, 3000)
+	if err := rep.Queue(enginetest.Batch{0: {enginetest.Trace(trace)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	recs := strings.SplitAfter(string(readStream(t, tg.recs)), "\n")
+	if len(recs) != 4 || recs[0] != "record 1: event=ptfs_t/e id=0x1 args=[] tid=42 cpu=0 time=0.001000500\n" {
+		t.Fatalf("records:\n%s", strings.Join(recs, ""))
+	}
+	want := recs[0] +
+		"trace: start at 0x4016d0 _start+0x0 (" + bin + ") tid=42 cpu=0 time=0.000001000\n" +
+		recs[1] +
+		"trace: stop at 0x402aa0 __libc_start_main_impl+0x0 (" + bin + ") tid=42 cpu=0 time=0.000003000\n" +
+		recs[2]
+	if got := string(readStream(t, tg.brs)); got != want {
+		t.Errorf("branches:\n%s\nwant\n%s", got, want)
+	}
 }

@@ -62,6 +62,10 @@ type Options struct {
 	// Branches configures the decode stage of the branches files (its
 	// VDSO nil: ptfs's own vDSO).
 	Branches live.Options
+	// ClockOffset measures perf time minus CLOCK_MONOTONIC, to place
+	// classic records among the branch lines; nil: perfio.PerfClockOffset.
+	// Tests of a simulated kernel pass their own.
+	ClockOffset func() (int64, error)
 }
 
 // Default bounds of a records file (stream.Options).

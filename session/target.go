@@ -157,7 +157,7 @@ func (t *Target) emit(r *decode.Record) {
 	t.recs.Append(t.line)
 	if t.brOn.Load() && t.s.mode != ModePTW {
 		// ptw records come with the branches, from the same trace.
-		t.brs.Append(t.line)
+		t.s.br.record(t, r, t.line)
 	}
 	t.out.Unlock()
 }

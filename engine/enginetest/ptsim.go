@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"ptfs/decode/ptenc"
 	"ptfs/engine"
 	"ptfs/images"
 )
@@ -75,4 +76,23 @@ func (p *Ptsim) Batches(cpu int, pid, tid int32, chunk int) []Batch {
 		out = append(out, Batch{cpu: {Trace(p.Trace[off:min(off+chunk, len(p.Trace))])}})
 	}
 	return out
+}
+
+// StartStops returns a PT stream (a PSB+, then for each pair of times a
+// TSC and a TIP.PGE at start, a TSC and a TIP.PGD at stop) of a program
+// that is traced from start to stop at those times: the smallest trace
+// whose lines carry known times, for tests of ordering by time. It also
+// returns the stream's length after each pair.
+func StartStops(start, stop uint64, tscs ...uint64) (trace []byte, ends []int) {
+	var e ptenc.Encoder
+	e.PSB()
+	e.PSBEnd()
+	for i := 0; i+1 < len(tscs); i += 2 {
+		e.TSC(tscs[i])
+		e.IP(ptenc.TIPPGE, start)
+		e.TSC(tscs[i+1])
+		e.IP(ptenc.TIPPGD, stop)
+		ends = append(ends, len(e.Bytes()))
+	}
+	return e.Bytes(), ends
 }

@@ -398,12 +398,17 @@ func TestPTWLosses(t *testing.T) {
 				// its, CPU 1 has no side band (TID unknown).
 				Side(engine.SideEvent{Kind: engine.SideITraceStart, Time: 25, TID: 7}),
 			}, tc.steps()...)
-			r, err := NewReplay(Batch{0: steps0, 1: {TimeConv(conv(0)), Trace(e1.Bytes())}})
+			r, err := NewReplay()
 			if err != nil {
 				t.Fatal(err)
 			}
 			var col collector
+			// Both events are known before the trace plays: the
+			// source starts at the first Add.
 			p := newPTW(t, r, &col, evA, evB)
+			if err := r.Queue(Batch{0: steps0, 1: {TimeConv(conv(0)), Trace(e1.Bytes())}}); err != nil {
+				t.Fatal(err)
+			}
 			if err := p.Close(); err != nil {
 				t.Fatal(err)
 			}
