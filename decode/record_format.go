@@ -109,7 +109,7 @@ func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 	dst = append(dst, '/')
 	dst = append(dst, r.Event.Name...)
 	dst = append(dst, " id=0x"...)
-	dst = strconv.AppendUint(dst, uint64(r.Event.ID), 16)
+	dst = appendHex(dst, uint64(r.Event.ID), 0)
 	dst = append(dst, " args=["...)
 	for i := 0; i < r.N; i++ {
 		if i > 0 {
@@ -185,7 +185,7 @@ func AppendValue(dst []byte, t ArgType, v uint64) []byte {
 	switch {
 	case info.hex:
 		dst = append(dst, "0x"...)
-		return strconv.AppendUint(dst, v<<shift>>shift, 16)
+		return appendHex(dst, v<<shift>>shift, 0)
 	case info.signed:
 		if n := int64(v<<shift) >> shift; n < 0 {
 			return appendDec(append(dst, '-'), uint64(-n))
@@ -215,10 +215,10 @@ func AppendTime(dst []byte, ns uint64) []byte {
 // AppendManual appends a manual ptwrite line. ip is printed only when hasIP.
 func AppendManual(dst []byte, payload, ip uint64, hasIP bool) []byte {
 	dst = append(dst, "manual ptwrite: payload=0x"...)
-	dst = strconv.AppendUint(dst, payload, 16)
+	dst = appendHex(dst, payload, 0)
 	if hasIP {
 		dst = append(dst, " ip=0x"...)
-		dst = strconv.AppendUint(dst, ip, 16)
+		dst = appendHex(dst, ip, 0)
 	}
 	return append(dst, '\n')
 }

@@ -80,6 +80,9 @@ func FuzzAppendDec(f *testing.F) {
 		if got, want := string(appendDec([]byte("x"), v)), "x"+strconv.FormatUint(v, 10); got != want {
 			t.Fatalf("appendDec(%d) = %q, want %q", v, got, want)
 		}
+		if got, want := string(appendHex([]byte("x"), v, 0)), "x"+strconv.FormatUint(v, 16); got != want {
+			t.Fatalf("appendHex(%#x) = %q, want %q", v, got, want)
+		}
 	})
 }
 
@@ -120,6 +123,9 @@ func TestAppendDec(t *testing.T) {
 	for _, v := range vals {
 		if got, want := string(appendDec([]byte("x"), v)), "x"+strconv.FormatUint(v, 10); got != want {
 			t.Errorf("appendDec(%d) = %q, want %q", v, got, want)
+		}
+		if got, want := string(appendHex([]byte("x"), v, 0)), "x"+strconv.FormatUint(v, 16); got != want {
+			t.Errorf("appendHex(%#x) = %q, want %q", v, got, want)
 		}
 	}
 	for _, v := range []int32{0, -1, 1, -2147483648, 2147483647} {
