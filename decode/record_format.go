@@ -118,11 +118,16 @@ func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 		t, v := U64, r.Args[i]
 		if i < len(r.Event.Args) {
 			a := &r.Event.Args[i]
-			t, v = a.Type, a.Bits.Extract(v)
 			if a.Name != "" {
 				dst = append(dst, a.Name...)
 				dst = append(dst, '=')
 			}
+			if a.Type == U64 && a.Bits == (Bitfield{}) {
+				// The common whole u64: no type dispatch.
+				dst = appendDec(dst, v)
+				continue
+			}
+			t, v = a.Type, a.Bits.Extract(v)
 		}
 		if t.IsString() {
 			var data []byte
