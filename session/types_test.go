@@ -89,8 +89,8 @@ func TestPTWTypes(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := readFile(t, dir, "t", "records")
-			want := fmt.Sprintf("record 1: event=ptfs_t/a id=0x%x args=[a=-1, b=0xdeadbeefcafe1234, c=250, d=-5, e=0xfed4, f=-300, g='A'] tid=2 cpu=0 time=5.000001000\n"+
-				"record 2: event=ptfs_t/b id=0x%x args=[h=3, i=3518, j=-2, k=65534] tid=2 cpu=0 time=5.000002000\n", ids["a"], ids["b"])
+			want := fmt.Sprintf("record 1: event=ptfs_t/a id=0x%x args=[a=-1, b=0xdeadbeefcafe1234, c=250, d=-5, e=0xfed4, f=-300, g='A'] tid=2 cpu=0 time=5.000001000 pid=1\n"+
+				"record 2: event=ptfs_t/b id=0x%x args=[h=3, i=3518, j=-2, k=65534] tid=2 cpu=0 time=5.000002000 pid=1\n", ids["a"], ids["b"])
 			if got != want {
 				t.Errorf("records:\n%s\nwant:\n%s", got, want)
 			}
