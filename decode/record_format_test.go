@@ -71,18 +71,61 @@ func BenchmarkAppendRecord(b *testing.B) {
 	b.Run("process", bench)
 }
 
+// FuzzAppendDec checks appendDec against strconv on any value.
+func FuzzAppendDec(f *testing.F) {
+	f.Add(uint64(0))
+	f.Add(uint64(1e8))
+	f.Add(uint64(1<<64 - 1))
+	f.Fuzz(func(t *testing.T, v uint64) {
+		if got, want := string(appendDec([]byte("x"), v)), "x"+strconv.FormatUint(v, 10); got != want {
+			t.Fatalf("appendDec(%d) = %q, want %q", v, got, want)
+		}
+		if got, want := string(appendHex([]byte("x"), v, 0)), "x"+strconv.FormatUint(v, 16); got != want {
+			t.Fatalf("appendHex(%#x) = %q, want %q", v, got, want)
+		}
+	})
+}
+
+// BenchmarkAppendDec formats random 64-bit values (19-20 digits mostly,
+// the records benchmark's arguments), against strconv.
+func BenchmarkAppendDec(b *testing.B) {
+	vals := make([]uint64, 1024)
+	x := uint64(0x9e3779b97f4a7c15)
+	for i := range vals {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		vals[i] = x
+	}
+	buf := make([]byte, 0, 32)
+	b.Run("ptfs", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			buf = appendDec(buf[:0], vals[i&1023])
+		}
+	})
+	b.Run("strconv", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			buf = strconv.AppendUint(buf[:0], vals[i&1023], 10)
+		}
+	})
+}
+
 func TestAppendDec(t *testing.T) {
 	vals := []uint64{0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, 1<<32 - 1, 1 << 32, 1<<63 - 1, 1 << 63, 1<<64 - 1}
 	for p := uint64(1); p < 1e19; p *= 10 {
 		vals = append(vals, p-1, p, p+1)
 	}
-	vals = append(vals, 1e19-1, 1e19, 1e19+1)
+	// Zeros inside and at the ends of the eight-digit groups.
+	vals = append(vals, 1e19-1, 1e19, 1e19+1, 1_00000000_00000001, 12345678_00000000, 1_00000001_00000000, 18446744073709551615)
 	for i := uint64(0); i < 64; i++ {
 		vals = append(vals, 1<<i-1, 1<<i, 1<<i+1)
 	}
 	for _, v := range vals {
 		if got, want := string(appendDec([]byte("x"), v)), "x"+strconv.FormatUint(v, 10); got != want {
 			t.Errorf("appendDec(%d) = %q, want %q", v, got, want)
+		}
+		if got, want := string(appendHex([]byte("x"), v, 0)), "x"+strconv.FormatUint(v, 16); got != want {
+			t.Errorf("appendHex(%#x) = %q, want %q", v, got, want)
 		}
 	}
 	for _, v := range []int32{0, -1, 1, -2147483648, 2147483647} {

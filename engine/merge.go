@@ -47,9 +47,12 @@ func (m *Merger[T]) AddQueue() int {
 // steady state does not allocate.
 func (m *Merger[T]) Push(q int, time uint64) *T {
 	qu := &m.queues[q]
-	if len(qu.items) == cap(qu.items) && qu.start > 0 {
+	if len(qu.items) == cap(qu.items) && qu.start >= len(qu.items)/2 {
 		// Swapped to the front, not copied: a slot's storage (a
-		// record's Data) stays with one item only.
+		// record's Data) stays with one item only. Only when at least
+		// half the slots are free, else the queue grows: a queue that
+		// holds most of its slots back (the classic reader's hold-back)
+		// would otherwise move them all every few pushes.
 		k := len(qu.items) - qu.start
 		for i := range k {
 			qu.items[i], qu.items[qu.start+i] = qu.items[qu.start+i], qu.items[i]

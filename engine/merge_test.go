@@ -85,7 +85,7 @@ func TestMerger(t *testing.T) {
 }
 
 // TestMergerReuse checks that queues reuse their storage: a steady flow
-// through a bounded backlog does not grow them.
+// through a bounded backlog does not grow them without bound.
 func TestMergerReuse(t *testing.T) {
 	m := NewMerger[decode.Record](1, 1000)
 	var out []decode.Record
@@ -93,7 +93,9 @@ func TestMergerReuse(t *testing.T) {
 		pushTimes(&m, 0, tm)
 		out = m.Release(tm-min(tm, 50), out[:0])
 	}
-	if c := cap(m.queues[0].items); c > 128 {
+	// A queue compacts once half its slots are free: up to about twice
+	// the backlog, and a slack for append's growth.
+	if c := cap(m.queues[0].items); c > 4*51 {
 		t.Errorf("queue grew to %d slots for a backlog of 51", c)
 	}
 	if m.Pending() != 50 || m.QueueLen(0) != 50 || m.Late() != 0 {

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"ptfs/decode/ptenc"
 	"ptfs/internal/testkit"
 	"ptfs/perfio"
 )
@@ -45,7 +46,12 @@ func timeProg(b *testing.B, bin string, n, rate int) time.Duration {
 
 func benchPtfs(b *testing.B, bin string, rate int) {
 	// A records file big enough for the whole run: no rotation.
-	m := startMount(b, "--max-stream=2000000000", "--max-stream-hard=2000000000", "t="+bin)
+	args := []string{"--max-stream=2000000000", "--max-stream-hard=2000000000", "t=" + bin}
+	if dir := os.Getenv("PTFS_BENCH_CPUPROFILE"); dir != "" {
+		// A profile of the mount process per run, for `go tool pprof`.
+		args = append(args, fmt.Sprintf("--cpuprofile=%s/ptfs-%d-%d.pprof", dir, rate, b.N))
+	}
+	m := startMount(b, args...)
 	m.setProbe("t", "e", "hot %di %si")
 	f, err := os.Open(m.path("t", "records"))
 	if err != nil {
@@ -220,4 +226,59 @@ func numCPU(b *testing.B) int {
 		b.Fatalf("cpu/possible %q", data)
 	}
 	return n + 1
+}
+
+// BenchmarkDecodeEvents runs `ptfs decode --events DIR` end to end (the
+// file read, packets, records, lines written to /dev/null) on the records
+// benchmark's 64 MiB stream of ptwrite probe records with random 64-bit
+// arguments, and libipt's packet decoder alone (decode's harness: no
+// output, the file in memory) on the same bytes, in turn in each
+// iteration. It reports the CPU time of each (this process's threads, the
+// harness's: wall time on a shared machine measures the neighbours) and
+// ptfs's speed over libipt's.
+func BenchmarkDecodeEvents(b *testing.B) {
+	if _, err := os.Stat("/usr/include/intel-pt.h"); err != nil {
+		testkit.Unavailable(b, "libipt header /usr/include/intel-pt.h missing: apt-get install libipt-dev")
+	}
+	dir := b.TempDir()
+	trace := filepath.Join(dir, "trace.pt")
+	if err := os.WriteFile(trace, ptenc.Generate(ptenc.PTWHeavy, 64<<20, int64(ptenc.PTWHeavy)+1), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	events := filepath.Join(dir, "events")
+	for n := 1; n <= 8; n++ {
+		var fields strings.Builder
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&fields, "\tfield:u64 arg%d;\toffset:%d;\tsize:8;\tsigned:0;\n", i+1, 16+8*i)
+		}
+		writeEventTree(b, events, "gen", "n"+strconv.Itoa(n), strconv.Itoa(int(ptenc.GenEventID(n))), fields.String())
+	}
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer null.Close()
+	ask, pid := testkit.HarnessPID(b, testkit.BuildC(b, filepath.Join("..", "..", "decode", "testdata", "ptpkt.c"), "-lipt"), "bench", trace)
+	ask("go") // reads the file into the harness's memory
+	var ptfsCPU, libiptCPU int64
+	self := os.Getpid()
+	b.SetBytes(64 << 20)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		cpu0 := taskCPU(b, self)
+		var stderr bytes.Buffer
+		if code := runDecode([]string{"--events", events, trace}, null, &stderr); code != 0 {
+			b.Fatalf("ptfs decode: exit %d: %s", code, stderr.String())
+		}
+		ptfsCPU += taskCPU(b, self) - cpu0
+		cpu0 = taskCPU(b, pid)
+		if n, err := strconv.Atoi(ask("go")); err != nil || n == 0 {
+			b.Fatalf("libipt harness: %d packets, %v", n, err)
+		}
+		libiptCPU += taskCPU(b, pid) - cpu0
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(ptfsCPU)/1e9/float64(b.N), "ptfs-cpu-s/op")
+	b.ReportMetric(float64(libiptCPU)/1e9/float64(b.N), "libipt-cpu-s/op")
+	b.ReportMetric(float64(libiptCPU)/float64(ptfsCPU), "x-libipt")
 }

@@ -314,21 +314,62 @@ func (c *cursor) Manual(m *decode.Manual) {
 // ends.
 func (c *cursor) fill() {
 	for !c.done && c.m.QueueLen(c.q) == 0 {
-		if len(c.segs) == 0 {
-			c.a.End()
-			c.done = true
-			return
-		}
-		if c.gaps[0] {
-			c.a.Gap()
-			c.gaps[0] = false
-		}
-		n := min(len(c.segs[0]), feedSize)
-		c.a.Feed(c.segs[0][:n])
-		if c.segs[0] = c.segs[0][n:]; len(c.segs[0]) == 0 {
-			c.segs, c.gaps = c.segs[1:], c.gaps[1:]
+		c.step()
+	}
+}
+
+// step decodes the next piece of the stream, or ends it.
+func (c *cursor) step() {
+	if len(c.segs) == 0 {
+		c.a.End()
+		c.done = true
+		return
+	}
+	if c.gaps[0] {
+		c.a.Gap()
+		c.gaps[0] = false
+	}
+	n := min(len(c.segs[0]), feedSize)
+	c.a.Feed(c.segs[0][:n])
+	if c.segs[0] = c.segs[0][n:]; len(c.segs[0]) == 0 {
+		c.segs, c.gaps = c.segs[1:], c.gaps[1:]
+	}
+}
+
+// printer writes the output lines, numbering the records. Lines are
+// formatted into its own buffer and written in large writes, not copied
+// line by line into a bufio.Writer.
+type printer struct {
+	w   io.Writer
+	buf []byte
+	seq uint64
+	err error // the first write error; later lines are not written
+}
+
+// printBuf is the size of the printer's writes.
+const printBuf = 1 << 20
+
+func (p *printer) Record(r *decode.Record) {
+	p.seq++
+	if p.buf = decode.AppendRecord(p.buf, p.seq, r); len(p.buf) >= printBuf {
+		p.flush()
+	}
+}
+
+func (p *printer) Manual(m *decode.Manual) {
+	if p.buf = decode.AppendManual(p.buf, m.Payload, m.IP, m.HasIP); len(p.buf) >= printBuf {
+		p.flush()
+	}
+}
+
+// flush writes the buffered lines.
+func (p *printer) flush() {
+	if p.err == nil && len(p.buf) > 0 {
+		if _, err := p.w.Write(p.buf); err != nil {
+			p.err = fmt.Errorf("write output: %w", err)
 		}
 	}
+	p.buf = p.buf[:0]
 }
 
 func decodeRecords(w io.Writer, files []string, eventsDir string) error {
@@ -345,6 +386,7 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 		// Release's bound is not used: the merge pops.
 		merge = engine.NewMerger[entry](0, 0)
 	)
+	var all []stream
 	for _, name := range files {
 		streams, lost, err := input(name)
 		if err != nil {
@@ -353,46 +395,58 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 		// Losses perf.data reports without saying where (ring LOST,
 		// AUXTRACE_ERROR, AUX truncation of an unknown buffer).
 		total.Errors += lost
-		for _, s := range streams {
-			c := &cursor{m: &merge, q: merge.AddQueue()}
-			c.a = decode.NewAssembler(events, c)
-			c.a.SetCPU(s.cpu)
-			c.a.SetTID(s.tid)
-			c.a.SetPID(s.pid)
-			if s.time != nil {
-				c.a.SetTimeConv(s.time.NS)
+		all = append(all, streams...)
+	}
+	pr := &printer{w: w, buf: make([]byte, 0, printBuf+4096)}
+	for _, s := range all {
+		c := &cursor{m: &merge, q: merge.AddQueue()}
+		var out decode.Output = c
+		if len(all) == 1 {
+			// One stream is in time order already: its lines go out as
+			// they are decoded, without the copies into and out of the
+			// merge.
+			out = pr
+		}
+		c.a = decode.NewAssembler(events, out)
+		c.a.SetCPU(s.cpu)
+		c.a.SetTID(s.tid)
+		c.a.SetPID(s.pid)
+		if s.time != nil {
+			c.a.SetTimeConv(s.time.NS)
+		}
+		s.segments(func(d []byte, gap bool) {
+			c.segs, c.gaps = append(c.segs, d), append(c.gaps, gap)
+		})
+		cursors = append(cursors, c)
+	}
+	if len(cursors) == 1 {
+		c := cursors[0]
+		for !c.done && pr.err == nil {
+			c.step()
+		}
+	} else {
+		// Each stream is in time order; the merge takes the earliest
+		// entry of all streams (ties and unknown times: the earlier
+		// stream first) while every stream that has not ended holds one:
+		// only the one popped from can run out.
+		for _, c := range cursors {
+			c.fill()
+		}
+		for pr.err == nil {
+			e, q, ok := merge.Pop()
+			if !ok {
+				break
 			}
-			s.segments(func(d []byte, gap bool) {
-				c.segs, c.gaps = append(c.segs, d), append(c.gaps, gap)
-			})
-			cursors = append(cursors, c)
+			if e.manual {
+				pr.Manual(&e.man)
+			} else {
+				pr.Record(&e.rec)
+			}
+			cursors[q].fill()
 		}
 	}
-	var line []byte
-	var seq uint64
-	// Each stream is in time order; the merge takes the earliest entry of
-	// all streams (ties and unknown times: the earlier stream first) while
-	// every stream that has not ended holds one: only the one popped from
-	// can run out.
-	for _, c := range cursors {
-		c.fill()
-	}
-	for {
-		e, q, ok := merge.Pop()
-		if !ok {
-			break
-		}
-		line = line[:0]
-		if e.manual {
-			line = decode.AppendManual(line, e.man.Payload, e.man.IP, e.man.HasIP)
-		} else {
-			seq++
-			line = decode.AppendRecord(line, seq, &e.rec)
-		}
-		if _, err := w.Write(line); err != nil {
-			return fmt.Errorf("write output: %w", err)
-		}
-		cursors[q].fill()
+	if pr.flush(); pr.err != nil {
+		return pr.err
 	}
 	for _, c := range cursors {
 		cs := c.a.Counters()

@@ -28,6 +28,12 @@ func writeEvent(t *testing.T, group, name, id string) string {
 // format has the given argument fields (and print fmt line).
 func writeEventFormat(t *testing.T, group, name, id, args string) string {
 	dir := t.TempDir()
+	writeEventTree(t, dir, group, name, id, args)
+	return dir
+}
+
+// writeEventTree adds event group/name to the events tree at dir.
+func writeEventTree(t testing.TB, dir, group, name, id, args string) {
 	ev := filepath.Join(dir, group, name)
 	if err := os.MkdirAll(ev, 0o755); err != nil {
 		t.Fatal(err)
@@ -41,7 +47,6 @@ func writeEventFormat(t *testing.T, group, name, id, args string) string {
 	if err := os.WriteFile(filepath.Join(ev, "id"), []byte(id+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return dir
 }
 
 func TestDecodePtsim(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -535,5 +536,28 @@ func TestCheckAndModes(t *testing.T) {
 	}
 	if code := run([]string{"mount", "--mode=fast", t.TempDir()}, &out, &errOut); code != 2 {
 		t.Errorf("mount --mode=fast: exit %d", code)
+	}
+}
+
+// TestMountCPUProfile: --cpuprofile writes a pprof profile (gzip) of the
+// mount once it ends, and refuses a file that exists (the mount runs as
+// root; the path is the user's).
+func TestMountCPUProfile(t *testing.T) {
+	needKernel(t)
+	path := filepath.Join(t.TempDir(), "cpu.pprof")
+	m := startMount(t, "--cpuprofile="+path)
+	if err := m.stop(syscall.SIGTERM); err != nil {
+		t.Fatalf("mount: %v\n%s", err, m.log)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) < 2 || data[0] != 0x1f || data[1] != 0x8b {
+		t.Errorf("profile is not gzip: % x", data[:min(len(data), 8)])
+	}
+	var stdout, stderr strings.Builder
+	if code := runMount([]string{"--cpuprofile=" + path, t.TempDir()}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "--cpuprofile") {
+		t.Errorf("existing profile file: exit %d, stderr %q", code, stderr.String())
 	}
 }

@@ -18,7 +18,7 @@ commands:
   mount [--mode auto|classic|ptw] [--max-stream BYTES] [--max-stream-hard BYTES]
         [--stream-dir DIR] [--ring-pages N] [--aux-pages N] [--data-pages N]
         [--aux-watermark BYTES] [--pt-flush DURATION] [--allow-other]
-        [--readers GROUP] [--fuse-debug] [-v] MOUNTPOINT [NAME=]BINARY...
+        [--readers GROUP] [--fuse-debug] [--cpuprofile FILE] [-v] MOUNTPOINT [NAME=]BINARY...
         mount the tracing filesystem; runs until unmounted or signalled
   check [--mode auto|classic|ptw]
         print what this machine supports and which mode ptfs would use

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,6 +53,7 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 	readers := fl.String("readers", "", "group `GROUP` (name or gid) whose members may read records, branches and probes; implies --allow-other")
 	verbose := fl.Bool("v", false, "debug logging")
 	fuseDebug := fl.Bool("fuse-debug", false, "log every FUSE request")
+	cpuProfile := fl.String("cpuprofile", "", "write a CPU profile (pprof) of the mount to `FILE` until it ends: for benchmarks")
 	fl.Usage = flagUsage(fl, mountSynopsis)
 	if err := fl.Parse(args); err != nil {
 		return 2
@@ -97,11 +99,39 @@ func runMount(args []string, stdout, stderr io.Writer) int {
 		fo.GID, fo.GroupReads, fo.AllowOther = gid, true, true
 	}
 	so.Mode, so.RingPages, so.PT = m, *ringPages, pt
+	if *cpuProfile != "" {
+		stop, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(stderr, "ptfs:", err)
+			return 1
+		}
+		defer stop()
+	}
 	if err := mount(fl.Arg(0), fl.Args()[1:], so, fo); err != nil {
 		fmt.Fprintln(stderr, "ptfs:", err)
 		return 1
 	}
 	return 0
+}
+
+// startCPUProfile profiles this process into a new file at path (created
+// with O_EXCL: the mount runs as root and the path is the user's) until
+// the returned function runs.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile %s: %w", path, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			logrus.WithError(err).Warn("ptfs: writing the CPU profile")
+		}
+	}, nil
 }
 
 // minStream is the smallest bound of a records file.

@@ -133,6 +133,14 @@ func FuncOffset(t testing.TB, bin, sym string) uint64 {
 // waited for when the test ends.
 func Harness(t testing.TB, bin string, args ...string) func(req string) string {
 	t.Helper()
+	ask, _ := HarnessPID(t, bin, args...)
+	return ask
+}
+
+// HarnessPID is Harness that also returns the program's pid, for a
+// benchmark that reads its CPU time.
+func HarnessPID(t testing.TB, bin string, args ...string) (ask func(req string) string, pid int) {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -160,7 +168,7 @@ func Harness(t testing.TB, bin string, args ...string) func(req string) string {
 			t.Fatalf("%s: no answer: %v", bin, err)
 		}
 		return strings.TrimSuffix(line, "\n")
-	}
+	}, cmd.Process.Pid
 }
 
 // ReadGzip returns the uncompressed contents of the gzipped file at path.
