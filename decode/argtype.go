@@ -93,9 +93,6 @@ func (t ArgType) Size() int { return int(t.info().size) }
 // Signed tells whether t prints with a sign.
 func (t ArgType) Signed() bool { return t.info().signed }
 
-// Hex tells whether t prints in 0x-prefixed hex.
-func (t ArgType) Hex() bool { return t.info().hex }
-
 // IsString tells whether t is a string type, whose bytes travel in
 // Record.Data.
 func (t ArgType) IsString() bool { return t.info().str }

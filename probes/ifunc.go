@@ -3,6 +3,7 @@ package probes
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -68,18 +69,9 @@ func (b *Binary) resolverTargets(resolver objfile.Symbol) []uint64 {
 		if m[1] == "-" {
 			target = next - disp
 		}
-		if seg, ok := b.SegmentAt(target); ok && seg.Exec() && !containsAddr(out, target) {
+		if seg, ok := b.SegmentAt(target); ok && seg.Exec() && !slices.Contains(out, target) {
 			out = append(out, target)
 		}
 	}
 	return out
-}
-
-func containsAddr(list []uint64, a uint64) bool {
-	for _, x := range list {
-		if x == a {
-			return true
-		}
-	}
-	return false
 }

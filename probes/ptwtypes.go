@@ -46,19 +46,15 @@ func (s *Spec) PTWWire() (*Spec, error) {
 // each as its type.
 func (s *Spec) PTWFormatted() string {
 	var b strings.Builder
-	for i, a := range s.Args {
+	for i := range s.Args {
+		a := &s.Args[i]
 		if a.Bits.Width == 0 && ptwWire(a.Type, a.Bits) == a.Type {
 			continue
 		}
 		if b.Len() > 0 {
 			b.WriteByte(' ')
 		}
-		b.WriteString(a.EffectiveName(i) + "=")
-		if a.Bits.Width != 0 {
-			b.WriteString(a.Bits.Text(a.Type))
-		} else {
-			b.WriteString(a.Type.String())
-		}
+		b.WriteString(a.EffectiveName(i) + "=" + a.typeText())
 	}
 	return b.String()
 }

@@ -564,14 +564,19 @@ func ArgsText(args []Arg) string {
 			b.WriteByte('=')
 		}
 		b.WriteString(a.Fetch)
-		switch {
-		case a.Bits.Width != 0:
+		if a.Bits.Width != 0 || a.Type != decode.U64 {
 			b.WriteByte(':')
-			b.WriteString(a.Bits.Text(a.Type))
-		case a.Type != decode.U64:
-			b.WriteByte(':')
-			b.WriteString(a.Type.String())
+			b.WriteString(a.typeText())
 		}
 	}
 	return b.String()
+}
+
+// typeText returns the tracefs spelling of a's type: its bitfield's, such
+// as "b4@2/32", or its type's.
+func (a *Arg) typeText() string {
+	if a.Bits.Width != 0 {
+		return a.Bits.Text(a.Type)
+	}
+	return a.Type.String()
 }

@@ -157,8 +157,10 @@ func CheckCommand(cmd string) error {
 			return badLine(cmd, "$retval outside a return probe")
 		}
 		// ptfs asks a ptwrite kernel only for the words its stub writes.
-		if w, err := (&probes.Spec{Args: []probes.Arg{a}}).PTWWire(); kind == "ptw" && (err != nil || w.Args[0] != a) {
-			return badLine(cmd, fmt.Sprintf("argument %q has a type that ptw lines do not take", tok))
+		if kind == "ptw" {
+			if w, err := (&probes.Spec{Args: []probes.Arg{a}}).PTWWire(); err != nil || w.Args[0] != a {
+				return badLine(cmd, fmt.Sprintf("argument %q has a type that ptw lines do not take", tok))
+			}
 		}
 	}
 	return nil
