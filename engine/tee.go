@@ -18,10 +18,6 @@ func (t *teeSource) Start(sink TraceSink) error {
 	return t.TraceSource.Start(teeSink{sink, t.also})
 }
 
-// Unwrap returns the source Tee runs, for callers that look for its other
-// methods (reconfiguring the PT events).
-func (t *teeSource) Unwrap() TraceSource { return t.TraceSource }
-
 // teeSink passes each call to a, then b.
 type teeSink struct{ a, b TraceSink }
 

@@ -281,7 +281,6 @@ func (s *Stage) route(start, end int) {
 // take adds the line p[start:end] to t's run of lines, which goes to its
 // stream when a line breaks it (flush).
 func (t *Target) take(p []byte, start, end int) {
-	t.lines++
 	if t.runEnd != start || t.runEnd == 0 {
 		t.flush(p)
 		t.runStart = start
@@ -309,6 +308,5 @@ func (t *Target) record(p, line []byte) {
 	t.buf = append(t.buf[:0], prefixRecord...)
 	t.buf = strconv.AppendUint(t.buf, t.seq, 10)
 	t.buf = append(t.buf, line[i:]...)
-	t.lines++
 	t.out.Append(t.buf)
 }

@@ -37,7 +37,6 @@ func (s *Stage) Record(name string, cpu int, time uint64, line []byte) bool {
 	}
 	if c == nil || c.conv == nil || c.lineTimed && c.lineTime > time {
 		t.out.Append(line)
-		t.lines++
 		s.st.Lines++
 		return true
 	}
@@ -82,7 +81,6 @@ func (c *cpuState) release(watermark uint64) {
 		}
 		h.t.flush(s.out)
 		h.t.out.Append(h.line)
-		h.t.lines++
 		s.st.Lines++
 	}
 }

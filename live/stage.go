@@ -129,7 +129,6 @@ type Target struct {
 	// runStart, runEnd: the lines of the formatter's output that go to
 	// out next (take, flush).
 	runStart, runEnd int
-	lines            uint64
 }
 
 // Attach makes the lines of code in a file named by one of paths (as the
@@ -173,13 +172,6 @@ func (s *Stage) Detach(name string) error {
 		}
 	}
 	return fmt.Errorf("%w: %s", ErrNotAttached, name)
-}
-
-// Attached tells how many targets are attached.
-func (s *Stage) Attached() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.targets)
 }
 
 // SetEvents gives the probe events whose records ptw trace carries: their

@@ -265,14 +265,11 @@ func (p *PT) Reconfigure(branch bool, filter string) error {
 	}
 	sink := r.sink
 	p.run = nil
-	close(r.stop)
-	werr := r.poll.wake()
-	<-r.done
 	cpus := make([]int, 0, len(r.cpus))
 	for _, c := range r.cpus {
 		cpus = append(cpus, c.cpu)
 	}
-	if err := errors.Join(werr, r.stopErr, r.release()); err != nil {
+	if err := r.shutdown(); err != nil {
 		return fmt.Errorf("reconfigure pt: stop: %w", err)
 	}
 	// The old reader is gone and the new one not started: this goroutine
@@ -625,6 +622,11 @@ func (p *PT) Stop() error {
 		return ErrNotStarted
 	}
 	p.run = nil
+	return r.shutdown()
+}
+
+// shutdown stops the reader goroutine of r and releases its events.
+func (r *ptRun) shutdown() error {
 	close(r.stop)
 	werr := r.poll.wake()
 	<-r.done

@@ -119,7 +119,8 @@ func newBranches(s *Session, r roots, stage *live.Stage) *branches {
 	}
 	b.nFilters, b.nrErr = perfio.NrAddrFilters(r.intelPT())
 	if b.ptw {
-		// newSource of ptw mode tees the trace into the stage.
+		// ptw mode's PT events tee their trace into the stage
+		// (Session's ptw source, engine.Tee); no source of its own.
 		return b
 	}
 	if src := s.opts.BranchTrace; src != nil {
@@ -253,8 +254,7 @@ func (b *branches) apply() error {
 // probes; off, the reverse.
 func (b *branches) applyPTW(want bool) error {
 	w := b.s.src.(ptwSource).PTW
-	b.filter, b.filterWhy = "", "none in ptw mode: the probes' stubs, in no file, would be filtered out; "+
-		"all user code is traced and decoded, lines outside the targets read are dropped"
+	b.filter, b.filterWhy = "", "none in ptw mode: the probes' stubs, in no file, would be filtered out; "+unfiltered
 	switch {
 	case want && !b.on:
 		if err := b.reconfigure(true, ""); err != nil {
@@ -279,12 +279,14 @@ func (b *branches) reconfigure(branch bool, filter string) error {
 	return b.conf.Reconfigure(branch, filter)
 }
 
+// unfiltered says what branch tracing without an address filter shows.
+const unfiltered = "all user code is traced and decoded, lines outside the targets read are dropped"
+
 // filterFor returns the address filter text of the targets read, or ""
 // and why there is none: the PMU has none or too few, or a path the
 // filter grammar cannot hold. Every executable PT_LOAD segment of each
 // target is a range of the file ptfs holds (its /proc/PID/fd path).
 func (b *branches) filterFor() (string, string) {
-	const unfiltered = "all user code is traced and decoded, lines outside the targets read are dropped"
 	if b.nrErr != nil {
 		return "", fmt.Sprintf("none (%v): %s", b.nrErr, unfiltered)
 	}
