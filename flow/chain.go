@@ -59,10 +59,7 @@ func (d *Decoder) chain(b *block) (*block, error) {
 				return b, nil
 			}
 			d.steps += n + 1
-			// As exec: a call to the next instruction pushes nothing.
-			if ret := last.ip + uint64(last.len); last.target != ret {
-				d.pushRet(ret)
-			}
+			d.pushCall(last.target, last.ip+uint64(last.len))
 			d.branch(last.ip, last.target, BrCall)
 			d.ip, next = last.target, &b.taken
 		case x86insn.Ret:

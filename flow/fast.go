@@ -229,12 +229,9 @@ loop:
 			}
 			steps += n + 1
 			kind := BrJump
-			// As exec: a call to the next instruction pushes nothing.
 			if class == x86insn.Call {
 				kind = BrCall
-				if lst.target != next {
-					d.pushRet(next)
-				}
+				d.pushCall(lst.target, next)
 			}
 			h.Branch(from, lst.target, kind)
 			ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
@@ -362,9 +359,7 @@ func (d *Decoder) fastDisable(b *block, ev *Event) bool {
 			kind := BrJump
 			if lst.class == x86insn.Call {
 				kind = BrCall
-				if lst.target != next {
-					d.pushRet(next)
-				}
+				d.pushCall(lst.target, next)
 			}
 			d.branch(lst.ip, lst.target, kind)
 			d.ip = lst.target
