@@ -22,10 +22,11 @@ func (d *PacketDecoder) SetRaw(pos int, lastIP uint64) {
 // which are no packet.
 func IPSize(b byte) int { return int(ipCompressions[b>>5].size) }
 
-// ApplyIP is the last IP after an IP packet with first byte b whose IP
-// bytes, read little-endian and masked to IPSize(b) bytes, are payload,
-// when the last IP was last. A suppressed IP leaves it as it was (and the
-// packet carries no IP).
-func ApplyIP(b byte, payload, last uint64) uint64 {
-	return ipCompressions[b>>5].apply(last, payload)
+// ApplyIP is the last IP after an IP packet with first byte b, when the
+// last IP was last; word is the 8 bytes after b read little-endian: the IP
+// bytes (IPSize(b) of them, the rest masked off here) and what follows. A
+// suppressed IP leaves it as it was (and the packet carries no IP).
+func ApplyIP(b byte, word, last uint64) uint64 {
+	c := &ipCompressions[b>>5]
+	return c.apply(last, word&lowMask[uint8(c.size)&15])
 }

@@ -11,8 +11,9 @@ import (
 // branch (a TNT bit for a conditional branch or a compressed return, the
 // target of a direct jump or call, a TIP for an indirect branch or a
 // return), a Branch call when taken, and a successor pointer instead of a
-// lookup (for a varying target, the last one's block). TNT and TIP packets
-// that come next are read on the way, as run and exec read them. It
+// lookup (fixedSucc; for a varying target, the last two targets' blocks:
+// lastSucc). TNT and TIP packets that come next are read on the way, as
+// run and exec read them. It
 // returns nil when what comes next is run's (an event to deliver, trace to
 // read) or on an error, else the block at d.ip for walk to go on with.
 func (d *Decoder) chain(b *block) (*block, error) {
@@ -29,6 +30,8 @@ func (d *Decoder) chain(b *block) (*block, error) {
 			return b, nil
 		}
 		last := &b.insns[n]
+		// next is the successor of a fixed target; nil for a varying
+		// one.
 		var next **block
 		switch last.class {
 		case x86insn.CondJump:
@@ -56,10 +59,7 @@ func (d *Decoder) chain(b *block) (*block, error) {
 				return b, nil
 			}
 			d.steps += n + 1
-			// As exec: a call to the next instruction pushes nothing.
-			if ret := last.ip + uint64(last.len); last.target != ret {
-				d.pushRet(ret)
-			}
+			d.pushCall(last.target, last.ip+uint64(last.len))
 			d.branch(last.ip, last.target, BrCall)
 			d.ip, next = last.target, &b.taken
 		case x86insn.Ret:
@@ -68,7 +68,7 @@ func (d *Decoder) chain(b *block) (*block, error) {
 					return d.chainStop(b, err)
 				}
 				d.branch(last.ip, d.tip, BrReturn)
-				d.ip, next = d.tip, &b.taken
+				d.ip = d.tip
 				break
 			}
 			// A compressed return; anything else is exec's to report.
@@ -78,7 +78,7 @@ func (d *Decoder) chain(b *block) (*block, error) {
 			d.takeTNT()
 			to := d.popRet()
 			d.branch(last.ip, to, BrReturn)
-			d.ip, next = to, &b.taken
+			d.ip = to
 		case x86insn.IndirectJump, x86insn.IndirectCall:
 			if d.tntN > 0 {
 				return b, nil
@@ -92,7 +92,7 @@ func (d *Decoder) chain(b *block) (*block, error) {
 				d.pushRet(last.ip + uint64(last.len))
 			}
 			d.branch(last.ip, d.tip, kind)
-			d.ip, next = d.tip, &b.taken
+			d.ip = d.tip
 		default:
 			return b, nil
 		}
@@ -120,13 +120,12 @@ func (d *Decoder) chain(b *block) (*block, error) {
 		}
 		// A successor is decoded in the same mode: the mode changes
 		// only through a queued event. Where the target varies (a
-		// return, an indirect branch), the successor pointer is the
-		// last target's block, used when it is the target again.
-		if s := *next; s != nil && s.ip == d.ip {
-			b = s
+		// return, an indirect branch), the successors keep the last
+		// targets' blocks, as on the fast path.
+		if next != nil {
+			b = d.fixedSucc(next, d.ip)
 		} else {
-			b = d.block(d.ip, d.mode)
-			*next = b
+			b = d.lastSucc(b, d.ip)
 		}
 	}
 }

@@ -267,13 +267,19 @@ func (d *Decoder) decode(trace []byte, h Handler) {
 // progressed tells whether the stream moved since the last error, so that
 // an error that leaves its packet unread cannot repeat forever.
 func (d *Decoder) progressed() bool {
-	pos := d.pos()
-	if d.hasBack {
-		pos = d.base + d.back.Offset
-	}
+	pos := d.unconsumed()
 	ok := !d.errSeen || pos != d.errPos
 	d.errPos, d.errSeen = pos, true
 	return ok
+}
+
+// unconsumed is the stream offset of the next packet the flow did not
+// consume: the one read ahead and pushed back, if any, else pos.
+func (d *Decoder) unconsumed() uint64 {
+	if d.hasBack {
+		return d.base + d.back.Offset
+	}
+	return d.pos()
 }
 
 // fail reports err unless it already was; it tells whether decoding can go on.
@@ -291,10 +297,7 @@ func (d *Decoder) fail(err error) bool {
 // report sends an EvError for err at the current position.
 func (d *Decoder) report(err error) {
 	// The offset of the next packet not consumed, as libipt reports.
-	off := d.pos()
-	if d.hasBack {
-		off = d.base + d.back.Offset
-	}
+	off := d.unconsumed()
 	for i := range d.q {
 		if l := d.q[i].look; l > 0 && l-1 < off {
 			off = l - 1

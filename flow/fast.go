@@ -95,7 +95,7 @@ loop:
 			if n <= 0 {
 				break // suppressed (ErrNoIP) or reserved
 			}
-			last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:])&lowBytes(n), last)
+			last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
 			pos += 1 + n
 			// As read queues it and deliver fires it.
 			d.qEv = Event{Kind: EvEnabled, IP: last, HasIP: true}
@@ -117,7 +117,7 @@ loop:
 				tnt = uint64(p) &^ (1 << nb)
 				pos++
 			case c == 2 && buf[pos+1] == 0xa3:
-				v := binary.LittleEndian.Uint64(buf[pos+2:]) & lowBytes(6)
+				v := binary.LittleEndian.Uint64(buf[pos+2:]) & (1<<48 - 1)
 				if v <= 1 {
 					break loop // no stop bit, or no bits: the slow path's
 				}
@@ -130,7 +130,7 @@ loop:
 					break loop
 				}
 				tip = fastTIP{ok: true, supp: n == 0, pos: pos, last: last}
-				last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:])&lowBytes(n), last)
+				last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
 				tip.ip = last
 				pos += 1 + n
 			case c&0x1f == 0x01:
@@ -147,7 +147,7 @@ loop:
 				if len(b.insns) == 0 {
 					break loop
 				}
-				pgd := decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:])&lowBytes(n), last)
+				pgd := decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
 				last, pos = pgd, pos+1+n
 				if n == 0 {
 					pgd = 0
@@ -229,12 +229,9 @@ loop:
 			}
 			steps += n + 1
 			kind := BrJump
-			// As exec: a call to the next instruction pushes nothing.
 			if class == x86insn.Call {
 				kind = BrCall
-				if lst.target != next {
-					d.pushRet(next)
-				}
+				d.pushCall(lst.target, next)
 			}
 			h.Branch(from, lst.target, kind)
 			ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
@@ -362,9 +359,7 @@ func (d *Decoder) fastDisable(b *block, ev *Event) bool {
 			kind := BrJump
 			if lst.class == x86insn.Call {
 				kind = BrCall
-				if lst.target != next {
-					d.pushRet(next)
-				}
+				d.pushCall(lst.target, next)
 			}
 			d.branch(lst.ip, lst.target, kind)
 			d.ip = lst.target
@@ -404,12 +399,4 @@ func skipPad(buf []byte, pos, end int, timing bool) int {
 		}
 	}
 	return pos
-}
-
-// lowBytes keeps the low n (0..8) bytes of a word.
-func lowBytes(n int) uint64 {
-	if n >= 8 {
-		return ^uint64(0)
-	}
-	return 1<<(8*uint(n)) - 1
 }

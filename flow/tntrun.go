@@ -169,8 +169,8 @@ walk:
 			jumps++
 			e := edge{from: lst.ip, to: lst.target, kind: BrJump}
 			if lst.class == x86insn.Call {
-				// As exec: a call to the next instruction pushes
-				// nothing.
+				// As pushCall: a call to the next instruction
+				// pushes nothing.
 				e.kind, e.ret, e.push = BrCall, next, lst.target != next
 			}
 			edges = append(edges, e)

@@ -352,11 +352,7 @@ func (d *Decoder) exec(in *insn) error {
 		if d.disabledDirect(in.target) {
 			return nil
 		}
-		// A call to the next instruction only reads the IP
-		// (position-independent code): it pushes no return.
-		if in.target != next {
-			d.pushRet(next)
-		}
+		d.pushCall(in.target, next)
 		d.branch(in.ip, in.target, BrCall)
 		d.ip = in.target
 	case x86insn.CondJump:
@@ -424,6 +420,15 @@ func (d *Decoder) movCR3() {
 			d.fire(i)
 			return
 		}
+	}
+}
+
+// pushCall pushes the return address ret of a direct call to target; a
+// call to the next instruction only reads the IP (position-independent
+// code): it pushes no return.
+func (d *Decoder) pushCall(target, ret uint64) {
+	if target != ret {
+		d.pushRet(ret)
 	}
 }
 
