@@ -372,13 +372,23 @@ func (p *printer) flush() {
 	p.buf = p.buf[:0]
 }
 
+// loadEvents loads the probe events of the --events directory dir (none
+// without it).
+func loadEvents(dir string) (map[uint16]*decode.Event, error) {
+	if dir == "" {
+		return map[uint16]*decode.Event{}, nil
+	}
+	events, err := tracefs.LoadEvents(os.DirFS(dir))
+	if err != nil {
+		return nil, fmt.Errorf("events %s: %w", dir, err)
+	}
+	return events, nil
+}
+
 func decodeRecords(w io.Writer, files []string, eventsDir string) error {
-	events := map[uint16]*decode.Event{}
-	if eventsDir != "" {
-		var err error
-		if events, err = tracefs.LoadEvents(os.DirFS(eventsDir)); err != nil {
-			return fmt.Errorf("events %s: %w", eventsDir, err)
-		}
+	events, err := loadEvents(eventsDir)
+	if err != nil {
+		return err
 	}
 	var (
 		total   decode.Counters
