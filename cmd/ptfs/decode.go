@@ -174,36 +174,23 @@ type stream struct {
 	time     *perfdata.TimeConv
 }
 
-// input reads a file into its streams; lost is the loss perf.data reports
-// that no stream accounts for.
-func input(name string) (streams []stream, lost uint64, err error) {
-	data, err := readTrace(name)
-	if err != nil {
-		return nil, 0, err
-	}
-	return inputData(name, data)
+// isPerfData tells perf.data (either byte order) from a raw trace.
+func isPerfData(data []byte) bool {
+	return bytes.HasPrefix(data, []byte("PERFILE2")) || bytes.HasPrefix(data, []byte("2ELIFREP"))
 }
 
-// readTrace reads the trace file name ("-": standard input).
-func readTrace(name string) (data []byte, err error) {
+// input reads a file ("-": standard input) into its streams; lost is the
+// loss perf.data reports that no stream accounts for.
+func input(name string) (streams []stream, lost uint64, err error) {
+	var data []byte
 	if name == "-" {
 		data, err = io.ReadAll(os.Stdin)
 	} else {
 		data, err = os.ReadFile(name)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read trace: %w", err)
+		return nil, 0, fmt.Errorf("read trace: %w", err)
 	}
-	return data, nil
-}
-
-// isPerfData tells perf.data (either byte order) from a raw trace.
-func isPerfData(data []byte) bool {
-	return bytes.HasPrefix(data, []byte("PERFILE2")) || bytes.HasPrefix(data, []byte("2ELIFREP"))
-}
-
-// inputData splits the bytes of the file name into its streams (input).
-func inputData(name string, data []byte) (streams []stream, lost uint64, err error) {
 	if !isPerfData(data) {
 		// PT streams start at a PSB; a file without one is no trace.
 		if !decode.HasPSB(data) {
