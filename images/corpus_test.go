@@ -95,12 +95,6 @@ func TestLibiptRaw(t *testing.T) {
 	t.Logf("%d instructions of %d tests checked", checked, len(ptts))
 }
 
-// gzLines returns the lines of a gzipped text file.
-func gzLines(t *testing.T, path string) []string {
-	t.Helper()
-	return strings.Split(strings.TrimSuffix(string(testkit.ReadGzip(t, path)), "\n"), "\n")
-}
-
 // TestLibxdcPageDump maps each libxdc memory dump and checks that every
 // page reads as its bytes of the dump and that every branch source of
 // libxdc's edge list inside the traced range is readable code.
@@ -132,7 +126,7 @@ func TestLibxdcPageDump(t *testing.T) {
 			}
 			edges := 0
 			insn := make([]byte, 15)
-			for _, l := range gzLines(t, filepath.Join(filepath.Dir(dump), "ref.edges.gz")) {
+			for _, l := range testkit.GzipLines(t, filepath.Join(filepath.Dir(dump), "ref.edges.gz")) {
 				// An edge to or from ffffffffffffffff ends or starts a
 				// traced stretch: the IP there may be outside the dump.
 				src, dst, ok := strings.Cut(l, "->")
@@ -265,7 +259,7 @@ func TestPtsimMaps(t *testing.T) {
 			}
 			kinds := map[string]int{}
 			b := make([]byte, 15)
-			for _, l := range gzLines(t, filepath.Join(run, "expected.branches.gz")) {
+			for _, l := range testkit.GzipLines(t, filepath.Join(run, "expected.branches.gz")) {
 				f := strings.Fields(l)
 				if len(f) != 4 {
 					t.Fatalf("branch line %q", l)

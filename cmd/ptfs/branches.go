@@ -15,7 +15,6 @@ import (
 	"ptfs/images"
 	"ptfs/perfdata"
 	"ptfs/perfflow"
-	"ptfs/tracefs"
 )
 
 const branchesUsage = `usage: ptfs decode --branches IMAGE... [--tid N] [--cpu N] FILE
@@ -255,7 +254,7 @@ func listBranches(w io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	events, err := branchEvents(&a)
+	events, err := loadEvents(a.events)
 	if err != nil {
 		return errors.Join(err, closeAll())
 	}
@@ -326,18 +325,6 @@ func streamTrace(r io.Reader, s *flow.Stream) (psb bool, err error) {
 	}
 }
 
-// branchEvents loads the probe events of --events (none without it).
-func branchEvents(a *branchesArgs) (map[uint16]*decode.Event, error) {
-	if a.events == "" {
-		return map[uint16]*decode.Event{}, nil
-	}
-	events, err := tracefs.LoadEvents(os.DirFS(a.events))
-	if err != nil {
-		return nil, fmt.Errorf("events %s: %w", a.events, err)
-	}
-	return events, nil
-}
-
 // perfBranches implements `ptfs decode --branches` on perf.data: the
 // side band builds each process's memory from the binaries on disk (under
 // --root), refusing one whose build id is not the recorded one, and each
@@ -355,7 +342,7 @@ func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
 	if len(f.Buffers) == 0 {
 		return fmt.Errorf("%s: perf.data without AUX area trace (record with -e intel_pt//): %w", a.trace, errNoTrace)
 	}
-	events, err := branchEvents(a)
+	events, err := loadEvents(a.events)
 	if err != nil {
 		return err
 	}

@@ -15,12 +15,6 @@ import (
 	"ptfs/internal/testkit"
 )
 
-// gzLines returns the lines of a gzipped text file.
-func gzLines(t *testing.T, path string) []string {
-	t.Helper()
-	return strings.Split(strings.TrimSuffix(string(testkit.ReadGzip(t, path)), "\n"), "\n")
-}
-
 // decodeImages builds the images that --branches args (ending with the
 // trace) describe, released at the test's end, and reads the trace.
 func decodeImages(t *testing.T, args []string) (*images.Space, []byte) {
@@ -130,7 +124,7 @@ func TestBranchesPtsim(t *testing.T) {
 				t.Fatalf("exit %d: %s", code, errs)
 			}
 			got, rest := branchTriples(t, out)
-			want := gzLines(t, filepath.Join(run, "expected.branches.gz"))
+			want := testkit.GzipLines(t, filepath.Join(run, "expected.branches.gz"))
 			diffLines(t, "branch", got, want)
 
 			var recs []string

@@ -174,36 +174,23 @@ type stream struct {
 	time     *perfdata.TimeConv
 }
 
-// input reads a file into its streams; lost is the loss perf.data reports
-// that no stream accounts for.
-func input(name string) (streams []stream, lost uint64, err error) {
-	data, err := readTrace(name)
-	if err != nil {
-		return nil, 0, err
-	}
-	return inputData(name, data)
+// isPerfData tells perf.data (either byte order) from a raw trace.
+func isPerfData(data []byte) bool {
+	return bytes.HasPrefix(data, []byte("PERFILE2")) || bytes.HasPrefix(data, []byte("2ELIFREP"))
 }
 
-// readTrace reads the trace file name ("-": standard input).
-func readTrace(name string) (data []byte, err error) {
+// input reads a file ("-": standard input) into its streams; lost is the
+// loss perf.data reports that no stream accounts for.
+func input(name string) (streams []stream, lost uint64, err error) {
+	var data []byte
 	if name == "-" {
 		data, err = io.ReadAll(os.Stdin)
 	} else {
 		data, err = os.ReadFile(name)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read trace: %w", err)
+		return nil, 0, fmt.Errorf("read trace: %w", err)
 	}
-	return data, nil
-}
-
-// isPerfData tells perf.data (either byte order) from a raw trace.
-func isPerfData(data []byte) bool {
-	return bytes.HasPrefix(data, []byte("PERFILE2")) || bytes.HasPrefix(data, []byte("2ELIFREP"))
-}
-
-// inputData splits the bytes of the file name into its streams (input).
-func inputData(name string, data []byte) (streams []stream, lost uint64, err error) {
 	if !isPerfData(data) {
 		// PT streams start at a PSB; a file without one is no trace.
 		if !decode.HasPSB(data) {
@@ -372,13 +359,23 @@ func (p *printer) flush() {
 	p.buf = p.buf[:0]
 }
 
+// loadEvents loads the probe events of the --events directory dir (none
+// without it).
+func loadEvents(dir string) (map[uint16]*decode.Event, error) {
+	if dir == "" {
+		return map[uint16]*decode.Event{}, nil
+	}
+	events, err := tracefs.LoadEvents(os.DirFS(dir))
+	if err != nil {
+		return nil, fmt.Errorf("events %s: %w", dir, err)
+	}
+	return events, nil
+}
+
 func decodeRecords(w io.Writer, files []string, eventsDir string) error {
-	events := map[uint16]*decode.Event{}
-	if eventsDir != "" {
-		var err error
-		if events, err = tracefs.LoadEvents(os.DirFS(eventsDir)); err != nil {
-			return fmt.Errorf("events %s: %w", eventsDir, err)
-		}
+	events, err := loadEvents(eventsDir)
+	if err != nil {
+		return err
 	}
 	var (
 		total   decode.Counters

@@ -264,7 +264,7 @@ func TestBranchesLibxdc(t *testing.T) {
 			s, data := decodeImages(t, []string{"--pages", addr[0] + ":" + dump[0], filepath.Join(dir, tt.trace)})
 			e := &edger{lo: tt.lo, hi: tt.hi}
 			flow.New(s, flow.Options{}).Decode(data, e)
-			ref := gzLines(t, filepath.Join(dir, "ref.edges.gz"))
+			ref := testkit.GzipLines(t, filepath.Join(dir, "ref.edges.gz"))
 			equal, classes, others := edgeDiff(t, s, psbAfterTIP(t, data), ref, e.edges)
 			t.Logf("%d of %d libxdc edges equal; difference windows %v", equal, len(ref), classes)
 			for _, o := range others {

@@ -190,6 +190,13 @@ func ReadGzip(t testing.TB, path string) []byte {
 	return data
 }
 
+// GzipLines returns the lines of the gzipped text file at path, without
+// their newlines.
+func GzipLines(t testing.TB, path string) []string {
+	t.Helper()
+	return strings.Split(strings.TrimSuffix(string(ReadGzip(t, path)), "\n"), "\n")
+}
+
 // ReadStream reads a stream's reader (stream.Reader: ReadAt gives whole
 // lines and io.EOF at the end, never blocking) from offset 0 to its end.
 func ReadStream(t testing.TB, r interface {
