@@ -6,11 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"ptfs/engine"
 	"ptfs/flow"
 	"ptfs/images"
+	"ptfs/internal/testkit"
 	"ptfs/stream"
 )
 
@@ -84,11 +83,11 @@ func BenchmarkLive(b *testing.B) {
 	b.SetBytes(int64(len(trace)))
 	b.ResetTimer()
 	for range b.N {
-		t0 := cpuTime(b)
+		t0 := testkit.CPUTime()
 		offline()
-		t1 := cpuTime(b)
+		t1 := testkit.CPUTime()
 		live()
-		t2 := cpuTime(b)
+		t2 := testkit.CPUTime()
 		offCPU += t1 - t0
 		liveCPU += t2 - t1
 	}
@@ -104,15 +103,6 @@ func BenchmarkLive(b *testing.B) {
 	b.ReportMetric(float64(lines.n)/offCPU.Seconds(), "offline-lines/cpu-s")
 	b.ReportMetric(liveLines/liveCPU.Seconds(), "live-lines/cpu-s")
 	b.ReportMetric(liveCPU.Seconds()/offCPU.Seconds(), "live/offline")
-}
-
-// cpuTime is the process's CPU time so far, user and system.
-func cpuTime(b *testing.B) time.Duration {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // lineCounter counts the lines written to it.
