@@ -30,6 +30,27 @@ type fastState struct {
 	// bytes counts the trace bytes it took: tests check that it takes
 	// the bulk of a trace.
 	bytes uint64
+	// edges are the branches taken one by one and not yet handed to the
+	// Handler: a batch for Edges, sent before a run's edges, an event,
+	// and when the fast path stops.
+	edges [edgeBatch]Edge
+}
+
+// edgeBatch is the most branches the fast path hands over at once, but
+// for a run's.
+const edgeBatch = 64
+
+// sendEdges hands e to the Handler: at once to Edges (its capacity cut to
+// its length: a run keeps its return addresses after its edges), else one
+// by one.
+func (d *Decoder) sendEdges(e []Edge) {
+	if d.eh != nil {
+		d.eh.Edges(e[:len(e):len(e)])
+		return
+	}
+	for i := range e {
+		d.h.Branch(e[i].From, e[i].To, e[i].Kind)
+	}
 }
 
 // fastTIP is a TIP the fast path read ahead and the flow has not taken yet.
@@ -78,7 +99,8 @@ func (d *Decoder) fast() error {
 	skipTiming := d.clock == nil
 	// b is the block at ip, once known.
 	var b *block
-	h := d.h
+	// The branches are batched in eb[:ne].
+	eb, ne := &d.fp.edges, 0
 loop:
 	for {
 		if !d.enabled {
@@ -98,6 +120,10 @@ loop:
 			last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
 			pos += 1 + n
 			// As read queues it and deliver fires it.
+			if ne > 0 {
+				d.sendEdges(eb[:ne])
+				ne = 0
+			}
 			d.qEv = Event{Kind: EvEnabled, IP: last, HasIP: true}
 			d.stamp(&d.qEv)
 			d.fireEv()
@@ -153,6 +179,10 @@ loop:
 					pgd = 0
 				}
 				d.ip, d.steps, d.errIP = ip, steps, errIP
+				if ne > 0 {
+					d.sendEdges(eb[:ne])
+					ne = 0
+				}
 				ev := Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
 				d.stamp(&ev)
 				fired := d.fastDisable(b, &ev)
@@ -181,22 +211,27 @@ loop:
 			// The next bits' run, worked out once (tntrun.go).
 			k := min(nb, runBits)
 			r := d.tntRun(b, uint8(1<<k|tnt>>(nb-k)), k)
-			if steps+r.pre <= maxInsns && r.post <= maxInsns {
-				for i := range r.edges {
-					e := &r.edges[i]
-					if e.push {
-						d.pushRet(e.ret)
-					}
-					h.Branch(e.from, e.to, e.kind)
+			if steps+int(r.pre) <= maxInsns && int(r.post) <= maxInsns {
+				// The run's edges as they are, after the
+				// branches before them.
+				if ne > 0 {
+					d.sendEdges(eb[:ne])
+					ne = 0
+				}
+				if len(r.edges) > 0 {
+					d.sendEdges(r.edges)
+				}
+				for _, ret := range r.rets() {
+					d.pushRet(ret.From)
 				}
 				nb -= uint(r.used)
 				tnt &= 1<<nb - 1
-				steps += r.steps
+				steps += int(r.steps)
 				if r.bit {
-					d.sinceRef, steps = 0, r.steps
+					d.sinceRef, steps = 0, int(r.steps)
 				}
-				d.c.Insns += r.insns
-				errIP, ip, b = r.errIP, r.endIP, r.end
+				d.c.Insns += uint64(r.insns)
+				errIP, ip, b = r.errIP, r.end.ip, r.end
 				continue
 			}
 		}
@@ -215,7 +250,8 @@ loop:
 			tnt &= 1<<nb - 1
 			d.sinceRef, steps = 0, 0
 			if taken {
-				h.Branch(from, lst.target, BrCond)
+				eb[ne] = Edge{from, lst.target, BrCond}
+				ne++
 				ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
 			} else {
 				ip = next
@@ -233,7 +269,8 @@ loop:
 				kind = BrCall
 				d.pushCall(lst.target, next)
 			}
-			h.Branch(from, lst.target, kind)
+			eb[ne] = Edge{from, lst.target, kind}
+			ne++
 			ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
 		case x86insn.Ret:
 			if nb > 0 {
@@ -246,7 +283,8 @@ loop:
 				tnt &= 1<<nb - 1
 				d.sinceRef, steps = 0, 0
 				ip = d.popRet()
-				h.Branch(from, ip, BrReturn)
+				eb[ne] = Edge{from, ip, BrReturn}
+				ne++
 				b = d.lastSucc(b, ip)
 				break
 			}
@@ -254,7 +292,8 @@ loop:
 				break loop
 			}
 			tip.ok, steps = false, 0
-			h.Branch(from, tip.ip, BrReturn)
+			eb[ne] = Edge{from, tip.ip, BrReturn}
+			ne++
 			ip, b = tip.ip, d.lastSucc(b, tip.ip)
 		case x86insn.IndirectJump, x86insn.IndirectCall:
 			if nb > 0 || tip.supp {
@@ -266,13 +305,21 @@ loop:
 				kind = BrIndirectCall
 				d.pushRet(next)
 			}
-			h.Branch(from, tip.ip, kind)
+			eb[ne] = Edge{from, tip.ip, kind}
+			ne++
 			ip, b = tip.ip, d.lastSucc(b, tip.ip)
 		default:
 			break loop
 		}
 		d.c.Insns += uint64(n + 1)
 		errIP = from
+		if ne == len(eb) {
+			d.sendEdges(eb[:ne])
+			ne = 0
+		}
+	}
+	if ne > 0 {
+		d.sendEdges(eb[:ne])
 	}
 	if pos == pos0 && d.c.Insns == insns0 {
 		// Nothing done: the state is as it was.
@@ -321,9 +368,28 @@ func (d *Decoder) lastSucc(b *block, ip uint64) *block {
 	}
 	s := b.fall
 	if s == nil || s.ip != ip {
-		s = d.block(ip, d.mode)
+		s = d.tipBlock(ip)
 	}
 	b.taken, b.fall = s, b.taken
+	return s
+}
+
+// tipBlock is the block at ip, a varying branch target: a return to one of
+// a function's many callers or an interpreter's dispatch misses the two
+// targets a block keeps; a small direct-mapped cache of the recent ones
+// costs a load where the block cache's table costs a probe of a large
+// table.
+func (d *Decoder) tipBlock(ip uint64) *block {
+	c := &d.cache.runs
+	if c.tips == nil {
+		c.tips = make([]*block, recentTips)
+	}
+	p := &c.tips[ip*0x9e3779b97f4a7c15>>52&(recentTips-1)]
+	if s := *p; s != nil && s.ip == ip && s.mode == d.mode {
+		return s
+	}
+	s := d.block(ip, d.mode)
+	*p = s
 	return s
 }
 
