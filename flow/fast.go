@@ -168,7 +168,7 @@ loop:
 				// reads an event packet: code that is not there is
 				// the error.
 				if b == nil {
-					b = d.block(ip, d.mode)
+					b = d.ipBlock(ip)
 				}
 				if len(b.insns) == 0 {
 					break loop
@@ -198,7 +198,7 @@ loop:
 			}
 		}
 		if b == nil {
-			b = d.block(ip, d.mode)
+			b = d.ipBlock(ip)
 		}
 		// The last instruction's index and class, from the block's
 		// header: a run leads to the next without a look at the
@@ -210,7 +210,11 @@ loop:
 		if c := class; nb > 0 && (c == x86insn.CondJump || c == x86insn.Jump || c == x86insn.Call) {
 			// The next bits' run, worked out once (tntrun.go).
 			k := min(nb, runBits)
-			r := d.tntRun(b, uint8(1<<k|tnt>>(nb-k)), k)
+			pat := uint8(1<<k | tnt>>(nb-k))
+			r := d.cache.runs.find(b, pat)
+			if r == nil {
+				r = d.tntRun(b, pat, k)
+			}
 			if steps+int(r.pre) <= maxInsns && int(r.post) <= maxInsns {
 				// The run's edges as they are, after the
 				// branches before them.
@@ -285,7 +289,7 @@ loop:
 				ip = d.popRet()
 				eb[ne] = Edge{from, ip, BrReturn}
 				ne++
-				b = d.lastSucc(b, ip)
+				b = d.ipBlock(ip)
 				break
 			}
 			if tip.supp {
@@ -294,7 +298,7 @@ loop:
 			tip.ok, steps = false, 0
 			eb[ne] = Edge{from, tip.ip, BrReturn}
 			ne++
-			ip, b = tip.ip, d.lastSucc(b, tip.ip)
+			ip, b = tip.ip, d.ipBlock(tip.ip)
 		case x86insn.IndirectJump, x86insn.IndirectCall:
 			if nb > 0 || tip.supp {
 				break loop
@@ -307,7 +311,7 @@ loop:
 			}
 			eb[ne] = Edge{from, tip.ip, kind}
 			ne++
-			ip, b = tip.ip, d.lastSucc(b, tip.ip)
+			ip, b = tip.ip, d.ipBlock(tip.ip)
 		default:
 			break loop
 		}
@@ -358,28 +362,29 @@ func (d *Decoder) fixedSucc(p **block, ip uint64) *block {
 	return s
 }
 
-// lastSucc is the block at ip, the varying target of the return or
+// lastSucc is chain's block at ip, the varying target of the return or
 // indirect branch ending b, whose successors keep the last two targets'
-// blocks: taken the last (as chain keeps it), fall (which such a branch
-// has no use for) the one before.
+// blocks: taken the last, fall (which such a branch has no use for) the
+// one before. The fast path goes to ipBlock at once: which of the three
+// finds a target is not predictable, a hit in ipBlock is.
 func (d *Decoder) lastSucc(b *block, ip uint64) *block {
 	if s := b.taken; s != nil && s.ip == ip {
 		return s
 	}
 	s := b.fall
 	if s == nil || s.ip != ip {
-		s = d.tipBlock(ip)
+		s = d.ipBlock(ip)
 	}
 	b.taken, b.fall = s, b.taken
 	return s
 }
 
-// tipBlock is the block at ip, a varying branch target: a return to one of
-// a function's many callers or an interpreter's dispatch misses the two
-// targets a block keeps; a small direct-mapped cache of the recent ones
-// costs a load where the block cache's table costs a probe of a large
-// table.
-func (d *Decoder) tipBlock(ip uint64) *block {
+// ipBlock is the block at ip where the flow came by an IP packet: a TIP's
+// target (a return to one of a function's many callers or an
+// interpreter's dispatch misses the two targets a block keeps), a TIP.PGE's.
+// A small direct-mapped cache of the recent ones costs a load where the
+// block cache's table costs a probe of a large table.
+func (d *Decoder) ipBlock(ip uint64) *block {
 	c := &d.cache.runs
 	if c.tips == nil {
 		c.tips = make([]*block, recentTips)

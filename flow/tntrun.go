@@ -69,12 +69,11 @@ type runCache struct {
 	// worked out.
 	tmp [2 * maxRunEdges]Edge
 	// recent is a direct-mapped cache over the blocks' lists (runHash),
-	// allocated on the first run: a run that is not its block's first
-	// (patterns alternating in a loop) costs a load instead of a walk
-	// of the list.
+	// allocated on the first run: a run costs a load instead of a walk
+	// of its block's list.
 	recent []runRef
 	// tips is a direct-mapped cache of the blocks at recent varying
-	// branch targets (tipBlock), allocated on first use.
+	// IP packets' targets (ipBlock), allocated on first use.
 	tips []*block
 }
 
@@ -120,29 +119,31 @@ func (c *runCache) add(b *block, r *tntRun, edges []Edge) *tntRun {
 	return kept
 }
 
+// find returns the run from block b with pat from the recent cache, or
+// nil: the fast path's lookup, small enough to be inlined there.
+func (c *runCache) find(b *block, pat uint8) *tntRun {
+	if c.recent == nil {
+		return nil
+	}
+	if ref := &c.recent[runHash(b, pat)]; ref.b == b && ref.r.pat == pat {
+		return ref.r
+	}
+	return nil
+}
+
 // tntRun returns the run from block b (ending in a conditional branch or a
 // direct jump or call) with the k (1..runBits) bits of pat below its stop
-// bit, working it out on the first use.
+// bit, not in the recent cache (find): from its block's list, or worked
+// out on the first use; the recent cache keeps it.
 func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
-	// The last one found in the list first: a loop's pattern is found
-	// at once; then the recent cache, then the list.
-	if r := b.runs; r != nil && r.pat == pat {
-		return r
-	}
 	c := &d.cache.runs
-	ref := (*runRef)(nil)
-	if c.recent != nil {
-		ref = &c.recent[runHash(b, pat)]
-		if ref.b == b && ref.r.pat == pat {
-			return ref.r
-		}
+	if c.recent == nil {
+		c.recent = make([]runRef, recentRuns)
 	}
-	for p := &b.runs; *p != nil; p = &(*p).next {
-		if r := *p; r.pat == pat {
-			*p, r.next, b.runs = r.next, b.runs, r
-			if ref != nil {
-				*ref = runRef{b, r}
-			}
+	ref := &c.recent[runHash(b, pat)]
+	for r := b.runs; r != nil; r = r.next {
+		if r.pat == pat {
+			*ref = runRef{b, r}
 			return r
 		}
 	}
@@ -199,8 +200,7 @@ walk:
 	}
 	r.end, r.steps, r.nrets = b, uint16(steps), uint8(len(rets))
 	d.cache.insns += 2 + len(edges) + len(rets)
-	if c.recent == nil {
-		c.recent = make([]runRef, recentRuns)
-	}
-	return c.add(start, &r, append(edges, rets...))
+	kept := c.add(start, &r, append(edges, rets...))
+	*ref = runRef{start, kept}
+	return kept
 }
