@@ -225,8 +225,10 @@ loop:
 				if len(r.edges) > 0 {
 					d.sendEdges(r.edges)
 				}
-				for _, ret := range r.rets() {
-					d.pushRet(ret.From)
+				if r.nrets > 0 {
+					for _, ret := range r.rets() {
+						d.pushRet(ret.From)
+					}
 				}
 				nb -= uint(r.used)
 				tnt &= 1<<nb - 1
@@ -385,16 +387,20 @@ func (d *Decoder) lastSucc(b *block, ip uint64) *block {
 // A small direct-mapped cache of the recent ones costs a load where the
 // block cache's table costs a probe of a large table.
 func (d *Decoder) ipBlock(ip uint64) *block {
-	c := &d.cache.runs
-	if c.tips == nil {
-		c.tips = make([]*block, recentTips)
-	}
-	p := &c.tips[ip*0x9e3779b97f4a7c15>>52&(recentTips-1)]
-	if s := *p; s != nil && s.ip == ip && s.mode == d.mode {
+	if s := d.cache.runs.tips[ipHash(ip)]; s != nil && s.ip == ip && s.mode == d.mode {
 		return s
 	}
+	return d.ipMiss(ip)
+}
+
+// ipHash is the index in runCache.tips of the block at ip.
+func ipHash(ip uint64) uint64 { return ip * 0x9e3779b97f4a7c15 >> 52 & (recentTips - 1) }
+
+// ipMiss is ipBlock's miss (not inlined): the block from the block cache,
+// kept in the recent ones.
+func (d *Decoder) ipMiss(ip uint64) *block {
 	s := d.block(ip, d.mode)
-	*p = s
+	d.cache.runs.tips[ipHash(ip)] = s
 	return s
 }
 

@@ -72,9 +72,9 @@ type runCache struct {
 	// allocated on the first run: a run costs a load instead of a walk
 	// of its block's list.
 	recent []runRef
-	// tips is a direct-mapped cache of the blocks at recent varying
-	// IP packets' targets (ipBlock), allocated on first use.
-	tips []*block
+	// tips is a direct-mapped cache of the blocks at recent IP packets'
+	// targets (ipBlock); an array: no check for its allocation.
+	tips [recentTips]*block
 }
 
 // runRef is a recent entry: the run r of block b.
@@ -101,7 +101,7 @@ func (c *runCache) drop() {
 	c.runs.drop()
 	c.edges.drop()
 	clear(c.recent)
-	clear(c.tips)
+	clear(c.tips[:])
 }
 
 // runHash is the index in runCache.recent of block b's run with pat.
