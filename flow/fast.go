@@ -411,36 +411,39 @@ func (d *Decoder) ipMiss(ip uint64) *block {
 // a block's start, to the slow path.
 func (d *Decoder) fastDisable(b *block, ev *Event) bool {
 	for {
-		n := len(b.insns) - 1
+		// The block's header tells all but a direct branch's target:
+		// the instructions are loaded for that alone.
+		n, class := len(b.insns)-1, b.class
 		if n < 0 || d.steps+n+1 > d.opts.MaxInsns {
 			return false
 		}
-		lst := &b.insns[n]
-		switch lst.class {
+		switch class {
 		case x86insn.CondJump, x86insn.Ret, x86insn.IndirectJump, x86insn.IndirectCall, x86insn.FarTransfer,
 			x86insn.Jump, x86insn.Call:
 		default:
 			return false
 		}
+		from := b.ip + uint64(b.lastOff)
+		next := from + uint64(b.lastLen)
 		d.c.Insns += uint64(n + 1)
 		d.sinceRef += uint32(n + 1)
 		d.steps += n + 1
-		d.errIP = lst.ip
-		next := lst.ip + uint64(lst.len)
+		d.errIP = from
 		d.ip = next
-		switch lst.class {
+		switch class {
 		case x86insn.Jump, x86insn.Call:
-			if ev.HasIP && ev.IP == lst.target {
+			target := b.insns[n].target
+			if ev.HasIP && ev.IP == target {
 				break // disabledDirect
 			}
 			kind := BrJump
-			if lst.class == x86insn.Call {
+			if class == x86insn.Call {
 				kind = BrCall
-				d.pushCall(lst.target, next)
+				d.pushCall(target, next)
 			}
-			d.branch(lst.ip, lst.target, kind)
-			d.ip = lst.target
-			b = d.fixedSucc(&b.taken, d.ip)
+			d.branch(from, target, kind)
+			d.ip = target
+			b = d.fixedSucc(&b.taken, target)
 			continue
 		case x86insn.IndirectCall:
 			d.pushRet(next)
