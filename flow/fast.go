@@ -99,11 +99,13 @@ func (d *Decoder) fast() error {
 	skipTiming := d.clock == nil
 	// b is the block at ip, once known.
 	var b *block
-	// The branches are batched in eb[:ne].
+	// The branches are batched in eb[:ne]; on is d.enabled, kept in a
+	// register across the calls.
 	eb, ne := &d.fp.edges, 0
+	on := d.enabled
 loop:
 	for {
-		if !d.enabled {
+		if !on {
 			// Tracing is off: a TIP.PGE turns it on, as read and
 			// fire do.
 			if pos = skipPad(buf, pos, end, skipTiming); pos > end {
@@ -127,7 +129,7 @@ loop:
 			d.qEv = Event{Kind: EvEnabled, IP: last, HasIP: true}
 			d.stamp(&d.qEv)
 			d.fireEv()
-			ip, steps, b = d.ip, d.steps, nil
+			ip, steps, b, on = d.ip, d.steps, nil, d.enabled
 		}
 		if nb == 0 && !tip.ok {
 			// Nothing pending: the next packet, as chain's and run's
@@ -186,7 +188,7 @@ loop:
 				ev := Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
 				d.stamp(&ev)
 				fired := d.fastDisable(b, &ev)
-				ip, steps, errIP, b = d.ip, d.steps, d.errIP, nil
+				ip, steps, errIP, b, on = d.ip, d.steps, d.errIP, nil, d.enabled
 				if !fired {
 					// Queued as read queues it.
 					d.q = append(d.q, queued{ev: ev, bind: bindBranch})
