@@ -389,8 +389,10 @@ func (d *Decoder) lastSucc(b *block, ip uint64) *block {
 // A small direct-mapped cache of the recent ones costs a load where the
 // block cache's table costs a probe of a large table.
 func (d *Decoder) ipBlock(ip uint64) *block {
-	if s := d.cache.runs.tips[ipHash(ip)]; s != nil && s.ip == ip && s.mode == d.mode {
-		return s
+	if t := d.cache.runs.tips; t != nil {
+		if s := t[ipHash(ip)]; s != nil && s.ip == ip && s.mode == d.mode {
+			return s
+		}
 	}
 	return d.ipMiss(ip)
 }
@@ -402,7 +404,11 @@ func ipHash(ip uint64) uint64 { return ip * 0x9e3779b97f4a7c15 >> 52 & (recentTi
 // kept in the recent ones.
 func (d *Decoder) ipMiss(ip uint64) *block {
 	s := d.block(ip, d.mode)
-	d.cache.runs.tips[ipHash(ip)] = s
+	c := &d.cache.runs
+	if c.tips == nil {
+		c.tips = make([]*block, recentTips)
+	}
+	c.tips[ipHash(ip)] = s
 	return s
 }
 

@@ -73,8 +73,8 @@ type runCache struct {
 	// of its block's list.
 	recent []runRef
 	// tips is a direct-mapped cache of the blocks at recent IP packets'
-	// targets (ipBlock); an array: no check for its allocation.
-	tips [recentTips]*block
+	// targets (ipBlock), allocated on the first miss.
+	tips []*block
 }
 
 // runRef is a recent entry: the run r of block b.
@@ -87,7 +87,7 @@ type runRef struct {
 const recentRuns = 1 << 11
 
 // recentTips is the size of runCache.tips (8 bytes an entry).
-const recentTips = 1 << 12
+const recentTips = 1 << 11
 
 // Slab sizes: the first chunk's and the largest.
 const (
@@ -101,7 +101,7 @@ func (c *runCache) drop() {
 	c.runs.drop()
 	c.edges.drop()
 	clear(c.recent)
-	clear(c.tips[:])
+	clear(c.tips)
 }
 
 // runHash is the index in runCache.recent of block b's run with pat.
