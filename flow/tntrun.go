@@ -65,7 +65,7 @@ func (r *tntRun) rets() []Edge {
 type runCache struct {
 	runs  slab[tntRun]
 	edges slab[Edge]
-	// tmp holds a run's edges, then its return addresses, while it is
+	// tmp holds a run's edges and its return addresses while it is
 	// worked out.
 	tmp [2 * maxRunEdges]Edge
 	// recent is a direct-mapped cache over the blocks' lists (runHash),
@@ -109,8 +109,8 @@ func runHash(b *block, pat uint8) uint64 {
 	return (b.ip ^ uint64(pat)<<56) * 0x9e3779b97f4a7c15 >> 53 & (recentRuns - 1)
 }
 
-// add keeps a copy of r with edges (and its return addresses after them)
-// as a run of b.
+// add keeps a copy of r with edges, and its return addresses after them
+// (r.nrets at the end of edges), as a run of b.
 func (c *runCache) add(b *block, r *tntRun, edges []Edge) *tntRun {
 	kept := c.runs.take(runSlabLo, runSlab)
 	*kept = *r
@@ -149,7 +149,9 @@ func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 	}
 	start := b
 	r := tntRun{pat: pat}
-	edges, rets := c.tmp[:0:maxRunEdges], c.tmp[maxRunEdges:maxRunEdges]
+	// The edges (at most maxRunEdges) from tmp's start, the return
+	// addresses from its middle: appended to the edges in the end.
+	edges, rets := c.tmp[:0:len(c.tmp)], c.tmp[maxRunEdges:maxRunEdges]
 	steps, jumps := 0, 0
 walk:
 	for uint(r.used) < k {
