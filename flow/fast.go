@@ -383,9 +383,10 @@ func (d *Decoder) lastSucc(b *block, ip uint64) *block {
 	return s
 }
 
-// ipBlock is the block at ip where the flow came by an IP packet: a TIP's
-// target (a return to one of a function's many callers or an
-// interpreter's dispatch misses the two targets a block keeps), a TIP.PGE's.
+// ipBlock is the block at ip where the flow came by an IP packet or a
+// return: a TIP's target (a return to one of a function's many callers or
+// an interpreter's dispatch misses the two targets a block keeps), a
+// TIP.PGE's, a compressed return's.
 // A small direct-mapped cache of the recent ones costs a load where the
 // block cache's table costs a probe of a large table.
 func (d *Decoder) ipBlock(ip uint64) *block {
