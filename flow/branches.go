@@ -310,6 +310,13 @@ func (b *Branches) Branch(from, to uint64, kind BranchKind) {
 	b.branch(from, to, k)
 }
 
+// Edges prints a `branch:` line for each of e (EdgeHandler).
+func (b *Branches) Edges(e []Edge) {
+	for i := range e {
+		b.Branch(e[i].From, e[i].To, e[i].Kind)
+	}
+}
+
 // Event prints the lines of the events that start, stop or break the path,
 // and ptwrites.
 func (b *Branches) Event(e *Event) {

@@ -74,6 +74,7 @@ type Decoder struct {
 	view Viewer // mem's, when it has one
 	opts Options
 	h    Handler
+	eh   EdgeHandler // h's, when it has Edges
 	pd   decode.PacketDecoder
 	pb   packetBatch
 	pk   decode.Packet
@@ -188,6 +189,7 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 // decode is Decode's loop; a Stream runs it over its window.
 func (d *Decoder) decode(trace []byte, h Handler) {
 	d.h = h
+	d.eh, _ = h.(EdgeHandler)
 	defer d.flushUnnamed()
 	d.resetPackets(trace)
 	d.resetState()

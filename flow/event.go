@@ -223,6 +223,22 @@ type Handler interface {
 	Event(e *Event)
 }
 
+// Edge is a taken control transfer, as Handler.Branch gets it.
+type Edge struct {
+	From, To uint64
+	Kind     BranchKind
+}
+
+// EdgeHandler is a Handler that also takes branches in batches: where the
+// decoder has several in a row (its fast path), it calls Edges with them,
+// in order, instead of Branch for each; an interface call per branch is
+// a large share of a warm decode. Events come between batches, never
+// within one. Edges must not keep the slice past the call.
+type EdgeHandler interface {
+	Handler
+	Edges(e []Edge)
+}
+
 // BranchKind says how control moved.
 type BranchKind uint8
 

@@ -30,6 +30,27 @@ type fastState struct {
 	// bytes counts the trace bytes it took: tests check that it takes
 	// the bulk of a trace.
 	bytes uint64
+	// edges are the branches taken one by one and not yet handed to the
+	// Handler: a batch for Edges, sent before a run's edges, an event,
+	// and when the fast path stops.
+	edges [edgeBatch]Edge
+}
+
+// edgeBatch is the most branches the fast path hands over at once, but
+// for a run's.
+const edgeBatch = 64
+
+// sendEdges hands e to the Handler: at once to Edges (its capacity cut to
+// its length: a run keeps its return addresses after its edges), else one
+// by one.
+func (d *Decoder) sendEdges(e []Edge) {
+	if d.eh != nil {
+		d.eh.Edges(e[:len(e):len(e)])
+		return
+	}
+	for i := range e {
+		d.h.Branch(e[i].From, e[i].To, e[i].Kind)
+	}
 }
 
 // fastTIP is a TIP the fast path read ahead and the flow has not taken yet.
@@ -78,10 +99,13 @@ func (d *Decoder) fast() error {
 	skipTiming := d.clock == nil
 	// b is the block at ip, once known.
 	var b *block
-	h := d.h
+	// The branches are batched in eb[:ne]; on is d.enabled, kept in a
+	// register across the calls.
+	eb, ne := &d.fp.edges, 0
+	on := d.enabled
 loop:
 	for {
-		if !d.enabled {
+		if !on {
 			// Tracing is off: a TIP.PGE turns it on, as read and
 			// fire do.
 			if pos = skipPad(buf, pos, end, skipTiming); pos > end {
@@ -98,10 +122,14 @@ loop:
 			last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
 			pos += 1 + n
 			// As read queues it and deliver fires it.
+			if ne > 0 {
+				d.sendEdges(eb[:ne])
+				ne = 0
+			}
 			d.qEv = Event{Kind: EvEnabled, IP: last, HasIP: true}
 			d.stamp(&d.qEv)
 			d.fireEv()
-			ip, steps, b = d.ip, d.steps, nil
+			ip, steps, b, on = d.ip, d.steps, nil, d.enabled
 		}
 		if nb == 0 && !tip.ok {
 			// Nothing pending: the next packet, as chain's and run's
@@ -142,7 +170,7 @@ loop:
 				// reads an event packet: code that is not there is
 				// the error.
 				if b == nil {
-					b = d.block(ip, d.mode)
+					b = d.ipBlock(ip)
 				}
 				if len(b.insns) == 0 {
 					break loop
@@ -153,10 +181,14 @@ loop:
 					pgd = 0
 				}
 				d.ip, d.steps, d.errIP = ip, steps, errIP
+				if ne > 0 {
+					d.sendEdges(eb[:ne])
+					ne = 0
+				}
 				ev := Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
 				d.stamp(&ev)
 				fired := d.fastDisable(b, &ev)
-				ip, steps, errIP, b = d.ip, d.steps, d.errIP, nil
+				ip, steps, errIP, b, on = d.ip, d.steps, d.errIP, nil, d.enabled
 				if !fired {
 					// Queued as read queues it.
 					d.q = append(d.q, queued{ev: ev, bind: bindBranch})
@@ -168,7 +200,7 @@ loop:
 			}
 		}
 		if b == nil {
-			b = d.block(ip, d.mode)
+			b = d.ipBlock(ip)
 		}
 		// The last instruction's index and class, from the block's
 		// header: a run leads to the next without a look at the
@@ -180,23 +212,34 @@ loop:
 		if c := class; nb > 0 && (c == x86insn.CondJump || c == x86insn.Jump || c == x86insn.Call) {
 			// The next bits' run, worked out once (tntrun.go).
 			k := min(nb, runBits)
-			r := d.tntRun(b, uint8(1<<k|tnt>>(nb-k)), k)
-			if steps+r.pre <= maxInsns && r.post <= maxInsns {
-				for i := range r.edges {
-					e := &r.edges[i]
-					if e.push {
-						d.pushRet(e.ret)
+			pat := uint8(1<<k | tnt>>(nb-k))
+			r := d.cache.runs.find(b, pat)
+			if r == nil {
+				r = d.tntRun(b, pat, k)
+			}
+			if steps+int(r.pre) <= maxInsns && int(r.post) <= maxInsns {
+				// The run's edges as they are, after the
+				// branches before them.
+				if ne > 0 {
+					d.sendEdges(eb[:ne])
+					ne = 0
+				}
+				if len(r.edges) > 0 {
+					d.sendEdges(r.edges)
+				}
+				if r.nrets > 0 {
+					for _, ret := range r.rets() {
+						d.pushRet(ret.From)
 					}
-					h.Branch(e.from, e.to, e.kind)
 				}
 				nb -= uint(r.used)
 				tnt &= 1<<nb - 1
-				steps += r.steps
+				steps += int(r.steps)
 				if r.bit {
-					d.sinceRef, steps = 0, r.steps
+					d.sinceRef, steps = 0, int(r.steps)
 				}
-				d.c.Insns += r.insns
-				errIP, ip, b = r.errIP, r.endIP, r.end
+				d.c.Insns += uint64(r.insns)
+				errIP, ip, b = r.errIP, r.end.ip, r.end
 				continue
 			}
 		}
@@ -215,7 +258,8 @@ loop:
 			tnt &= 1<<nb - 1
 			d.sinceRef, steps = 0, 0
 			if taken {
-				h.Branch(from, lst.target, BrCond)
+				eb[ne] = Edge{from, lst.target, BrCond}
+				ne++
 				ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
 			} else {
 				ip = next
@@ -233,7 +277,8 @@ loop:
 				kind = BrCall
 				d.pushCall(lst.target, next)
 			}
-			h.Branch(from, lst.target, kind)
+			eb[ne] = Edge{from, lst.target, kind}
+			ne++
 			ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
 		case x86insn.Ret:
 			if nb > 0 {
@@ -246,16 +291,18 @@ loop:
 				tnt &= 1<<nb - 1
 				d.sinceRef, steps = 0, 0
 				ip = d.popRet()
-				h.Branch(from, ip, BrReturn)
-				b = d.lastSucc(b, ip)
+				eb[ne] = Edge{from, ip, BrReturn}
+				ne++
+				b = d.ipBlock(ip)
 				break
 			}
 			if tip.supp {
 				break loop
 			}
 			tip.ok, steps = false, 0
-			h.Branch(from, tip.ip, BrReturn)
-			ip, b = tip.ip, d.lastSucc(b, tip.ip)
+			eb[ne] = Edge{from, tip.ip, BrReturn}
+			ne++
+			ip, b = tip.ip, d.ipBlock(tip.ip)
 		case x86insn.IndirectJump, x86insn.IndirectCall:
 			if nb > 0 || tip.supp {
 				break loop
@@ -266,13 +313,21 @@ loop:
 				kind = BrIndirectCall
 				d.pushRet(next)
 			}
-			h.Branch(from, tip.ip, kind)
-			ip, b = tip.ip, d.lastSucc(b, tip.ip)
+			eb[ne] = Edge{from, tip.ip, kind}
+			ne++
+			ip, b = tip.ip, d.ipBlock(tip.ip)
 		default:
 			break loop
 		}
 		d.c.Insns += uint64(n + 1)
 		errIP = from
+		if ne == len(eb) {
+			d.sendEdges(eb[:ne])
+			ne = 0
+		}
+	}
+	if ne > 0 {
+		d.sendEdges(eb[:ne])
 	}
 	if pos == pos0 && d.c.Insns == insns0 {
 		// Nothing done: the state is as it was.
@@ -311,19 +366,50 @@ func (d *Decoder) fixedSucc(p **block, ip uint64) *block {
 	return s
 }
 
-// lastSucc is the block at ip, the varying target of the return or
+// lastSucc is chain's block at ip, the varying target of the return or
 // indirect branch ending b, whose successors keep the last two targets'
-// blocks: taken the last (as chain keeps it), fall (which such a branch
-// has no use for) the one before.
+// blocks: taken the last, fall (which such a branch has no use for) the
+// one before. The fast path goes to ipBlock at once: which of the three
+// finds a target is not predictable, a hit in ipBlock is.
 func (d *Decoder) lastSucc(b *block, ip uint64) *block {
 	if s := b.taken; s != nil && s.ip == ip {
 		return s
 	}
 	s := b.fall
 	if s == nil || s.ip != ip {
-		s = d.block(ip, d.mode)
+		s = d.ipBlock(ip)
 	}
 	b.taken, b.fall = s, b.taken
+	return s
+}
+
+// ipBlock is the block at ip where the flow came by an IP packet or a
+// return: a TIP's target (a return to one of a function's many callers or
+// an interpreter's dispatch misses the two targets a block keeps), a
+// TIP.PGE's, a compressed return's.
+// A small direct-mapped cache of the recent ones costs a load where the
+// block cache's table costs a probe of a large table.
+func (d *Decoder) ipBlock(ip uint64) *block {
+	if t := d.cache.runs.tips; t != nil {
+		if s := t[ipHash(ip)]; s != nil && s.ip == ip && s.mode == d.mode {
+			return s
+		}
+	}
+	return d.ipMiss(ip)
+}
+
+// ipHash is the index in runCache.tips of the block at ip.
+func ipHash(ip uint64) uint64 { return ip * 0x9e3779b97f4a7c15 >> 52 & (recentTips - 1) }
+
+// ipMiss is ipBlock's miss (not inlined): the block from the block cache,
+// kept in the recent ones.
+func (d *Decoder) ipMiss(ip uint64) *block {
+	s := d.block(ip, d.mode)
+	c := &d.cache.runs
+	if c.tips == nil {
+		c.tips = make([]*block, recentTips)
+	}
+	c.tips[ipHash(ip)] = s
 	return s
 }
 
@@ -334,36 +420,39 @@ func (d *Decoder) lastSucc(b *block, ip uint64) *block {
 // a block's start, to the slow path.
 func (d *Decoder) fastDisable(b *block, ev *Event) bool {
 	for {
-		n := len(b.insns) - 1
+		// The block's header tells all but a direct branch's target:
+		// the instructions are loaded for that alone.
+		n, class := len(b.insns)-1, b.class
 		if n < 0 || d.steps+n+1 > d.opts.MaxInsns {
 			return false
 		}
-		lst := &b.insns[n]
-		switch lst.class {
+		switch class {
 		case x86insn.CondJump, x86insn.Ret, x86insn.IndirectJump, x86insn.IndirectCall, x86insn.FarTransfer,
 			x86insn.Jump, x86insn.Call:
 		default:
 			return false
 		}
+		from := b.ip + uint64(b.lastOff)
+		next := from + uint64(b.lastLen)
 		d.c.Insns += uint64(n + 1)
 		d.sinceRef += uint32(n + 1)
 		d.steps += n + 1
-		d.errIP = lst.ip
-		next := lst.ip + uint64(lst.len)
+		d.errIP = from
 		d.ip = next
-		switch lst.class {
+		switch class {
 		case x86insn.Jump, x86insn.Call:
-			if ev.HasIP && ev.IP == lst.target {
+			target := b.insns[n].target
+			if ev.HasIP && ev.IP == target {
 				break // disabledDirect
 			}
 			kind := BrJump
-			if lst.class == x86insn.Call {
+			if class == x86insn.Call {
 				kind = BrCall
-				d.pushCall(lst.target, next)
+				d.pushCall(target, next)
 			}
-			d.branch(lst.ip, lst.target, kind)
-			d.ip = lst.target
-			b = d.fixedSucc(&b.taken, d.ip)
+			d.branch(from, target, kind)
+			d.ip = target
+			b = d.fixedSucc(&b.taken, target)
 			continue
 		case x86insn.IndirectCall:
 			d.pushRet(next)

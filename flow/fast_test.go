@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"ptfs/decode"
 	"ptfs/decode/ptenc"
@@ -39,6 +40,23 @@ func (l *fullLog) Event(e *Event) {
 	l.items = append(l.items, logItem{ev: len(l.events)})
 }
 
+// edgeLog is a fullLog that takes branches in batches too.
+type edgeLog struct {
+	fullLog
+	t *testing.T
+}
+
+func (l *edgeLog) Edges(e []Edge) {
+	if len(e) == 0 || cap(e) != len(e) {
+		// A batch's capacity is its length: an append cannot write
+		// over what the decoder keeps after it.
+		l.t.Errorf("a batch of %d edges, capacity %d", len(e), cap(e))
+	}
+	for _, e := range e {
+		l.Branch(e.From, e.To, e.Kind)
+	}
+}
+
 func (l *fullLog) line(i int) string {
 	if it := l.items[i]; it.ev > 0 {
 		return l.events[it.ev-1]
@@ -50,7 +68,9 @@ func (l *fullLog) line(i int) string {
 // sameFast decodes trace for a reader of branches with the fast path off
 // and on, fails t where the branches, events or counters differ, and
 // returns the counters. Each decoder decodes twice, the second time with
-// its caches warm (and what a decoder keeps from one trace to the next).
+// its caches warm (and what a decoder keeps from one trace to the next);
+// the fast path's Handler takes branches one by one the first time, in
+// batches (EdgeHandler) the second.
 func sameFast(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
 	t.Helper()
 	opts.NoInsns = true
@@ -58,10 +78,15 @@ func sameFast(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
 	ds.fp.off = true
 	defer func() { fastBytes += df.fp.bytes }()
 	for pass := range 2 {
-		var slow, fast fullLog
+		var slow fullLog
+		fast := edgeLog{t: t}
 		ds.c, df.c = Counters{}, Counters{}
 		ds.Decode(trace, &slow)
-		df.Decode(trace, &fast)
+		if pass == 0 {
+			df.Decode(trace, &fast.fullLog)
+		} else {
+			df.Decode(trace, &fast)
+		}
 		if ds.Counters() != df.Counters() {
 			t.Errorf("pass %d: counters %+v with the fast path, %+v without", pass, df.Counters(), ds.Counters())
 		}
@@ -242,6 +267,17 @@ func TestFastTakesOver(t *testing.T) {
 	}
 	if a := testing.AllocsPerRun(5, func() { d.Decode(trace, &c) }); a != 0 {
 		t.Errorf("%v allocations per warm decode of a loop, want 0", a)
+	}
+}
+
+// TestCacheLines holds blocks and runs to a cache line each: the fast path
+// loads one line per block or run it goes through.
+func TestCacheLines(t *testing.T) {
+	if s := unsafe.Sizeof(block{}); s != 64 {
+		t.Errorf("a block is %d bytes, want 64", s)
+	}
+	if s := unsafe.Sizeof(tntRun{}); s != 64 {
+		t.Errorf("a run is %d bytes, want 64", s)
 	}
 }
 

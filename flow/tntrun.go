@@ -20,39 +20,43 @@ const runJumps = 16
 // to runJumps+1 jumps or calls before each.
 const maxRunEdges = runBits * (runJumps + 2)
 
-// edge is a taken branch of a run.
-type edge struct {
-	from, to uint64
-	// ret is the return address a call pushes (push).
-	ret  uint64
-	kind BranchKind
-	push bool
-}
-
 // tntRun is what a run does: its edges, the block it ends at, and what the
-// decoder's counters and bounds see of it.
+// decoder's counters and bounds see of it. It is a cache line (64 bytes,
+// from a slab of page-aligned chunks): the fast path looks up a run per
+// TNT packet, and a run is more often out of the cache than not.
 type tntRun struct {
-	edges []edge
-	// end is the block at endIP, where the run stopped: after its last
-	// bit, or before a block it does not go through (a return, an
-	// indirect branch, anything but a conditional branch or direct jump
-	// or call, more than runJumps blocks without a bit).
-	end   *block
-	endIP uint64
+	// edges are handed to the Handler as they are (Edges). Past their
+	// length, within their capacity, are the nrets return addresses the
+	// run's calls push, in order (in From; a run has no return).
+	edges []Edge
+	// end is the block where the run stopped: after its last bit, or
+	// before a block it does not go through (a return, an indirect
+	// branch, anything but a conditional branch or direct jump or call,
+	// more than runJumps blocks without a bit).
+	end *block
 	// errIP is the last branch instruction of the run.
 	errIP uint64
-	insns uint64
+	// next is the start block's next run (block.runs).
+	next *tntRun
 	// pre is the most instructions the walk counts toward MaxInsns,
 	// before the first bit, on top of those counted before the run; post
 	// the most after it. steps is the count after the run: on top of
-	// those before it when it took no bit (bit), else alone.
-	pre, post, steps int
-	used             uint8 // bits taken
-	bit              bool
-	// pat is the bits the run is for (below a stop bit, as in a TNT.8);
-	// next is the start block's next run (block.runs).
-	pat  uint8
-	next *tntRun
+	// those before it when it took no bit (bit), else alone. A run goes
+	// through at most 6*(runJumps+2) blocks of maxBlock instructions: 16
+	// bits hold the counts.
+	insns, pre, post, steps uint16
+	used                    uint8 // bits taken
+	bit                     bool
+	// pat is the bits the run is for (below a stop bit, as in a TNT.8).
+	pat   uint8
+	nrets uint8
+	_     [4]byte
+}
+
+// rets returns the return addresses r's calls push, in order.
+func (r *tntRun) rets() []Edge {
+	n := len(r.edges)
+	return r.edges[n : n+int(r.nrets)]
 }
 
 // runCache holds the slabs runs and their edges are allocated from; a
@@ -60,13 +64,17 @@ type tntRun struct {
 // cache.
 type runCache struct {
 	runs  slab[tntRun]
-	edges slab[edge]
-	tmp   [maxRunEdges]edge
+	edges slab[Edge]
+	// tmp holds a run's edges and its return addresses while it is
+	// worked out.
+	tmp [2 * maxRunEdges]Edge
 	// recent is a direct-mapped cache over the blocks' lists (runHash),
-	// allocated on the first run: a run that is not its block's first
-	// (patterns alternating in a loop) costs a load instead of a walk
-	// of the list.
+	// allocated on the first run: a run costs a load instead of a walk
+	// of its block's list.
 	recent []runRef
+	// tips is a direct-mapped cache of the blocks at recent IP packets'
+	// targets (ipBlock), allocated on the first miss.
+	tips []*block
 }
 
 // runRef is a recent entry: the run r of block b.
@@ -77,6 +85,9 @@ type runRef struct {
 
 // recentRuns is the size of runCache.recent (16 bytes an entry).
 const recentRuns = 1 << 11
+
+// recentTips is the size of runCache.tips (8 bytes an entry).
+const recentTips = 1 << 11
 
 // Slab sizes: the first chunk's and the largest.
 const (
@@ -90,6 +101,7 @@ func (c *runCache) drop() {
 	c.runs.drop()
 	c.edges.drop()
 	clear(c.recent)
+	clear(c.tips)
 }
 
 // runHash is the index in runCache.recent of block b's run with pat.
@@ -97,44 +109,49 @@ func runHash(b *block, pat uint8) uint64 {
 	return (b.ip ^ uint64(pat)<<56) * 0x9e3779b97f4a7c15 >> 53 & (recentRuns - 1)
 }
 
-// add keeps a copy of r with edges as a run of b.
-func (c *runCache) add(b *block, r *tntRun, edges []edge) *tntRun {
+// add keeps a copy of r with edges, and its return addresses after them
+// (r.nrets at the end of edges), as a run of b.
+func (c *runCache) add(b *block, r *tntRun, edges []Edge) *tntRun {
 	kept := c.runs.take(runSlabLo, runSlab)
 	*kept = *r
-	kept.edges = c.edges.copy(edges, edgeSlabLo, edgeSlab)
+	kept.edges = c.edges.copy(edges, edgeSlabLo, edgeSlab)[:len(edges)-int(r.nrets)]
 	kept.next, b.runs = b.runs, kept
 	return kept
 }
 
+// find returns the run from block b with pat from the recent cache, or
+// nil: the fast path's lookup, small enough to be inlined there.
+func (c *runCache) find(b *block, pat uint8) *tntRun {
+	if c.recent == nil {
+		return nil
+	}
+	if ref := &c.recent[runHash(b, pat)]; ref.b == b && ref.r.pat == pat {
+		return ref.r
+	}
+	return nil
+}
+
 // tntRun returns the run from block b (ending in a conditional branch or a
 // direct jump or call) with the k (1..runBits) bits of pat below its stop
-// bit, working it out on the first use.
+// bit, not in the recent cache (find): from its block's list, or worked
+// out on the first use; the recent cache keeps it.
 func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
-	// The last one found in the list first: a loop's pattern is found
-	// at once; then the recent cache, then the list.
-	if r := b.runs; r != nil && r.pat == pat {
-		return r
-	}
 	c := &d.cache.runs
-	ref := (*runRef)(nil)
-	if c.recent != nil {
-		ref = &c.recent[runHash(b, pat)]
-		if ref.b == b && ref.r.pat == pat {
-			return ref.r
-		}
+	if c.recent == nil {
+		c.recent = make([]runRef, recentRuns)
 	}
-	for p := &b.runs; *p != nil; p = &(*p).next {
-		if r := *p; r.pat == pat {
-			*p, r.next, b.runs = r.next, b.runs, r
-			if ref != nil {
-				*ref = runRef{b, r}
-			}
+	ref := &c.recent[runHash(b, pat)]
+	for r := b.runs; r != nil; r = r.next {
+		if r.pat == pat {
+			*ref = runRef{b, r}
 			return r
 		}
 	}
 	start := b
 	r := tntRun{pat: pat}
-	edges := d.cache.runs.tmp[:0]
+	// The edges (at most maxRunEdges) from tmp's start, the return
+	// addresses from its middle: appended to the edges in the end.
+	edges, rets := c.tmp[:0:len(c.tmp)], c.tmp[maxRunEdges:maxRunEdges]
 	steps, jumps := 0, 0
 walk:
 	for uint(r.used) < k {
@@ -150,7 +167,7 @@ walk:
 			break walk
 		}
 		// The walk's MaxInsns check before the block.
-		if need := steps + n + 1; r.bit {
+		if need := uint16(steps + n + 1); r.bit {
 			r.post = max(r.post, need)
 		} else {
 			r.pre = max(r.pre, need)
@@ -159,7 +176,7 @@ walk:
 			r.used++
 			r.bit, steps, jumps = true, 0, 0
 			if pat>>(k-uint(r.used))&1 == 1 {
-				edges = append(edges, edge{from: lst.ip, to: lst.target, kind: BrCond})
+				edges = append(edges, Edge{From: lst.ip, To: lst.target, Kind: BrCond})
 				next = lst.target
 			} else {
 				succ = &b.fall
@@ -167,24 +184,25 @@ walk:
 		} else {
 			steps += n + 1
 			jumps++
-			e := edge{from: lst.ip, to: lst.target, kind: BrJump}
+			e := Edge{From: lst.ip, To: lst.target, Kind: BrJump}
 			if lst.class == x86insn.Call {
+				e.Kind = BrCall
 				// As pushCall: a call to the next instruction
 				// pushes nothing.
-				e.kind, e.ret, e.push = BrCall, next, lst.target != next
+				if lst.target != next {
+					rets = append(rets, Edge{From: next})
+				}
 			}
 			edges = append(edges, e)
 			next = lst.target
 		}
-		r.insns += uint64(n + 1)
+		r.insns += uint16(n + 1)
 		r.errIP = lst.ip
 		b = d.fixedSucc(succ, next)
-		r.endIP = next
 	}
-	r.end, r.steps = b, steps
-	d.cache.insns += 2 + len(edges)
-	if c.recent == nil {
-		c.recent = make([]runRef, recentRuns)
-	}
-	return c.add(start, &r, edges)
+	r.end, r.steps, r.nrets = b, uint16(steps), uint8(len(rets))
+	d.cache.insns += 2 + len(edges) + len(rets)
+	kept := c.add(start, &r, append(edges, rets...))
+	*ref = runRef{start, kept}
+	return kept
 }

@@ -249,6 +249,13 @@ func (d *Decoder) Branch(from, to uint64, k flow.BranchKind) {
 	d.out.Branch(from, to, k)
 }
 
+// Edges passes the branches on (flow.EdgeHandler): a batch has no event
+// within it, so one time holds for all of it.
+func (d *Decoder) Edges(e []flow.Edge) {
+	d.advance(false)
+	d.out.Edges(e)
+}
+
 // Event passes the event on, after the side band due at its time. After
 // an error the code is looked up afresh: the block that failed may be
 // there when the decoder resynchronises later.
