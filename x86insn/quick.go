@@ -89,8 +89,13 @@ func init() {
 // of the instruction after them, which ends the run. A block decoder
 // calls it once where Step would be called per instruction.
 func Run(code []byte, pc uint64, lens []uint8) (n int, last Flow, err error) {
-	for off := 0; n < len(lens) && len(code)-off >= MaxLen; n++ {
-		c := code[off : off+MaxLen]
+	// Few values live across instructions (the offset, the count): the
+	// last one's Flow is made when the run ends. The general scan's
+	// fall-through is kept: xbegin has a target.
+	off, fellN := 0, -1
+	var fell Flow
+	for ; n < len(lens) && len(code)-off >= MaxLen; n++ {
+		c := (*[MaxLen]byte)(code[off:])
 		// An optional REX, and whether there is a ModRM, without a
 		// branch: either way about as often (a mispredicted branch
 		// costs more than the rest of the decode).
@@ -108,34 +113,49 @@ func Run(code []byte, pc uint64, lens []uint8) (n int, last Flow, err error) {
 		}
 		// SIB base 5 takes a displacement where mod is 0.
 		base5 := int((uint64(c[i+2]&7^5) - 1) >> 63)
-		i += int(modrmLens[base5][m]) & -int(e>>4&1)
+		i += 1 + int(modrmLens[base5][m])&-int(e>>4&1) // past the opcode and ModRM
 		if e&qSlow != 0 {
-			in, err := stepScan(code[off:], pc)
+			in, err := stepScan(code[off:], pc+uint64(off))
 			if err != nil {
-				return n, last, err
+				return n, prior(lens, n, fell, fellN), err
 			}
-			last = in
-		} else {
-			imm := int(e & qImm)
-			i++ // past the opcode
-			last = Flow{Len: i + imm, Class: Class(e >> 8)}
-			if last.Class >= CondJump && last.Class <= Call {
+			lens[n] = uint8(in.Len)
+			if in.Class != NotBranch {
+				return n + 1, in, nil
+			}
+			off += in.Len
+			fell, fellN = in, n
+			continue
+		}
+		imm := int(e & qImm)
+		lens[n] = uint8(i + imm)
+		if class := Class(e >> 8); class != NotBranch {
+			in := Flow{Len: i + imm, Class: class}
+			if class >= CondJump && class <= Call {
 				// The relative branches: rel8 or rel32 (rel16
 				// needs 66).
-				last.RelWidth = imm
+				in.RelWidth = imm
 				rel := int64(int8(c[i]))
 				if imm == 4 {
 					rel = int64(int32(binary.LittleEndian.Uint32(c[i:])))
 				}
-				last.Target = pc + uint64(last.Len) + uint64(rel)
+				in.Target = pc + uint64(off+in.Len) + uint64(rel)
 			}
+			return n + 1, in, nil
 		}
-		lens[n] = uint8(last.Len)
-		if last.Class != NotBranch {
-			return n + 1, last, nil
-		}
-		off += last.Len
-		pc += uint64(last.Len)
+		off += i + imm
 	}
-	return n, last, nil
+	return n, prior(lens, n, fell, fellN), nil
+}
+
+// prior is the Flow of the last of n instructions, which fell through:
+// fell when the general scan decoded it (instruction fellN).
+func prior(lens []uint8, n int, fell Flow, fellN int) Flow {
+	switch {
+	case n == 0:
+		return Flow{}
+	case fellN == n-1:
+		return fell
+	}
+	return Flow{Len: int(lens[n-1])}
 }

@@ -38,6 +38,8 @@ func TestRun(t *testing.T) {
 		{"general scan", pad(hexBytes(t, "f3 0f 1e fa 66 90 c5 f8 77 66 2e 0f 1f 84 00 00 00 00 00 c3")), 64,
 			[]uint8{4, 2, 3, 10, 1}, Ret, 0, nil},
 		{"xbegin is no branch", pad(hexBytes(t, "c7 f8 00 00 00 00 c3")), 64, []uint8{6, 1}, Ret, 0, nil},
+		{"xbegin keeps its target", pad(hexBytes(t, "c7 f8 10 00 00 00 c3")), 1, []uint8{6}, NotBranch, 0x1016, nil},
+		{"after xbegin", pad(hexBytes(t, "c7 f8 10 00 00 00 48 89 e5 c3")), 2, []uint8{6, 3}, NotBranch, 0, nil},
 		{"lens bound", pad(hexBytes(t, "90 90 90 c3")), 2, []uint8{1, 1}, NotBranch, 0, nil},
 		{"bytes end", hexBytes(t, "90 90 90 00 00 00 00 00 00 00 00 00 00 00 00 00"), 64, []uint8{1, 1}, NotBranch, 0, nil},
 		{"invalid", pad(hexBytes(t, "90 06")), 64, []uint8{1}, NotBranch, 0, ErrInvalid},
