@@ -45,6 +45,12 @@ type block struct {
 	stop uint8
 }
 
+// count returns the number of the block's instructions.
+func (b *block) count() int { return len(b.insns) }
+
+// last returns the block's last instruction (count() > 0).
+func (b *block) last() insn { return b.insns[len(b.insns)-1] }
+
 // blockErrs are a block's errors (block.err), by block.stop.
 var blockErrs = [...]error{nil, stopNoMap: ErrNoMap, stopBadInsn: ErrBadInsn}
 

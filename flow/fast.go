@@ -144,7 +144,7 @@ loop:
 				if b == nil {
 					b = d.block(ip, d.mode)
 				}
-				if len(b.insns) == 0 {
+				if b.count() == 0 {
 					break loop
 				}
 				pgd := decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
@@ -173,7 +173,7 @@ loop:
 		// The last instruction's index and class, from the block's
 		// header: a run leads to the next without a look at the
 		// block's instructions.
-		n, class := len(b.insns)-1, b.class
+		n, class := b.count()-1, b.class
 		if n < 0 || steps+n+1 > maxInsns {
 			break
 		}
@@ -202,7 +202,7 @@ loop:
 		}
 		// The branch's address and the next instruction's, from the
 		// header too: a return or an indirect branch needs no more.
-		lst := &b.insns[n]
+		lst := b.last()
 		from := b.ip + uint64(b.lastOff)
 		next := from + uint64(b.lastLen)
 		switch class {
@@ -334,11 +334,11 @@ func (d *Decoder) lastSucc(b *block, ip uint64) *block {
 // a block's start, to the slow path.
 func (d *Decoder) fastDisable(b *block, ev *Event) bool {
 	for {
-		n := len(b.insns) - 1
+		n := b.count() - 1
 		if n < 0 || d.steps+n+1 > d.opts.MaxInsns {
 			return false
 		}
-		lst := &b.insns[n]
+		lst := b.last()
 		switch lst.class {
 		case x86insn.CondJump, x86insn.Ret, x86insn.IndirectJump, x86insn.IndirectCall, x86insn.FarTransfer,
 			x86insn.Jump, x86insn.Call:
