@@ -5,11 +5,14 @@ import "ptfs/x86insn"
 // maxBlock bounds the instructions of one cached block.
 const maxBlock = 64
 
-// maxCached bounds the instructions the cache holds (24 bytes each); it is
-// dropped whole when full.
+// maxCached bounds the instructions the cache holds (a byte each, and a
+// block for each run of them); it is dropped whole when full.
 const maxCached = 1 << 20
 
-// insn is one decoded instruction of a block.
+// insn is one instruction of a block, as the walk executes it: the block
+// keeps only the lengths of the instructions before its last (which are
+// plain fall-throughs) and the last one's class and target (block.at,
+// block.last).
 type insn struct {
 	ip     uint64
 	target uint64
@@ -19,13 +22,19 @@ type insn struct {
 
 // block is a run of instructions from its first up to and including the
 // first that is not a plain fall-through (a branch or ptwrite), at most
-// maxBlock long, decoded in mode. It is a cache line (64 bytes, no
-// interface): the fast path finds in it what the next step needs (the
-// start to check a varying successor by, the last instruction's class,
-// the runs) without a load of the instructions.
+// maxBlock long, decoded in mode. It is less than a cache line (56 bytes,
+// no interface, no instruction records: a length byte per instruction):
+// the fast path finds in it what the next step needs (the start to check a
+// varying successor by, the last instruction's class, offset, length and
+// target, the runs) with no other load.
 type block struct {
-	insns []insn
-	ip    uint64 // the first instruction's
+	// lens are the instructions' lengths, n of them, in the cache's
+	// length slab.
+	lens *[maxBlock]uint8
+	ip   uint64 // the first instruction's
+	// target is the last instruction's relative target (a direct
+	// branch's).
+	target uint64
 	// taken and fall are the blocks the branch at the end leads to
 	// (taken: a direct jump, call or taken conditional branch), once
 	// chain went there; nil until then. For a return or an indirect
@@ -33,6 +42,7 @@ type block struct {
 	taken, fall *block
 	// runs are the TNT runs from the block (tntrun.go), a list.
 	runs *tntRun
+	n    uint8 // instructions
 	mode Mode
 	// class is the last instruction's (none for no instruction).
 	class x86insn.Class
@@ -46,10 +56,20 @@ type block struct {
 }
 
 // count returns the number of the block's instructions.
-func (b *block) count() int { return len(b.insns) }
+func (b *block) count() int { return int(b.n) }
 
-// last returns the block's last instruction (count() > 0).
-func (b *block) last() insn { return b.insns[len(b.insns)-1] }
+// last returns the block's last instruction (n > 0).
+func (b *block) last() insn {
+	return insn{ip: b.ip + uint64(b.lastOff), target: b.target, len: b.lastLen, class: b.class}
+}
+
+// at returns the block's instruction i, located at ip.
+func (b *block) at(i int, ip uint64) insn {
+	if i == int(b.n)-1 {
+		return b.last()
+	}
+	return insn{ip: ip, len: b.lens[i]}
+}
 
 // blockErrs are a block's errors (block.err), by block.stop.
 var blockErrs = [...]error{nil, stopNoMap: ErrNoMap, stopBadInsn: ErrBadInsn}
@@ -78,7 +98,7 @@ type blockCache struct {
 	drops uint64
 
 	blocks slab[block] // the next blocks
-	code   slab[insn]  // the next blocks' instructions
+	lens   slab[uint8] // the next blocks' instruction lengths
 
 	// view is the Memory's bytes from vpc on (Viewer), kept from block
 	// to block: the next block is often in the same mapping. It is
@@ -100,8 +120,8 @@ const (
 	minSlots    = 1 << 10
 	blockSlabLo = 1 << 6
 	blockSlab   = 1 << 9
-	insnSlabLo  = 1 << 9
-	insnSlab    = 1 << 12
+	lenSlabLo   = 1 << 11
+	lenSlab     = 1 << 14
 )
 
 func (c *blockCache) init() { c.slots = make([]slot, minSlots) }
@@ -120,7 +140,7 @@ func (c *blockCache) drop() {
 	clear(c.slots)
 	c.n, c.insns = 0, 0
 	c.blocks.drop()
-	c.code.drop()
+	c.lens.drop()
 	c.view = nil
 	c.runs.drop()
 	c.drops++
@@ -155,7 +175,7 @@ func (c *blockCache) insert(ip uint64, mode Mode, b *block) {
 	}
 	c.put(slot{ip, b})
 	c.n++
-	c.insns += len(b.insns) + 1
+	c.insns += int(b.n) + 1
 }
 
 func (c *blockCache) put(s slot) {
@@ -167,22 +187,23 @@ func (c *blockCache) put(s slot) {
 	c.slots[i] = s
 }
 
-// room returns the free part of the instruction slab, at least maxBlock
-// long and empty: block decodes into it, alloc takes what it used.
-func (c *blockCache) room() []insn {
-	return c.code.room(maxBlock, insnSlabLo, insnSlab)[:0:maxBlock]
+// room returns the free part of the length slab, at least maxBlock long:
+// block decodes into it, alloc takes what it used.
+func (c *blockCache) room() []uint8 {
+	return c.lens.room(maxBlock, lenSlabLo, lenSlab)[:maxBlock]
 }
 
 // alloc returns the block at ip in mode, from the slab, of the first n
-// instructions of room, stopped at blockErrs[stop].
-func (c *blockCache) alloc(ip uint64, n int, mode Mode, stop uint8) *block {
+// lengths of room, the last instruction last at lastIP, stopped at
+// blockErrs[stop].
+func (c *blockCache) alloc(ip uint64, room []uint8, n int, last x86insn.Flow, lastIP uint64, mode Mode, stop uint8) *block {
 	b := c.blocks.take(blockSlabLo, blockSlab)
 	// Field by field into the zeroed slab: a whole block written at
 	// once is copied with a bulk write barrier while the GC marks.
-	b.insns, b.ip, b.mode, b.stop = c.code.used(n), ip, mode, stop
+	b.lens, b.ip, b.n, b.mode, b.stop = (*[maxBlock]uint8)(room), ip, uint8(n), mode, stop
+	c.lens.used(n)
 	if n > 0 {
-		lst := &b.insns[n-1]
-		b.class, b.lastLen, b.lastOff = lst.class, lst.len, uint16(lst.ip-ip)
+		b.class, b.lastLen, b.lastOff, b.target = last.Class, uint8(last.Len), uint16(lastIP-ip), last.Target
 	}
 	return b
 }
@@ -207,9 +228,10 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 	c := &d.cache
 	for range 3 {
 		drops := c.drops
-		ins, stop := d.decodeBlock(c.room(), ip, mode)
+		room := c.room()
+		n, last, lastIP, stop := d.decodeBlock(room, ip, mode)
 		if c.drops == drops {
-			b := c.alloc(ip, len(ins), mode, stop)
+			b := c.alloc(ip, room, n, last, lastIP, mode, stop)
 			c.insert(ip, mode, b)
 			return b
 		}
@@ -220,35 +242,57 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 	return &block{ip: ip, mode: mode, stop: stopNoMap}
 }
 
-// decodeBlock decodes the block at ip in mode into ins (empty, at least
-// maxBlock long).
-func (d *Decoder) decodeBlock(ins []insn, ip uint64, mode Mode) ([]insn, uint8) {
+// decodeBlock decodes the block at ip in mode: the instructions' lengths
+// into lens (maxBlock long), how many, the last one and where it is, and
+// why decoding stopped after it.
+func (d *Decoder) decodeBlock(lens []uint8, ip uint64, mode Mode) (n int, last x86insn.Flow, lastIP uint64, stop uint8) {
 	c := &d.cache
-	var stop uint8 // blockErrs
 	pc := ip
 	bits := mode.bits()
-	for len(ins) < maxBlock {
-		// The instruction's bytes: in place in the Viewer's bytes, but
-		// within MaxLen of their end, where ReadAt goes on into an
-		// adjacent mapping.
+	for n < maxBlock {
+		// The instructions' bytes: in place in the Viewer's bytes, kept
+		// from block to block, but within MaxLen of their end, where
+		// ReadAt goes on into an adjacent mapping.
 		var code []byte
-		if off := pc - c.vpc; off < uint64(len(c.view)) && uint64(len(c.view))-off >= x86insn.MaxLen {
-			code = c.view[off : off+x86insn.MaxLen]
-		} else if v, err := d.viewAt(pc); len(v) >= x86insn.MaxLen {
-			c.view, c.vpc, code = v, pc, v[:x86insn.MaxLen]
-		} else if err != nil { // no byte known at pc
-			stop = stopNoMap
-			break
-		} else {
-			n, _ := d.mem.ReadAt(d.buf[:], pc)
-			if n <= 0 {
-				stop = stopNoMap
-				break
+		off := pc - c.vpc
+		if off >= uint64(len(c.view)) || uint64(len(c.view))-off < x86insn.MaxLen {
+			if v, err := d.viewAt(pc); len(v) >= x86insn.MaxLen {
+				c.view, c.vpc, off = v, pc, 0
+			} else if err != nil { // no byte known at pc
+				return n, last, lastIP, stopNoMap
+			} else {
+				k, _ := d.mem.ReadAt(d.buf[:], pc)
+				if k <= 0 {
+					return n, last, lastIP, stopNoMap
+				}
+				code = d.buf[:k]
 			}
-			code = d.buf[:n]
 		}
-		// 64-bit code takes the length decoder's tables alone (no text,
-		// no allocation, lengths x86asm misreads); 16/32-bit is x86asm's.
+		if code == nil && bits == 64 {
+			// 64-bit code in place: the length decoder's tables
+			// alone (no text, no allocation, lengths x86asm
+			// misreads), the instructions up to the branch at once.
+			k, in, err := x86insn.Run(c.view[off:], pc, lens[n:])
+			if k > 0 {
+				last = in
+				for _, l := range lens[n : n+k-1] {
+					pc += uint64(l)
+				}
+				lastIP, pc, n = pc, pc+uint64(in.Len), n+k
+				if in.Class != x86insn.NotBranch {
+					return n, last, lastIP, 0
+				}
+			}
+			if err != nil {
+				return n, last, lastIP, stopBadInsn
+			}
+			continue
+		}
+		if code == nil {
+			code = c.view[off : off+x86insn.MaxLen]
+		}
+		// One instruction: near the end of the bytes (Step), or
+		// 16/32-bit code (x86asm's).
 		var in x86insn.Flow
 		var err error
 		if bits == 64 {
@@ -259,14 +303,14 @@ func (d *Decoder) decodeBlock(ins []insn, ip uint64, mode Mode) ([]insn, uint8) 
 			in = x.Flow
 		}
 		if err != nil {
-			stop = stopBadInsn
-			break
+			return n, last, lastIP, stopBadInsn
 		}
-		ins = append(ins, insn{ip: pc, target: in.Target, len: uint8(in.Len), class: in.Class})
+		lens[n], last, lastIP = uint8(in.Len), in, pc
+		n++
 		if in.Class != x86insn.NotBranch {
 			break
 		}
 		pc += uint64(in.Len)
 	}
-	return ins, stop
+	return n, last, lastIP, 0
 }

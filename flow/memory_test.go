@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"ptfs/images"
 )
@@ -66,8 +67,8 @@ func TestBlockCacheBound(t *testing.T) {
 	for round := 0; round < 2; round++ {
 		for ip := uint64(0x10000); ip < 0x10000+uint64(len(code)); ip++ {
 			before := d.cache.insns
-			if b := d.block(ip, Mode64); len(b.insns) == 0 || b.insns[0].ip != ip {
-				t.Fatalf("block at %x: %d instructions", ip, len(b.insns))
+			if b := d.block(ip, Mode64); b.n == 0 || b.ip != ip {
+				t.Fatalf("block at %x: %d instructions", ip, b.n)
 			}
 			if d.cache.insns < before {
 				drops++
@@ -116,8 +117,8 @@ func TestBlockView(t *testing.T) {
 	gaps := 0
 	for ip := uint64(base); ip < base+uint64(cuts[len(cuts)-1]); ip++ {
 		v, r := viewed.block(ip, Mode64), read.block(ip, Mode64)
-		if !slices.Equal(v.insns, r.insns) || !errors.Is(v.err(), r.err()) || !errors.Is(r.err(), v.err()) {
-			t.Fatalf("block at 0x%x: through View %v %v, through ReadAt %v %v", ip, v.insns, v.err(), r.insns, r.err())
+		if vi, ri := v.insns(), r.insns(); !slices.Equal(vi, ri) || !errors.Is(v.err(), r.err()) || !errors.Is(r.err(), v.err()) {
+			t.Fatalf("block at 0x%x: through View %v %v, through ReadAt %v %v", ip, vi, v.err(), ri, r.err())
 		}
 		if errors.Is(v.err(), ErrNoMap) {
 			gaps++
@@ -126,4 +127,23 @@ func TestBlockView(t *testing.T) {
 	if gaps == 0 {
 		t.Error("no block ran into the gap")
 	}
+}
+
+// TestBlockSize: a block header stays within a cache line, which the fast
+// path's step from block to block loads.
+func TestBlockSize(t *testing.T) {
+	if n := unsafe.Sizeof(block{}); n != 56 {
+		t.Errorf("a block is %d bytes, not 56", n)
+	}
+}
+
+// insns lists b's instructions.
+func (b *block) insns() []insn {
+	var ins []insn
+	ip := b.ip
+	for i := range int(b.n) {
+		ins = append(ins, b.at(i, ip))
+		ip += uint64(ins[i].len)
+	}
+	return ins
 }
