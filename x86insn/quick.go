@@ -19,9 +19,10 @@ type quickEntry uint16
 const (
 	qImm     quickEntry = 0x0f // immediate (or relative displacement) size
 	qModRM   quickEntry = 1 << 4
-	qSlow    quickEntry = 1 << 5 // the general scan's
-	qEscape  quickEntry = 1 << 6 // 0F: the entry is quick0F's
-	qByModRM quickEntry = 1 << 7 // immediate and class by ModRM (byModRM)
+	qSlow    quickEntry = 1 << 5  // the general scan's
+	qEscape  quickEntry = 1 << 6  // 0F: the entry is quick0F's
+	qByModRM quickEntry = 1 << 7  // immediate and class by ModRM (byModRM)
+	qEnd     quickEntry = 1 << 15 // quickRun's: the lengths or the bytes ended
 )
 
 // quick1 is the entry of each 1-byte opcode, by REX.W.
@@ -89,11 +90,53 @@ func init() {
 // of the instruction after them, which ends the run. A block decoder
 // calls it once where Step would be called per instruction.
 func Run(code []byte, pc uint64, lens []uint8) (n int, last Flow, err error) {
-	// Few values live across instructions (the offset, the count): the
-	// last one's Flow is made when the run ends. The general scan's
-	// fall-through is kept: xbegin has a target.
 	off, fellN := 0, -1
-	var fell Flow
+	var fell Flow // the general scan's last fall-through: xbegin has a target
+	for {
+		var e quickEntry
+		var i int
+		switch n, off, e, i = quickRun(code, off, lens, n); {
+		case e&qEnd != 0:
+			return n, prior(lens, n, fell, fellN), nil
+		case e&qSlow != 0:
+			in, err := stepScan(code[off:], pc+uint64(off))
+			if err != nil {
+				return n, prior(lens, n, fell, fellN), err
+			}
+			lens[n] = uint8(in.Len)
+			if n++; in.Class != NotBranch {
+				return n, in, nil
+			}
+			off += in.Len
+			fell, fellN = in, n-1
+		default:
+			// A branch of the tables; i is its immediate's offset.
+			imm := int(e & qImm)
+			in := Flow{Len: i + imm, Class: Class(e >> 8)}
+			lens[n] = uint8(in.Len)
+			if in.Class >= CondJump && in.Class <= Call {
+				// The relative branches: rel8 or rel32 (rel16
+				// needs 66).
+				c := code[off+i:]
+				in.RelWidth = imm
+				rel := int64(int8(c[0]))
+				if imm == 4 {
+					rel = int64(int32(binary.LittleEndian.Uint32(c)))
+				}
+				in.Target = pc + uint64(off+in.Len) + uint64(rel)
+			}
+			return n + 1, in, nil
+		}
+	}
+}
+
+// quickRun is Run's loop over the instructions of the tables that fall
+// through, their lengths into lens from n on: few values live across
+// them. It returns the count and offset where it stopped, at an
+// instruction that is not one of them (its entry e: a branch, i its
+// immediate's offset; or qSlow) or where the lengths or the bytes ended
+// (qEnd).
+func quickRun(code []byte, off int, lens []uint8, n int) (int, int, quickEntry, int) {
 	for ; n < len(lens) && len(code)-off >= MaxLen; n++ {
 		c := (*[MaxLen]byte)(code[off:])
 		// An optional REX, and whether there is a ModRM, without a
@@ -114,38 +157,14 @@ func Run(code []byte, pc uint64, lens []uint8) (n int, last Flow, err error) {
 		// SIB base 5 takes a displacement where mod is 0.
 		base5 := int((uint64(c[i+2]&7^5) - 1) >> 63)
 		i += 1 + int(modrmLens[base5][m])&-int(e>>4&1) // past the opcode and ModRM
-		if e&qSlow != 0 {
-			in, err := stepScan(code[off:], pc+uint64(off))
-			if err != nil {
-				return n, prior(lens, n, fell, fellN), err
-			}
-			lens[n] = uint8(in.Len)
-			if in.Class != NotBranch {
-				return n + 1, in, nil
-			}
-			off += in.Len
-			fell, fellN = in, n
-			continue
+		if e&(qSlow|0xff00) != 0 {
+			return n, off, e, i
 		}
-		imm := int(e & qImm)
-		lens[n] = uint8(i + imm)
-		if class := Class(e >> 8); class != NotBranch {
-			in := Flow{Len: i + imm, Class: class}
-			if class >= CondJump && class <= Call {
-				// The relative branches: rel8 or rel32 (rel16
-				// needs 66).
-				in.RelWidth = imm
-				rel := int64(int8(c[i]))
-				if imm == 4 {
-					rel = int64(int32(binary.LittleEndian.Uint32(c[i:])))
-				}
-				in.Target = pc + uint64(off+in.Len) + uint64(rel)
-			}
-			return n + 1, in, nil
-		}
-		off += i + imm
+		size := i + int(e&qImm)
+		lens[n] = uint8(size)
+		off += size
 	}
-	return n, prior(lens, n, fell, fellN), nil
+	return n, off, qEnd, 0
 }
 
 // prior is the Flow of the last of n instructions, which fell through:
