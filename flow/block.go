@@ -272,13 +272,10 @@ func (d *Decoder) decodeBlock(lens []uint8, ip uint64, mode Mode) (n int, last x
 			// 64-bit code in place: the length decoder's tables
 			// alone (no text, no allocation, lengths x86asm
 			// misreads), the instructions up to the branch at once.
-			k, in, err := x86insn.Run(c.view[off:], pc, lens[n:])
+			k, end, in, err := x86insn.Run(c.view[off:], pc, lens[n:])
 			if k > 0 {
-				last = in
-				for _, l := range lens[n : n+k-1] {
-					pc += uint64(l)
-				}
-				lastIP, pc, n = pc, pc+uint64(in.Len), n+k
+				last, pc, n = in, pc+uint64(end), n+k
+				lastIP = pc - uint64(in.Len)
 				if in.Class != x86insn.NotBranch {
 					return n, last, lastIP, 0
 				}

@@ -498,16 +498,12 @@ func BenchmarkWalk(b *testing.B) {
 		// the instructions near the end one by one.
 		var lens [64]uint8
 		walkN(b, func(code []byte, pc uint64) (int, int, error) {
-			n, _, _ := Run(code, pc, lens[:])
+			n, end, _, _ := Run(code, pc, lens[:])
 			if n == 0 {
 				in, err := Step(code, pc)
 				return in.Len, 1, err
 			}
-			size := 0
-			for _, l := range lens[:n] {
-				size += int(l)
-			}
-			return size, n, nil
+			return end, n, nil
 		})
 	})
 	b.Run("Length", func(b *testing.B) {

@@ -86,10 +86,10 @@ func init() {
 // including the first that is not NotBranch, at most len(lens) of them,
 // and only while MaxLen bytes are left in code (an instruction nearer its
 // end may go on in bytes that code does not hold: Step is for those). It
-// returns how many it decoded and the last one's Flow; err is the error
-// of the instruction after them, which ends the run. A block decoder
+// returns how many it decoded, the offset after them and the last one's
+// Flow; err is the error of the instruction after them, which ends the run. A block decoder
 // calls it once where Step would be called per instruction.
-func Run(code []byte, pc uint64, lens []uint8) (n int, last Flow, err error) {
+func Run(code []byte, pc uint64, lens []uint8) (n, end int, last Flow, err error) {
 	off, fellN := 0, -1
 	var fell Flow // the general scan's last fall-through: xbegin has a target
 	for {
@@ -97,15 +97,15 @@ func Run(code []byte, pc uint64, lens []uint8) (n int, last Flow, err error) {
 		var i int
 		switch n, off, e, i = quickRun(code, off, lens, n); {
 		case e&qEnd != 0:
-			return n, prior(lens, n, fell, fellN), nil
+			return n, off, prior(lens, n, fell, fellN), nil
 		case e&qSlow != 0:
 			in, err := stepScan(code[off:], pc+uint64(off))
 			if err != nil {
-				return n, prior(lens, n, fell, fellN), err
+				return n, off, prior(lens, n, fell, fellN), err
 			}
 			lens[n] = uint8(in.Len)
 			if n++; in.Class != NotBranch {
-				return n, in, nil
+				return n, off + in.Len, in, nil
 			}
 			off += in.Len
 			fell, fellN = in, n-1
@@ -125,7 +125,7 @@ func Run(code []byte, pc uint64, lens []uint8) (n int, last Flow, err error) {
 				}
 				in.Target = pc + uint64(off+in.Len) + uint64(rel)
 			}
-			return n + 1, in, nil
+			return n + 1, off + in.Len, in, nil
 		}
 	}
 }
@@ -142,20 +142,22 @@ func quickRun(code []byte, off int, lens []uint8, n int) (int, int, quickEntry, 
 		// An optional REX, and whether there is a ModRM, without a
 		// branch: either way about as often (a mispredicted branch
 		// costs more than the rest of the decode).
+		// i is at most 2 before the ModRM: the masks only tell the
+		// compiler so (no bounds checks).
 		b := c[0]
 		rex := int((uint64(b^0x40) - 0x10) >> 63) // 1 for 40..4F
 		i := rex
-		e := quick1[int(b>>3)&rex][c[i]]
+		e := quick1[int(b>>3)&rex][c[i&7]]
 		if e&qEscape != 0 {
 			i++
-			e = quick0F[c[i]]
+			e = quick0F[c[i&7]]
 		}
-		m := c[i+1]
+		m := c[(i+1)&7]
 		if e&qByModRM != 0 {
 			e = byModRM[e&3][m]
 		}
 		// SIB base 5 takes a displacement where mod is 0.
-		base5 := int((uint64(c[i+2]&7^5) - 1) >> 63)
+		base5 := int((uint64(c[(i+2)&7]&7^5) - 1) >> 63)
 		i += 1 + int(modrmLens[base5][m])&-int(e>>4&1) // past the opcode and ModRM
 		if e&(qSlow|0xff00) != 0 {
 			return n, off, e, i

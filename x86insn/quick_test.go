@@ -49,9 +49,16 @@ func TestRun(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			lens := make([]uint8, tt.lens)
-			n, last, err := Run(tt.code, 0x1000, lens)
+			n, end, last, err := Run(tt.code, 0x1000, lens)
 			if !slices.Equal(lens[:n], tt.want) || !errors.Is(err, tt.err) || (err == nil) != (tt.err == nil) {
 				t.Fatalf("Run(% x) = %v, %v; want %v, %v", tt.code, lens[:n], err, tt.want, tt.err)
+			}
+			size := 0
+			for _, l := range lens[:n] {
+				size += int(l)
+			}
+			if end != size {
+				t.Fatalf("Run(% x) ends at %d after %d bytes", tt.code, end, size)
 			}
 			if n > 0 && (last.Class != tt.class || last.Target != tt.target || last.Len != int(lens[n-1])) {
 				t.Fatalf("Run(% x): last %+v, want class %v target 0x%x", tt.code, last, tt.class, tt.target)
@@ -68,7 +75,7 @@ func TestRunAgrees(t *testing.T) {
 	check := func(code []byte, pc uint64) {
 		t.Helper()
 		var l [1]uint8
-		n, got, err := Run(code, pc, l[:])
+		n, _, got, err := Run(code, pc, l[:])
 		want, werr := stepScan(code, pc)
 		if werr != nil {
 			if n != 0 || err == nil || errors.Is(werr, ErrInvalid) != errors.Is(err, ErrInvalid) {

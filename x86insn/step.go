@@ -8,7 +8,7 @@ package x86insn
 func Step(code []byte, pc uint64) (Flow, error) {
 	if len(code) >= MaxLen {
 		var l [1]uint8
-		_, in, err := Run(code, pc, l[:])
+		_, _, in, err := Run(code, pc, l[:])
 		return in, err
 	}
 	return stepScan(code, pc)
