@@ -105,8 +105,23 @@ type blockCache struct {
 	// dropped with the blocks, when the memory changes.
 	view []byte
 	vpc  uint64
-	runs runCache
+	// views keeps the Viewer's bytes by page of the address they were
+	// asked for: a block in another
+	// mapping than the last block's is found without a View (a binary
+	// search over the mappings, a few mispredicted branches). Allocated
+	// on the first miss of view, dropped with the blocks.
+	views []viewRef
+	runs  runCache
 }
+
+// viewRef is a views entry: the Viewer's bytes from pc on.
+type viewRef struct {
+	pc uint64
+	v  []byte
+}
+
+// numViews is the size of blockCache.views (32 bytes an entry).
+const numViews = 1 << 8
 
 // slot is a table entry; the mode is the block's (16 bytes a slot).
 type slot struct {
@@ -142,6 +157,7 @@ func (c *blockCache) drop() {
 	c.blocks.drop()
 	c.lens.drop()
 	c.view = nil
+	clear(c.views)
 	c.runs.drop()
 	c.drops++
 }
@@ -208,13 +224,31 @@ func (c *blockCache) alloc(ip uint64, room []uint8, n int, last x86insn.Flow, la
 	return b
 }
 
-// viewAt returns the Viewer's bytes at pc; none and no error without a
-// Viewer.
+// viewAt returns the Viewer's bytes at pc (none and no error without a
+// Viewer) and keeps them as the view for the next blocks, unless the
+// Memory changed under the View (the bytes may be the old ones).
 func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 	if d.view == nil {
 		return nil, nil
 	}
-	return d.view.View(pc)
+	c := &d.cache
+	if c.views == nil {
+		c.views = make([]viewRef, numViews)
+	}
+	r := &c.views[pc>>12&(numViews-1)]
+	if off := pc - r.pc; off < uint64(len(r.v)) && uint64(len(r.v))-off >= x86insn.MaxLen {
+		c.view, c.vpc = r.v[off:], pc
+		return c.view, nil
+	}
+	drops := c.drops
+	v, err := d.view.View(pc)
+	if len(v) >= x86insn.MaxLen && c.drops == drops {
+		// An address above pc in its mapping then hits: the entry
+		// keeps the lowest asked for.
+		r.pc, r.v = pc, v
+		c.view, c.vpc = v, pc
+	}
+	return v, err
 }
 
 // block returns the block at ip in mode, decoding it on a miss.
@@ -254,10 +288,10 @@ func (d *Decoder) decodeBlock(lens []uint8, ip uint64, mode Mode) (n int, last x
 		// from block to block, but within MaxLen of their end, where
 		// ReadAt goes on into an adjacent mapping.
 		var code []byte
-		off := pc - c.vpc
-		if off >= uint64(len(c.view)) || uint64(len(c.view))-off < x86insn.MaxLen {
+		view, off := c.view, pc-c.vpc
+		if off >= uint64(len(view)) || uint64(len(view))-off < x86insn.MaxLen {
 			if v, err := d.viewAt(pc); len(v) >= x86insn.MaxLen {
-				c.view, c.vpc, off = v, pc, 0
+				view, off = v, 0
 			} else if err != nil { // no byte known at pc
 				return n, last, lastIP, stopNoMap
 			} else {
@@ -272,7 +306,7 @@ func (d *Decoder) decodeBlock(lens []uint8, ip uint64, mode Mode) (n int, last x
 			// 64-bit code in place: the length decoder's tables
 			// alone (no text, no allocation, lengths x86asm
 			// misreads), the instructions up to the branch at once.
-			k, end, in, err := x86insn.Run(c.view[off:], pc, lens[n:])
+			k, end, in, err := x86insn.Run(view[off:], pc, lens[n:])
 			if k > 0 {
 				last, pc, n = in, pc+uint64(end), n+k
 				lastIP = pc - uint64(in.Len)
@@ -286,7 +320,7 @@ func (d *Decoder) decodeBlock(lens []uint8, ip uint64, mode Mode) (n int, last x
 			continue
 		}
 		if code == nil {
-			code = c.view[off : off+x86insn.MaxLen]
+			code = view[off : off+x86insn.MaxLen]
 		}
 		// One instruction: near the end of the bytes (Step), or
 		// 16/32-bit code (x86asm's).

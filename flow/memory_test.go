@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"ptfs/images"
+	"ptfs/x86insn"
 )
 
 // TestBoundedMemory streams the mruby trace through one decoder again and
@@ -146,4 +147,49 @@ func (b *block) insns() []insn {
 		ip += uint64(ins[i].len)
 	}
 	return ins
+}
+
+// viewSwap is a Viewer whose first View changes the memory under the
+// decoder and still returns the old bytes, as a side band applied on a
+// read that missed may.
+type viewSwap struct {
+	d        *Decoder
+	old, new []byte
+	swapped  bool
+}
+
+func (m *viewSwap) View(addr uint64) ([]byte, error) {
+	code := m.new
+	if !m.swapped {
+		m.swapped = true
+		m.d.MemoryChanged()
+		code = m.old
+	}
+	if addr < 0x1000 || addr-0x1000 >= uint64(len(code)) {
+		return nil, errors.New("unmapped")
+	}
+	return code[addr-0x1000:], nil
+}
+
+func (m *viewSwap) ReadAt(dst []byte, addr uint64) (int, error) {
+	v, err := m.View(addr)
+	return copy(dst, v), err
+}
+
+// TestMemoryChangedInView: the bytes of a View under which the memory
+// changed are not kept for the next block (the decode is retried on the
+// new bytes).
+func TestMemoryChangedInView(t *testing.T) {
+	// The old bytes hold a whole block (maxBlock nops) well within the
+	// View.
+	nops := slices.Repeat([]byte{0x90}, 2*maxBlock)
+	m := &viewSwap{
+		old: append(slices.Clone(nops), 0xc3),
+		new: append([]byte{0x90, 0x90, 0x90, 0x90, 0x75, 0xfa}, nops...), // jne 0x1000
+	}
+	m.d = New(m, Options{})
+	b := m.d.block(0x1000, Mode64)
+	if last := b.last(); b.n != 5 || last.class != x86insn.CondJump || last.target != 0x1000 {
+		t.Errorf("block decoded from the old bytes: %d instructions, last %+v", b.n, last)
+	}
 }
