@@ -86,8 +86,8 @@ func (b *block) err() error { return blockErrs[b.stop] }
 // blockCache maps an address and mode to its block, so that a hot loop
 // costs a lookup per block instead of decoding: an open-addressing table
 // (linear probing, a multiplicative hash of the address) over blocks and
-// instructions allocated from slabs, so that neither a lookup nor a miss
-// allocates per block.
+// instruction lengths allocated from slabs, so that neither a lookup nor a
+// miss allocates per block.
 type blockCache struct {
 	slots []slot // a power of two long, at most half full
 	n     int    // blocks held
@@ -106,10 +106,10 @@ type blockCache struct {
 	view []byte
 	vpc  uint64
 	// views keeps the Viewer's bytes by page of the address they were
-	// asked for: a block in another
-	// mapping than the last block's is found without a View (a binary
-	// search over the mappings, a few mispredicted branches). Allocated
-	// on the first miss of view, dropped with the blocks.
+	// asked for: a block in another mapping than the last block's is
+	// found without a View (a binary search over the mappings, a few
+	// mispredicted branches). Allocated on the first miss of view,
+	// dropped with the blocks.
 	views []viewRef
 	runs  runCache
 }
