@@ -133,8 +133,8 @@ func TestBlockView(t *testing.T) {
 // TestBlockSize: a block header stays within a cache line, which the fast
 // path's step from block to block loads.
 func TestBlockSize(t *testing.T) {
-	if n := unsafe.Sizeof(block{}); n != 56 {
-		t.Errorf("a block is %d bytes, not 56", n)
+	if n := unsafe.Sizeof(block{}); n > 64 {
+		t.Errorf("a block is %d bytes, more than a cache line", n)
 	}
 }
 
