@@ -150,7 +150,7 @@ func cached(c *blockCache) (blocks, insns int) {
 	for _, s := range c.slots {
 		if s.b != nil {
 			blocks++
-			insns += len(s.b.insns)
+			insns += int(s.b.n)
 		}
 	}
 	return blocks, insns

@@ -5,11 +5,14 @@ import "ptfs/x86insn"
 // maxBlock bounds the instructions of one cached block.
 const maxBlock = 64
 
-// maxCached bounds the instructions the cache holds (24 bytes each); it is
-// dropped whole when full.
+// maxCached bounds the instructions the cache holds (a byte each, and a
+// block for each run of them); it is dropped whole when full.
 const maxCached = 1 << 20
 
-// insn is one decoded instruction of a block.
+// insn is one instruction of a block, as the walk executes it: the block
+// keeps only the lengths of the instructions before its last (which are
+// plain fall-throughs) and the last one's class and target (block.at,
+// block.last).
 type insn struct {
 	ip     uint64
 	target uint64
@@ -19,13 +22,19 @@ type insn struct {
 
 // block is a run of instructions from its first up to and including the
 // first that is not a plain fall-through (a branch or ptwrite), at most
-// maxBlock long, decoded in mode. It is a cache line (64 bytes, no
-// interface): the fast path finds in it what the next step needs (the
-// start to check a varying successor by, the last instruction's class,
-// the runs) without a load of the instructions.
+// maxBlock long, decoded in mode. It is less than a cache line (56 bytes,
+// no interface, no instruction records: a length byte per instruction):
+// the fast path finds in it what the next step needs (the start to check a
+// varying successor by, the last instruction's class, offset, length and
+// target, the runs) with no other load.
 type block struct {
-	insns []insn
-	ip    uint64 // the first instruction's
+	// lens are the instructions' lengths, n of them, in the cache's
+	// length slab.
+	lens *[maxBlock]uint8
+	ip   uint64 // the first instruction's
+	// target is the last instruction's relative target (a direct
+	// branch's).
+	target uint64
 	// taken and fall are the blocks the branch at the end leads to
 	// (taken: a direct jump, call or taken conditional branch), once
 	// chain went there; nil until then. For a return or an indirect
@@ -33,6 +42,7 @@ type block struct {
 	taken, fall *block
 	// runs are the TNT runs from the block (tntrun.go), a list.
 	runs *tntRun
+	n    uint8 // instructions
 	mode Mode
 	// class is the last instruction's (none for no instruction).
 	class x86insn.Class
@@ -43,6 +53,22 @@ type block struct {
 	// stop is why decoding stopped after the last instruction: an
 	// index in blockErrs.
 	stop uint8
+}
+
+// count returns the number of the block's instructions.
+func (b *block) count() int { return int(b.n) }
+
+// last returns the block's last instruction (n > 0).
+func (b *block) last() insn {
+	return insn{ip: b.ip + uint64(b.lastOff), target: b.target, len: b.lastLen, class: b.class}
+}
+
+// at returns the block's instruction i, located at ip.
+func (b *block) at(i int, ip uint64) insn {
+	if i == int(b.n)-1 {
+		return b.last()
+	}
+	return insn{ip: ip, len: b.lens[i]}
 }
 
 // blockErrs are a block's errors (block.err), by block.stop.
@@ -60,8 +86,8 @@ func (b *block) err() error { return blockErrs[b.stop] }
 // blockCache maps an address and mode to its block, so that a hot loop
 // costs a lookup per block instead of decoding: an open-addressing table
 // (linear probing, a multiplicative hash of the address) over blocks and
-// instructions allocated from slabs, so that neither a lookup nor a miss
-// allocates per block.
+// instruction lengths allocated from slabs, so that neither a lookup nor a
+// miss allocates per block.
 type blockCache struct {
 	slots []slot // a power of two long, at most half full
 	n     int    // blocks held
@@ -72,15 +98,30 @@ type blockCache struct {
 	drops uint64
 
 	blocks slab[block] // the next blocks
-	code   slab[insn]  // the next blocks' instructions
+	lens   slab[uint8] // the next blocks' instruction lengths
 
 	// view is the Memory's bytes from vpc on (Viewer), kept from block
 	// to block: the next block is often in the same mapping. It is
 	// dropped with the blocks, when the memory changes.
 	view []byte
 	vpc  uint64
-	runs runCache
+	// views keeps the Viewer's bytes by page of the address they were
+	// asked for: a block in another mapping than the last block's is
+	// found without a View (a binary search over the mappings, a few
+	// mispredicted branches). Allocated on the first miss of view,
+	// dropped with the blocks.
+	views []viewRef
+	runs  runCache
 }
+
+// viewRef is a views entry: the Viewer's bytes from pc on.
+type viewRef struct {
+	pc uint64
+	v  []byte
+}
+
+// numViews is the size of blockCache.views (32 bytes an entry).
+const numViews = 1 << 8
 
 // slot is a table entry; the mode is the block's (16 bytes a slot).
 type slot struct {
@@ -94,8 +135,8 @@ const (
 	minSlots    = 1 << 10
 	blockSlabLo = 1 << 6
 	blockSlab   = 1 << 9
-	insnSlabLo  = 1 << 9
-	insnSlab    = 1 << 12
+	lenSlabLo   = 1 << 11
+	lenSlab     = 1 << 14
 )
 
 func (c *blockCache) init() { c.slots = make([]slot, minSlots) }
@@ -114,8 +155,9 @@ func (c *blockCache) drop() {
 	clear(c.slots)
 	c.n, c.insns = 0, 0
 	c.blocks.drop()
-	c.code.drop()
+	c.lens.drop()
 	c.view = nil
+	clear(c.views)
 	c.runs.drop()
 	c.drops++
 }
@@ -149,7 +191,7 @@ func (c *blockCache) insert(ip uint64, mode Mode, b *block) {
 	}
 	c.put(slot{ip, b})
 	c.n++
-	c.insns += len(b.insns) + 1
+	c.insns += int(b.n) + 1
 }
 
 func (c *blockCache) put(s slot) {
@@ -161,33 +203,52 @@ func (c *blockCache) put(s slot) {
 	c.slots[i] = s
 }
 
-// room returns the free part of the instruction slab, at least maxBlock
-// long and empty: block decodes into it, alloc takes what it used.
-func (c *blockCache) room() []insn {
-	return c.code.room(maxBlock, insnSlabLo, insnSlab)[:0:maxBlock]
+// room returns the free part of the length slab, at least maxBlock long:
+// block decodes into it, alloc takes what it used.
+func (c *blockCache) room() []uint8 {
+	return c.lens.room(maxBlock, lenSlabLo, lenSlab)[:maxBlock]
 }
 
 // alloc returns the block at ip in mode, from the slab, of the first n
-// instructions of room, stopped at blockErrs[stop].
-func (c *blockCache) alloc(ip uint64, n int, mode Mode, stop uint8) *block {
+// lengths of room, the last instruction last at lastIP, stopped at
+// blockErrs[stop].
+func (c *blockCache) alloc(ip uint64, room []uint8, n int, last x86insn.Flow, lastIP uint64, mode Mode, stop uint8) *block {
 	b := c.blocks.take(blockSlabLo, blockSlab)
 	// Field by field into the zeroed slab: a whole block written at
 	// once is copied with a bulk write barrier while the GC marks.
-	b.insns, b.ip, b.mode, b.stop = c.code.used(n), ip, mode, stop
+	b.lens, b.ip, b.n, b.mode, b.stop = (*[maxBlock]uint8)(room), ip, uint8(n), mode, stop
+	c.lens.used(n)
 	if n > 0 {
-		lst := &b.insns[n-1]
-		b.class, b.lastLen, b.lastOff = lst.class, lst.len, uint16(lst.ip-ip)
+		b.class, b.lastLen, b.lastOff, b.target = last.Class, uint8(last.Len), uint16(lastIP-ip), last.Target
 	}
 	return b
 }
 
-// viewAt returns the Viewer's bytes at pc; none and no error without a
-// Viewer.
+// viewAt returns the Viewer's bytes at pc (none and no error without a
+// Viewer) and keeps them as the view for the next blocks, unless the
+// Memory changed under the View (the bytes may be the old ones).
 func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 	if d.view == nil {
 		return nil, nil
 	}
-	return d.view.View(pc)
+	c := &d.cache
+	if c.views == nil {
+		c.views = make([]viewRef, numViews)
+	}
+	r := &c.views[pc>>12&(numViews-1)]
+	if off := pc - r.pc; off < uint64(len(r.v)) && uint64(len(r.v))-off >= x86insn.MaxLen {
+		c.view, c.vpc = r.v[off:], pc
+		return c.view, nil
+	}
+	drops := c.drops
+	v, err := d.view.View(pc)
+	if len(v) >= x86insn.MaxLen && c.drops == drops {
+		// An address above pc in its mapping then hits: the entry
+		// keeps the lowest asked for.
+		r.pc, r.v = pc, v
+		c.view, c.vpc = v, pc
+	}
+	return v, err
 }
 
 // block returns the block at ip in mode, decoding it on a miss.
@@ -201,9 +262,10 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 	c := &d.cache
 	for range 3 {
 		drops := c.drops
-		ins, stop := d.decodeBlock(c.room(), ip, mode)
+		room := c.room()
+		n, last, lastIP, stop := d.decodeBlock(room, ip, mode)
 		if c.drops == drops {
-			b := c.alloc(ip, len(ins), mode, stop)
+			b := c.alloc(ip, room, n, last, lastIP, mode, stop)
 			c.insert(ip, mode, b)
 			return b
 		}
@@ -214,35 +276,54 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 	return &block{ip: ip, mode: mode, stop: stopNoMap}
 }
 
-// decodeBlock decodes the block at ip in mode into ins (empty, at least
-// maxBlock long).
-func (d *Decoder) decodeBlock(ins []insn, ip uint64, mode Mode) ([]insn, uint8) {
+// decodeBlock decodes the block at ip in mode: the instructions' lengths
+// into lens (maxBlock long), how many, the last one and where it is, and
+// why decoding stopped after it.
+func (d *Decoder) decodeBlock(lens []uint8, ip uint64, mode Mode) (n int, last x86insn.Flow, lastIP uint64, stop uint8) {
 	c := &d.cache
-	var stop uint8 // blockErrs
 	pc := ip
 	bits := mode.bits()
-	for len(ins) < maxBlock {
-		// The instruction's bytes: in place in the Viewer's bytes, but
-		// within MaxLen of their end, where ReadAt goes on into an
-		// adjacent mapping.
+	for n < maxBlock {
+		// The instructions' bytes: in place in the Viewer's bytes, kept
+		// from block to block, but within MaxLen of their end, where
+		// ReadAt goes on into an adjacent mapping.
 		var code []byte
-		if off := pc - c.vpc; off < uint64(len(c.view)) && uint64(len(c.view))-off >= x86insn.MaxLen {
-			code = c.view[off : off+x86insn.MaxLen]
-		} else if v, err := d.viewAt(pc); len(v) >= x86insn.MaxLen {
-			c.view, c.vpc, code = v, pc, v[:x86insn.MaxLen]
-		} else if err != nil { // no byte known at pc
-			stop = stopNoMap
-			break
-		} else {
-			n, _ := d.mem.ReadAt(d.buf[:], pc)
-			if n <= 0 {
-				stop = stopNoMap
-				break
+		view, off := c.view, pc-c.vpc
+		if off >= uint64(len(view)) || uint64(len(view))-off < x86insn.MaxLen {
+			if v, err := d.viewAt(pc); len(v) >= x86insn.MaxLen {
+				view, off = v, 0
+			} else if err != nil { // no byte known at pc
+				return n, last, lastIP, stopNoMap
+			} else {
+				k, _ := d.mem.ReadAt(d.buf[:], pc)
+				if k <= 0 {
+					return n, last, lastIP, stopNoMap
+				}
+				code = d.buf[:k]
 			}
-			code = d.buf[:n]
 		}
-		// 64-bit code takes the length decoder's tables alone (no text,
-		// no allocation, lengths x86asm misreads); 16/32-bit is x86asm's.
+		if code == nil && bits == 64 {
+			// 64-bit code in place: the length decoder's tables
+			// alone (no text, no allocation, lengths x86asm
+			// misreads), the instructions up to the branch at once.
+			k, end, in, err := x86insn.Run(view[off:], pc, lens[n:])
+			if k > 0 {
+				last, pc, n = in, pc+uint64(end), n+k
+				lastIP = pc - uint64(in.Len)
+				if in.Class != x86insn.NotBranch {
+					return n, last, lastIP, 0
+				}
+			}
+			if err != nil {
+				return n, last, lastIP, stopBadInsn
+			}
+			continue
+		}
+		if code == nil {
+			code = view[off : off+x86insn.MaxLen]
+		}
+		// One instruction: near the end of the bytes (Step), or
+		// 16/32-bit code (x86asm's).
 		var in x86insn.Flow
 		var err error
 		if bits == 64 {
@@ -253,14 +334,14 @@ func (d *Decoder) decodeBlock(ins []insn, ip uint64, mode Mode) ([]insn, uint8) 
 			in = x.Flow
 		}
 		if err != nil {
-			stop = stopBadInsn
-			break
+			return n, last, lastIP, stopBadInsn
 		}
-		ins = append(ins, insn{ip: pc, target: in.Target, len: uint8(in.Len), class: in.Class})
+		lens[n], last, lastIP = uint8(in.Len), in, pc
+		n++
 		if in.Class != x86insn.NotBranch {
 			break
 		}
 		pc += uint64(in.Len)
 	}
-	return ins, stop
+	return n, last, lastIP, 0
 }

@@ -25,11 +25,11 @@ func (d *Decoder) chain(b *block) (*block, error) {
 			}
 			return b, nil
 		}
-		n := len(b.insns) - 1
-		if n < 0 || b.insns[0].ip != d.ip || d.steps+n+1 > d.opts.MaxInsns {
+		n := int(b.n) - 1
+		if n < 0 || b.ip != d.ip || d.steps+n+1 > d.opts.MaxInsns {
 			return b, nil
 		}
-		last := &b.insns[n]
+		last := b.last()
 		// next is the successor of a fixed target; nil for a varying
 		// one.
 		var next **block
@@ -136,8 +136,8 @@ func (d *Decoder) chainStop(b *block, err error) (*block, error) {
 	if err == nil {
 		return b, nil
 	}
-	last := &b.insns[len(b.insns)-1]
-	d.c.Insns += uint64(len(b.insns))
+	last := b.last()
+	d.c.Insns += uint64(b.n)
 	d.errIP, d.ip = last.ip, last.ip
 	return nil, err
 }

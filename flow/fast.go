@@ -172,7 +172,7 @@ loop:
 				if b == nil {
 					b = d.ipBlock(ip)
 				}
-				if len(b.insns) == 0 {
+				if b.count() == 0 {
 					break loop
 				}
 				pgd := decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
@@ -205,7 +205,7 @@ loop:
 		// The last instruction's index and class, from the block's
 		// header: a run leads to the next without a look at the
 		// block's instructions.
-		n, class := len(b.insns)-1, b.class
+		n, class := b.count()-1, b.class
 		if n < 0 || steps+n+1 > maxInsns {
 			break
 		}
@@ -245,7 +245,7 @@ loop:
 		}
 		// The branch's address and the next instruction's, from the
 		// header too: a return or an indirect branch needs no more.
-		lst := &b.insns[n]
+		lst := b.last()
 		from := b.ip + uint64(b.lastOff)
 		next := from + uint64(b.lastLen)
 		switch class {
@@ -420,9 +420,9 @@ func (d *Decoder) ipMiss(ip uint64) *block {
 // a block's start, to the slow path.
 func (d *Decoder) fastDisable(b *block, ev *Event) bool {
 	for {
-		// The block's header tells all but a direct branch's target:
-		// the instructions are loaded for that alone.
-		n, class := len(b.insns)-1, b.class
+		// The block's header tells all but a direct branch's target,
+		// which it holds too.
+		n, class := b.count()-1, b.class
 		if n < 0 || d.steps+n+1 > d.opts.MaxInsns {
 			return false
 		}
@@ -441,7 +441,7 @@ func (d *Decoder) fastDisable(b *block, ev *Event) bool {
 		d.ip = next
 		switch class {
 		case x86insn.Jump, x86insn.Call:
-			target := b.insns[n].target
+			target := b.target
 			if ev.HasIP && ev.IP == target {
 				break // disabledDirect
 			}

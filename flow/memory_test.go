@@ -5,8 +5,10 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"ptfs/images"
+	"ptfs/x86insn"
 )
 
 // TestBoundedMemory streams the mruby trace through one decoder again and
@@ -66,8 +68,8 @@ func TestBlockCacheBound(t *testing.T) {
 	for round := 0; round < 2; round++ {
 		for ip := uint64(0x10000); ip < 0x10000+uint64(len(code)); ip++ {
 			before := d.cache.insns
-			if b := d.block(ip, Mode64); len(b.insns) == 0 || b.insns[0].ip != ip {
-				t.Fatalf("block at %x: %d instructions", ip, len(b.insns))
+			if b := d.block(ip, Mode64); b.n == 0 || b.ip != ip {
+				t.Fatalf("block at %x: %d instructions", ip, b.n)
 			}
 			if d.cache.insns < before {
 				drops++
@@ -116,8 +118,8 @@ func TestBlockView(t *testing.T) {
 	gaps := 0
 	for ip := uint64(base); ip < base+uint64(cuts[len(cuts)-1]); ip++ {
 		v, r := viewed.block(ip, Mode64), read.block(ip, Mode64)
-		if !slices.Equal(v.insns, r.insns) || !errors.Is(v.err(), r.err()) || !errors.Is(r.err(), v.err()) {
-			t.Fatalf("block at 0x%x: through View %v %v, through ReadAt %v %v", ip, v.insns, v.err(), r.insns, r.err())
+		if vi, ri := v.insns(), r.insns(); !slices.Equal(vi, ri) || !errors.Is(v.err(), r.err()) || !errors.Is(r.err(), v.err()) {
+			t.Fatalf("block at 0x%x: through View %v %v, through ReadAt %v %v", ip, vi, v.err(), ri, r.err())
 		}
 		if errors.Is(v.err(), ErrNoMap) {
 			gaps++
@@ -125,5 +127,69 @@ func TestBlockView(t *testing.T) {
 	}
 	if gaps == 0 {
 		t.Error("no block ran into the gap")
+	}
+}
+
+// TestBlockSize: a block header stays within a cache line, which the fast
+// path's step from block to block loads.
+func TestBlockSize(t *testing.T) {
+	if n := unsafe.Sizeof(block{}); n > 64 {
+		t.Errorf("a block is %d bytes, more than a cache line", n)
+	}
+}
+
+// insns lists b's instructions.
+func (b *block) insns() []insn {
+	var ins []insn
+	ip := b.ip
+	for i := range int(b.n) {
+		ins = append(ins, b.at(i, ip))
+		ip += uint64(ins[i].len)
+	}
+	return ins
+}
+
+// viewSwap is a Viewer whose first View changes the memory under the
+// decoder and still returns the old bytes, as a side band applied on a
+// read that missed may.
+type viewSwap struct {
+	d        *Decoder
+	old, new []byte
+	swapped  bool
+}
+
+func (m *viewSwap) View(addr uint64) ([]byte, error) {
+	code := m.new
+	if !m.swapped {
+		m.swapped = true
+		m.d.MemoryChanged()
+		code = m.old
+	}
+	if addr < 0x1000 || addr-0x1000 >= uint64(len(code)) {
+		return nil, errors.New("unmapped")
+	}
+	return code[addr-0x1000:], nil
+}
+
+func (m *viewSwap) ReadAt(dst []byte, addr uint64) (int, error) {
+	v, err := m.View(addr)
+	return copy(dst, v), err
+}
+
+// TestMemoryChangedInView: the bytes of a View under which the memory
+// changed are not kept for the next block (the decode is retried on the
+// new bytes).
+func TestMemoryChangedInView(t *testing.T) {
+	// The old bytes hold a whole block (maxBlock nops) well within the
+	// View.
+	nops := slices.Repeat([]byte{0x90}, 2*maxBlock)
+	m := &viewSwap{
+		old: append(slices.Clone(nops), 0xc3),
+		new: append([]byte{0x90, 0x90, 0x90, 0x90, 0x75, 0xfa}, nops...), // jne 0x1000
+	}
+	m.d = New(m, Options{})
+	b := m.d.block(0x1000, Mode64)
+	if last := b.last(); b.n != 5 || last.class != x86insn.CondJump || last.target != 0x1000 {
+		t.Errorf("block decoded from the old bytes: %d instructions, last %+v", b.n, last)
 	}
 }

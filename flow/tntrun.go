@@ -155,11 +155,11 @@ func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 	steps, jumps := 0, 0
 walk:
 	for uint(r.used) < k {
-		n := len(b.insns) - 1
+		n := b.count() - 1
 		if n < 0 || jumps > runJumps {
 			break
 		}
-		lst := &b.insns[n]
+		lst := b.last()
 		next, succ := lst.ip+uint64(lst.len), &b.taken
 		switch lst.class {
 		case x86insn.CondJump, x86insn.Jump, x86insn.Call:

@@ -80,7 +80,7 @@ func (d *Decoder) run() error {
 				}
 				continue
 			}
-			if b := d.block(d.ip, d.mode); len(b.insns) == 0 {
+			if b := d.block(d.ip, d.mode); b.n == 0 {
 				d.errIP = d.ip
 				return b.err()
 			}
@@ -146,17 +146,19 @@ func (d *Decoder) walk() error {
 			return err
 		}
 	}
-	start := 0
-	if n := len(b.insns) - 1; d.opts.NoInsns && n > 0 && len(d.q) == 0 && d.enabled && b.insns[0].ip == d.ip &&
+	start, ip := 0, b.ip
+	if n := int(b.n) - 1; d.opts.NoInsns && n > 0 && len(d.q) == 0 && d.enabled && b.ip == d.ip &&
 		(d.tntN > 0 || d.tipOK || d.flowNext()) && d.steps+n <= d.opts.MaxInsns {
 		// No event is queued and the trace for the block's branch is
 		// there: nothing stops the flow before that branch.
 		d.c.Insns += uint64(n)
 		d.steps += n
-		d.ip, start = b.insns[n].ip, n
+		ip = b.ip + uint64(b.lastOff)
+		d.ip, start = ip, n
 	}
-	for i := start; i < len(b.insns); i++ {
-		in := &b.insns[i]
+	for i := start; i < int(b.n); i++ {
+		in := b.at(i, ip)
+		ip += uint64(in.len)
 		if in.ip != d.ip || !d.enabled {
 			return nil
 		}
@@ -166,24 +168,24 @@ func (d *Decoder) walk() error {
 		if d.steps++; d.steps > d.opts.MaxInsns {
 			return ErrBadQuery
 		}
-		if len(d.opts.Stubs) > 0 && d.atSite(in) {
+		if len(d.opts.Stubs) > 0 && d.atSite(&in) {
 			return nil
 		}
 		d.errIP = in.ip
-		if err := d.exec(in); err != nil {
+		if err := d.exec(&in); err != nil {
 			// Errors are reported at the instruction.
 			d.ip = in.ip
 			return err
 		}
 	}
-	if d.enabled && len(b.insns) > 0 && d.ip == b.insns[len(b.insns)-1].ip+uint64(b.insns[len(b.insns)-1].len) && b.err() != nil {
+	if d.enabled && b.n > 0 && d.ip == b.ip+uint64(b.lastOff)+uint64(b.lastLen) && b.err() != nil {
 		if d.due() {
 			return nil
 		}
 		d.errIP = d.ip
 		return b.err()
 	}
-	if len(b.insns) == 0 {
+	if b.n == 0 {
 		d.errIP = d.ip
 		return b.err()
 	}

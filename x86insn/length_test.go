@@ -348,7 +348,7 @@ func checkObjdump(t *testing.T, objdump, file string) {
 }
 
 // FuzzLength: any bytes give a length in 1..min(15, len) or an error,
-// never a panic; Step agrees; where x86asm decodes an instruction that it
+// never a panic; Step agrees, and its tables with the general scan; where x86asm decodes an instruction that it
 // does not misread, its length agrees.
 func FuzzLength(f *testing.F) {
 	for _, s := range []string{"c5 f8 77", "62 f1 fd 48 6f 44 24 01", "8f ea 78 10 c0 04 00 00 00",
@@ -360,6 +360,10 @@ func FuzzLength(f *testing.F) {
 		st, serr := Step(code, 0x1000)
 		if (err == nil) != (serr == nil) || err == nil && st.Len != n {
 			t.Fatalf("% x: Length %d %v, Step %+v %v", code, n, err, st, serr)
+		}
+		// Step's tables (Run) give what the general scan gives.
+		if sc, _ := stepScan(code, 0x1000); err == nil && st != sc {
+			t.Fatalf("% x: Step %+v, scan %+v", code, st, sc)
 		}
 		if err != nil {
 			if !errors.Is(err, ErrTruncated) && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooLong) {
@@ -457,27 +461,49 @@ func libcText(t testing.TB) ([]byte, uint64) {
 // in the same run.
 func BenchmarkWalk(b *testing.B) {
 	code, addr := libcText(b)
-	walk := func(b *testing.B, step func(code []byte, pc uint64) (int, error)) {
+	// walkN steps over the code with step, which returns the size and
+	// number of the instructions it decoded.
+	walkN := func(b *testing.B, step func(code []byte, pc uint64) (size, n int, err error)) {
 		b.ReportAllocs()
 		insns := 0
 		cpu0 := testkit.CPUTime()
 		for b.Loop() {
-			for pc := 0; pc < len(code); insns++ {
-				n, err := step(code[pc:], addr+uint64(pc))
+			for pc := 0; pc < len(code); {
+				size, n, err := step(code[pc:], addr+uint64(pc))
 				if err != nil {
 					b.Fatalf("0x%x: %v", addr+uint64(pc), err)
 				}
-				pc += n
+				pc += size
+				insns += n
 			}
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(insns), "ns/insn")
 		// CPU time: on a shared machine, wall time measures the load too.
 		b.ReportMetric(float64((testkit.CPUTime()-cpu0).Nanoseconds())/float64(insns), "cpu-ns/insn")
 	}
+	walk := func(b *testing.B, step func(code []byte, pc uint64) (int, error)) {
+		walkN(b, func(code []byte, pc uint64) (int, int, error) {
+			n, err := step(code, pc)
+			return n, 1, err
+		})
+	}
 	b.Run("Step", func(b *testing.B) {
 		walk(b, func(code []byte, pc uint64) (int, error) {
 			in, err := Step(code, pc)
 			return in.Len, err
+		})
+	})
+	b.Run("Run", func(b *testing.B) {
+		// As a block decoder: up to each branch at once (64 at most),
+		// the instructions near the end one by one.
+		var lens [64]uint8
+		walkN(b, func(code []byte, pc uint64) (int, int, error) {
+			n, end, _, _ := Run(code, pc, lens[:])
+			if n == 0 {
+				in, err := Step(code, pc)
+				return in.Len, 1, err
+			}
+			return end, n, nil
 		})
 	})
 	b.Run("Length", func(b *testing.B) {

@@ -6,6 +6,16 @@ package x86insn
 // control-flow decoder's hot path; Decode adds Op and Text. Step classes
 // as Decode does: the tests hold them together.
 func Step(code []byte, pc uint64) (Flow, error) {
+	if len(code) >= MaxLen {
+		var l [1]uint8
+		_, _, in, err := Run(code, pc, l[:])
+		return in, err
+	}
+	return stepScan(code, pc)
+}
+
+// stepScan is Step through the general scan.
+func stepScan(code []byte, pc uint64) (Flow, error) {
 	var s shape
 	if err := s.scan(code); err != nil {
 		return Flow{}, err

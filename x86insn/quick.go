@@ -1,0 +1,182 @@
+package x86insn
+
+import "encoding/binary"
+
+// The quick path of Step: nearly all compiled code (99% of the
+// instructions a cold decode of mruby meets) is an opcode of the 1-byte or
+// 0F map behind at most a REX. For those, one table entry per opcode (by
+// REX.W) gives what the general scan works out through the prefix loop and
+// the kind tables: whether a ModRM follows, the immediate's size and the
+// class. The entries are built from those same tables at init, and an
+// opcode whose shape depends on more (a legacy prefix, an escape, a group
+// member that is invalid, xbegin, a class by operand) is marked slow: Step
+// takes the general scan for it.
+
+// quickEntry packs an opcode's shape: the immediate's size, flags, and the
+// class in the high byte.
+type quickEntry uint16
+
+const (
+	qImm     quickEntry = 0x0f // immediate (or relative displacement) size
+	qModRM   quickEntry = 1 << 4
+	qSlow    quickEntry = 1 << 5  // the general scan's
+	qEscape  quickEntry = 1 << 6  // 0F: the entry is quick0F's
+	qByModRM quickEntry = 1 << 7  // immediate and class by ModRM (byModRM)
+	qEnd     quickEntry = 1 << 15 // quickRun's: the lengths or the bytes ended
+)
+
+// quick1 is the entry of each 1-byte opcode, by REX.W.
+var quick1 [2][256]quickEntry
+
+// quick0F is the entry of each 0F opcode (REX.W changes none of them).
+var quick0F [256]quickEntry
+
+// byModRM is, for the group opcodes whose immediate or class depend on
+// the ModRM byte (F6, F7, C7, FF), the entry by ModRM: its immediate size,
+// class and slow flag (xbegin, invalid members).
+var byModRM [4][256]quickEntry
+
+// byModRMOps are the opcodes of byModRM's tables, in order.
+var byModRMOps = [len(byModRM)]byte{0xf6, 0xf7, 0xc7, 0xff}
+
+func init() {
+	entry := func(kind uint8, pfx uint16, class Class) quickEntry {
+		if kind == opInvalid || kind == opPrefix || kindModRM[kind] == modrmReg || class == byOperand {
+			return qSlow
+		}
+		e := quickEntry(immLens[kind][immSel(pfx)]) | quickEntry(class)<<8
+		if kindModRM[kind] == modrmMem {
+			e |= qModRM
+		}
+		return e
+	}
+	for op := range 256 {
+		for w, pfx := range [2]uint16{0, pfxRex | pfxRexW} {
+			e := entry(oneByte[op], pfx, classes[map1Byte][op])
+			switch op {
+			case 0x0f:
+				e = qEscape
+			case 0xfe, 0x8f:
+				e = qSlow // members invalid by ModRM; 8F may be XOP
+			}
+			quick1[w][op] = e
+		}
+		quick0F[op] = entry(twoByte[op], 0, classes[map0F][op])
+	}
+	// The group opcodes by ModRM, as the general scan shapes them
+	// (SIB and displacement bytes are zero: only the immediate's size
+	// and the class are taken).
+	for k, op := range byModRMOps {
+		quick1[0][op], quick1[1][op] = qModRM|qByModRM|quickEntry(k), qModRM|qByModRM|quickEntry(k)
+		for m := range 256 {
+			var code [MaxLen]byte
+			code[0], code[1] = op, byte(m)
+			var s shape
+			if err := s.scan(code[:]); err != nil || s.rel {
+				byModRM[k][m] = qSlow
+				continue
+			}
+			byModRM[k][m] = qModRM | quickEntry(s.immLen) | quickEntry(s.class)<<8
+		}
+	}
+}
+
+// Run decodes the 64-bit instructions from the start of code, located at
+// pc, one after another as Step does, their lengths into lens: up to and
+// including the first that is not NotBranch, at most len(lens) of them,
+// and only while MaxLen bytes are left in code (an instruction nearer its
+// end may go on in bytes that code does not hold: Step is for those). It
+// returns how many it decoded, the offset after them and the last one's
+// Flow; err is the error of the instruction after them, which ends the run. A block decoder
+// calls it once where Step would be called per instruction.
+func Run(code []byte, pc uint64, lens []uint8) (n, end int, last Flow, err error) {
+	off, fellN := 0, -1
+	var fell Flow // the general scan's last fall-through: xbegin has a target
+	for {
+		var e quickEntry
+		var i int
+		switch n, off, e, i = quickRun(code, off, lens, n); {
+		case e&qEnd != 0:
+			return n, off, prior(lens, n, fell, fellN), nil
+		case e&qSlow != 0:
+			in, err := stepScan(code[off:], pc+uint64(off))
+			if err != nil {
+				return n, off, prior(lens, n, fell, fellN), err
+			}
+			lens[n] = uint8(in.Len)
+			if n++; in.Class != NotBranch {
+				return n, off + in.Len, in, nil
+			}
+			off += in.Len
+			fell, fellN = in, n-1
+		default:
+			// A branch of the tables; i is its immediate's offset.
+			imm := int(e & qImm)
+			in := Flow{Len: i + imm, Class: Class(e >> 8)}
+			lens[n] = uint8(in.Len)
+			if in.Class >= CondJump && in.Class <= Call {
+				// The relative branches: rel8 or rel32 (rel16
+				// needs 66).
+				c := code[off+i:]
+				in.RelWidth = imm
+				rel := int64(int8(c[0]))
+				if imm == 4 {
+					rel = int64(int32(binary.LittleEndian.Uint32(c)))
+				}
+				in.Target = pc + uint64(off+in.Len) + uint64(rel)
+			}
+			return n + 1, off + in.Len, in, nil
+		}
+	}
+}
+
+// quickRun is Run's loop over the instructions of the tables that fall
+// through, their lengths into lens from n on: few values live across
+// them. It returns the count and offset where it stopped, at an
+// instruction that is not one of them (its entry e: a branch, i its
+// immediate's offset; or qSlow) or where the lengths or the bytes ended
+// (qEnd).
+func quickRun(code []byte, off int, lens []uint8, n int) (int, int, quickEntry, int) {
+	for ; n < len(lens) && len(code)-off >= MaxLen; n++ {
+		c := (*[MaxLen]byte)(code[off:])
+		// An optional REX, and whether there is a ModRM, without a
+		// branch: either way about as often (a mispredicted branch
+		// costs more than the rest of the decode).
+		// i is at most 2 before the ModRM: the masks only tell the
+		// compiler so (no bounds checks).
+		b := c[0]
+		rex := int((uint64(b^0x40) - 0x10) >> 63) // 1 for 40..4F
+		i := rex
+		e := quick1[int(b>>3)&rex][c[i&7]]
+		if e&qEscape != 0 {
+			i++
+			e = quick0F[c[i&7]]
+		}
+		m := c[(i+1)&7]
+		if e&qByModRM != 0 {
+			e = byModRM[e&3][m]
+		}
+		// SIB base 5 takes a displacement where mod is 0.
+		base5 := int((uint64(c[(i+2)&7]&7^5) - 1) >> 63)
+		i += 1 + int(modrmLens[base5][m])&-int(e>>4&1) // past the opcode and ModRM
+		if e&(qSlow|0xff00) != 0 {
+			return n, off, e, i
+		}
+		size := i + int(e&qImm)
+		lens[n] = uint8(size)
+		off += size
+	}
+	return n, off, qEnd, 0
+}
+
+// prior is the Flow of the last of n instructions, which fell through:
+// fell when the general scan decoded it (instruction fellN).
+func prior(lens []uint8, n int, fell Flow, fellN int) Flow {
+	switch {
+	case n == 0:
+		return Flow{}
+	case fellN == n-1:
+		return fell
+	}
+	return Flow{Len: int(lens[n-1])}
+}
