@@ -5,7 +5,6 @@ import (
 	"runtime"
 	"slices"
 	"testing"
-	"unsafe"
 
 	"ptfs/images"
 	"ptfs/x86insn"
@@ -127,14 +126,6 @@ func TestBlockView(t *testing.T) {
 	}
 	if gaps == 0 {
 		t.Error("no block ran into the gap")
-	}
-}
-
-// TestBlockSize: a block header stays within a cache line, which the fast
-// path's step from block to block loads.
-func TestBlockSize(t *testing.T) {
-	if n := unsafe.Sizeof(block{}); n > 64 {
-		t.Errorf("a block is %d bytes, more than a cache line", n)
 	}
 }
 
