@@ -58,7 +58,7 @@ type ClassicStats struct {
 	// full: each event's own count (PERF_FORMAT_LOST), current at once,
 	// where a ring's LOST record comes only with the next sample that
 	// fits, which may never come.
-	Lost uint64
+	Lost    uint64
 	Unknown uint64 // samples of an event id not (or no longer) added
 	Errors  uint64 // malformed ring data or samples, skipped
 	Late    uint64 // times a record went out after a later one (order broken)
