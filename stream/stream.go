@@ -81,8 +81,8 @@ type Stream struct {
 	// (see reserve); noReserve: the file system refused.
 	reserved  int
 	noReserve bool
-	closed         bool
-	spillErr       error
+	closed    bool
+	spillErr  error
 
 	size               atomic.Int64
 	resets             atomic.Uint64
