@@ -530,10 +530,10 @@ func (c *Classic) run() {
 		out = c.nameLocked(c.merge.Release(watermark, out[:0]), watermark)
 		held = c.merge.Pending() > 0
 		c.mu.Unlock()
-		for i := range out {
-			c.sink(&out[i])
+		if len(out) > 0 {
+			c.sink(out)
+			c.records.Add(uint64(len(out)))
 		}
-		c.records.Add(uint64(len(out)))
 		if ack != nil {
 			close(ack)
 		}

@@ -148,7 +148,8 @@ func maxDelay() time.Duration {
 type collector struct {
 	mu   sync.Mutex
 	recs []decode.Record
-	// calls detects concurrent sink calls, which the contract forbids.
+	// calls detects concurrent sink calls, which the contract forbids,
+	// as it does empty batches: bad.
 	calls int
 	bad   bool
 	// maxDelay is the longest time from a hit to its sink call.
@@ -157,9 +158,11 @@ type collector struct {
 	stall time.Duration
 }
 
-func (c *collector) sink(r *decode.Record) {
-	if d := time.Duration(monotonicNow() - r.Time); d > c.maxDelay {
-		c.maxDelay = d
+func (c *collector) sink(rs []decode.Record) {
+	for i := range rs {
+		if d := time.Duration(monotonicNow() - rs[i].Time); d > c.maxDelay {
+			c.maxDelay = d
+		}
 	}
 	if c.stall > 0 {
 		time.Sleep(c.stall)
@@ -167,10 +170,10 @@ func (c *collector) sink(r *decode.Record) {
 	}
 	c.mu.Lock()
 	c.calls++
-	if c.calls != 1 {
+	if c.calls != 1 || len(rs) == 0 {
 		c.bad = true
 	}
-	c.recs = append(c.recs, *r)
+	c.recs = append(c.recs, rs...)
 	c.calls--
 	c.mu.Unlock()
 }
@@ -530,7 +533,7 @@ func countFDs(t *testing.T) int {
 
 // TestClassicOptions checks option validation.
 func TestClassicOptions(t *testing.T) {
-	sink := func(*decode.Record) {}
+	sink := func([]decode.Record) {}
 	for _, tc := range []struct {
 		name string
 		opts ClassicOptions
@@ -558,7 +561,7 @@ func TestClassicOptions(t *testing.T) {
 func TestClassicErrors(t *testing.T) {
 	needKernel(t)
 	fds := countFDs(t)
-	if c, err := NewClassic(ClassicOptions{CPUs: []int{0, 4095}}, func(*decode.Record) {}); err == nil {
+	if c, err := NewClassic(ClassicOptions{CPUs: []int{0, 4095}}, func([]decode.Record) {}); err == nil {
 		c.Close()
 		t.Error("NewClassic on cpu 4095 succeeded")
 	} else {
@@ -567,7 +570,7 @@ func TestClassicErrors(t *testing.T) {
 	if got := countFDs(t); got != fds {
 		t.Errorf("%d fds after a failed NewClassic, %d before", got, fds)
 	}
-	c, err := NewClassic(ClassicOptions{RingPages: 1}, func(*decode.Record) {})
+	c, err := NewClassic(ClassicOptions{RingPages: 1}, func([]decode.Record) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,7 +625,7 @@ func TestClassicCloseWakes(t *testing.T) {
 	var worst, total time.Duration
 	const runs = 5
 	for range runs {
-		c, err := NewClassic(ClassicOptions{}, func(*decode.Record) {})
+		c, err := NewClassic(ClassicOptions{}, func([]decode.Record) {})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -150,13 +150,22 @@ func (s *Stream) Append(p []byte) {
 
 var newline = []byte{'\n'}
 
-// appendLines adds p line by line, sealing the chunk whenever the next
-// line does not fit. Called with mu held.
+// appendLines adds p, the whole lines that fit the chunk at once, else
+// line by line, sealing the chunk whenever the next line does not fit.
+// Called with mu held.
 func (s *Stream) appendLines(p []byte) {
 	if s.cur == nil {
 		s.cur = make([]byte, 0, s.chunkSize)
 	}
 	for len(p) > 0 {
+		// A batch of lines (the record path's) fills the chunk with one
+		// copy.
+		if n := bytes.LastIndexByte(p[:min(len(p), s.chunkSize-len(s.cur))], '\n') + 1; n > 0 {
+			s.cur = append(s.cur, p[:n]...)
+			s.lines += uint64(bytes.Count(p[:n], newline))
+			p = p[n:]
+			continue
+		}
 		n := bytes.IndexByte(p, '\n') + 1
 		nl := n > 0
 		if !nl {
