@@ -102,14 +102,62 @@ func (c *Counters) Add(o *Counters) {
 // older fields keep their places; comm is last because a process names
 // itself (AppendComm escapes what could split the line or the field).
 func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
+	dst = appendSeq(dst, seq)
+	dst = appendEventHead(dst, r.Event)
+	dst = appendArgsContext(dst, r)
+	dst = appendProcess(dst, r.PID, r.Comm)
+	return append(dst, '\n')
+}
+
+// RecordWriter appends the lines of AppendRecord, byte for byte, keeping
+// the text of the last event (name and id) and of the last process (pid=
+// and comm=): records come in runs of one event and one process, whose
+// fields then cost a copy. The zero value is ready to use. Like a Record,
+// it points to the Event, which must not change (no source changes one
+// once it is added).
+type RecordWriter struct {
+	ev   *Event
+	head []byte // appendEventHead of ev
+	pid  int32
+	comm string
+	proc []byte // appendProcess of pid and comm
+}
+
+// Append appends the line of record number seq, as AppendRecord does.
+func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
+	dst = appendSeq(dst, seq)
+	if r.Event != w.ev {
+		w.ev, w.head = r.Event, appendEventHead(w.head[:0], r.Event)
+	}
+	dst = append(dst, w.head...)
+	dst = appendArgsContext(dst, r)
+	if r.PID != w.pid || r.Comm != w.comm {
+		w.pid, w.comm, w.proc = r.PID, r.Comm, appendProcess(w.proc[:0], r.PID, r.Comm)
+	}
+	dst = append(dst, w.proc...)
+	return append(dst, '\n')
+}
+
+// appendSeq appends the line's start: "record N: ".
+func appendSeq(dst []byte, seq uint64) []byte {
 	dst = append(dst, "record "...)
 	dst = appendDec(dst, seq)
-	dst = append(dst, ": event="...)
-	dst = append(dst, r.Event.Group...)
+	return append(dst, ": "...)
+}
+
+// appendEventHead appends "event=GRP/EVENT id=0xID".
+func appendEventHead(dst []byte, ev *Event) []byte {
+	dst = append(dst, "event="...)
+	dst = append(dst, ev.Group...)
 	dst = append(dst, '/')
-	dst = append(dst, r.Event.Name...)
+	dst = append(dst, ev.Name...)
 	dst = append(dst, " id=0x"...)
-	dst = appendHex(dst, uint64(r.Event.ID), 0)
+	return appendHex(dst, uint64(ev.ID), 0)
+}
+
+// appendArgsContext appends " args=[...]" and the known tid=, cpu= and
+// time=.
+func appendArgsContext(dst []byte, r *Record) []byte {
 	dst = append(dst, " args=["...)
 	for i := 0; i < r.N; i++ {
 		if i > 0 {
@@ -152,15 +200,20 @@ func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 		dst = append(dst, " time="...)
 		dst = AppendTime(dst, r.Time)
 	}
-	if r.PID > 0 {
+	return dst
+}
+
+// appendProcess appends the known " pid=P" and " comm=NAME".
+func appendProcess(dst []byte, pid int32, comm string) []byte {
+	if pid > 0 {
 		dst = append(dst, " pid="...)
-		dst = appendDec(dst, uint64(r.PID))
+		dst = appendDec(dst, uint64(pid))
 	}
-	if r.Comm != "" {
+	if comm != "" {
 		dst = append(dst, " comm="...)
-		dst = AppendComm(dst, r.Comm)
+		dst = AppendComm(dst, comm)
 	}
-	return append(dst, '\n')
+	return dst
 }
 
 // AppendComm appends a process name as one field: any process can name

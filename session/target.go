@@ -53,9 +53,10 @@ type Target struct {
 	pathState string // "" while the path names bin, else what is wrong
 	closed    bool
 
-	out  sync.Mutex // guards seq, cnt, line and brRecs: the record path
+	out  sync.Mutex // guards seq, cnt, fmt, line and brRecs: the record path
 	seq  uint64
 	cnt  decode.Counters
+	fmt  decode.RecordWriter
 	line []byte // lines formatted and not yet appended (see emit)
 	// brRecs: the records of this run go to the branches too.
 	brRecs bool
@@ -166,7 +167,7 @@ func (t *Target) emit(r *decode.Record) {
 	t.seq++
 	t.cnt.Records++
 	n := len(t.line)
-	t.line = decode.AppendRecord(t.line, t.seq, r)
+	t.line = t.fmt.Append(t.line, t.seq, r)
 	if t.brRecs {
 		// ptw records come with the branches, from the same trace.
 		t.s.br.record(t, r, t.line[n:])
