@@ -102,35 +102,69 @@ func (c *Counters) Add(o *Counters) {
 // older fields keep their places; comm is last because a process names
 // itself (AppendComm escapes what could split the line or the field).
 func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
-	dst = appendSeq(dst, seq)
+	dst = append(dst, "record "...)
+	dst = appendDec(dst, seq)
+	dst = append(dst, ": "...)
 	dst = appendEventHead(dst, r.Event)
-	dst = appendArgsContext(dst, r)
+	dst = appendArgs(dst, r)
+	dst = appendThread(dst, r.TID, r.CPU)
+	if r.Time != 0 {
+		dst = append(dst, " time="...)
+		dst = AppendTime(dst, r.Time)
+	}
 	dst = appendProcess(dst, r.PID, r.Comm)
 	return append(dst, '\n')
 }
 
 // RecordWriter appends the lines of AppendRecord, byte for byte, keeping
-// the text of the last event (name and id) and of the last process (pid=
-// and comm=): records come in runs of one event and one process, whose
+// the text of what repeats from line to line: the record number (the
+// next one is the last one's text counted up), the event (name and id),
+// the thread (tid= and cpu=), the time's seconds and the process (pid=
+// and comm=). Records come in runs of one event, thread and process, whose
 // fields then cost a copy. The zero value is ready to use. Like a Record,
 // it points to the Event, which must not change (no source changes one
 // once it is added).
 type RecordWriter struct {
-	ev   *Event
-	head []byte // appendEventHead of ev
-	pid  int32
-	comm string
-	proc []byte // appendProcess of pid and comm
+	seq    uint64
+	seqTxt []byte // "record N: " of seq, when set
+	ev     *Event
+	head   []byte // appendEventHead of ev
+	tid    int32
+	cpu    int32
+	thread []byte // appendThread of tid and cpu, when set
+	sec    uint64
+	secTxt []byte // " time=SEC." of sec, when set
+	pid    int32
+	comm   string
+	proc   []byte // appendProcess of pid and comm
 }
 
 // Append appends the line of record number seq, as AppendRecord does.
 func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
-	dst = appendSeq(dst, seq)
+	if seq == w.seq+1 && w.seqTxt != nil && incDec(w.seqTxt[len("record "):len(w.seqTxt)-len(": ")]) {
+		w.seq = seq
+	} else if seq != w.seq || w.seqTxt == nil {
+		w.seq = seq
+		w.seqTxt = append(appendDec(append(w.seqTxt[:0], "record "...), seq), ": "...)
+	}
+	dst = append(dst, w.seqTxt...)
 	if r.Event != w.ev {
 		w.ev, w.head = r.Event, appendEventHead(w.head[:0], r.Event)
 	}
 	dst = append(dst, w.head...)
-	dst = appendArgsContext(dst, r)
+	dst = appendArgs(dst, r)
+	if r.TID != w.tid || r.CPU != w.cpu || w.thread == nil {
+		w.tid, w.cpu, w.thread = r.TID, r.CPU, appendThread(w.thread[:0], r.TID, r.CPU)
+	}
+	dst = append(dst, w.thread...)
+	if r.Time != 0 {
+		if sec := r.Time / 1e9; sec != w.sec || w.secTxt == nil {
+			w.sec = sec
+			w.secTxt = append(appendDec(append(w.secTxt[:0], " time="...), sec), '.')
+		}
+		dst = append(dst, w.secTxt...)
+		dst = appendFrac9(dst, uint32(r.Time%1e9))
+	}
 	if r.PID != w.pid || r.Comm != w.comm {
 		w.pid, w.comm, w.proc = r.PID, r.Comm, appendProcess(w.proc[:0], r.PID, r.Comm)
 	}
@@ -138,11 +172,18 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	return append(dst, '\n')
 }
 
-// appendSeq appends the line's start: "record N: ".
-func appendSeq(dst []byte, seq uint64) []byte {
-	dst = append(dst, "record "...)
-	dst = appendDec(dst, seq)
-	return append(dst, ": "...)
+// incDec adds one to the decimal number in b, in place, and reports
+// false, leaving b changed, when it carries out of b (999 + 1 needs
+// another digit).
+func incDec(b []byte) bool {
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] != '9' {
+			b[i]++
+			return true
+		}
+		b[i] = '0'
+	}
+	return false
 }
 
 // appendEventHead appends "event=GRP/EVENT id=0xID".
@@ -155,9 +196,8 @@ func appendEventHead(dst []byte, ev *Event) []byte {
 	return appendHex(dst, uint64(ev.ID), 0)
 }
 
-// appendArgsContext appends " args=[...]" and the known tid=, cpu= and
-// time=.
-func appendArgsContext(dst []byte, r *Record) []byte {
+// appendArgs appends " args=[...]".
+func appendArgs(dst []byte, r *Record) []byte {
 	dst = append(dst, " args=["...)
 	for i := 0; i < r.N; i++ {
 		if i > 0 {
@@ -187,18 +227,18 @@ func appendArgsContext(dst []byte, r *Record) []byte {
 		}
 		dst = AppendValue(dst, t, v)
 	}
-	dst = append(dst, ']')
-	if r.TID >= 0 {
+	return append(dst, ']')
+}
+
+// appendThread appends the known " tid=T" and " cpu=C".
+func appendThread(dst []byte, tid, cpu int32) []byte {
+	if tid >= 0 {
 		dst = append(dst, " tid="...)
-		dst = appendDec(dst, uint64(r.TID))
+		dst = appendDec(dst, uint64(tid))
 	}
-	if r.CPU >= 0 {
+	if cpu >= 0 {
 		dst = append(dst, " cpu="...)
-		dst = appendDec(dst, uint64(r.CPU))
-	}
-	if r.Time != 0 {
-		dst = append(dst, " time="...)
-		dst = AppendTime(dst, r.Time)
+		dst = appendDec(dst, uint64(cpu))
 	}
 	return dst
 }
@@ -263,11 +303,14 @@ func AppendValue(dst []byte, t ArgType, v uint64) []byte {
 func AppendTime(dst []byte, ns uint64) []byte {
 	dst = appendDec(dst, ns/1e9)
 	dst = append(dst, '.')
-	// 1e9+frac has ten digits: the fraction zero-padded behind a '1'.
-	n := len(dst)
-	dst = appendDec(dst, ns%1e9+1e9)
-	copy(dst[n:], dst[n+1:])
-	return dst[:len(dst)-1]
+	return appendFrac9(dst, uint32(ns%1e9))
+}
+
+// appendFrac9 appends f (< 1e9) as nine digits, zero-padded.
+func appendFrac9(dst []byte, f uint32) []byte {
+	dst = append(dst, byte('0'+f/1e8), 0, 0, 0, 0, 0, 0, 0, 0)
+	put8(dst[len(dst)-8:], f%1e8)
+	return dst
 }
 
 // AppendManual appends a manual ptwrite line. ip is printed only when hasIP.

@@ -59,6 +59,35 @@ func TestAppendRecord(t *testing.T) {
 	}
 }
 
+// TestRecordWriterRuns: a RecordWriter over a run of records whose
+// numbers count up through every carry (9 to 10, 999 to 1000, ...) or
+// jump, whose times cross seconds and whose thread changes, gives
+// AppendRecord's lines.
+func TestRecordWriterRuns(t *testing.T) {
+	ev := &Event{ID: 1, Group: "g", Name: "e", Args: []Arg{{Name: "a"}}}
+	var w RecordWriter
+	seq := uint64(0)
+	for i := range 12000 {
+		switch {
+		case i == 5000:
+			seq = 99_998 // a jump, then a carry
+		case i == 7000:
+			seq = 3 // back: the writer assumes nothing of the numbers
+		default:
+			seq++
+		}
+		r := Record{Event: ev, N: 1, Args: [8]uint64{uint64(i)}, TID: int32(i / 7 % 3), CPU: int32(i / 11 % 2),
+			Time: uint64(i) * 1_234_567, PID: int32(i / 13 % 2), Comm: "p"}
+		if i%17 == 0 {
+			r.TID, r.CPU, r.Time = -1, -1, 0
+		}
+		want := string(AppendRecord(nil, seq, &r))
+		if got := string(w.Append(nil, seq, &r)); got != want {
+			t.Fatalf("record %d:\n got %q\nwant %q", i, got, want)
+		}
+	}
+}
+
 func TestAppendManualSummary(t *testing.T) {
 	if got := string(AppendManual(nil, 0xabcd, 0x100000, true)); got != "manual ptwrite: payload=0xabcd ip=0x100000\n" {
 		t.Errorf("manual with ip: %q", got)
