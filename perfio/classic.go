@@ -636,7 +636,9 @@ func (c *Classic) nameLocked(out []decode.Record, watermark uint64) []decode.Rec
 			c.filtered.Add(1)
 			continue
 		}
-		out[n] = *r
+		if n != i {
+			out[n] = *r // a record was filtered out before: close up
+		}
 		n++
 	}
 	c.applyTasks(watermark)
