@@ -104,12 +104,100 @@ func (c *Counters) Add(o *Counters) {
 func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 	dst = append(dst, "record "...)
 	dst = appendDec(dst, seq)
-	dst = append(dst, ": event="...)
-	dst = append(dst, r.Event.Group...)
+	dst = append(dst, ": "...)
+	dst = appendEventHead(dst, r.Event)
+	dst = appendArgs(dst, r)
+	dst = appendThread(dst, r.TID, r.CPU)
+	if r.Time != 0 {
+		dst = append(dst, " time="...)
+		dst = AppendTime(dst, r.Time)
+	}
+	dst = appendProcess(dst, r.PID, r.Comm)
+	return append(dst, '\n')
+}
+
+// RecordWriter appends the lines of AppendRecord, byte for byte, keeping
+// the text of what repeats from line to line: the record number (the
+// next one is the last one's text counted up), the event (name and id),
+// the thread (tid= and cpu=), the time's seconds and the process (pid=
+// and comm=). Records come in runs of one event, thread and process, whose
+// fields then cost a copy. The zero value is ready to use. Like a Record,
+// it points to the Event, which must not change (no source changes one
+// once it is added).
+type RecordWriter struct {
+	seq    uint64
+	seqTxt []byte // "record N: " of seq, when set
+	ev     *Event
+	head   []byte // appendEventHead of ev
+	tid    int32
+	cpu    int32
+	thread []byte // appendThread of tid and cpu, when set
+	sec    uint64
+	secTxt []byte // " time=SEC." of sec, when set
+	pid    int32
+	comm   string
+	proc   []byte // appendProcess of pid and comm
+}
+
+// Append appends the line of record number seq, as AppendRecord does.
+func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
+	if seq == w.seq+1 && w.seqTxt != nil && incDec(w.seqTxt[len("record "):len(w.seqTxt)-len(": ")]) {
+		w.seq = seq
+	} else if seq != w.seq || w.seqTxt == nil {
+		w.seq = seq
+		w.seqTxt = append(appendDec(append(w.seqTxt[:0], "record "...), seq), ": "...)
+	}
+	dst = append(dst, w.seqTxt...)
+	if r.Event != w.ev {
+		w.ev, w.head = r.Event, appendEventHead(w.head[:0], r.Event)
+	}
+	dst = append(dst, w.head...)
+	dst = appendArgs(dst, r)
+	if r.TID != w.tid || r.CPU != w.cpu || w.thread == nil {
+		w.tid, w.cpu, w.thread = r.TID, r.CPU, appendThread(w.thread[:0], r.TID, r.CPU)
+	}
+	dst = append(dst, w.thread...)
+	if r.Time != 0 {
+		if sec := r.Time / 1e9; sec != w.sec || w.secTxt == nil {
+			w.sec = sec
+			w.secTxt = append(appendDec(append(w.secTxt[:0], " time="...), sec), '.')
+		}
+		dst = append(dst, w.secTxt...)
+		dst = appendFrac9(dst, uint32(r.Time%1e9))
+	}
+	if r.PID != w.pid || r.Comm != w.comm {
+		w.pid, w.comm, w.proc = r.PID, r.Comm, appendProcess(w.proc[:0], r.PID, r.Comm)
+	}
+	dst = append(dst, w.proc...)
+	return append(dst, '\n')
+}
+
+// incDec adds one to the decimal number in b, in place, and reports
+// false, leaving b changed, when it carries out of b (999 + 1 needs
+// another digit).
+func incDec(b []byte) bool {
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] != '9' {
+			b[i]++
+			return true
+		}
+		b[i] = '0'
+	}
+	return false
+}
+
+// appendEventHead appends "event=GRP/EVENT id=0xID".
+func appendEventHead(dst []byte, ev *Event) []byte {
+	dst = append(dst, "event="...)
+	dst = append(dst, ev.Group...)
 	dst = append(dst, '/')
-	dst = append(dst, r.Event.Name...)
+	dst = append(dst, ev.Name...)
 	dst = append(dst, " id=0x"...)
-	dst = appendHex(dst, uint64(r.Event.ID), 0)
+	return appendHex(dst, uint64(ev.ID), 0)
+}
+
+// appendArgs appends " args=[...]".
+func appendArgs(dst []byte, r *Record) []byte {
 	dst = append(dst, " args=["...)
 	for i := 0; i < r.N; i++ {
 		if i > 0 {
@@ -139,28 +227,33 @@ func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 		}
 		dst = AppendValue(dst, t, v)
 	}
-	dst = append(dst, ']')
-	if r.TID >= 0 {
+	return append(dst, ']')
+}
+
+// appendThread appends the known " tid=T" and " cpu=C".
+func appendThread(dst []byte, tid, cpu int32) []byte {
+	if tid >= 0 {
 		dst = append(dst, " tid="...)
-		dst = appendDec(dst, uint64(r.TID))
+		dst = appendDec(dst, uint64(tid))
 	}
-	if r.CPU >= 0 {
+	if cpu >= 0 {
 		dst = append(dst, " cpu="...)
-		dst = appendDec(dst, uint64(r.CPU))
+		dst = appendDec(dst, uint64(cpu))
 	}
-	if r.Time != 0 {
-		dst = append(dst, " time="...)
-		dst = AppendTime(dst, r.Time)
-	}
-	if r.PID > 0 {
+	return dst
+}
+
+// appendProcess appends the known " pid=P" and " comm=NAME".
+func appendProcess(dst []byte, pid int32, comm string) []byte {
+	if pid > 0 {
 		dst = append(dst, " pid="...)
-		dst = appendDec(dst, uint64(r.PID))
+		dst = appendDec(dst, uint64(pid))
 	}
-	if r.Comm != "" {
+	if comm != "" {
 		dst = append(dst, " comm="...)
-		dst = AppendComm(dst, r.Comm)
+		dst = AppendComm(dst, comm)
 	}
-	return append(dst, '\n')
+	return dst
 }
 
 // AppendComm appends a process name as one field: any process can name
@@ -210,11 +303,14 @@ func AppendValue(dst []byte, t ArgType, v uint64) []byte {
 func AppendTime(dst []byte, ns uint64) []byte {
 	dst = appendDec(dst, ns/1e9)
 	dst = append(dst, '.')
-	// 1e9+frac has ten digits: the fraction zero-padded behind a '1'.
-	n := len(dst)
-	dst = appendDec(dst, ns%1e9+1e9)
-	copy(dst[n:], dst[n+1:])
-	return dst[:len(dst)-1]
+	return appendFrac9(dst, uint32(ns%1e9))
+}
+
+// appendFrac9 appends f (< 1e9) as nine digits, zero-padded.
+func appendFrac9(dst []byte, f uint32) []byte {
+	dst = append(dst, byte('0'+f/1e8), 0, 0, 0, 0, 0, 0, 0, 0)
+	put8(dst[len(dst)-8:], f%1e8)
+	return dst
 }
 
 // AppendManual appends a manual ptwrite line. ip is printed only when hasIP.

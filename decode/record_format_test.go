@@ -9,6 +9,8 @@ func TestAppendRecord(t *testing.T) {
 	ev := &Event{ID: 0x6c2, Group: "ptfs_t", Name: "e", Args: []Arg{
 		{Name: "a"}, {Type: U32}, {Name: "n", Type: S32}, {Type: X32}, {},
 	}}
+	ev2 := &Event{ID: 7, Group: "ptfs_u", Name: "f"}
+	ev3 := &Event{ID: 0x6c2, Group: "ptfs_t", Name: "g"}
 	cases := []struct {
 		name string
 		r    Record
@@ -32,10 +34,56 @@ func TestAppendRecord(t *testing.T) {
 			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] pid=1\n"},
 		{"hostile name escaped", Record{Event: ev, N: 1, TID: -1, CPU: -1, PID: 9, Comm: "a b\nc\\d\x7f\xffe=f"},
 			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] pid=9 comm=a\\x20b\\x0ac\\x5cd\\x7f\\xffe=f\n"},
+		{"same process renamed", Record{Event: ev, N: 1, TID: -1, CPU: -1, PID: 9, Comm: "b"},
+			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] pid=9 comm=b\n"},
+		{"same name, another process", Record{Event: ev, N: 1, TID: -1, CPU: -1, PID: 10, Comm: "b"},
+			"record 7: event=ptfs_t/e id=0x6c2 args=[a=0] pid=10 comm=b\n"},
+		{"another event", Record{Event: ev2, N: 1, Args: [8]uint64{3}, TID: -1, CPU: -1, PID: 10, Comm: "b"},
+			"record 7: event=ptfs_u/f id=0x7 args=[3] pid=10 comm=b\n"},
+		{"an event like the first at another address", Record{Event: ev3, N: 1, TID: -1, CPU: -1},
+			"record 7: event=ptfs_t/g id=0x6c2 args=[0]\n"},
 	}
-	for _, c := range cases {
-		if got := string(AppendRecord(nil, 7, &c.r)); got != c.want {
-			t.Errorf("%s:\n got %q\nwant %q", c.name, got, c.want)
+	// A RecordWriter gives AppendRecord's lines whatever came before:
+	// every case after every other (its event and process kept or not).
+	var w RecordWriter
+	for _, prev := range cases {
+		for _, c := range cases {
+			if got := string(AppendRecord(nil, 7, &c.r)); got != c.want {
+				t.Errorf("%s:\n got %q\nwant %q", c.name, got, c.want)
+			}
+			w.Append(nil, 7, &prev.r)
+			if got := string(w.Append([]byte("x"), 7, &c.r)); got != "x"+c.want {
+				t.Errorf("RecordWriter, %s after %s:\n got %q\nwant %q", c.name, prev.name, got, "x"+c.want)
+			}
+		}
+	}
+}
+
+// TestRecordWriterRuns: a RecordWriter over a run of records whose
+// numbers count up through every carry (9 to 10, 999 to 1000, ...) or
+// jump, whose times cross seconds and whose thread changes, gives
+// AppendRecord's lines.
+func TestRecordWriterRuns(t *testing.T) {
+	ev := &Event{ID: 1, Group: "g", Name: "e", Args: []Arg{{Name: "a"}}}
+	var w RecordWriter
+	seq := uint64(0)
+	for i := range 12000 {
+		switch {
+		case i == 5000:
+			seq = 99_998 // a jump, then a carry
+		case i == 7000:
+			seq = 3 // back: the writer assumes nothing of the numbers
+		default:
+			seq++
+		}
+		r := Record{Event: ev, N: 1, Args: [8]uint64{uint64(i)}, TID: int32(i / 7 % 3), CPU: int32(i / 11 % 2),
+			Time: uint64(i) * 1_234_567, PID: int32(i / 13 % 2), Comm: "p"}
+		if i%17 == 0 {
+			r.TID, r.CPU, r.Time = -1, -1, 0
+		}
+		want := string(AppendRecord(nil, seq, &r))
+		if got := string(w.Append(nil, seq, &r)); got != want {
+			t.Fatalf("record %d:\n got %q\nwant %q", i, got, want)
 		}
 	}
 }
@@ -55,7 +103,8 @@ func TestAppendManualSummary(t *testing.T) {
 }
 
 // BenchmarkAppendRecord formats a record without and with its process
-// (pid= and comm=): the ratio is what issue 12's fields cost a line.
+// (pid= and comm=): the ratio is what issue 12's fields cost a line; and
+// with its process through a RecordWriter, as the record path does.
 func BenchmarkAppendRecord(b *testing.B) {
 	ev := &Event{ID: 0x6c2, Group: "ptfs_t", Name: "e", Args: []Arg{{Name: "a"}, {Name: "b"}}}
 	r := Record{Event: ev, N: 2, Args: [8]uint64{123456, 123457}, TID: 4711, CPU: 1, Time: 8061_235912410}
@@ -69,6 +118,14 @@ func BenchmarkAppendRecord(b *testing.B) {
 	b.Run("thread", bench)
 	r.PID, r.Comm = 4711, "target"
 	b.Run("process", bench)
+	b.Run("writer", func(b *testing.B) {
+		var w RecordWriter
+		buf := make([]byte, 0, 256)
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			buf = w.Append(buf[:0], uint64(i), &r)
+		}
+	})
 }
 
 // FuzzAppendDec checks appendDec against strconv on any value.

@@ -17,11 +17,30 @@ type Merger[T any] struct {
 	late   uint64 // items taken out after a later one (order broken)
 }
 
-// queue is a FIFO of items that reuses its storage.
+// queue is a FIFO of items in a ring that reuses its storage: a push
+// writes after the last item and a take reads the first, so neither moves
+// the items held back (thousands in the classic reader's hold-back).
 type queue[T any] struct {
-	items []item[T]
-	start int // items[start:] are pending
+	items []item[T] // the ring; its length is a power of two
+	first int       // index of the first pending item
+	n     int       // pending items
 }
+
+// at returns the i-th pending item of q.
+func (q *queue[T]) at(i int) *item[T] { return &q.items[(q.first+i)&(len(q.items)-1)] }
+
+// grow doubles the ring, keeping the pending items in order. The old
+// ring's slots (and the storage they own) are dropped with it.
+func (q *queue[T]) grow() {
+	items := make([]item[T], max(minQueue, 2*len(q.items)))
+	for i := range q.n {
+		items[i] = *q.at(i)
+	}
+	q.items, q.first = items, 0
+}
+
+// minQueue is the first ring size of a queue.
+const minQueue = 64
 
 // item is one queued value and the time it is merged by.
 type item[T any] struct {
@@ -47,34 +66,19 @@ func (m *Merger[T]) AddQueue() int {
 // steady state does not allocate.
 func (m *Merger[T]) Push(q int, time uint64) *T {
 	qu := &m.queues[q]
-	if len(qu.items) == cap(qu.items) && qu.start >= len(qu.items)/2 {
-		// Swapped to the front, not copied: a slot's storage (a
-		// record's Data) stays with one item only. Only when at least
-		// half the slots are free, else the queue grows: a queue that
-		// holds most of its slots back (the classic reader's hold-back)
-		// would otherwise move them all every few pushes.
-		k := len(qu.items) - qu.start
-		for i := range k {
-			qu.items[i], qu.items[qu.start+i] = qu.items[qu.start+i], qu.items[i]
-		}
-		qu.items, qu.start = qu.items[:k], 0
+	if qu.n == len(qu.items) {
+		qu.grow()
 	}
-	if len(qu.items) < cap(qu.items) {
-		qu.items = qu.items[:len(qu.items)+1]
-	} else {
-		var zero item[T]
-		qu.items = append(qu.items, zero)
-	}
+	it := qu.at(qu.n)
+	qu.n++
 	m.n++
-	it := &qu.items[len(qu.items)-1]
 	it.time = time
 	return &it.v
 }
 
 // Drop removes the slot that Push(q) returned last.
 func (m *Merger[T]) Drop(q int) {
-	qu := &m.queues[q]
-	qu.items = qu.items[:len(qu.items)-1]
+	m.queues[q].n--
 	m.n--
 }
 
@@ -83,8 +87,7 @@ func (m *Merger[T]) Pending() int { return m.n }
 
 // QueueLen returns the number of items in queue q.
 func (m *Merger[T]) QueueLen(q int) int {
-	qu := &m.queues[q]
-	return len(qu.items) - qu.start
+	return m.queues[q].n
 }
 
 // Late returns how many items were taken out after a later one.
@@ -99,8 +102,8 @@ func (m *Merger[T]) head() int {
 	var bt uint64
 	for i := range m.queues {
 		q := &m.queues[i]
-		if q.start < len(q.items) && (best < 0 || q.items[q.start].time < bt) {
-			best, bt = i, q.items[q.start].time
+		if q.n > 0 && (best < 0 || q.items[q.first].time < bt) {
+			best, bt = i, q.items[q.first].time
 		}
 	}
 	return best
@@ -110,16 +113,15 @@ func (m *Merger[T]) head() int {
 // the next Push to q.
 func (m *Merger[T]) take(qi int) *T {
 	q := &m.queues[qi]
-	it := &q.items[q.start]
+	it := &q.items[q.first]
 	if it.time < m.last {
 		m.late++
 	} else {
 		m.last = it.time
 	}
 	m.n--
-	if q.start++; q.start == len(q.items) {
-		q.items, q.start = q.items[:0], 0
-	}
+	q.n--
+	q.first = (q.first + 1) & (len(q.items) - 1)
 	return &it.v
 }
 
@@ -131,7 +133,7 @@ func (m *Merger[T]) take(qi int) *T {
 func (m *Merger[T]) Release(watermark uint64, out []T) []T {
 	for m.n > 0 {
 		best := m.head()
-		if q := &m.queues[best]; q.items[q.start].time > watermark && m.n <= m.max {
+		if q := &m.queues[best]; q.items[q.first].time > watermark && m.n <= m.max {
 			break
 		}
 		if len(out) < cap(out) {

@@ -138,7 +138,7 @@ func TestMergerPop(t *testing.T) {
 
 // TestMergerOwnedStorage: storage that an item owns (a record's Data, a
 // pointer reused with its slot) is never shared between a pending item and
-// a released one, across releases, compaction and growth, and is reused:
+// a released one, across releases, wrapping and growth, and is reused:
 // a steady flow allocates no new buffers.
 func TestMergerOwnedStorage(t *testing.T) {
 	m := NewMerger[decode.Record](2, 1000)
@@ -156,7 +156,7 @@ func TestMergerOwnedStorage(t *testing.T) {
 	for tm := uint64(1); tm < 5000; tm++ {
 		push(int(tm%2), tm)
 		if tm%7 == 0 {
-			push(int(tm%2), tm) // a burst: queues fill and compact
+			push(int(tm%2), tm) // a burst: queues wrap and grow
 		}
 		out = m.Release(tm-min(tm, 30), out[:0])
 		seen := map[*[]byte]bool{}
@@ -168,7 +168,8 @@ func TestMergerOwnedStorage(t *testing.T) {
 		}
 		for q := range m.queues {
 			qu := &m.queues[q]
-			for _, it := range qu.items[qu.start:] {
+			for i := range qu.n {
+				it := qu.at(i)
 				if seen[it.v.Data] || (*it.v.Data)[0] != byte(it.v.Time) {
 					t.Fatalf("time %d: pending record %d shares a buffer with a released one or lost its data", tm, it.v.Time)
 				}
@@ -178,5 +179,50 @@ func TestMergerOwnedStorage(t *testing.T) {
 	}
 	if bufs > 200 {
 		t.Errorf("%d buffers made for a backlog of about 35", bufs)
+	}
+}
+
+// TestMergerRingWraps: a queue whose ring has wrapped keeps its order
+// when it grows, and its slots are reused once the ring is big enough.
+func TestMergerRingWraps(t *testing.T) {
+	m := NewMerger[decode.Record](1, 1<<20)
+	next, want := uint64(0), uint64(0)
+	pop := func() {
+		r, _, ok := m.Pop()
+		if !ok || r.Time != want {
+			t.Fatalf("popped %v %v, want time %d", r, ok, want)
+		}
+		want++
+	}
+	push := func() {
+		m.Push(0, next).Time = next
+		next++
+	}
+	for range minQueue - 8 {
+		push()
+	}
+	for range minQueue / 2 {
+		pop()
+	}
+	// The ring wraps, then fills and grows with its first item in the
+	// middle.
+	for range minQueue + 40 {
+		push()
+	}
+	if n := len(m.queues[0].items); n != 2*minQueue {
+		t.Errorf("ring of %d slots, want %d", n, 2*minQueue)
+	}
+	for m.Pending() > 0 {
+		pop()
+	}
+	if want != next {
+		t.Errorf("popped %d of %d", want, next)
+	}
+	for range 10 * minQueue {
+		push()
+		pop()
+	}
+	if n := len(m.queues[0].items); n != 2*minQueue {
+		t.Errorf("ring of %d slots after a steady flow, want %d", n, 2*minQueue)
 	}
 }

@@ -541,10 +541,10 @@ func (s *ptwSink) Round(flush bool) {
 	out := p.out
 	p.mu.Unlock()
 	// Outside the lock: Stats and Add need not wait for the sink.
-	for i := range out {
-		p.sink(&out[i])
+	if len(out) > 0 {
+		p.sink(out)
+		p.records.Add(uint64(len(out)))
 	}
-	p.records.Add(uint64(len(out)))
 }
 
 // watermark is the history of the highest record time seen, sampled at

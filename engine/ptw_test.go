@@ -62,7 +62,7 @@ func newTestPTW(t testing.TB, o PTWOptions) (*PTW, *stepSource, *time.Duration, 
 	t.Helper()
 	src := &stepSource{}
 	var got []decode.Record
-	p, err := NewPTW(src, o, func(r *decode.Record) { got = append(got, *r) })
+	p, err := NewPTW(src, o, func(rs []decode.Record) { got = append(got, rs...) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func hit(tsc uint64, ev *decode.Event, args ...uint64) []byte {
 
 func TestPTWOptions(t *testing.T) {
 	src := &stepSource{}
-	sink := func(*decode.Record) {}
+	sink := func([]decode.Record) {}
 	for _, tc := range []struct {
 		name string
 		src  TraceSource
@@ -416,7 +416,7 @@ func TestPTWNoAllocs(t *testing.T) {
 	}
 	var n int
 	src := &stepSource{}
-	p, err := NewPTW(src, PTWOptions{Latency: time.Nanosecond}, func(*decode.Record) { n++ })
+	p, err := NewPTW(src, PTWOptions{Latency: time.Nanosecond}, func(rs []decode.Record) { n += len(rs) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +485,7 @@ func BenchmarkPTW(b *testing.B) {
 	b.Run("ptw", func(b *testing.B) {
 		var n int
 		src := &stepSource{}
-		p, err := NewPTW(src, PTWOptions{Latency: time.Nanosecond}, func(*decode.Record) { n++ })
+		p, err := NewPTW(src, PTWOptions{Latency: time.Nanosecond}, func(rs []decode.Record) { n += len(rs) })
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -555,7 +555,7 @@ func FuzzPTW(f *testing.F) {
 func fuzzPTW(t *testing.T, plan, data []byte) {
 	var got []decode.Record
 	src := &stepSource{}
-	p, err := NewPTW(src, PTWOptions{}, func(r *decode.Record) { got = append(got, *r) })
+	p, err := NewPTW(src, PTWOptions{}, func(rs []decode.Record) { got = append(got, rs...) })
 	if err != nil {
 		t.Fatal(err)
 	}

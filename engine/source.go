@@ -7,10 +7,12 @@ import (
 )
 
 // Sink receives records in time order (exceptions are counted as Late),
-// from one goroutine at a time. The record and its storage are reused after
-// Sink returns: copy what you keep. A Sink must not call methods of the
-// source that calls it.
-type Sink func(r *decode.Record)
+// a batch at a time (never empty), from one goroutine at a time: what one
+// pass of the source releases, so that a sink takes its locks once a
+// batch, not once a record. The records and their storage are reused
+// after Sink returns: copy what you keep. A Sink must not call methods of
+// the source that calls it.
+type Sink func(rs []decode.Record)
 
 // MaxPending is the default bound of the records a source holds back for
 // ordering; beyond it the oldest go out early (and may be counted Late).

@@ -54,7 +54,11 @@ const idleInterval = 100 * time.Millisecond
 // ClassicStats are the counters of a Classic source.
 type ClassicStats struct {
 	Records uint64 // records passed to the sink
-	Lost    uint64 // samples the kernel dropped because a ring was full
+	// Lost counts the samples the kernel dropped because a ring was
+	// full: each event's own count (PERF_FORMAT_LOST), current at once,
+	// where a ring's LOST record comes only with the next sample that
+	// fits, which may never come.
+	Lost    uint64
 	Unknown uint64 // samples of an event id not (or no longer) added
 	Errors  uint64 // malformed ring data or samples, skipped
 	Late    uint64 // times a record went out after a later one (order broken)
@@ -99,7 +103,9 @@ type Classic struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	records, lost, unknown, errs, filtered, taskLost atomic.Uint64
+	// lostGone holds the lost samples of the events removed; Stats adds
+	// those of the events still added.
+	records, lostGone, unknown, errs, filtered, taskLost atomic.Uint64
 }
 
 // cpuRing is the ring of one CPU: anchor is the dummy event that owns the
@@ -309,6 +315,9 @@ func (c *Classic) Add(ev *decode.Event) error {
 func (c *Classic) openTask(ce *classicEvent, tid int) error {
 	ev := ce.ev
 	attr := perfAttr(unix.PERF_TYPE_TRACEPOINT, uint64(ev.ID))
+	// Each event counts the samples the ring had no room for (see
+	// eventLost).
+	attr.Read_format = unix.PERF_FORMAT_LOST
 	if tid >= 0 {
 		attr.Bits |= unix.PerfBitInherit
 	}
@@ -388,6 +397,7 @@ func (c *Classic) Remove(id uint16) error {
 	}
 	err := disableFDs(ce.fds)
 	c.drainLocked()
+	c.lostGone.Add(eventLost(ce.fds, &c.errs))
 	delete(c.events, id)
 	c.lastEv = nil
 	c.mu.Unlock()
@@ -410,10 +420,14 @@ func (c *Classic) Remove(id uint16) error {
 func (c *Classic) Stats() ClassicStats {
 	c.mu.Lock()
 	late := c.merge.Late()
+	lost := c.lostGone.Load()
+	for _, ce := range c.events {
+		lost += eventLost(ce.fds, &c.errs)
+	}
 	c.mu.Unlock()
 	return ClassicStats{
 		Records:  c.records.Load(),
-		Lost:     c.lost.Load(),
+		Lost:     lost,
 		Unknown:  c.unknown.Load(),
 		Errors:   c.errs.Load(),
 		Late:     late,
@@ -440,9 +454,18 @@ func (c *Classic) Close() error {
 		werr := c.poll.wake()
 		<-c.done
 		errs = append(errs, werr)
+		// Their losses counted under the lock that Stats reads them
+		// with; the fds closed without it (slow, see Remove).
+		c.mu.Lock()
+		var gone []*classicEvent
 		for id, ce := range c.events {
-			errs = append(errs, closeFDs(ce.fds))
+			c.lostGone.Add(eventLost(ce.fds, &c.errs))
+			gone = append(gone, ce)
 			delete(c.events, id)
+		}
+		c.mu.Unlock()
+		for _, ce := range gone {
+			errs = append(errs, closeFDs(ce.fds))
 		}
 		for _, cr := range c.cpus {
 			if tr := cr.task; tr != nil {
@@ -507,10 +530,10 @@ func (c *Classic) run() {
 		out = c.nameLocked(c.merge.Release(watermark, out[:0]), watermark)
 		held = c.merge.Pending() > 0
 		c.mu.Unlock()
-		for i := range out {
-			c.sink(&out[i])
+		if len(out) > 0 {
+			c.sink(out)
+			c.records.Add(uint64(len(out)))
 		}
-		c.records.Add(uint64(len(out)))
 		if ack != nil {
 			close(ack)
 		}
@@ -546,7 +569,9 @@ func (c *Classic) drainLocked() {
 			case recordSample:
 				c.addSample(q, rec)
 			case recordLost:
-				c.lost.Add(c.lostCount(rec))
+				// Counted by the events (eventLost); a record that
+				// does not parse is an error.
+				c.lostCount(rec)
 			}
 		}
 		c.endRing(r, &cr.ringErrs)
@@ -611,7 +636,9 @@ func (c *Classic) nameLocked(out []decode.Record, watermark uint64) []decode.Rec
 			c.filtered.Add(1)
 			continue
 		}
-		out[n] = *r
+		if n != i {
+			out[n] = *r // a record was filtered out before: close up
+		}
 		n++
 	}
 	c.applyTasks(watermark)
@@ -692,6 +719,23 @@ func ProcComm(pid int32) string {
 		return ""
 	}
 	return strings.TrimSuffix(string(b), "\n")
+}
+
+// eventLost returns the samples that the events of fds could not write
+// because their ring was full (read_format PERF_FORMAT_LOST: u64 value,
+// u64 lost; an inherited event's children count in it). A failed read
+// counts in errs.
+func eventLost(fds []int, errs *atomic.Uint64) uint64 {
+	var n uint64
+	var buf [16]byte
+	for _, fd := range fds {
+		if k, err := unix.Read(fd, buf[:]); err != nil || k != len(buf) {
+			errs.Add(1)
+			continue
+		}
+		n += binary.LittleEndian.Uint64(buf[8:])
+	}
+	return n
 }
 
 // disableFDs stops the events of fds.

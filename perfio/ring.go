@@ -106,8 +106,17 @@ func (r *Ring) Next() (typ uint32, misc uint16, rec []byte, ok bool) {
 		r.pos = r.end
 		return 0, 0, nil, false
 	}
-	var hdr [headerSize]byte
-	r.copyOut(hdr[:], r.pos)
+	start := r.pos & r.mask
+	var hdr []byte
+	if start+headerSize <= uint64(len(r.data)) {
+		hdr = r.data[start : start+headerSize]
+	} else {
+		// The header wraps (the kernel aligns records to 8 bytes, so
+		// only a foreign layout does this): copy it out.
+		var buf [headerSize]byte
+		r.copyOut(buf[:], r.pos)
+		hdr = buf[:]
+	}
 	typ = binary.LittleEndian.Uint32(hdr[0:])
 	misc = binary.LittleEndian.Uint16(hdr[4:])
 	size := uint64(binary.LittleEndian.Uint16(hdr[6:]))
@@ -116,7 +125,6 @@ func (r *Ring) Next() (typ uint32, misc uint16, rec []byte, ok bool) {
 		r.pos = r.end
 		return 0, 0, nil, false
 	}
-	start := r.pos & r.mask
 	if start+size <= uint64(len(r.data)) {
 		rec = r.data[start : start+size : start+size]
 	} else {

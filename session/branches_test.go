@@ -130,7 +130,7 @@ func TestBranchesClassic(t *testing.T) {
 
 	// A classic record goes to records and, while read, to branches.
 	ev := &decode.Event{ID: 1, Group: "ptfs_t1", Name: "e"}
-	t1.emit(&decode.Record{Event: ev, N: 0, TID: 5, CPU: 1})
+	emitOne(t1, &decode.Record{Event: ev, N: 0, TID: 5, CPU: 1})
 	if n := t1.brs.Stats().Size; n == 0 {
 		t.Errorf("the record did not reach branches")
 	}
@@ -154,7 +154,7 @@ func TestBranchesClassic(t *testing.T) {
 	if starts, stops, _ := rep.Counts(); starts != 1 || stops != 1 {
 		t.Errorf("starts %d stops %d, want 1 and 1", starts, stops)
 	}
-	t1.emit(&decode.Record{Event: ev, N: 0, TID: 5, CPU: 1})
+	emitOne(t1, &decode.Record{Event: ev, N: 0, TID: 5, CPU: 1})
 	if n := t1.brs.Stats().Size; n != int64(len("record 1: event=ptfs_t1/e id=0x1 args=[] tid=5 cpu=1\n")) {
 		t.Errorf("branches size %d after a record while unread", n)
 	}
@@ -362,7 +362,7 @@ func TestBranchesClassicRecordsByTime(t *testing.T) {
 	}
 	ev := &decode.Event{ID: 1, Group: "ptfs_t", Name: "e"}
 	for _, perf := range []uint64{500, 2000, 9000} {
-		tg.emit(&decode.Record{Event: ev, TID: 42, CPU: 0, Time: perf + 1_000_000})
+		emitOne(tg, &decode.Record{Event: ev, TID: 42, CPU: 0, Time: perf + 1_000_000})
 	}
 	trace, _ := enginetest.StartStops(0x4016d0, 0x402aa0, 1000, 3000)
 	if err := rep.Queue(enginetest.Batch{0: {enginetest.Trace(trace)}}); err != nil {

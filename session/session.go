@@ -259,24 +259,48 @@ func (s *Session) newSource(r roots, stage *live.Stage) (source, error) {
 // Mode returns the mode the session runs in.
 func (s *Session) Mode() Mode { return s.mode }
 
-// deliver is the record source's sink: it routes a record to its target.
-func (s *Session) deliver(r *decode.Record) {
-	rt := (*s.routes.Load())[r.Event.ID]
-	if rt == nil {
-		// Not ours: Remove delivers every record of an event before the
-		// route goes, and the source counts samples of unknown events.
-		return
+// deliver is the record source's sink: it routes each record of a batch
+// to its target. A run of records of one target is written under one
+// take of its lock (Target.emit) and goes into its stream at once.
+func (s *Session) deliver(rs []decode.Record) {
+	routes := *s.routes.Load()
+	var (
+		rt     *route
+		lastID = -1 // hits come in runs of one event: one lookup a run
+		t      *Target
+	)
+	for i := range rs {
+		r := &rs[i]
+		if int(r.Event.ID) != lastID {
+			rt, lastID = routes[r.Event.ID], int(r.Event.ID)
+		}
+		if rt == nil {
+			// Not ours: Remove delivers every record of an event before
+			// the route goes, and the source counts samples of unknown
+			// events.
+			continue
+		}
+		if rt.swap != nil && rt.swap.drop(r) {
+			s.dups.Add(1)
+			continue
+		}
+		if rt.ev != nil {
+			named := *r
+			named.Event = rt.ev
+			r = &named
+		}
+		if to := rt.p.target; to != t {
+			if t != nil {
+				t.endEmit()
+			}
+			t = to
+			t.beginEmit()
+		}
+		t.emit(r)
 	}
-	if rt.swap != nil && rt.swap.drop(r) {
-		s.dups.Add(1)
-		return
+	if t != nil {
+		t.endEmit()
 	}
-	if rt.ev != nil {
-		named := *r
-		named.Event = rt.ev
-		r = &named
-	}
-	rt.p.target.emit(r)
 }
 
 // setRoute adds (p != nil) or removes the route of id.

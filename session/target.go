@@ -53,10 +53,13 @@ type Target struct {
 	pathState string // "" while the path names bin, else what is wrong
 	closed    bool
 
-	out  sync.Mutex // guards seq, cnt and line: the record path
+	out  sync.Mutex // guards seq, cnt, fmt, line and brRecs: the record path
 	seq  uint64
 	cnt  decode.Counters
-	line []byte
+	fmt  decode.RecordWriter
+	line []byte // lines formatted and not yet appended (see emit)
+	// brRecs: the records of this run go to the branches too.
+	brRecs bool
 }
 
 // probe is one file in probes/. Its working fields describe the installed
@@ -148,17 +151,37 @@ func (t *Target) Symbols() ([]byte, error) {
 	return t.syms, nil
 }
 
-// emit formats r into the records file.
-func (t *Target) emit(r *decode.Record) {
+// maxEmit bounds the lines emit gathers before they go into the records
+// stream: one append a batch, in a buffer that stays in the cache.
+const maxEmit = 64 << 10
+
+// beginEmit starts a run of records of the delivered batch: emit formats
+// them, endEmit appends them to the records file.
+func (t *Target) beginEmit() {
 	t.out.Lock()
+	t.brRecs = t.brOn.Load() && t.s.mode != ModePTW
+}
+
+// emit formats r, the next record, after beginEmit.
+func (t *Target) emit(r *decode.Record) {
 	t.seq++
 	t.cnt.Records++
-	t.line = decode.AppendRecord(t.line[:0], t.seq, r)
-	t.recs.Append(t.line)
-	if t.brOn.Load() && t.s.mode != ModePTW {
+	n := len(t.line)
+	t.line = t.fmt.Append(t.line, t.seq, r)
+	if t.brRecs {
 		// ptw records come with the branches, from the same trace.
-		t.s.br.record(t, r, t.line)
+		t.s.br.record(t, r, t.line[n:])
 	}
+	if len(t.line) >= maxEmit {
+		t.recs.Append(t.line)
+		t.line = t.line[:0]
+	}
+}
+
+// endEmit appends the lines emitted since beginEmit.
+func (t *Target) endEmit() {
+	t.recs.Append(t.line)
+	t.line = t.line[:0]
 	t.out.Unlock()
 }
 

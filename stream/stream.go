@@ -77,8 +77,12 @@ type Stream struct {
 	file           *os.File // the spill file, made at the first full chunk
 	free           []int    // spill slots to reuse
 	slots          int      // spill slots made
-	closed         bool
-	spillErr       error
+	// reserved is how many slots from 0 have their disk allocated ahead
+	// (see reserve); noReserve: the file system refused.
+	reserved  int
+	noReserve bool
+	closed    bool
+	spillErr  error
 
 	size               atomic.Int64
 	resets             atomic.Uint64
@@ -146,13 +150,22 @@ func (s *Stream) Append(p []byte) {
 
 var newline = []byte{'\n'}
 
-// appendLines adds p line by line, sealing the chunk whenever the next
-// line does not fit. Called with mu held.
+// appendLines adds p, the whole lines that fit the chunk at once, else
+// line by line, sealing the chunk whenever the next line does not fit.
+// Called with mu held.
 func (s *Stream) appendLines(p []byte) {
 	if s.cur == nil {
 		s.cur = make([]byte, 0, s.chunkSize)
 	}
 	for len(p) > 0 {
+		// A batch of lines (the record path's) fills the chunk with one
+		// copy.
+		if n := bytes.LastIndexByte(p[:min(len(p), s.chunkSize-len(s.cur))], '\n') + 1; n > 0 {
+			s.cur = append(s.cur, p[:n]...)
+			s.lines += uint64(bytes.Count(p[:n], newline))
+			p = p[n:]
+			continue
+		}
 		n := bytes.IndexByte(p, '\n') + 1
 		nl := n > 0
 		if !nl {
@@ -220,6 +233,7 @@ func (s *Stream) spill(c *chunk) error {
 		slot, s.free = s.free[k-1], s.free[:k-1]
 	} else {
 		s.slots++
+		s.reserve(slot)
 	}
 	if _, err := s.file.WriteAt(s.cur, int64(slot)*int64(s.chunkSize)); err != nil {
 		s.free = append(s.free, slot)
@@ -227,6 +241,36 @@ func (s *Stream) spill(c *chunk) error {
 	}
 	c.slot = slot
 	return nil
+}
+
+// reserveSlots is how many slots reserve allocates at a time.
+const reserveSlots = 16
+
+// reserve allocates the disk of the slots from slot on, reserveSlots of
+// them but no more than the hard bound can use, unless they are. A write
+// into blocks already allocated costs the file system far less CPU than
+// one that extends the file (ext4 here: 230 against 300 to 2,300 µs a
+// MiB), and the appender pays it. The file's size grows with the
+// reservation (not KEEP_SIZE: ext4 punches no hole beyond the size, see
+// discard); what is read is only what was written. Best effort: where
+// fallocate fails, writes allocate as they go. Called with mu held.
+func (s *Stream) reserve(slot int) {
+	if s.noReserve || slot < s.reserved {
+		return
+	}
+	// The window holds at most hard bytes of whole chunks, and spareSlots
+	// more are kept free.
+	most := int(s.hard/int64(s.chunkSize)) + spareSlots + 1
+	n := min(reserveSlots, most-slot)
+	if n <= 0 {
+		return
+	}
+	if err := unix.Fallocate(int(s.file.Fd()), 0,
+		int64(slot)*int64(s.chunkSize), int64(n)*int64(s.chunkSize)); err != nil {
+		s.noReserve = true
+		return
+	}
+	s.reserved = slot + n
 }
 
 // tempFile makes an unlinked file in dir: O_TMPFILE where the file system
@@ -320,8 +364,16 @@ func (s *Stream) discard(unspilled bool) {
 		// chunk: punching those would double the cost of Append.)
 		// Best effort: where punching fails, the disk comes back when
 		// the stream is truncated or closed.
-		_ = unix.Fallocate(int(s.file.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
+		fd := int(s.file.Fd())
+		_ = unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
 			int64(c.slot)*int64(s.chunkSize), int64(s.chunkSize))
+		if s.reserved > s.slots {
+			// And the slots reserved ahead, which the file no longer
+			// grows into soon.
+			_ = unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
+				int64(s.slots)*int64(s.chunkSize), int64(s.reserved-s.slots)*int64(s.chunkSize))
+			s.reserved = s.slots
+		}
 	}
 }
 
@@ -340,7 +392,7 @@ func (s *Stream) Truncate() {
 	s.gen++
 	s.chunks = s.chunks[:0]
 	s.free = s.free[:0]
-	s.slots = 0
+	s.slots, s.reserved = 0, 0
 	s.cur = s.cur[:0]
 	s.start, s.curOff, s.curLine, s.lines = 0, 0, 0, 0
 	if s.file != nil {

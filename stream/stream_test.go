@@ -786,3 +786,51 @@ func fuzzStream(t *testing.T, dir string, limit, hard uint8, ops []byte) {
 		check()
 	}
 }
+
+// TestSpillReserve checks that the spill file's disk is allocated ahead,
+// reserveSlots chunks at a time and never beyond what the hard bound can
+// use, and that a truncation reserves again.
+func TestSpillReserve(t *testing.T) {
+	fileStat := func(s *Stream) (size, disk int64) {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(s.file.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Size, st.Blocks * 512
+	}
+	for _, tc := range []struct {
+		hard     int64
+		reserved int // slots allocated after the first spill
+	}{
+		{1 << 20, reserveSlots},
+		// hard is raised to 2 chunks and a gap line: 2 slots in the
+		// window, spareSlots free, and the chunk being sealed.
+		{1, 2 + spareSlots + 1},
+	} {
+		s := newStream(t, 4096, tc.hard)
+		r := s.NewReader() // holds the chunks in the window
+		line := strings.Repeat("r", 99) + "\n"
+		for s.Stats().Disk == 0 {
+			s.Append([]byte(line))
+		}
+		if s.reserved != tc.reserved {
+			t.Errorf("hard %d: %d slots reserved, want %d", tc.hard, s.reserved, tc.reserved)
+		}
+		if size, disk := fileStat(s); size != int64(tc.reserved)*4096 || disk < size {
+			t.Errorf("hard %d: spill file size %d disk %d, want %d of both", tc.hard, size, disk, tc.reserved*4096)
+		}
+		s.Truncate()
+		if s.reserved != 0 {
+			t.Errorf("hard %d: %d slots reserved after truncate", tc.hard, s.reserved)
+		}
+		r.Close()
+		r = s.NewReader() // a reader of the new content
+		for s.Stats().Disk == 0 {
+			s.Append([]byte(line))
+		}
+		if s.reserved != tc.reserved {
+			t.Errorf("hard %d: %d slots reserved after truncate and a spill, want %d", tc.hard, s.reserved, tc.reserved)
+		}
+		r.Close()
+	}
+}

@@ -48,8 +48,9 @@ func benchPtfs(b *testing.B, bin string, rate int) {
 	// A records file big enough for the whole run: no rotation.
 	args := []string{"--max-stream=2000000000", "--max-stream-hard=2000000000", "t=" + bin}
 	if dir := os.Getenv("PTFS_BENCH_CPUPROFILE"); dir != "" {
-		// A profile of the mount process per run, for `go tool pprof`.
-		args = append(args, fmt.Sprintf("--cpuprofile=%s/ptfs-%d-%d.pprof", dir, rate, b.N))
+		// A profile of the mount process per run, for `go tool pprof`;
+		// the time tells apart the runs of -count and of the b.N probe.
+		args = append(args, fmt.Sprintf("--cpuprofile=%s/ptfs-%d-%d-%d.pprof", dir, rate, b.N, time.Now().UnixNano()))
 	}
 	m := startMount(b, args...)
 	m.setProbe("t", "e", "hot %di %si")

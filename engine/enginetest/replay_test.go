@@ -128,12 +128,12 @@ type collector struct {
 	bad  atomic.Bool
 }
 
-func (c *collector) sink(r *decode.Record) {
+func (c *collector) sink(rs []decode.Record) {
 	if c.in.Add(1) != 1 {
 		c.bad.Store(true)
 	}
 	c.mu.Lock()
-	c.recs = append(c.recs, *r)
+	c.recs = append(c.recs, rs...)
 	c.mu.Unlock()
 	c.in.Add(-1)
 }
