@@ -160,6 +160,12 @@ func targetArg(a string) (name, path string) {
 }
 
 func mount(dir string, targets []string, so session.Options, opts fs.Options) error {
+	// Signals are caught from the start: one that comes while the session
+	// and the mount are set up is taken once they are, so a SIGTERM right
+	// after "mounted" still unmounts and removes the probes.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sig)
 	clearDeadMounts()
 	if err := refuseLiveMount(dir); err != nil {
 		return err
@@ -180,9 +186,6 @@ func mount(dir string, targets []string, so session.Options, opts fs.Options) er
 	}
 	logrus.WithFields(logrus.Fields{"dir": dir, "mode": s.Mode()}).Info("ptfs: mounted")
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sig)
 	done := make(chan struct{})
 	go func() {
 		server.Wait()
