@@ -327,10 +327,11 @@ func (c *cursor) step() {
 // formatted into its own buffer and written in large writes, not copied
 // line by line into a bufio.Writer.
 type printer struct {
-	w   io.Writer
-	buf []byte
-	seq uint64
-	err error // the first write error; later lines are not written
+	w     io.Writer
+	buf   []byte
+	lines decode.RecordLines
+	seq   uint64
+	err   error // the first write error; later lines are not written
 }
 
 // printBuf is the size of the printer's writes.
@@ -338,7 +339,7 @@ const printBuf = 1 << 20
 
 func (p *printer) Record(r *decode.Record) {
 	p.seq++
-	if p.buf = decode.AppendRecord(p.buf, p.seq, r); len(p.buf) >= printBuf {
+	if p.buf = p.lines.Append(p.buf, p.seq, r); len(p.buf) >= printBuf {
 		p.flush()
 	}
 }
