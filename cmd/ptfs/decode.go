@@ -168,10 +168,11 @@ type stream struct {
 	name     string
 	cpu, tid int32
 	pid      int32 // 0: unknown
-	// segments delivers the stream's bytes in order, gap set where data
-	// was lost before them.
-	segments func(fn func(data []byte, gap bool))
-	time     *perfdata.TimeConv
+	// next returns the stream's next piece of trace, at most feedSize
+	// bytes, valid until the next call; gap is set where data was lost
+	// before it. It returns io.EOF after the last piece.
+	next func() (data []byte, gap bool, err error)
+	time *perfdata.TimeConv
 }
 
 // isPerfData tells perf.data (either byte order) from a raw trace.
@@ -179,50 +180,127 @@ func isPerfData(data []byte) bool {
 	return bytes.HasPrefix(data, []byte("PERFILE2")) || bytes.HasPrefix(data, []byte("2ELIFREP"))
 }
 
-// input reads a file ("-": standard input) into its streams; lost is the
-// loss perf.data reports that no stream accounts for.
-func input(name string) (streams []stream, lost uint64, err error) {
-	var data []byte
-	if name == "-" {
-		data, err = io.ReadAll(os.Stdin)
-	} else {
-		data, err = os.ReadFile(name)
+// input opens a file ("-": standard input) as its streams; lost is the loss
+// perf.data reports that no stream accounts for. A raw trace is read a
+// piece at a time as it is decoded, into one buffer (a copy of the whole
+// file cost more than its reads: fresh pages to fault in and clear); a
+// perf.data file is read whole. done closes the file.
+func input(name string) (streams []stream, lost uint64, done func(), err error) {
+	f := os.Stdin
+	if name != "-" {
+		if f, err = os.Open(name); err != nil {
+			return nil, 0, nil, fmt.Errorf("read trace: %w", err)
+		}
 	}
+	done = func() {
+		if f != os.Stdin {
+			f.Close()
+		}
+	}
+	streams, lost, err = openStreams(name, f)
 	if err != nil {
+		done()
+		return nil, 0, nil, err
+	}
+	return streams, lost, done, nil
+}
+
+// openStreams reads the start of f and makes its streams.
+func openStreams(name string, f *os.File) ([]stream, uint64, error) {
+	head := make([]byte, feedSize)
+	n, err := io.ReadFull(f, head)
+	if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
 		return nil, 0, fmt.Errorf("read trace: %w", err)
+	}
+	head = head[:n]
+	var data []byte
+	switch {
+	case !isPerfData(head) && decode.HasPSB(head):
+		return []stream{{name: name, cpu: -1, tid: -1, next: filePieces(f, head)}}, 0, nil
+	case n < feedSize:
+		data = head // the whole file
+	default:
+		rest, err := io.ReadAll(f)
+		if err != nil {
+			return nil, 0, fmt.Errorf("read trace: %w", err)
+		}
+		data = append(head, rest...)
 	}
 	if !isPerfData(data) {
 		// PT streams start at a PSB; a file without one is no trace.
 		if !decode.HasPSB(data) {
 			return nil, 0, fmt.Errorf("%s: neither perf.data nor raw Intel PT (no PSB packet): %w", name, errNoTrace)
 		}
-		return []stream{{
-			name: name, cpu: -1, tid: -1,
-			segments: func(fn func([]byte, bool)) { fn(data, false) },
-		}}, 0, nil
+		return []stream{{name: name, cpu: -1, tid: -1, next: memPieces([][]byte{data}, []bool{false})}}, 0, nil
 	}
-	f, err := perfdata.Parse(data)
+	pf, err := perfdata.Parse(data)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w", name, err)
 	}
-	if len(f.Buffers) == 0 {
+	if len(pf.Buffers) == 0 {
 		return nil, 0, fmt.Errorf("%s: perf.data without AUX area trace (record with -e intel_pt//): %w", name, errNoTrace)
 	}
-	for _, b := range f.Buffers {
+	var streams []stream
+	for _, b := range pf.Buffers {
 		// A per-thread buffer's process is its thread's; a per-CPU
 		// buffer's first ITRACE_START names only its first process.
 		pid := int32(0)
 		if b.TID >= 0 && b.PID > 0 {
 			pid = b.PID
 		}
+		var (
+			segs [][]byte
+			gaps []bool
+		)
+		b.Segments(func(d []byte, gap bool) { segs, gaps = append(segs, d), append(gaps, gap) })
 		streams = append(streams, stream{
 			name: fmt.Sprintf("%s idx %d cpu %d tid %d", name, b.Idx, b.CPU, b.TID),
 			cpu:  b.CPU, tid: b.TID, pid: pid,
-			segments: b.Segments,
-			time:     f.Time,
+			next: memPieces(segs, gaps),
+			time: pf.Time,
 		})
 	}
-	return streams, f.LostAux + f.LostEvents + f.AuxtraceErrors, nil
+	return streams, pf.LostAux + pf.LostEvents + pf.AuxtraceErrors, nil
+}
+
+// memPieces returns a stream's next function over segments in memory,
+// gaps[i] set when data was lost before segs[i].
+func memPieces(segs [][]byte, gaps []bool) func() ([]byte, bool, error) {
+	return func() ([]byte, bool, error) {
+		if len(segs) == 0 {
+			return nil, false, io.EOF
+		}
+		gap := gaps[0]
+		gaps[0] = false
+		n := min(len(segs[0]), feedSize)
+		d := segs[0][:n]
+		if segs[0] = segs[0][n:]; len(segs[0]) == 0 {
+			segs, gaps = segs[1:], gaps[1:]
+		}
+		return d, gap, nil
+	}
+}
+
+// filePieces returns a raw trace's next function: head, the file's first
+// feedSize bytes already read, then the rest of f in pieces of feedSize
+// (the pieces of a file read whole), each read into head's storage.
+func filePieces(f *os.File, head []byte) func() ([]byte, bool, error) {
+	buf := head[:cap(head)]
+	first := true
+	return func() ([]byte, bool, error) {
+		if first {
+			first = false
+			return head, false, nil
+		}
+		n, err := io.ReadFull(f, buf)
+		switch {
+		case n > 0:
+			return buf[:n], false, nil
+		case err == io.EOF || err == io.ErrUnexpectedEOF:
+			return nil, false, io.EOF
+		}
+		return nil, false, fmt.Errorf("read trace: %w", err)
+	}
 }
 
 // listPackets prints the ptdump listing of every stream; with more than one,
@@ -234,10 +312,11 @@ func listPackets(w io.Writer, files []string, ptArgs []string) error {
 	}
 	var all []stream
 	for _, name := range files {
-		s, _, err := input(name)
+		s, _, done, err := input(name)
 		if err != nil {
 			return err
 		}
+		defer done()
 		all = append(all, s...)
 	}
 	for _, s := range all {
@@ -247,12 +326,19 @@ func listPackets(w io.Writer, files []string, ptArgs []string) error {
 		// Contiguous runs are listed whole; a gap (lost data) starts a
 		// new listing, so no packet is pieced together across it.
 		var runs [][]byte
-		s.segments(func(d []byte, gap bool) {
+		for {
+			d, gap, err := s.next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
 			if gap || len(runs) == 0 {
 				runs = append(runs, nil)
 			}
 			runs[len(runs)-1] = append(runs[len(runs)-1], d...)
-		})
+		}
 		for i, buf := range runs {
 			if i > 0 {
 				fmt.Fprintln(w, "# gap: trace data lost here")
@@ -280,9 +366,9 @@ type cursor struct {
 	a    *decode.Assembler
 	m    *engine.Merger[entry]
 	q    int // the cursor's queue in m
-	segs [][]byte
-	gaps []bool
+	next func() ([]byte, bool, error)
 	done bool
+	err  error // the read error that ended the stream
 }
 
 // feedSize is the most trace a cursor decodes at once.
@@ -297,7 +383,7 @@ func (c *cursor) Manual(m *decode.Manual) {
 	*c.m.Push(c.q, m.Time) = entry{man: *m, manual: true}
 }
 
-// fill decodes segments until the stream has an entry in its queue or
+// fill decodes pieces until the stream has an entry in its queue or
 // ends.
 func (c *cursor) fill() {
 	for !c.done && c.m.QueueLen(c.q) == 0 {
@@ -307,20 +393,19 @@ func (c *cursor) fill() {
 
 // step decodes the next piece of the stream, or ends it.
 func (c *cursor) step() {
-	if len(c.segs) == 0 {
+	d, gap, err := c.next()
+	if err != nil {
+		if err != io.EOF {
+			c.err = err
+		}
 		c.a.End()
 		c.done = true
 		return
 	}
-	if c.gaps[0] {
+	if gap {
 		c.a.Gap()
-		c.gaps[0] = false
 	}
-	n := min(len(c.segs[0]), feedSize)
-	c.a.Feed(c.segs[0][:n])
-	if c.segs[0] = c.segs[0][n:]; len(c.segs[0]) == 0 {
-		c.segs, c.gaps = c.segs[1:], c.gaps[1:]
-	}
+	c.a.Feed(d)
 }
 
 // printer writes the output lines, numbering the records. Lines are
@@ -386,10 +471,11 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 	)
 	var all []stream
 	for _, name := range files {
-		streams, lost, err := input(name)
+		streams, lost, done, err := input(name)
 		if err != nil {
 			return err
 		}
+		defer done()
 		// Losses perf.data reports without saying where (ring LOST,
 		// AUXTRACE_ERROR, AUX truncation of an unknown buffer).
 		total.Errors += lost
@@ -412,9 +498,7 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 		if s.time != nil {
 			c.a.SetTimeConv(s.time.NS)
 		}
-		s.segments(func(d []byte, gap bool) {
-			c.segs, c.gaps = append(c.segs, d), append(c.gaps, gap)
-		})
+		c.next = s.next
 		cursors = append(cursors, c)
 	}
 	if len(cursors) == 1 {
@@ -447,6 +531,9 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 		return pr.err
 	}
 	for _, c := range cursors {
+		if c.err != nil {
+			return c.err
+		}
 		cs := c.a.Counters()
 		total.Add(&cs)
 	}

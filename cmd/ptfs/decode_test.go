@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
+	"ptfs/decode"
 	"ptfs/decode/ptenc"
 	"ptfs/internal/testkit"
 )
@@ -245,4 +248,88 @@ func TestDecodeEventTypes(t *testing.T) {
 	if code != 0 || out != want {
 		t.Errorf("exit %d (%s), output:\n%s\nwant:\n%s", code, errs, out, want)
 	}
+}
+
+// TestDecodeLargeRaw: a raw trace of several pieces (feedSize) decodes the
+// same read a piece at a time from a file or a pipe as fed whole from
+// memory to an Assembler whose lines AppendRecord formats; a trace whose
+// first PSB lies past the first piece (read whole) gives the same records;
+// a large file without a PSB is refused.
+func TestDecodeLargeRaw(t *testing.T) {
+	dir := t.TempDir()
+	events := filepath.Join(dir, "events")
+	for n := 1; n <= 8; n++ {
+		var fields strings.Builder
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&fields, "\tfield:u64 arg%d;\toffset:%d;\tsize:8;\tsigned:0;\n", i+1, 16+8*i)
+		}
+		writeEventTree(t, events, "gen", "n"+strconv.Itoa(n), strconv.Itoa(int(ptenc.GenEventID(n))), fields.String())
+	}
+	data := ptenc.Generate(ptenc.PTWHeavy, 3*feedSize+12345, 7)
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	trace := write("trace.pt", data)
+
+	// The reference: the whole trace in memory, lines from AppendRecord.
+	evs, err := loadEvents(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := &refOutput{}
+	a := decode.NewAssembler(evs, ref)
+	a.Feed(data)
+	a.End()
+	c := a.Counters()
+	want := string(decode.AppendSummary(ref.buf, &c))
+	if c.Records < 10000 || c.Errors != 0 {
+		t.Fatalf("reference counters %+v", c)
+	}
+
+	code, out, errs := runDecodeT("--events", events, trace)
+	if code != 0 || out != want {
+		t.Fatalf("file: exit %d %s, %d bytes of output, want %d (the same: %v)", code, errs, len(out), len(want), out == want)
+	}
+	stdin, err := os.Open(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	old := os.Stdin
+	os.Stdin = stdin
+	code, out, errs = runDecodeT("--events", events, "-")
+	os.Stdin = old
+	if code != 0 || out != want {
+		t.Fatalf("stdin: exit %d %s, output the same: %v", code, errs, out == want)
+	}
+
+	// PADs before the first PSB: the file is read whole to find it.
+	late := write("late.pt", append(make([]byte, feedSize+feedSize/2), data...))
+	code, out, errs = runDecodeT("--events", events, late)
+	if code != 0 || out != want {
+		t.Fatalf("PSB after the first piece: exit %d %s, output the same: %v", code, errs, out == want)
+	}
+	code, _, errs = runDecodeT(write("nopsb.pt", make([]byte, 2*feedSize)))
+	if code != 1 || !strings.Contains(errs, "no PSB") {
+		t.Fatalf("no PSB: exit %d, stderr %q", code, errs)
+	}
+}
+
+// refOutput formats what an Assembler delivers with AppendRecord.
+type refOutput struct {
+	buf []byte
+	seq uint64
+}
+
+func (o *refOutput) Record(r *decode.Record) {
+	o.seq++
+	o.buf = decode.AppendRecord(o.buf, o.seq, r)
+}
+
+func (o *refOutput) Manual(m *decode.Manual) {
+	o.buf = decode.AppendManual(o.buf, m.Payload, m.IP, m.HasIP)
 }
