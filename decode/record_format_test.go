@@ -194,6 +194,27 @@ func FuzzAppendDec(f *testing.F) {
 	})
 }
 
+// RecordLines counts consecutive line numbers up in place of converting
+// them: every carry (9 to 10, 99999 to 100000, ...) and the step past 1e8,
+// where it converts again, prints as AppendRecord does.
+func TestRecordLinesCounting(t *testing.T) {
+	ev := &Event{ID: 1, Group: "g", Name: "e", Args: make([]Arg, 1)}
+	r := Record{Event: ev, N: 1, TID: -1, CPU: -1}
+	var lines RecordLines
+	check := func(from, to uint64) {
+		for seq := from; seq-from <= to-from; seq++ { // to may be the largest uint64
+			if got, want := lines.Append(nil, seq, &r), AppendRecord(nil, seq, &r); string(got) != string(want) {
+				t.Fatalf("line %d: got %q, want %q", seq, got, want)
+			}
+		}
+	}
+	check(0, 200000)
+	check(99_999_000, 100_000_100) // through the last eight-digit number
+	check(9_999_990, 10_000_010)
+	check(7, 7) // not the next number: converted
+	check(1<<64-3, 1<<64-2)
+}
+
 // digits8 is right for every value of each of its lanes: it splits w into
 // two 4-digit lanes, each into two 2-digit ones, with reciprocals that must
 // hold for every lane value (lanes cannot spill into each other: their
