@@ -212,6 +212,7 @@ func TestDecodeBadInput(t *testing.T) {
 		{"missing events dir", []string{"--events"}, 2, "needs a directory"},
 		{"missing file", []string{filepath.Join(dir, "nope")}, 1, "no such file"},
 		{"text file", []string{write("text", []byte("hello\n"))}, 1, "no PSB"},
+		{"directory", []string{dir}, 1, "is a directory"},
 		{"truncated perf.data", []string{write("trunc", []byte("PERFILE2\x68\x00\x00"))}, 1, "truncated perf.data"},
 		{"perf.data without AUX", []string{write("noaux", append([]byte("PERFILE2"), 16, 0, 0, 0, 0, 0, 0, 0))}, 1, "without AUX"},
 		{"bad events dir", []string{"--events", filepath.Join(dir, "nope"), write("ok", bytes.Repeat([]byte{2, 0x82}, 8))}, 1, "load events"},
@@ -250,13 +251,9 @@ func TestDecodeEventTypes(t *testing.T) {
 	}
 }
 
-// TestDecodeLargeRaw: a raw trace of several pieces (feedSize) decodes the
-// same read a piece at a time from a file or a pipe as fed whole from
-// memory to an Assembler whose lines AppendRecord formats; a trace whose
-// first PSB lies past the first piece (read whole) gives the same records;
-// a large file without a PSB is refused.
-func TestDecodeLargeRaw(t *testing.T) {
-	dir := t.TempDir()
+// writeGenEvents writes under dir/events the events of ptenc.Generate's
+// probe records (1 to 8 u64 arguments) and returns the events directory.
+func writeGenEvents(t testing.TB, dir string) string {
 	events := filepath.Join(dir, "events")
 	for n := 1; n <= 8; n++ {
 		var fields strings.Builder
@@ -265,6 +262,17 @@ func TestDecodeLargeRaw(t *testing.T) {
 		}
 		writeEventTree(t, events, "gen", "n"+strconv.Itoa(n), strconv.Itoa(int(ptenc.GenEventID(n))), fields.String())
 	}
+	return events
+}
+
+// TestDecodeLargeRaw: a raw trace of several pieces (feedSize) decodes the
+// same read a piece at a time from a file or a pipe as fed whole from
+// memory to an Assembler whose lines AppendRecord formats; a trace whose
+// first PSB lies past the first piece (read whole) gives the same records;
+// a large file without a PSB is refused.
+func TestDecodeLargeRaw(t *testing.T) {
+	dir := t.TempDir()
+	events := writeGenEvents(t, dir)
 	data := ptenc.Generate(ptenc.PTWHeavy, 3*feedSize+12345, 7)
 	write := func(name string, data []byte) string {
 		p := filepath.Join(dir, name)
