@@ -225,13 +225,19 @@ func (f *RecordLines) Append(dst []byte, seq uint64, r *Record) []byte {
 	if !e.plain {
 		return appendContext(appendArgs(dst, r), r)
 	}
+	// Room for the longest arguments once, not per argument.
+	if need := r.N * (2 + 24); cap(dst)-len(dst) < need {
+		dst = slices.Grow(dst, need)
+	}
+	l, b := len(dst), dst[:cap(dst)]
 	for i := 0; i < r.N; i++ {
 		if i > 0 {
-			dst = append(dst, ", "...)
+			b[l], b[l+1] = ',', ' '
+			l += 2
 		}
-		dst = appendDec(dst, r.Args[i])
+		l += putDec((*[24]byte)(b[l:l+24]), r.Args[i])
 	}
-	return appendContext(dst, r)
+	return appendContext(b[:l], r)
 }
 
 // appendSeq appends "record N: " as appendSeq does; the next number after
@@ -369,30 +375,34 @@ func appendDec(dst []byte, v uint64) []byte {
 	if cap(dst)-l < 24 {
 		dst = slices.Grow(dst, 24)
 	}
-	b := dst[l : l+24]
+	return dst[:l+putDec((*[24]byte)(dst[l:l+24]), v)]
+}
+
+// putDec writes v in decimal at the start of b and returns its length.
+func putDec(b *[24]byte, v uint64) int {
 	if v < 1e8 {
 		d := digits8(uint32(v))
 		// Leading zero digits are zero bytes at the low end; zero
 		// itself keeps its last digit.
 		z := min(bits.TrailingZeros64(d)>>3, 7)
-		binary.LittleEndian.PutUint64(b, (d|ascii8)>>(8*z))
-		return dst[:l+8-z]
+		binary.LittleEndian.PutUint64(b[:], (d|ascii8)>>(8*z))
+		return 8 - z
 	}
 	hi, lo := v/1e8, uint32(v%1e8)
 	if hi < 1e8 {
 		d := digits8(uint32(hi))
 		z := bits.TrailingZeros64(d) >> 3 // hi > 0: z < 8
-		binary.LittleEndian.PutUint64(b, (d|ascii8)>>(8*z))
+		binary.LittleEndian.PutUint64(b[:], (d|ascii8)>>(8*z))
 		binary.LittleEndian.PutUint64(b[8-z:], digits8(lo)|ascii8)
-		return dst[:l+16-z]
+		return 16 - z
 	}
 	top, mid := uint32(hi/1e8), uint32(hi%1e8)
 	d := digits8(top)
 	z := bits.TrailingZeros64(d) >> 3 // 0 < top < 1845: 4 <= z < 8
-	binary.LittleEndian.PutUint64(b, (d|ascii8)>>(8*z))
+	binary.LittleEndian.PutUint64(b[:], (d|ascii8)>>(8*z))
 	binary.LittleEndian.PutUint64(b[8-z:], digits8(mid)|ascii8)
 	binary.LittleEndian.PutUint64(b[16-z:], digits8(lo)|ascii8)
-	return dst[:l+24-z]
+	return 24 - z
 }
 
 // ascii8 turns eight digit values (0-9 per byte) into ASCII.
