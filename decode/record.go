@@ -328,6 +328,15 @@ func (a *Assembler) scan(buf []byte, pos int) int {
 					// same turn: with no manual ptwrite waiting for it, a FUP
 					// only sets the last IP.
 					c := buf[pos] >> 5
+					if c == IPCUpdate16 && pos+3 <= n {
+						// The words of a record share their IP: the
+						// commonest compression as a branch, so that the
+						// next packet's start is predicted, not waited for
+						// on the load of the size.
+						a.ip(IPCUpdate16, uint64(binary.LittleEndian.Uint16(buf[pos+1:])))
+						pos += 3
+						continue
+					}
 					sz := int(ipCompressions[c].size)
 					if sz < 0 || pos+1+sz > n {
 						return pos
