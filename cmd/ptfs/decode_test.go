@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -314,6 +315,22 @@ func TestDecodeLargeRaw(t *testing.T) {
 	if code != 0 || out != want {
 		t.Fatalf("stdin: exit %d %s, output the same: %v", code, errs, out == want)
 	}
+	// A pipe is not mapped: it is read a piece at a time.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	go func() {
+		pw.Write(data)
+		pw.Close()
+	}()
+	os.Stdin = pr
+	code, out, errs = runDecodeT("--events", events, "-")
+	os.Stdin = old
+	if code != 0 || out != want {
+		t.Fatalf("pipe: exit %d %s, output the same: %v", code, errs, out == want)
+	}
 
 	// PADs before the first PSB: the file is read whole to find it.
 	late := write("late.pt", append(make([]byte, feedSize+feedSize/2), data...))
@@ -324,6 +341,36 @@ func TestDecodeLargeRaw(t *testing.T) {
 	code, _, errs = runDecodeT(write("nopsb.pt", make([]byte, 2*feedSize)))
 	if code != 1 || !strings.Contains(errs, "no PSB") {
 		t.Fatalf("no PSB: exit %d, stderr %q", code, errs)
+	}
+}
+
+// A mapped input file that shrinks while it is decoded is an error, not a
+// crash: the fault on the pages it lost becomes errInputChanged.
+func TestDecodeMappedShrinks(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "trace.pt")
+	if err := os.WriteFile(trace, ptenc.Generate(ptenc.PTWHeavy, 3*feedSize, 7), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	streams, _, done, err := input(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	if err := os.Truncate(trace, 0); err != nil {
+		t.Fatal(err)
+	}
+	zeros := 0
+	err = guardFaults(func() error {
+		for {
+			d, _, err := streams[0].next()
+			if err != nil {
+				return err
+			}
+			zeros += bytes.Count(d, []byte{0})
+		}
+	})
+	if !errors.Is(err, errInputChanged) {
+		t.Fatalf("decoding a mapped file truncated to 0: %v (%d zero bytes read), want %v", err, zeros, errInputChanged)
 	}
 }
 
