@@ -231,10 +231,10 @@ func (f *RecordLines) Append(dst []byte, seq uint64, r *Record) []byte {
 	}
 	l, b := len(dst), dst[:cap(dst)]
 	for i := 0; i < r.N; i++ {
-		if i > 0 {
-			b[l], b[l+1] = ',', ' '
-			l += 2
-		}
+		// The separator is written before every argument, one store,
+		// and kept from the second on.
+		binary.LittleEndian.PutUint16(b[l:], ','|' '<<8)
+		l += 2 * min(i, 1)
 		l += putDec((*[24]byte)(b[l:l+24]), r.Args[i])
 	}
 	return appendContext(b[:l], r)
