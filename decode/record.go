@@ -323,6 +323,27 @@ func (a *Assembler) scan(buf []byte, pos int) int {
 					a.word(v, 8, e&0x80 != 0)
 				}
 				pos += 10
+				if e&0x80 != 0 && pos < n && buf[pos]&0x1f == 0x1d && !a.manPend {
+					// The FUP that a record word's IP bit announces, in the
+					// same turn: with no manual ptwrite waiting for it, a FUP
+					// only sets the last IP.
+					c := buf[pos] >> 5
+					if c == IPCUpdate16 && pos+3 <= n {
+						// The words of a record share their IP: the
+						// commonest compression as a branch, so that the
+						// next packet's start is predicted, not waited for
+						// on the load of the size.
+						a.ip(IPCUpdate16, uint64(binary.LittleEndian.Uint16(buf[pos+1:])))
+						pos += 3
+						continue
+					}
+					sz := int(ipCompressions[c].size)
+					if sz < 0 || pos+1+sz > n {
+						return pos
+					}
+					a.ip(c, le(buf, pos+1, sz))
+					pos += 1 + sz
+				}
 			case 0x12, 0x92: // PTW, 4 bytes
 				if pos+6 > n {
 					return pos

@@ -1,7 +1,11 @@
 package decode
 
 import (
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -88,6 +92,66 @@ func TestRecordWriterRuns(t *testing.T) {
 	}
 }
 
+// RecordWriter writes AppendRecord's bytes for random records of events of
+// every kind (unnamed whole u64 ones, which take its own path, named,
+// typed, strings, bitfields), events alternating record by record, ids
+// that share a cache slot, and an event replaced by another of the same
+// id; each line of an all-u64 event is also checked against strconv.
+func TestRecordWriterRandom(t *testing.T) {
+	plain := func(id uint16, group, name string, n int) *Event {
+		return &Event{ID: id, Group: group, Name: name, Args: make([]Arg, n)}
+	}
+	events := []*Event{
+		plain(0x101, "gen", "n1", 1), plain(0x108, "gen", "n8", 8),
+		plain(0x141, "other", "same-slot-as-0x101", 3), // 0x141&63 == 0x101&63
+		plain(0x101, "gen", "replaced", 2),             // same id, another event
+		{ID: 0x6c2, Group: "ptfs_t", Name: "e", Args: []Arg{{Name: "a"}, {Type: U32}, {Name: "n", Type: S32}, {Type: X32}, {}}},
+		{ID: 7, Group: "g", Name: "s", Args: []Arg{{Name: "s", Type: String}, {Type: Char}}},
+		{ID: 8, Group: "g", Name: "b", Args: []Arg{{Name: "b", Type: U64, Bits: Bitfield{Width: 12, Offset: 40}}}},
+		plain(9, "g", "none", 0),
+	}
+	data := []byte("str\x00\n\"")
+	rng := rand.New(rand.NewPCG(1, 2))
+	var lines RecordWriter
+	buf := []byte("prefix ")
+	for i := range 20000 {
+		ev := events[rng.IntN(len(events))]
+		r := Record{Event: ev, N: rng.IntN(len(ev.Args) + 1), TID: int32(rng.IntN(3)) - 1, CPU: int32(rng.IntN(3)) - 1, Data: &data}
+		if rng.IntN(2) == 0 {
+			r.Time = rng.Uint64()
+		}
+		if rng.IntN(4) == 0 {
+			r.PID, r.Comm = rng.Int32(), "c d"
+		}
+		for k := range r.N {
+			r.Args[k] = rng.Uint64() >> rng.IntN(64)
+		}
+		seq := uint64(i) * 7919
+		want := AppendRecord(nil, seq, &r)
+		n := len(buf)
+		buf = lines.Append(buf, seq, &r)
+		if got := buf[n:]; string(got) != string(want) {
+			t.Fatalf("record %d:\n got %q\nwant %q", i, got, want)
+		}
+		if len(ev.Args) > 0 && ev.Args[0] == (Arg{}) && r.N > 0 {
+			// An all-u64 event's arguments, from strconv.
+			args := strconv.FormatUint(r.Args[0], 10)
+			for k := 1; k < r.N; k++ {
+				args += ", " + strconv.FormatUint(r.Args[k], 10)
+			}
+			if !strings.Contains(string(want), " args=["+args+"]") {
+				t.Fatalf("record %d: %q, want args %s", i, want, args)
+			}
+		}
+		if len(buf) > 1<<16 {
+			buf = buf[:7]
+		}
+	}
+	if string(buf[:7]) != "prefix " {
+		t.Errorf("the line before was overwritten: %q", buf[:7])
+	}
+}
+
 func TestAppendManualSummary(t *testing.T) {
 	if got := string(AppendManual(nil, 0xabcd, 0x100000, true)); got != "manual ptwrite: payload=0xabcd ip=0x100000\n" {
 		t.Errorf("manual with ip: %q", got)
@@ -128,6 +192,46 @@ func BenchmarkAppendRecord(b *testing.B) {
 	})
 }
 
+// BenchmarkRecordLines formats the lines of BenchmarkDecodeEvents (cmd/ptfs)
+// alone: records of eight all-u64 events (1 to 8 arguments) with random
+// values of every length, in lines per second, by AppendRecord and by
+// RecordWriter (the formatter of ptfs decode and the record path), into
+// one large buffer as ptfs decode does.
+func BenchmarkRecordLines(b *testing.B) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var events [9]*Event
+	for n := 1; n <= 8; n++ {
+		events[n] = &Event{ID: 0x100 + uint16(n), Group: "gen", Name: "n" + strconv.Itoa(n), Args: make([]Arg, n)}
+	}
+	recs := make([]Record, 1024)
+	size := 0
+	for i := range recs {
+		n := 1 + rng.IntN(8)
+		recs[i] = Record{Event: events[n], N: n, TID: -1, CPU: -1}
+		for k := range n {
+			recs[i].Args[k] = rng.Uint64() >> rng.IntN(64)
+		}
+		size += len(AppendRecord(nil, 1e6, &recs[i]))
+	}
+	var lines RecordWriter
+	for _, c := range []struct {
+		name string
+		fn   func([]byte, uint64, *Record) []byte
+	}{{"AppendRecord", AppendRecord}, {"RecordWriter", lines.Append}} {
+		b.Run(c.name, func(b *testing.B) {
+			buf := make([]byte, 0, 1<<20+4096)
+			b.SetBytes(int64(size / len(recs)))
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				if buf = c.fn(buf, uint64(i), &recs[i&1023]); len(buf) >= 1<<20 {
+					buf = buf[:0]
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "lines/s")
+		})
+	}
+}
+
 // FuzzAppendDec checks appendDec against strconv on any value.
 func FuzzAppendDec(f *testing.F) {
 	f.Add(uint64(0))
@@ -143,6 +247,46 @@ func FuzzAppendDec(f *testing.F) {
 	})
 }
 
+// RecordWriter counts consecutive line numbers up in place of converting
+// them: every carry (9 to 10, 99999 to 100000, ...) and the step past 1e8,
+// where it converts again, prints as AppendRecord does.
+func TestRecordWriterCounting(t *testing.T) {
+	ev := &Event{ID: 1, Group: "g", Name: "e", Args: make([]Arg, 1)}
+	r := Record{Event: ev, N: 1, TID: -1, CPU: -1}
+	var lines RecordWriter
+	check := func(from, to uint64) {
+		for seq := from; seq-from <= to-from; seq++ { // to may be the largest uint64
+			if got, want := lines.Append(nil, seq, &r), AppendRecord(nil, seq, &r); string(got) != string(want) {
+				t.Fatalf("line %d: got %q, want %q", seq, got, want)
+			}
+		}
+	}
+	check(0, 200000)
+	check(99_999_000, 100_000_100) // through the last eight-digit number
+	check(9_999_990, 10_000_010)
+	check(7, 7) // not the next number: converted
+	check(1<<64-3, 1<<64-2)
+}
+
+// digits8 is right for every value of each of its lanes: it splits w into
+// two 4-digit lanes, each into two 2-digit ones, with reciprocals that must
+// hold for every lane value (lanes cannot spill into each other: their
+// products stay below the next lane), so every lane value in each lane, with
+// the other lane at its ends and in between, covers them.
+func TestDigits8(t *testing.T) {
+	for k := uint32(0); k < 10000; k++ {
+		for _, w := range []uint32{k, k * 10000, k*10000 + k, k*10000 + 9999 - k, k*10000 + 9999, 9999*10000 + k} {
+			want := []byte(fmt.Sprintf("%08d", w))
+			for i := range want {
+				want[i] -= '0'
+			}
+			if got := digits8(w); got != binary.LittleEndian.Uint64(want) {
+				t.Fatalf("digits8(%d) = %#x, want %v", w, got, want)
+			}
+		}
+	}
+}
+
 // BenchmarkAppendDec formats random 64-bit values (19-20 digits mostly,
 // the records benchmark's arguments), against strconv.
 func BenchmarkAppendDec(b *testing.B) {
@@ -154,17 +298,27 @@ func BenchmarkAppendDec(b *testing.B) {
 		x ^= x << 17
 		vals[i] = x
 	}
+	// The decode benchmark's arguments: random lengths, 1 to 20 digits.
+	mixed := make([]uint64, len(vals))
+	for i, v := range vals {
+		mixed[i] = v >> (v % 64)
+	}
 	buf := make([]byte, 0, 32)
-	b.Run("ptfs", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			buf = appendDec(buf[:0], vals[i&1023])
-		}
-	})
-	b.Run("strconv", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			buf = strconv.AppendUint(buf[:0], vals[i&1023], 10)
-		}
-	})
+	for _, c := range []struct {
+		name string
+		vals []uint64
+	}{{"", vals}, {"mixed-", mixed}} {
+		b.Run(c.name+"ptfs", func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				buf = appendDec(buf[:0], c.vals[i&1023])
+			}
+		})
+		b.Run(c.name+"strconv", func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				buf = strconv.AppendUint(buf[:0], c.vals[i&1023], 10)
+			}
+		})
+	}
 }
 
 func TestAppendDec(t *testing.T) {
@@ -176,6 +330,11 @@ func TestAppendDec(t *testing.T) {
 	vals = append(vals, 1e19-1, 1e19, 1e19+1, 1_00000000_00000001, 12345678_00000000, 1_00000001_00000000, 18446744073709551615)
 	for i := uint64(0); i < 64; i++ {
 		vals = append(vals, 1<<i-1, 1<<i, 1<<i+1)
+	}
+	// Random values of every length.
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 100000 {
+		vals = append(vals, rng.Uint64()>>rng.IntN(64))
 	}
 	for _, v := range vals {
 		if got, want := string(appendDec([]byte("x"), v)), "x"+strconv.FormatUint(v, 10); got != want {

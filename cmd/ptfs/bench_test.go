@@ -246,14 +246,7 @@ func BenchmarkDecodeEvents(b *testing.B) {
 	if err := os.WriteFile(trace, ptenc.Generate(ptenc.PTWHeavy, 64<<20, int64(ptenc.PTWHeavy)+1), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	events := filepath.Join(dir, "events")
-	for n := 1; n <= 8; n++ {
-		var fields strings.Builder
-		for i := 0; i < n; i++ {
-			fmt.Fprintf(&fields, "\tfield:u64 arg%d;\toffset:%d;\tsize:8;\tsigned:0;\n", i+1, 16+8*i)
-		}
-		writeEventTree(b, events, "gen", "n"+strconv.Itoa(n), strconv.Itoa(int(ptenc.GenEventID(n))), fields.String())
-	}
+	events := writeGenEvents(b, dir)
 	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	if err != nil {
 		b.Fatal(err)

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"ptfs/decode"
 	"ptfs/engine"
@@ -110,9 +113,9 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 		if eventsDir != "" {
 			fmt.Fprintln(stderr, "ptfs decode: --events has no effect with --packets")
 		}
-		err = listPackets(out, files, ptArgs)
+		err = guardFaults(func() error { return listPackets(out, files, ptArgs) })
 	} else {
-		err = decodeRecords(out, files, eventsDir)
+		err = guardFaults(func() error { return decodeRecords(out, files, eventsDir) })
 	}
 	if ferr := out.Flush(); err == nil && ferr != nil {
 		err = fmt.Errorf("write output: %w", ferr)
@@ -168,10 +171,11 @@ type stream struct {
 	name     string
 	cpu, tid int32
 	pid      int32 // 0: unknown
-	// segments delivers the stream's bytes in order, gap set where data
-	// was lost before them.
-	segments func(fn func(data []byte, gap bool))
-	time     *perfdata.TimeConv
+	// next returns the stream's next piece of trace, at most feedSize
+	// bytes, valid until the next call; gap is set where data was lost
+	// before it. It returns io.EOF after the last piece.
+	next func() (data []byte, gap bool, err error)
+	time *perfdata.TimeConv
 }
 
 // isPerfData tells perf.data (either byte order) from a raw trace.
@@ -179,50 +183,180 @@ func isPerfData(data []byte) bool {
 	return bytes.HasPrefix(data, []byte("PERFILE2")) || bytes.HasPrefix(data, []byte("2ELIFREP"))
 }
 
-// input reads a file ("-": standard input) into its streams; lost is the
-// loss perf.data reports that no stream accounts for.
-func input(name string) (streams []stream, lost uint64, err error) {
-	var data []byte
-	if name == "-" {
-		data, err = io.ReadAll(os.Stdin)
-	} else {
-		data, err = os.ReadFile(name)
+// input opens a file ("-": standard input) as its streams; lost is the loss
+// perf.data reports that no stream accounts for. A regular file larger
+// than feedSize is mapped (mapFile); otherwise a raw trace is read a piece
+// at a time as it is decoded, into one buffer (a copy of the whole file
+// cost more than its reads: fresh pages to fault in and clear), and a
+// perf.data file is read whole. done closes the file and unmaps it.
+func input(name string) (streams []stream, lost uint64, done func(), err error) {
+	f := os.Stdin
+	if name != "-" {
+		if f, err = os.Open(name); err != nil {
+			return nil, 0, nil, fmt.Errorf("read trace: %w", err)
+		}
 	}
+	mem := mapFile(f)
+	done = func() {
+		if mem != nil {
+			unix.Munmap(mem)
+		}
+		if f != os.Stdin {
+			f.Close()
+		}
+	}
+	streams, lost, err = openStreams(name, f, mem)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read trace: %w", err)
+		done()
+		return nil, 0, nil, err
+	}
+	return streams, lost, done, nil
+}
+
+// mapFile maps f when it is a regular file larger than feedSize, so that
+// the decoder reads the page cache in place, without read(2)'s copy into
+// a buffer (about a tenth of ptfs decode's CPU); nil when it cannot be (a
+// pipe, a small file, mmap refused): the file is read instead. The mapping
+// is private and writable, so that nothing written to it could reach the
+// file. A file that shrinks while mapped faults on the pages it lost:
+// guardFaults turns that into an error.
+func mapFile(f *os.File) []byte {
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() || st.Size() <= feedSize || int64(int(st.Size())) != st.Size() {
+		return nil
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
+	if err != nil {
+		return nil
+	}
+	_ = unix.Madvise(mem, unix.MADV_SEQUENTIAL) // a read-ahead hint: nothing depends on it
+	return mem
+}
+
+// errInputChanged: a mapped input file shrank while it was decoded.
+var errInputChanged = errors.New("input file shrank while it was read")
+
+// guardFaults runs fn, a decoding of mapped input files, with a memory
+// fault turned into errInputChanged in place of a crash: a file that
+// shrinks while mapped faults on the pages it lost.
+func guardFaults(fn func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			// Faults at an address; nil dereferences and other panics
+			// are bugs and go on.
+			if _, ok := r.(interface{ Addr() uintptr }); !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("read trace: %w", errInputChanged)
+		}
+	}()
+	return fn()
+}
+
+// openStreams makes the streams of f, mapped at mem when mem is not nil.
+func openStreams(name string, f *os.File, mem []byte) ([]stream, uint64, error) {
+	var head []byte
+	if mem != nil {
+		head = mem[:feedSize] // mapFile maps only larger files
+	} else {
+		head = make([]byte, feedSize)
+		n, err := io.ReadFull(f, head)
+		if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+			return nil, 0, fmt.Errorf("read trace: %w", err)
+		}
+		head = head[:n]
+	}
+	var data []byte
+	switch {
+	case mem != nil:
+		data = mem
+	case !isPerfData(head) && decode.HasPSB(head):
+		return []stream{{name: name, cpu: -1, tid: -1, next: filePieces(f, head)}}, 0, nil
+	case len(head) < feedSize:
+		data = head // the whole file
+	default:
+		rest, err := io.ReadAll(f)
+		if err != nil {
+			return nil, 0, fmt.Errorf("read trace: %w", err)
+		}
+		data = append(head, rest...)
 	}
 	if !isPerfData(data) {
 		// PT streams start at a PSB; a file without one is no trace.
 		if !decode.HasPSB(data) {
 			return nil, 0, fmt.Errorf("%s: neither perf.data nor raw Intel PT (no PSB packet): %w", name, errNoTrace)
 		}
-		return []stream{{
-			name: name, cpu: -1, tid: -1,
-			segments: func(fn func([]byte, bool)) { fn(data, false) },
-		}}, 0, nil
+		return []stream{{name: name, cpu: -1, tid: -1, next: memPieces([][]byte{data}, []bool{false})}}, 0, nil
 	}
-	f, err := perfdata.Parse(data)
+	pf, err := perfdata.Parse(data)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w", name, err)
 	}
-	if len(f.Buffers) == 0 {
+	if len(pf.Buffers) == 0 {
 		return nil, 0, fmt.Errorf("%s: perf.data without AUX area trace (record with -e intel_pt//): %w", name, errNoTrace)
 	}
-	for _, b := range f.Buffers {
+	var streams []stream
+	for _, b := range pf.Buffers {
 		// A per-thread buffer's process is its thread's; a per-CPU
 		// buffer's first ITRACE_START names only its first process.
 		pid := int32(0)
 		if b.TID >= 0 && b.PID > 0 {
 			pid = b.PID
 		}
+		var (
+			segs [][]byte
+			gaps []bool
+		)
+		b.Segments(func(d []byte, gap bool) { segs, gaps = append(segs, d), append(gaps, gap) })
 		streams = append(streams, stream{
 			name: fmt.Sprintf("%s idx %d cpu %d tid %d", name, b.Idx, b.CPU, b.TID),
 			cpu:  b.CPU, tid: b.TID, pid: pid,
-			segments: b.Segments,
-			time:     f.Time,
+			next: memPieces(segs, gaps),
+			time: pf.Time,
 		})
 	}
-	return streams, f.LostAux + f.LostEvents + f.AuxtraceErrors, nil
+	return streams, pf.LostAux + pf.LostEvents + pf.AuxtraceErrors, nil
+}
+
+// memPieces returns a stream's next function over segments in memory,
+// gaps[i] set when data was lost before segs[i].
+func memPieces(segs [][]byte, gaps []bool) func() ([]byte, bool, error) {
+	return func() ([]byte, bool, error) {
+		if len(segs) == 0 {
+			return nil, false, io.EOF
+		}
+		gap := gaps[0]
+		gaps[0] = false
+		n := min(len(segs[0]), feedSize)
+		d := segs[0][:n]
+		if segs[0] = segs[0][n:]; len(segs[0]) == 0 {
+			segs, gaps = segs[1:], gaps[1:]
+		}
+		return d, gap, nil
+	}
+}
+
+// filePieces returns a raw trace's next function: head, the file's first
+// feedSize bytes already read, then the rest of f in pieces of feedSize
+// (the pieces of a file read whole), each read into head's storage.
+func filePieces(f *os.File, head []byte) func() ([]byte, bool, error) {
+	buf := head[:cap(head)]
+	first := true
+	return func() ([]byte, bool, error) {
+		if first {
+			first = false
+			return head, false, nil
+		}
+		n, err := io.ReadFull(f, buf)
+		switch {
+		case n > 0:
+			return buf[:n], false, nil
+		case err == io.EOF || err == io.ErrUnexpectedEOF:
+			return nil, false, io.EOF
+		}
+		return nil, false, fmt.Errorf("read trace: %w", err)
+	}
 }
 
 // listPackets prints the ptdump listing of every stream; with more than one,
@@ -234,10 +368,11 @@ func listPackets(w io.Writer, files []string, ptArgs []string) error {
 	}
 	var all []stream
 	for _, name := range files {
-		s, _, err := input(name)
+		s, _, done, err := input(name)
 		if err != nil {
 			return err
 		}
+		defer done()
 		all = append(all, s...)
 	}
 	for _, s := range all {
@@ -247,12 +382,19 @@ func listPackets(w io.Writer, files []string, ptArgs []string) error {
 		// Contiguous runs are listed whole; a gap (lost data) starts a
 		// new listing, so no packet is pieced together across it.
 		var runs [][]byte
-		s.segments(func(d []byte, gap bool) {
+		for {
+			d, gap, err := s.next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
 			if gap || len(runs) == 0 {
 				runs = append(runs, nil)
 			}
 			runs[len(runs)-1] = append(runs[len(runs)-1], d...)
-		})
+		}
 		for i, buf := range runs {
 			if i > 0 {
 				fmt.Fprintln(w, "# gap: trace data lost here")
@@ -280,9 +422,9 @@ type cursor struct {
 	a    *decode.Assembler
 	m    *engine.Merger[entry]
 	q    int // the cursor's queue in m
-	segs [][]byte
-	gaps []bool
+	next func() ([]byte, bool, error)
 	done bool
+	err  error // the read error that ended the stream
 }
 
 // feedSize is the most trace a cursor decodes at once.
@@ -297,7 +439,7 @@ func (c *cursor) Manual(m *decode.Manual) {
 	*c.m.Push(c.q, m.Time) = entry{man: *m, manual: true}
 }
 
-// fill decodes segments until the stream has an entry in its queue or
+// fill decodes pieces until the stream has an entry in its queue or
 // ends.
 func (c *cursor) fill() {
 	for !c.done && c.m.QueueLen(c.q) == 0 {
@@ -307,38 +449,40 @@ func (c *cursor) fill() {
 
 // step decodes the next piece of the stream, or ends it.
 func (c *cursor) step() {
-	if len(c.segs) == 0 {
+	d, gap, err := c.next()
+	if err != nil {
+		if err != io.EOF {
+			c.err = err
+		}
 		c.a.End()
 		c.done = true
 		return
 	}
-	if c.gaps[0] {
+	if gap {
 		c.a.Gap()
-		c.gaps[0] = false
 	}
-	n := min(len(c.segs[0]), feedSize)
-	c.a.Feed(c.segs[0][:n])
-	if c.segs[0] = c.segs[0][n:]; len(c.segs[0]) == 0 {
-		c.segs, c.gaps = c.segs[1:], c.gaps[1:]
-	}
+	c.a.Feed(d)
 }
 
 // printer writes the output lines, numbering the records. Lines are
 // formatted into its own buffer and written in large writes, not copied
 // line by line into a bufio.Writer.
 type printer struct {
-	w   io.Writer
-	buf []byte
-	seq uint64
-	err error // the first write error; later lines are not written
+	w     io.Writer
+	buf   []byte
+	lines decode.RecordWriter
+	seq   uint64
+	err   error // the first write error; later lines are not written
 }
 
-// printBuf is the size of the printer's writes.
-const printBuf = 1 << 20
+// printBuf is the size of the printer's writes: large enough that the
+// writes cost little, small enough to stay in the CPU's cache beside the
+// trace being decoded (1 MiB cost about a tenth more CPU).
+const printBuf = 128 << 10
 
 func (p *printer) Record(r *decode.Record) {
 	p.seq++
-	if p.buf = decode.AppendRecord(p.buf, p.seq, r); len(p.buf) >= printBuf {
+	if p.buf = p.lines.Append(p.buf, p.seq, r); len(p.buf) >= printBuf {
 		p.flush()
 	}
 }
@@ -385,10 +529,11 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 	)
 	var all []stream
 	for _, name := range files {
-		streams, lost, err := input(name)
+		streams, lost, done, err := input(name)
 		if err != nil {
 			return err
 		}
+		defer done()
 		// Losses perf.data reports without saying where (ring LOST,
 		// AUXTRACE_ERROR, AUX truncation of an unknown buffer).
 		total.Errors += lost
@@ -411,9 +556,7 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 		if s.time != nil {
 			c.a.SetTimeConv(s.time.NS)
 		}
-		s.segments(func(d []byte, gap bool) {
-			c.segs, c.gaps = append(c.segs, d), append(c.gaps, gap)
-		})
+		c.next = s.next
 		cursors = append(cursors, c)
 	}
 	if len(cursors) == 1 {
@@ -446,6 +589,9 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 		return pr.err
 	}
 	for _, c := range cursors {
+		if c.err != nil {
+			return c.err
+		}
 		cs := c.a.Counters()
 		total.Add(&cs)
 	}

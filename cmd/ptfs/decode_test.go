@@ -3,11 +3,15 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
+	"ptfs/decode"
 	"ptfs/decode/ptenc"
 	"ptfs/internal/testkit"
 )
@@ -209,6 +213,7 @@ func TestDecodeBadInput(t *testing.T) {
 		{"missing events dir", []string{"--events"}, 2, "needs a directory"},
 		{"missing file", []string{filepath.Join(dir, "nope")}, 1, "no such file"},
 		{"text file", []string{write("text", []byte("hello\n"))}, 1, "no PSB"},
+		{"directory", []string{dir}, 1, "is a directory"},
 		{"truncated perf.data", []string{write("trunc", []byte("PERFILE2\x68\x00\x00"))}, 1, "truncated perf.data"},
 		{"perf.data without AUX", []string{write("noaux", append([]byte("PERFILE2"), 16, 0, 0, 0, 0, 0, 0, 0))}, 1, "without AUX"},
 		{"bad events dir", []string{"--events", filepath.Join(dir, "nope"), write("ok", bytes.Repeat([]byte{2, 0x82}, 8))}, 1, "load events"},
@@ -245,4 +250,141 @@ func TestDecodeEventTypes(t *testing.T) {
 	if code != 0 || out != want {
 		t.Errorf("exit %d (%s), output:\n%s\nwant:\n%s", code, errs, out, want)
 	}
+}
+
+// writeGenEvents writes under dir/events the events of ptenc.Generate's
+// probe records (1 to 8 u64 arguments) and returns the events directory.
+func writeGenEvents(t testing.TB, dir string) string {
+	events := filepath.Join(dir, "events")
+	for n := 1; n <= 8; n++ {
+		var fields strings.Builder
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&fields, "\tfield:u64 arg%d;\toffset:%d;\tsize:8;\tsigned:0;\n", i+1, 16+8*i)
+		}
+		writeEventTree(t, events, "gen", "n"+strconv.Itoa(n), strconv.Itoa(int(ptenc.GenEventID(n))), fields.String())
+	}
+	return events
+}
+
+// TestDecodeLargeRaw: a raw trace of several pieces (feedSize) decodes the
+// same read a piece at a time from a file or a pipe as fed whole from
+// memory to an Assembler whose lines AppendRecord formats; a trace whose
+// first PSB lies past the first piece (read whole) gives the same records;
+// a large file without a PSB is refused.
+func TestDecodeLargeRaw(t *testing.T) {
+	dir := t.TempDir()
+	events := writeGenEvents(t, dir)
+	data := ptenc.Generate(ptenc.PTWHeavy, 3*feedSize+12345, 7)
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	trace := write("trace.pt", data)
+
+	// The reference: the whole trace in memory, lines from AppendRecord.
+	evs, err := loadEvents(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := &refOutput{}
+	a := decode.NewAssembler(evs, ref)
+	a.Feed(data)
+	a.End()
+	c := a.Counters()
+	want := string(decode.AppendSummary(ref.buf, &c))
+	if c.Records < 10000 || c.Errors != 0 {
+		t.Fatalf("reference counters %+v", c)
+	}
+
+	code, out, errs := runDecodeT("--events", events, trace)
+	if code != 0 || out != want {
+		t.Fatalf("file: exit %d %s, %d bytes of output, want %d (the same: %v)", code, errs, len(out), len(want), out == want)
+	}
+	stdin, err := os.Open(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	old := os.Stdin
+	os.Stdin = stdin
+	code, out, errs = runDecodeT("--events", events, "-")
+	os.Stdin = old
+	if code != 0 || out != want {
+		t.Fatalf("stdin: exit %d %s, output the same: %v", code, errs, out == want)
+	}
+	// A pipe is not mapped: it is read a piece at a time.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	go func() {
+		pw.Write(data)
+		pw.Close()
+	}()
+	os.Stdin = pr
+	code, out, errs = runDecodeT("--events", events, "-")
+	os.Stdin = old
+	if code != 0 || out != want {
+		t.Fatalf("pipe: exit %d %s, output the same: %v", code, errs, out == want)
+	}
+
+	// PADs before the first PSB: the file is read whole to find it.
+	late := write("late.pt", append(make([]byte, feedSize+feedSize/2), data...))
+	code, out, errs = runDecodeT("--events", events, late)
+	if code != 0 || out != want {
+		t.Fatalf("PSB after the first piece: exit %d %s, output the same: %v", code, errs, out == want)
+	}
+	code, _, errs = runDecodeT(write("nopsb.pt", make([]byte, 2*feedSize)))
+	if code != 1 || !strings.Contains(errs, "no PSB") {
+		t.Fatalf("no PSB: exit %d, stderr %q", code, errs)
+	}
+}
+
+// A mapped input file that shrinks while it is decoded is an error, not a
+// crash: the fault on the pages it lost becomes errInputChanged.
+func TestDecodeMappedShrinks(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "trace.pt")
+	if err := os.WriteFile(trace, ptenc.Generate(ptenc.PTWHeavy, 3*feedSize, 7), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	streams, _, done, err := input(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	if err := os.Truncate(trace, 0); err != nil {
+		t.Fatal(err)
+	}
+	zeros := 0
+	err = guardFaults(func() error {
+		for {
+			d, _, err := streams[0].next()
+			if err != nil {
+				return err
+			}
+			zeros += bytes.Count(d, []byte{0})
+		}
+	})
+	if !errors.Is(err, errInputChanged) {
+		t.Fatalf("decoding a mapped file truncated to 0: %v (%d zero bytes read), want %v", err, zeros, errInputChanged)
+	}
+}
+
+// refOutput formats what an Assembler delivers with AppendRecord.
+type refOutput struct {
+	buf []byte
+	seq uint64
+}
+
+func (o *refOutput) Record(r *decode.Record) {
+	o.seq++
+	o.buf = decode.AppendRecord(o.buf, o.seq, r)
+}
+
+func (o *refOutput) Manual(m *decode.Manual) {
+	o.buf = decode.AppendManual(o.buf, m.Payload, m.IP, m.HasIP)
 }
