@@ -61,9 +61,8 @@ func (m *Merger[T]) AddQueue() int {
 	return len(m.queues) - 1
 }
 
-// Push returns a slot at the end of queue q for an item of the given time;
-// Drop undoes it when the caller cannot fill it. Slots are reused, so
-// steady state does not allocate.
+// Push returns a slot at the end of queue q for an item of the given time.
+// Slots are reused, so steady state does not allocate.
 func (m *Merger[T]) Push(q int, time uint64) *T {
 	qu := &m.queues[q]
 	if qu.n == len(qu.items) {
@@ -74,12 +73,6 @@ func (m *Merger[T]) Push(q int, time uint64) *T {
 	m.n++
 	it.time = time
 	return &it.v
-}
-
-// Drop removes the slot that Push(q) returned last.
-func (m *Merger[T]) Drop(q int) {
-	m.queues[q].n--
-	m.n--
 }
 
 // Pending returns the number of items in all queues.
