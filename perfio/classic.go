@@ -531,12 +531,19 @@ func (c *Classic) run() {
 		}
 		c.mu.Lock()
 		c.drainLocked()
-		out = c.releaseLocked(watermark, out[:0])
-		held = c.merge.Pending() > 0
-		c.mu.Unlock()
-		if len(out) > 0 {
-			c.sink(out)
-			c.records.Add(uint64(len(out)))
+		for {
+			var more bool
+			out, more = c.releaseLocked(watermark, out[:0])
+			held = c.merge.Pending() > 0
+			c.mu.Unlock()
+			if len(out) > 0 {
+				c.sink(out)
+				c.records.Add(uint64(len(out)))
+			}
+			if !more {
+				break
+			}
+			c.mu.Lock()
 		}
 		if ack != nil {
 			close(ack)
@@ -669,15 +676,21 @@ func (b *rawQueue) take(n uint32) []byte {
 	return rec
 }
 
+// maxBatch bounds the records of one batch to the sink: the batch stays in
+// the cache between its decoding and its formatting, and its storage
+// stays the same size however many records a pass releases.
+const maxBatch = 1024
+
 // releaseLocked appends to out, in time order, the records of the samples
-// that watermark releases: each decoded from its bytes into out's slot
-// (whose string storage is reused), named after its process and dropped
-// when its event's Filter rejects it (counted, not a loss). The task
-// events up to each record's time are applied first, and after the last
-// record those up to watermark: every record stamped before it has been
-// released.
-func (c *Classic) releaseLocked(watermark uint64, out []decode.Record) []decode.Record {
-	c.hs = c.merge.Release(watermark, c.hs[:0])
+// that watermark releases, up to maxBatch (more: there may be others):
+// each decoded from its bytes into out's slot (whose string storage is
+// reused), named after its process and dropped when its event's Filter
+// rejects it (counted, not a loss). The task events up to each record's
+// time are applied first, and after the last record those up to
+// watermark: every record stamped before it has been released.
+func (c *Classic) releaseLocked(watermark uint64, out []decode.Record) (_ []decode.Record, more bool) {
+	c.hs = c.merge.ReleaseN(watermark, c.hs[:0], maxBatch)
+	more = len(c.hs) == maxBatch
 	n := len(out)
 	out = slices.Grow(out, len(c.hs))[:n+len(c.hs)]
 	var s sample
@@ -702,8 +715,10 @@ func (c *Classic) releaseLocked(watermark uint64, out []decode.Record) []decode.
 		}
 		n++
 	}
-	c.applyTasks(watermark)
-	return out[:n]
+	if !more {
+		c.applyTasks(watermark)
+	}
+	return out[:n], more
 }
 
 // applyTasks applies the task events up to time t.

@@ -91,7 +91,7 @@ func TestDrain(t *testing.T) {
 	c.cpus[0].task = &taskRing{ring: tr}
 	c.events[pairEvent.ID] = &classicEvent{ev: pairEvent}
 	c.drainLocked()
-	got := c.releaseLocked(35, nil)
+	got := releaseAll(c, 35, nil)
 	want := []decode.Record{
 		{Event: pairEvent, N: 2, Args: [8]uint64{1, 2}, TID: 1, CPU: 0, Time: 10, PID: 1, Comm: "one"},
 		{Event: pairEvent, N: 2, Args: [8]uint64{5, 6}, TID: 2, CPU: 1, Time: 20, PID: 2},
@@ -105,7 +105,7 @@ func TestDrain(t *testing.T) {
 			t.Errorf("record %d: %+v, want %+v", i, got[i], want[i])
 		}
 	}
-	if got := c.releaseLocked(^uint64(0), nil); len(got) != 1 || got[0].Time != 40 {
+	if got := releaseAll(c, ^uint64(0), nil); len(got) != 1 || got[0].Time != 40 {
 		t.Errorf("held back: %+v", got)
 	}
 	// A LOST record adds nothing (each event counts its own losses, see
@@ -127,7 +127,7 @@ func TestDrain(t *testing.T) {
 	r1.write(pairSample(2, 75, 1, 9, 9))
 	c.drainLocked()
 	// Each record is named by the events before it, whichever ring.
-	got = c.releaseLocked(^uint64(0), nil)
+	got = releaseAll(c, ^uint64(0), nil)
 	if len(got) != 3 || got[0].Comm != "uno" || got[1].PID != 2 || got[2].Comm != "dos" {
 		t.Errorf("after exit and execs: %+v", got)
 	}
@@ -136,7 +136,7 @@ func TestDrain(t *testing.T) {
 	task0.write(taskRecord(3, 200, 7, 7, "later"))
 	r0.write(pairSample(7, 100, 0, 9, 9))
 	c.drainLocked()
-	if got := c.releaseLocked(150, nil); len(got) != 1 || got[0].PID != 7 || got[0].Comm != "" {
+	if got := releaseAll(c, 150, nil); len(got) != 1 || got[0].PID != 7 || got[0].Comm != "" {
 		t.Errorf("before a pending rename: %+v", got)
 	}
 	// %pid and %comm filters drop records, counted apart from losses.
@@ -146,7 +146,7 @@ func TestDrain(t *testing.T) {
 	r0.write(makeSample(7, 7, 300, 0, makeRaw(fev.ID, 7, le(8, 1), le(8, 2))))
 	r0.write(makeSample(8, 8, 310, 0, makeRaw(fev.ID, 8, le(8, 3), le(8, 4))))
 	c.drainLocked()
-	if got := c.releaseLocked(^uint64(0), nil); len(got) != 1 || got[0].PID != 7 || got[0].Comm != "later" || c.filtered.Load() != 1 {
+	if got := releaseAll(c, ^uint64(0), nil); len(got) != 1 || got[0].PID != 7 || got[0].Comm != "later" || c.filtered.Load() != 1 {
 		t.Errorf("filtered %d: %+v", c.filtered.Load(), got)
 	}
 	task0.write(makeRecord(recordLost, 0, append(le(8, 77), le(8, 3)...)))
@@ -189,7 +189,7 @@ func TestDrainNoAlloc(t *testing.T) {
 	round := func() {
 		f.page.Data_tail = 1 << 15
 		c.drainLocked()
-		out = c.releaseLocked(^uint64(0), out[:0])
+		out = releaseAll(c, ^uint64(0), out[:0])
 	}
 	round() // grow the buffers once
 	if len(out) != n {
@@ -213,7 +213,7 @@ func BenchmarkDrain(b *testing.B) {
 	for b.Loop() {
 		f0.page.Data_tail, f1.page.Data_tail = 0, 0
 		c.drainLocked()
-		out = c.releaseLocked(^uint64(0), out[:0])
+		out = releaseAll(c, ^uint64(0), out[:0])
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
 	if len(out) != n {
@@ -264,8 +264,64 @@ func TestDrainRemoved(t *testing.T) {
 	c.lastEv = nil
 	f.write(pairSample(1, 20, 0, 3, 4))
 	c.drainLocked()
-	got := c.releaseLocked(^uint64(0), nil)
+	got := releaseAll(c, ^uint64(0), nil)
 	if len(got) != 1 || got[0].Event != pairEvent || got[0].Args[0] != 1 || c.unknown.Load() != 1 {
 		t.Errorf("released %+v, unknown %d; want the first sample, one unknown", got, c.unknown.Load())
+	}
+}
+
+// releaseAll releases every batch that watermark lets out, appended to out.
+func releaseAll(c *Classic, watermark uint64, out []decode.Record) []decode.Record {
+	for more := true; more; {
+		out, more = c.releaseLocked(watermark, out)
+	}
+	return out
+}
+
+// TestReleaseBatches checks that a release of more than maxBatch records
+// goes out in batches of maxBatch, in time order across the batches, and
+// that the watermark's task events wait for the last batch.
+func TestReleaseBatches(t *testing.T) {
+	f0, f1 := newFakeMmap(1<<16, true), newFakeMmap(1<<16, true)
+	n := 0
+	for tm := uint64(1); ; tm++ {
+		rec := pairSample(1, 2*tm, 0, tm, 0)
+		if f0.page.Data_head+uint64(len(rec)) > uint64(len(f0.data)) {
+			break
+		}
+		f0.write(rec)
+		f1.write(pairSample(2, 2*tm+1, 1, tm, 0))
+		n += 2
+	}
+	if n <= maxBatch {
+		t.Fatalf("%d samples, want more than %d", n, maxBatch)
+	}
+	c := fakeClassic(t, f0, f1)
+	c.events[pairEvent.ID] = &classicEvent{ev: pairEvent}
+	c.tasks = []taskEvent{{time: 1 << 40, pid: 5, comm: "x"}}
+	c.drainLocked()
+	var last uint64
+	got := 0
+	for i := 0; ; i++ {
+		out, more := c.releaseLocked(1<<41, nil)
+		if more && len(out) != maxBatch {
+			t.Fatalf("batch %d: %d records with more to come, want %d", i, len(out), maxBatch)
+		}
+		for _, r := range out {
+			if r.Time <= last {
+				t.Fatalf("batch %d: time %d after %d", i, r.Time, last)
+			}
+			last = r.Time
+		}
+		got += len(out)
+		if more != (len(c.tasks) == 1) {
+			t.Fatalf("batch %d: more %v with %d task events left", i, more, len(c.tasks))
+		}
+		if !more {
+			break
+		}
+	}
+	if got != n {
+		t.Errorf("%d records, want %d", got, n)
 	}
 }
