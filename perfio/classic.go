@@ -653,9 +653,10 @@ const minRawQueue = 64 << 10
 
 // push appends the bytes of a sample, first moving the samples not taken
 // to the front once at least half the buffer is taken: each byte moves at
-// most once on average, and the buffer stays within twice what is held.
-// It grows by doubling (append grows a large slice by a quarter: many more
-// copies while a new mount's hold-back fills).
+// most once on average, and the buffer stays within a few times what is
+// held (at least minRawQueue). It grows by doubling (append grows a large
+// slice by a quarter: many more copies while a new mount's hold-back
+// fills).
 func (b *rawQueue) push(rec []byte) {
 	if b.r > 0 && b.r >= len(b.buf)/2 {
 		b.buf = b.buf[:copy(b.buf, b.buf[b.r:])]
