@@ -51,8 +51,13 @@ func (c *Comms) Get(pid int32) string {
 
 // Known tells whether the cache holds a name (or its absence) for pid.
 func (c *Comms) Known(pid int32) bool {
+	// The last process asked for first: hits come in runs of one
+	// process, and this is asked for each (perfio.Classic).
+	if pid == c.lastPID && pid > 0 {
+		return true
+	}
 	_, ok := c.m[pid]
-	return ok || (pid == c.lastPID && pid > 0)
+	return ok
 }
 
 // Set records that process pid is now named comm (the kernel said so).

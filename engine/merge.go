@@ -1,5 +1,7 @@
 package engine
 
+import "math"
+
 // Merger orders the items of several queues by time: the one merge of ptfs,
 // used by the classic source, PTW and `ptfs decode`. Each queue is in time
 // order (one CPU ring, one trace stream), so the merge takes the earliest
@@ -61,9 +63,8 @@ func (m *Merger[T]) AddQueue() int {
 	return len(m.queues) - 1
 }
 
-// Push returns a slot at the end of queue q for an item of the given time;
-// Drop undoes it when the caller cannot fill it. Slots are reused, so
-// steady state does not allocate.
+// Push returns a slot at the end of queue q for an item of the given time.
+// Slots are reused, so steady state does not allocate.
 func (m *Merger[T]) Push(q int, time uint64) *T {
 	qu := &m.queues[q]
 	if qu.n == len(qu.items) {
@@ -74,12 +75,6 @@ func (m *Merger[T]) Push(q int, time uint64) *T {
 	m.n++
 	it.time = time
 	return &it.v
-}
-
-// Drop removes the slot that Push(q) returned last.
-func (m *Merger[T]) Drop(q int) {
-	m.queues[q].n--
-	m.n--
 }
 
 // Pending returns the number of items in all queues.
@@ -131,7 +126,13 @@ func (m *Merger[T]) take(qi int) *T {
 // position beyond its length, so storage that an item owns (a record's
 // Data) moves with it and is reused, never shared between a slot and out.
 func (m *Merger[T]) Release(watermark uint64, out []T) []T {
-	for m.n > 0 {
+	return m.ReleaseN(watermark, out, math.MaxInt)
+}
+
+// ReleaseN is Release of at most n items, for a reader that hands them on
+// in batches of a bounded size; what it leaves goes out with the next.
+func (m *Merger[T]) ReleaseN(watermark uint64, out []T, n int) []T {
+	for ; m.n > 0 && n > 0; n-- {
 		best := m.head()
 		if q := &m.queues[best]; q.items[q.first].time > watermark && m.n <= m.max {
 			break

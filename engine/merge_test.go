@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -101,9 +102,8 @@ func TestMergerReuse(t *testing.T) {
 	if m.Pending() != 50 || m.QueueLen(0) != 50 || m.Late() != 0 {
 		t.Errorf("pending %d (queue %d) late %d", m.Pending(), m.QueueLen(0), m.Late())
 	}
-	m.Drop(0)
 	m.Push(0, 20000).Time = 20000
-	if out = m.Release(^uint64(0), out[:0]); len(out) != 50 || out[49].Time != 20000 {
+	if out = m.Release(^uint64(0), out[:0]); len(out) != 51 || out[50].Time != 20000 {
 		t.Errorf("flush: %d records, last %+v", len(out), out[len(out)-1])
 	}
 }
@@ -224,5 +224,24 @@ func TestMergerRingWraps(t *testing.T) {
 	}
 	if n := len(m.queues[0].items); n != 2*minQueue {
 		t.Errorf("ring of %d slots after a steady flow, want %d", n, 2*minQueue)
+	}
+}
+
+// TestMergerReleaseN checks that ReleaseN takes at most n items, the
+// earliest, and leaves the rest, in order, to the next call.
+func TestMergerReleaseN(t *testing.T) {
+	m := NewMerger[decode.Record](2, 1000)
+	pushTimes(&m, 0, 1, 4, 5)
+	pushTimes(&m, 1, 2, 3, 9)
+	var got [][]uint64
+	for _, n := range []int{2, 0, 2, 5} {
+		got = append(got, times(m.ReleaseN(5, nil, n)))
+	}
+	want := "[[1 2] [] [3 4] [5]]"
+	if s := fmt.Sprint(got); s != want {
+		t.Errorf("batches %s, want %s", s, want)
+	}
+	if m.Pending() != 1 {
+		t.Errorf("%d pending, want the one past the watermark", m.Pending())
 	}
 }

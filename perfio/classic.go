@@ -83,7 +83,11 @@ type Classic struct {
 	events map[uint16]*classicEvent
 	// lastEv caches the event of the previous sample; reset on Remove.
 	lastEv *classicEvent
-	merge  engine.Merger[decode.Record]
+	// merge orders the held-back samples by time; each one's bytes wait
+	// in its CPU's raw queue, decoded only as it is released (held).
+	merge  engine.Merger[held]
+	raw    []rawQueue
+	hs     []held // the batch being released
 	closed bool
 	// comms names the processes of the records: the task rings' COMM and
 	// EXIT records keep it current, applied in time order as records are
@@ -200,7 +204,7 @@ func NewClassic(opts ClassicOptions, sink engine.Sink) (*Classic, error) {
 			return nil, errors.Join(err, c.Close())
 		}
 	}
-	c.merge = engine.NewMerger[decode.Record](len(c.cpus), engine.MaxPending)
+	c.merge, c.raw = engine.NewMerger[held](len(c.cpus), engine.MaxPending), make([]rawQueue, len(c.cpus))
 	go c.run()
 	return c, nil
 }
@@ -527,12 +531,19 @@ func (c *Classic) run() {
 		}
 		c.mu.Lock()
 		c.drainLocked()
-		out = c.nameLocked(c.merge.Release(watermark, out[:0]), watermark)
-		held = c.merge.Pending() > 0
-		c.mu.Unlock()
-		if len(out) > 0 {
-			c.sink(out)
-			c.records.Add(uint64(len(out)))
+		for {
+			var more bool
+			out, more = c.releaseLocked(watermark, out[:0])
+			held = c.merge.Pending() > 0
+			c.mu.Unlock()
+			if len(out) > 0 {
+				c.sink(out)
+				c.records.Add(uint64(len(out)))
+			}
+			if !more {
+				break
+			}
+			c.mu.Lock()
 		}
 		if ack != nil {
 			close(ack)
@@ -598,8 +609,10 @@ func (c *Classic) endRing(r *Ring, seen *uint64) {
 	}
 }
 
-// addSample parses one sample record of ring q into the merger, counting
-// what it cannot use.
+// addSample queues one sample record of ring q for the merge, counting
+// what it cannot use. Its bytes are copied as they are (the ring is
+// reused): a held sample takes its size in a sequential buffer instead of a
+// decoded record's slot, and the merge's ring holds a small held.
 func (c *Classic) addSample(q int, rec []byte) {
 	var s sample
 	if err := parseSample(rec, &s); err != nil {
@@ -615,34 +628,98 @@ func (c *Classic) addSample(q int, rec []byte) {
 			return
 		}
 	}
-	if err := fillRecord(c.lastEv.ev, &s, c.merge.Push(q, s.time)); err != nil {
-		c.merge.Drop(q)
-		c.errs.Add(1)
-	}
+	*c.merge.Push(q, s.time) = held{ev: c.lastEv, q: int32(q), n: uint32(len(rec))}
+	c.raw[q].push(rec)
 }
 
-// nameLocked gives the released records, in time order, the names of
-// their processes and drops those that their event's Filter rejects
-// (counted, not losses). The task events up to each record's time are
-// applied first, and after the last record those up to watermark: every
-// record stamped before it has been released.
-func (c *Classic) nameLocked(out []decode.Record, watermark uint64) []decode.Record {
-	n := 0
-	for i := range out {
-		r := &out[i]
+// held is a sample the merge holds back: its event (which Remove may
+// forget before the sample is released) and where its bytes are, the next
+// n bytes of raw queue q.
+type held struct {
+	ev *classicEvent
+	q  int32
+	n  uint32
+}
+
+// rawQueue holds the bytes of one CPU's held-back samples, in the order
+// the merge takes them (a CPU's samples go out in ring order).
+type rawQueue struct {
+	buf []byte
+	r   int // start of the first sample not taken
+}
+
+// minRawQueue is the first buffer size of a rawQueue: about 900 samples.
+const minRawQueue = 64 << 10
+
+// push appends the bytes of a sample, first moving the samples not taken
+// to the front once at least half the buffer is taken: each byte moves at
+// most once on average, and the buffer stays within a few times what is
+// held (at least minRawQueue). It grows by doubling (append grows a large
+// slice by a quarter: many more copies while a new mount's hold-back
+// fills).
+func (b *rawQueue) push(rec []byte) {
+	if b.r > 0 && b.r >= len(b.buf)/2 {
+		b.buf = b.buf[:copy(b.buf, b.buf[b.r:])]
+		b.r = 0
+	}
+	if n := len(b.buf) + len(rec); n > cap(b.buf) {
+		buf := make([]byte, len(b.buf), max(n, 2*cap(b.buf), minRawQueue))
+		copy(buf, b.buf)
+		b.buf = buf
+	}
+	b.buf = append(b.buf, rec...)
+}
+
+// take returns the next n bytes, valid until the next push.
+func (b *rawQueue) take(n uint32) []byte {
+	rec := b.buf[b.r : b.r+int(n)]
+	b.r += int(n)
+	return rec
+}
+
+// maxBatch bounds the records of one batch to the sink: the batch stays in
+// the cache between its decoding and its formatting, and its storage
+// stays the same size however many records a pass releases.
+const maxBatch = 1024
+
+// releaseLocked appends to out, in time order, the records of the samples
+// that watermark releases, up to maxBatch (more: there may be others):
+// each decoded from its bytes into out's slot (whose string storage is
+// reused), named after its process and dropped when its event's Filter
+// rejects it (counted, not a loss). The task events up to each record's
+// time are applied first, and after the last record those up to
+// watermark: every record stamped before it has been released.
+func (c *Classic) releaseLocked(watermark uint64, out []decode.Record) (_ []decode.Record, more bool) {
+	c.hs = c.merge.ReleaseN(watermark, c.hs[:0], maxBatch)
+	more = len(c.hs) == maxBatch
+	n := len(out)
+	out = slices.Grow(out, len(c.hs))[:n+len(c.hs)]
+	var s sample
+	for i := range c.hs {
+		h := &c.hs[i]
+		r := &out[n]
+		// Both checked when the sample was queued; only an argument
+		// beyond the raw data fails here.
+		if err := parseSample(c.raw[h.q].take(h.n), &s); err != nil {
+			c.errs.Add(1)
+			continue
+		}
+		if err := fillRecord(h.ev.ev, &s, r); err != nil {
+			c.errs.Add(1)
+			continue
+		}
 		c.applyTasks(r.Time)
 		r.Comm = c.comm(r.PID)
 		if f := &r.Event.Filter; f.Active() && !f.Match(r.PID, r.Comm) {
 			c.filtered.Add(1)
 			continue
 		}
-		if n != i {
-			out[n] = *r // a record was filtered out before: close up
-		}
 		n++
 	}
-	c.applyTasks(watermark)
-	return out[:n]
+	if !more {
+		c.applyTasks(watermark)
+	}
+	return out[:n], more
 }
 
 // applyTasks applies the task events up to time t.
@@ -677,7 +754,7 @@ func (c *Classic) comm(pid int32) string {
 }
 
 // drainTasks queues a task ring's COMM and EXIT records of main threads
-// for nameLocked, in time order: a process is named after its main thread
+// for releaseLocked, in time order: a process is named after its main thread
 // (exec, or a rename of that thread; other threads name only themselves).
 func (c *Classic) drainTasks(tr *taskRing) {
 	r := tr.ring

@@ -10,7 +10,7 @@ import (
 // fakeClassic is a Classic over fake rings, for the read path without a
 // kernel: no reader goroutine, no fds.
 func fakeClassic(t testing.TB, rings ...*fakeMmap) *Classic {
-	c := &Classic{events: make(map[uint16]*classicEvent), merge: engine.NewMerger[decode.Record](len(rings), engine.MaxPending),
+	c := &Classic{events: make(map[uint16]*classicEvent), merge: engine.NewMerger[held](len(rings), engine.MaxPending), raw: make([]rawQueue, len(rings)),
 		comms: engine.NewComms(nil), side: sideParser{idSize: classicIDSize}}
 	for i, f := range rings {
 		r, err := NewDataRing(f.mem, fakePage)
@@ -91,7 +91,7 @@ func TestDrain(t *testing.T) {
 	c.cpus[0].task = &taskRing{ring: tr}
 	c.events[pairEvent.ID] = &classicEvent{ev: pairEvent}
 	c.drainLocked()
-	got := c.nameLocked(c.merge.Release(35, nil), 35)
+	got := releaseAll(c, 35, nil)
 	want := []decode.Record{
 		{Event: pairEvent, N: 2, Args: [8]uint64{1, 2}, TID: 1, CPU: 0, Time: 10, PID: 1, Comm: "one"},
 		{Event: pairEvent, N: 2, Args: [8]uint64{5, 6}, TID: 2, CPU: 1, Time: 20, PID: 2},
@@ -105,7 +105,7 @@ func TestDrain(t *testing.T) {
 			t.Errorf("record %d: %+v, want %+v", i, got[i], want[i])
 		}
 	}
-	if got := c.nameLocked(c.merge.Release(^uint64(0), nil), ^uint64(0)); len(got) != 1 || got[0].Time != 40 {
+	if got := releaseAll(c, ^uint64(0), nil); len(got) != 1 || got[0].Time != 40 {
 		t.Errorf("held back: %+v", got)
 	}
 	// A LOST record adds nothing (each event counts its own losses, see
@@ -127,7 +127,7 @@ func TestDrain(t *testing.T) {
 	r1.write(pairSample(2, 75, 1, 9, 9))
 	c.drainLocked()
 	// Each record is named by the events before it, whichever ring.
-	got = c.nameLocked(c.merge.Release(^uint64(0), nil), ^uint64(0))
+	got = releaseAll(c, ^uint64(0), nil)
 	if len(got) != 3 || got[0].Comm != "uno" || got[1].PID != 2 || got[2].Comm != "dos" {
 		t.Errorf("after exit and execs: %+v", got)
 	}
@@ -136,7 +136,7 @@ func TestDrain(t *testing.T) {
 	task0.write(taskRecord(3, 200, 7, 7, "later"))
 	r0.write(pairSample(7, 100, 0, 9, 9))
 	c.drainLocked()
-	if got := c.nameLocked(c.merge.Release(150, nil), 150); len(got) != 1 || got[0].PID != 7 || got[0].Comm != "" {
+	if got := releaseAll(c, 150, nil); len(got) != 1 || got[0].PID != 7 || got[0].Comm != "" {
 		t.Errorf("before a pending rename: %+v", got)
 	}
 	// %pid and %comm filters drop records, counted apart from losses.
@@ -146,7 +146,7 @@ func TestDrain(t *testing.T) {
 	r0.write(makeSample(7, 7, 300, 0, makeRaw(fev.ID, 7, le(8, 1), le(8, 2))))
 	r0.write(makeSample(8, 8, 310, 0, makeRaw(fev.ID, 8, le(8, 3), le(8, 4))))
 	c.drainLocked()
-	if got := c.nameLocked(c.merge.Release(^uint64(0), nil), ^uint64(0)); len(got) != 1 || got[0].PID != 7 || got[0].Comm != "later" || c.filtered.Load() != 1 {
+	if got := releaseAll(c, ^uint64(0), nil); len(got) != 1 || got[0].PID != 7 || got[0].Comm != "later" || c.filtered.Load() != 1 {
 		t.Errorf("filtered %d: %+v", c.filtered.Load(), got)
 	}
 	task0.write(makeRecord(recordLost, 0, append(le(8, 77), le(8, 3)...)))
@@ -189,7 +189,7 @@ func TestDrainNoAlloc(t *testing.T) {
 	round := func() {
 		f.page.Data_tail = 1 << 15
 		c.drainLocked()
-		out = c.nameLocked(c.merge.Release(^uint64(0), out[:0]), ^uint64(0))
+		out = releaseAll(c, ^uint64(0), out[:0])
 	}
 	round() // grow the buffers once
 	if len(out) != n {
@@ -213,10 +213,115 @@ func BenchmarkDrain(b *testing.B) {
 	for b.Loop() {
 		f0.page.Data_tail, f1.page.Data_tail = 0, 0
 		c.drainLocked()
-		out = c.nameLocked(c.merge.Release(^uint64(0), out[:0]), ^uint64(0))
+		out = releaseAll(c, ^uint64(0), out[:0])
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
 	if len(out) != n {
 		b.Fatalf("%d records, want %d", len(out), n)
+	}
+}
+
+// TestRawQueue checks the held samples' byte queue: samples come out in
+// the order they went in, byte for byte, and under a steady backlog the
+// buffer stays within about twice what is held.
+func TestRawQueue(t *testing.T) {
+	var b rawQueue
+	const backlog = 2000 // beyond minRawQueue
+	var sizes []uint32
+	rec := func(i int) []byte {
+		return makeSample(uint32(i), uint32(i), uint64(i), 0, makeRaw(7, int32(i), le(8, uint64(i))))
+	}
+	for i := range 20000 {
+		r := rec(i)
+		b.push(r)
+		sizes = append(sizes, uint32(len(r)))
+		if i < backlog {
+			continue
+		}
+		k := i - backlog
+		if got, want := b.take(sizes[k]), rec(k); string(got) != string(want) {
+			t.Fatalf("sample %d: %x, want %x", k, got, want)
+		}
+	}
+	if held := len(b.buf) - b.r; held != backlog*len(rec(0)) {
+		t.Errorf("%d bytes held, want %d", held, backlog*len(rec(0)))
+	}
+	if c := cap(b.buf); c > 4*(backlog+1)*len(rec(0)) {
+		t.Errorf("buffer grew to %d bytes for a backlog of %d bytes", c, backlog*len(rec(0)))
+	}
+}
+
+// TestDrainRemoved checks that a sample queued before its event was
+// removed (Remove drains, forgets the event, then flushes) is released
+// with its event, and one read after the removal counts as unknown.
+func TestDrainRemoved(t *testing.T) {
+	f := newFakeMmap(1024, true)
+	c := fakeClassic(t, f)
+	c.events[pairEvent.ID] = &classicEvent{ev: pairEvent}
+	f.write(pairSample(1, 10, 0, 1, 2))
+	c.drainLocked()
+	delete(c.events, pairEvent.ID)
+	c.lastEv = nil
+	f.write(pairSample(1, 20, 0, 3, 4))
+	c.drainLocked()
+	got := releaseAll(c, ^uint64(0), nil)
+	if len(got) != 1 || got[0].Event != pairEvent || got[0].Args[0] != 1 || c.unknown.Load() != 1 {
+		t.Errorf("released %+v, unknown %d; want the first sample, one unknown", got, c.unknown.Load())
+	}
+}
+
+// releaseAll releases every batch that watermark lets out, appended to out.
+func releaseAll(c *Classic, watermark uint64, out []decode.Record) []decode.Record {
+	for more := true; more; {
+		out, more = c.releaseLocked(watermark, out)
+	}
+	return out
+}
+
+// TestReleaseBatches checks that a release of more than maxBatch records
+// goes out in batches of maxBatch, in time order across the batches, and
+// that the watermark's task events wait for the last batch.
+func TestReleaseBatches(t *testing.T) {
+	f0, f1 := newFakeMmap(1<<16, true), newFakeMmap(1<<16, true)
+	n := 0
+	for tm := uint64(1); ; tm++ {
+		rec := pairSample(1, 2*tm, 0, tm, 0)
+		if f0.page.Data_head+uint64(len(rec)) > uint64(len(f0.data)) {
+			break
+		}
+		f0.write(rec)
+		f1.write(pairSample(2, 2*tm+1, 1, tm, 0))
+		n += 2
+	}
+	if n <= maxBatch {
+		t.Fatalf("%d samples, want more than %d", n, maxBatch)
+	}
+	c := fakeClassic(t, f0, f1)
+	c.events[pairEvent.ID] = &classicEvent{ev: pairEvent}
+	c.tasks = []taskEvent{{time: 1 << 40, pid: 5, comm: "x"}}
+	c.drainLocked()
+	var last uint64
+	got := 0
+	for i := 0; ; i++ {
+		out, more := c.releaseLocked(1<<41, nil)
+		if more && len(out) != maxBatch {
+			t.Fatalf("batch %d: %d records with more to come, want %d", i, len(out), maxBatch)
+		}
+		for _, r := range out {
+			if r.Time <= last {
+				t.Fatalf("batch %d: time %d after %d", i, r.Time, last)
+			}
+			last = r.Time
+		}
+		got += len(out)
+		if more != (len(c.tasks) == 1) {
+			t.Fatalf("batch %d: more %v with %d task events left", i, more, len(c.tasks))
+		}
+		if !more {
+			break
+		}
+	}
+	if got != n {
+		t.Errorf("%d records, want %d", got, n)
 	}
 }
