@@ -147,10 +147,10 @@ func BenchmarkFlow(b *testing.B) {
 // cached counts the blocks the cache holds and their instructions (its
 // insns also counts the runs' share of the bound).
 func cached(c *blockCache) (blocks, insns int) {
-	for _, s := range c.slots {
-		if s.b != nil {
+	for _, b := range c.slots {
+		if b != nil {
 			blocks++
-			insns += int(s.b.n)
+			insns += int(b.n)
 		}
 	}
 	return blocks, insns
@@ -164,9 +164,9 @@ func BenchmarkBlockDecode(b *testing.B) {
 	d := New(bt.space, Options{NoInsns: true})
 	var c counter
 	d.Decode(bt.trace, &c)
-	var starts []slot
+	var starts []*block
 	for _, s := range d.cache.slots {
-		if s.b != nil {
+		if s != nil {
 			starts = append(starts, s)
 		}
 	}
@@ -177,7 +177,7 @@ func BenchmarkBlockDecode(b *testing.B) {
 		d.cache = blockCache{}
 		d.cache.init()
 		for _, s := range starts {
-			d.block(s.ip, s.b.mode)
+			d.block(s.ip, s.mode)
 		}
 	}
 	if _, got := cached(&d.cache); got != insns {

@@ -87,9 +87,11 @@ func (b *block) err() error { return blockErrs[b.stop] }
 // costs a lookup per block instead of decoding: an open-addressing table
 // (linear probing, a multiplicative hash of the address) over blocks and
 // instruction lengths allocated from slabs, so that neither a lookup nor a
-// miss allocates per block.
+// miss allocates per block. A slot is the block alone (8 bytes): a hit
+// loads the block anyway, and half the bytes are half the table to zero,
+// grow and mark.
 type blockCache struct {
-	slots []slot // a power of two long, at most half full
+	slots []*block // a power of two long, at most half full; nil: empty
 	n     int    // blocks held
 	gen   uint64
 	insns int // instructions held, plus one per block
@@ -123,12 +125,6 @@ type viewRef struct {
 // numViews is the size of blockCache.views (32 bytes an entry).
 const numViews = 1 << 8
 
-// slot is a table entry; the mode is the block's (16 bytes a slot).
-type slot struct {
-	ip uint64
-	b  *block // nil: empty
-}
-
 // Slab (first and largest chunk) and table sizes: a first decode
 // allocates little, a long one a few large pieces.
 const (
@@ -139,7 +135,7 @@ const (
 	lenSlab     = 1 << 14
 )
 
-func (c *blockCache) init() { c.slots = make([]slot, minSlots) }
+func (c *blockCache) init() { c.slots = make([]*block, minSlots) }
 
 // check drops the cache when the memory's generation changed.
 func (c *blockCache) check(gen uint64) {
@@ -166,41 +162,44 @@ func (c *blockCache) hash(ip uint64, mode Mode) uint64 {
 	return (ip ^ uint64(mode)<<62) * 0x9e3779b97f4a7c15
 }
 
-// lookup returns the block at ip in mode, or nil.
-func (c *blockCache) lookup(ip uint64, mode Mode) *block {
+// lookup returns the block at ip in mode, or nil and the empty slot where
+// the probe ended: insert puts the block there unless the table changed.
+func (c *blockCache) lookup(ip uint64, mode Mode) (*block, uint64) {
 	mask := uint64(len(c.slots) - 1)
 	for i := c.hash(ip, mode) >> 32 & mask; ; i = (i + 1) & mask {
-		s := &c.slots[i]
-		if s.b == nil || s.ip == ip && s.b.mode == mode {
-			return s.b
+		if b := c.slots[i]; b == nil || b.ip == ip && b.mode == mode {
+			return b, i
 		}
 	}
 }
 
-// insert adds b at ip in mode (not held yet), growing the table to keep it
-// at most half full.
-func (c *blockCache) insert(ip uint64, mode Mode, b *block) {
+// insert adds b (not held yet) at slot i, where its lookup ended in the
+// table as it is, growing the table first to keep it at most half full.
+func (c *blockCache) insert(i uint64, b *block) {
 	if 2*(c.n+1) > len(c.slots) {
 		old := c.slots
-		c.slots = make([]slot, 2*len(old))
-		for i := range old {
-			if old[i].b != nil {
-				c.put(old[i])
+		c.slots = make([]*block, 2*len(old))
+		for _, o := range old {
+			if o != nil {
+				c.put(o)
 			}
 		}
+		c.put(b)
+	} else {
+		c.slots[i] = b
 	}
-	c.put(slot{ip, b})
 	c.n++
 	c.insns += int(b.n) + 1
 }
 
-func (c *blockCache) put(s slot) {
+// put adds b to the table (not held yet, with room).
+func (c *blockCache) put(b *block) {
 	mask := uint64(len(c.slots) - 1)
-	i := c.hash(s.ip, s.b.mode) >> 32 & mask
-	for c.slots[i].b != nil {
+	i := c.hash(b.ip, b.mode) >> 32 & mask
+	for c.slots[i] != nil {
 		i = (i + 1) & mask
 	}
-	c.slots[i] = s
+	c.slots[i] = b
 }
 
 // room returns the free part of the length slab, at least maxBlock long:
@@ -253,24 +252,28 @@ func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 
 // block returns the block at ip in mode, decoding it on a miss.
 func (d *Decoder) block(ip uint64, mode Mode) *block {
-	if b := d.cache.lookup(ip, mode); b != nil {
+	c := &d.cache
+	b, slot := c.lookup(ip, mode)
+	if b != nil {
 		return b
 	}
-	if d.cache.insns >= maxCached {
-		d.cache.drop()
+	if c.insns >= maxCached {
+		c.drop()
+		_, slot = c.lookup(ip, mode)
 	}
-	c := &d.cache
 	for range 3 {
 		drops := c.drops
 		room := c.room()
 		n, last, lastIP, stop := d.decodeBlock(room, ip, mode)
 		if c.drops == drops {
 			b := c.alloc(ip, room, n, last, lastIP, mode, stop)
-			c.insert(ip, mode, b)
+			c.insert(slot, b)
 			return b
 		}
 		// The Memory changed under the decode (a side band applied
-		// when a read missed): the bytes read may be the old ones.
+		// when a read missed): the bytes read may be the old ones;
+		// the table was emptied.
+		_, slot = c.lookup(ip, mode)
 	}
 	// Still changing: the block is not known, and not kept.
 	return &block{ip: ip, mode: mode, stop: stopNoMap}
