@@ -92,7 +92,7 @@ func (b *block) err() error { return blockErrs[b.stop] }
 // grow and mark.
 type blockCache struct {
 	slots []*block // a power of two long, at most half full; nil: empty
-	n     int    // blocks held
+	n     int      // blocks held
 	gen   uint64
 	insns int // instructions held, plus one per block
 	// drops counts drops: a Memory may change (and drop the cache) while
