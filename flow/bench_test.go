@@ -147,10 +147,10 @@ func BenchmarkFlow(b *testing.B) {
 // cached counts the blocks the cache holds and their instructions (its
 // insns also counts the runs' share of the bound).
 func cached(c *blockCache) (blocks, insns int) {
-	for _, b := range c.slots {
-		if b != nil {
+	for _, s := range c.slots {
+		if s.b != nil {
 			blocks++
-			insns += int(b.n)
+			insns += int(s.b.n)
 		}
 	}
 	return blocks, insns
@@ -166,8 +166,8 @@ func BenchmarkBlockDecode(b *testing.B) {
 	d.Decode(bt.trace, &c)
 	var starts []*block
 	for _, s := range d.cache.slots {
-		if s != nil {
-			starts = append(starts, s)
+		if s.b != nil {
+			starts = append(starts, s.b)
 		}
 	}
 	_, insns := cached(&d.cache)

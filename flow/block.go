@@ -87,12 +87,10 @@ func (b *block) err() error { return blockErrs[b.stop] }
 // costs a lookup per block instead of decoding: an open-addressing table
 // (linear probing, a multiplicative hash of the address) over blocks and
 // instruction lengths allocated from slabs, so that neither a lookup nor a
-// miss allocates per block. A slot is the block alone (8 bytes): a hit
-// loads the block anyway, and half the bytes are half the table to zero,
-// grow and mark.
+// miss allocates per block.
 type blockCache struct {
-	slots []*block // a power of two long, at most half full; nil: empty
-	n     int      // blocks held
+	slots []slot // a power of two long, at most half full
+	n     int    // blocks held
 	gen   uint64
 	insns int // instructions held, plus one per block
 	// drops counts drops: a Memory may change (and drop the cache) while
@@ -116,6 +114,14 @@ type blockCache struct {
 	runs  runCache
 }
 
+// slot is a table entry; the mode is the block's (16 bytes a slot: a probe
+// past another block's slot compares its IP there, not in the block, which
+// is a cache miss more).
+type slot struct {
+	ip uint64
+	b  *block // nil: empty
+}
+
 // viewRef is a views entry: the Viewer's bytes from pc on.
 type viewRef struct {
 	pc uint64
@@ -128,14 +134,14 @@ const numViews = 1 << 8
 // Slab (first and largest chunk) and table sizes: a first decode
 // allocates little, a long one a few large pieces.
 const (
-	minSlots    = 1 << 10
+	minSlots    = 1 << 12
 	blockSlabLo = 1 << 6
 	blockSlab   = 1 << 9
 	lenSlabLo   = 1 << 11
 	lenSlab     = 1 << 14
 )
 
-func (c *blockCache) init() { c.slots = make([]*block, minSlots) }
+func (c *blockCache) init() { c.slots = make([]slot, minSlots) }
 
 // check drops the cache when the memory's generation changed.
 func (c *blockCache) check(gen uint64) {
@@ -167,8 +173,8 @@ func (c *blockCache) hash(ip uint64, mode Mode) uint64 {
 func (c *blockCache) lookup(ip uint64, mode Mode) (*block, uint64) {
 	mask := uint64(len(c.slots) - 1)
 	for i := c.hash(ip, mode) >> 32 & mask; ; i = (i + 1) & mask {
-		if b := c.slots[i]; b == nil || b.ip == ip && b.mode == mode {
-			return b, i
+		if s := &c.slots[i]; s.b == nil || s.ip == ip && s.b.mode == mode {
+			return s.b, i
 		}
 	}
 }
@@ -178,28 +184,28 @@ func (c *blockCache) lookup(ip uint64, mode Mode) (*block, uint64) {
 func (c *blockCache) insert(i uint64, b *block) {
 	if 2*(c.n+1) > len(c.slots) {
 		old := c.slots
-		c.slots = make([]*block, 2*len(old))
+		c.slots = make([]slot, 2*len(old))
 		for _, o := range old {
-			if o != nil {
+			if o.b != nil {
 				c.put(o)
 			}
 		}
-		c.put(b)
+		c.put(slot{b.ip, b})
 	} else {
-		c.slots[i] = b
+		c.slots[i] = slot{b.ip, b}
 	}
 	c.n++
 	c.insns += int(b.n) + 1
 }
 
-// put adds b to the table (not held yet, with room).
-func (c *blockCache) put(b *block) {
+// put adds s to the table (not held yet, with room).
+func (c *blockCache) put(s slot) {
 	mask := uint64(len(c.slots) - 1)
-	i := c.hash(b.ip, b.mode) >> 32 & mask
-	for c.slots[i] != nil {
+	i := c.hash(s.ip, s.b.mode) >> 32 & mask
+	for c.slots[i].b != nil {
 		i = (i + 1) & mask
 	}
-	c.slots[i] = b
+	c.slots[i] = s
 }
 
 // room returns the free part of the length slab, at least maxBlock long:
