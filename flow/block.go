@@ -132,7 +132,9 @@ type viewRef struct {
 const numViews = 1 << 8
 
 // Slab (first and largest chunk) and table sizes: a first decode
-// allocates little, a long one a few large pieces.
+// allocates little, a long one a few large pieces. The table starts at
+// 64 KiB: growing it (a new table and every block put again) cost a short
+// trace's cold pass more than clearing it.
 const (
 	minSlots    = 1 << 12
 	blockSlabLo = 1 << 6
