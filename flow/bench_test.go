@@ -164,10 +164,10 @@ func BenchmarkBlockDecode(b *testing.B) {
 	d := New(bt.space, Options{NoInsns: true})
 	var c counter
 	d.Decode(bt.trace, &c)
-	var starts []slot
+	var starts []*block
 	for _, s := range d.cache.slots {
 		if s.b != nil {
-			starts = append(starts, s)
+			starts = append(starts, s.b)
 		}
 	}
 	_, insns := cached(&d.cache)
@@ -177,7 +177,7 @@ func BenchmarkBlockDecode(b *testing.B) {
 		d.cache = blockCache{}
 		d.cache.init()
 		for _, s := range starts {
-			d.block(s.ip, s.b.mode)
+			d.block(s.ip, s.mode)
 		}
 	}
 	if _, got := cached(&d.cache); got != insns {

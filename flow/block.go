@@ -114,6 +114,14 @@ type blockCache struct {
 	runs  runCache
 }
 
+// slot is a table entry; the mode is the block's (16 bytes a slot: a probe
+// past another block's slot compares its IP there, not in the block, which
+// is a cache miss more).
+type slot struct {
+	ip uint64
+	b  *block // nil: empty
+}
+
 // viewRef is a views entry: the Viewer's bytes from pc on.
 type viewRef struct {
 	pc uint64
@@ -123,16 +131,12 @@ type viewRef struct {
 // numViews is the size of blockCache.views (32 bytes an entry).
 const numViews = 1 << 8
 
-// slot is a table entry; the mode is the block's (16 bytes a slot).
-type slot struct {
-	ip uint64
-	b  *block // nil: empty
-}
-
 // Slab (first and largest chunk) and table sizes: a first decode
-// allocates little, a long one a few large pieces.
+// allocates little, a long one a few large pieces. The table starts at
+// 64 KiB: growing it (a new table and every block put again) cost a short
+// trace's cold pass more than clearing it.
 const (
-	minSlots    = 1 << 10
+	minSlots    = 1 << 12
 	blockSlabLo = 1 << 6
 	blockSlab   = 1 << 9
 	lenSlabLo   = 1 << 11
@@ -166,34 +170,37 @@ func (c *blockCache) hash(ip uint64, mode Mode) uint64 {
 	return (ip ^ uint64(mode)<<62) * 0x9e3779b97f4a7c15
 }
 
-// lookup returns the block at ip in mode, or nil.
-func (c *blockCache) lookup(ip uint64, mode Mode) *block {
+// lookup returns the block at ip in mode, or nil and the empty slot where
+// the probe ended: insert puts the block there unless the table changed.
+func (c *blockCache) lookup(ip uint64, mode Mode) (*block, uint64) {
 	mask := uint64(len(c.slots) - 1)
 	for i := c.hash(ip, mode) >> 32 & mask; ; i = (i + 1) & mask {
-		s := &c.slots[i]
-		if s.b == nil || s.ip == ip && s.b.mode == mode {
-			return s.b
+		if s := &c.slots[i]; s.b == nil || s.ip == ip && s.b.mode == mode {
+			return s.b, i
 		}
 	}
 }
 
-// insert adds b at ip in mode (not held yet), growing the table to keep it
-// at most half full.
-func (c *blockCache) insert(ip uint64, mode Mode, b *block) {
+// insert adds b (not held yet) at slot i, where its lookup ended in the
+// table as it is, growing the table first to keep it at most half full.
+func (c *blockCache) insert(i uint64, b *block) {
 	if 2*(c.n+1) > len(c.slots) {
 		old := c.slots
 		c.slots = make([]slot, 2*len(old))
-		for i := range old {
-			if old[i].b != nil {
-				c.put(old[i])
+		for _, o := range old {
+			if o.b != nil {
+				c.put(o)
 			}
 		}
+		c.put(slot{b.ip, b})
+	} else {
+		c.slots[i] = slot{b.ip, b}
 	}
-	c.put(slot{ip, b})
 	c.n++
 	c.insns += int(b.n) + 1
 }
 
+// put adds s to the table (not held yet, with room).
 func (c *blockCache) put(s slot) {
 	mask := uint64(len(c.slots) - 1)
 	i := c.hash(s.ip, s.b.mode) >> 32 & mask
@@ -253,24 +260,28 @@ func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 
 // block returns the block at ip in mode, decoding it on a miss.
 func (d *Decoder) block(ip uint64, mode Mode) *block {
-	if b := d.cache.lookup(ip, mode); b != nil {
+	c := &d.cache
+	b, slot := c.lookup(ip, mode)
+	if b != nil {
 		return b
 	}
-	if d.cache.insns >= maxCached {
-		d.cache.drop()
+	if c.insns >= maxCached {
+		c.drop()
+		_, slot = c.lookup(ip, mode)
 	}
-	c := &d.cache
 	for range 3 {
 		drops := c.drops
 		room := c.room()
 		n, last, lastIP, stop := d.decodeBlock(room, ip, mode)
 		if c.drops == drops {
 			b := c.alloc(ip, room, n, last, lastIP, mode, stop)
-			c.insert(ip, mode, b)
+			c.insert(slot, b)
 			return b
 		}
 		// The Memory changed under the decode (a side band applied
-		// when a read missed): the bytes read may be the old ones.
+		// when a read missed): the bytes read may be the old ones;
+		// the table was emptied.
+		_, slot = c.lookup(ip, mode)
 	}
 	// Still changing: the block is not known, and not kept.
 	return &block{ip: ip, mode: mode, stop: stopNoMap}

@@ -113,7 +113,11 @@ func runHash(b *block, pat uint8) uint64 {
 // (r.nrets at the end of edges), as a run of b.
 func (c *runCache) add(b *block, r *tntRun, edges []Edge) *tntRun {
 	kept := c.runs.take(runSlabLo, runSlab)
-	*kept = *r
+	// Field by field into the zeroed slab, as blockCache.alloc: a whole
+	// run copied at once is a bulk write barrier while the GC marks.
+	kept.end, kept.errIP = r.end, r.errIP
+	kept.insns, kept.pre, kept.post, kept.steps = r.insns, r.pre, r.post, r.steps
+	kept.used, kept.bit, kept.pat, kept.nrets = r.used, r.bit, r.pat, r.nrets
 	kept.edges = c.edges.copy(edges, edgeSlabLo, edgeSlab)[:len(edges)-int(r.nrets)]
 	kept.next, b.runs = b.runs, kept
 	return kept

@@ -154,6 +154,9 @@ func (d *Decoder) walk() error {
 		d.c.Insns += uint64(n)
 		d.steps += n
 		ip = b.ip + uint64(b.lastOff)
+		// The last stepped over is the last tried, as the walk's
+		// (an error at the branch is reported after it).
+		d.errIP = ip - uint64(b.lens[n-1])
 		d.ip, start = ip, n
 	}
 	for i := start; i < int(b.n); i++ {
