@@ -96,44 +96,15 @@ func (d *Decoder) fast() error {
 	tnt, nb := d.tnt, uint(d.tntN)
 	steps, ip, errIP := d.steps, d.ip, d.errIP
 	maxInsns := d.opts.MaxInsns
-	ops := &fastOps[0]
-	if d.clock == nil {
-		ops = &fastOps[1]
-	}
 	// b is the block at ip, once known.
 	var b *block
 	// The branches are batched in eb[:ne]; on is d.enabled, kept in a
-	// register across the calls.
+	// register across the calls, and so is its table of packet actions.
 	eb, ne := &d.fp.edges, 0
 	on := d.enabled
+	ops := d.opsFor(on)
 loop:
 	for {
-		if !on {
-			// Tracing is off: a TIP.PGE turns it on, as read and
-			// fire do.
-			if pos = skipPad(buf, pos, end, ops); pos > end {
-				break
-			}
-			c := buf[pos]
-			if c&0x1f != 0x11 {
-				break
-			}
-			n := decode.IPSize(c)
-			if n <= 0 {
-				break // suppressed (ErrNoIP) or reserved
-			}
-			last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
-			pos += 1 + n
-			// As read queues it and deliver fires it.
-			if ne > 0 {
-				d.sendEdges(eb[:ne])
-				ne = 0
-			}
-			d.qEv = Event{Kind: EvEnabled, IP: last, HasIP: true}
-			d.stamp(&d.qEv)
-			d.fireEv()
-			ip, steps, b, on = d.ip, d.steps, nil, d.enabled
-		}
 		for nb == 0 && !tip.ok {
 			// Nothing pending: the next packet, as chain's and run's
 			// read-ahead takes it; what to do with it from its first
@@ -172,6 +143,25 @@ loop:
 				last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
 				tip.ip = last
 				pos += 1 + n
+			case opPGE:
+				// Tracing is off: a TIP.PGE turns it on, as read
+				// and fire do.
+				n := decode.IPSize(c)
+				if n <= 0 {
+					break loop // suppressed (ErrNoIP) or reserved
+				}
+				last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
+				pos += 1 + n
+				// As read queues it and deliver fires it.
+				if ne > 0 {
+					d.sendEdges(eb[:ne])
+					ne = 0
+				}
+				d.qEv = Event{Kind: EvEnabled, IP: last, HasIP: true}
+				d.stamp(&d.qEv)
+				d.fireEv()
+				ip, steps, b, on = d.ip, d.steps, nil, d.enabled
+				ops = d.opsFor(on)
 			case opPGD:
 				n := decode.IPSize(c)
 				if n < 0 {
@@ -200,12 +190,12 @@ loop:
 				d.stamp(&ev)
 				fired := d.fastDisable(b, &ev)
 				ip, steps, errIP, b, on = d.ip, d.steps, d.errIP, nil, d.enabled
+				ops = d.opsFor(on)
 				if !fired {
 					// Queued as read queues it.
 					d.q = append(d.q, queued{ev: ev, bind: bindBranch})
 					break loop
 				}
-				continue loop
 			default:
 				break loop
 			}
@@ -487,23 +477,30 @@ const (
 	opExt // a TNT.64 if the second byte says so, else the slow path's
 	opTIP
 	opPGD
+	opPGE
 )
 
-// fastOps maps a packet's first byte to its action: [0] with a clock, [1]
-// without (the timing packets skipped).
-var fastOps = func() (t [2][256]uint8) {
-	for timing := range 2 {
+// fastOps maps a packet's first byte to its action, by whether tracing is
+// on (2) and no clock sees timing packets (1): off, only a TIP.PGE is the
+// fast path's; on, a TIP.PGE is not.
+var fastOps = func() (t [4][256]uint8) {
+	for k := range t {
+		timing, on := k&1 == 1, k&2 == 2
 		for i := range 256 {
 			c, op := uint8(i), opOther
 			switch {
 			case c == 0:
 				op = opPad
-			case timing == 1 && c == 0x59:
+			case timing && c == 0x59:
 				op = opMTC
-			case timing == 1 && c == 0x19:
+			case timing && c == 0x19:
 				op = opTSC
-			case timing == 1 && c&7 == 3:
+			case timing && c&7 == 3:
 				op = opCYC
+			case !on:
+				if c&0x1f == 0x11 {
+					op = opPGE
+				}
 			case c&1 == 0 && c != 2:
 				op = opTNT8
 			case c == 2:
@@ -513,11 +510,24 @@ var fastOps = func() (t [2][256]uint8) {
 			case c&0x1f == 0x01:
 				op = opPGD
 			}
-			t[timing][i] = op
+			t[k][i] = op
 		}
 	}
 	return t
 }()
+
+// opsFor returns the fast loop's table of packet actions (fastOps) for
+// tracing on or off.
+func (d *Decoder) opsFor(on bool) *[256]uint8 {
+	k := 0
+	if d.clock == nil {
+		k = 1
+	}
+	if on {
+		k |= 2
+	}
+	return &fastOps[k]
+}
 
 // skipPad returns the position of the first packet at or after pos that is
 // not a PAD (nor, with ops for no clock, a TSC, MTC or one-byte CYC, which

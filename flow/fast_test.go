@@ -422,46 +422,53 @@ func firstDiff(got, want *fullLog) string {
 	return "in length"
 }
 
-// TestFastOps holds the fast loop's first-byte table to the packet
+// TestFastOps holds the fast loop's first-byte tables to the packet
 // decoder: each byte's action is the kind the decoder reads from a packet
-// starting with it, with and without a clock.
+// starting with it, with and without a clock, tracing on and off.
 func TestFastOps(t *testing.T) {
-	for timing := range 2 {
+	for k := range fastOps {
+		timing, on := k&1 == 1, k&2 == 2
 		for i := range 256 {
 			c := uint8(i)
 			buf := bytes.Repeat([]byte{1}, 32)
 			buf[0] = c
 			var p decode.Packet
 			err := decode.NewPacketDecoder(buf).Next(&p)
+			ip := map[decode.Kind]uint8{decode.TIP: opTIP, decode.TIPPGD: opPGD, decode.TIPPGE: opPGE}
+			if on {
+				delete(ip, decode.TIPPGE)
+			} else {
+				ip = map[decode.Kind]uint8{decode.TIPPGE: opPGE}
+			}
 			want := opOther
 			switch {
+			case err == nil && p.Kind == decode.Pad:
+				want = opPad
+			case err == nil && timing && p.Kind == decode.MTC:
+				want = opMTC
+			case err == nil && timing && p.Kind == decode.TSC:
+				want = opTSC
+			case err == nil && timing && p.Kind == decode.CYC && p.Size == 1:
+				want = opCYC
+			case !on:
+				if op, ok := ip[p.Kind]; ok {
+					want = op
+				}
 			case c == 2:
 				want = opExt // the second byte decides
-			case err != nil && (p.Kind == decode.TIP || p.Kind == decode.TIPPGD):
-				// A reserved IP compression: the action's
+			case ip[p.Kind] != 0:
+				// A reserved IP compression too: the action's
 				// IPSize check leaves it to the slow path.
-				if decode.IPSize(c) >= 0 {
+				if err != nil && decode.IPSize(c) >= 0 {
 					t.Errorf("first byte %#02x: %v, but IPSize %d", c, err, decode.IPSize(c))
 				}
-				want = map[decode.Kind]uint8{decode.TIP: opTIP, decode.TIPPGD: opPGD}[p.Kind]
+				want = ip[p.Kind]
 			case err != nil:
-			case p.Kind == decode.Pad:
-				want = opPad
 			case p.Kind == decode.TNT8:
 				want = opTNT8
-			case p.Kind == decode.TIP:
-				want = opTIP
-			case p.Kind == decode.TIPPGD:
-				want = opPGD
-			case timing == 1 && p.Kind == decode.MTC:
-				want = opMTC
-			case timing == 1 && p.Kind == decode.TSC:
-				want = opTSC
-			case timing == 1 && p.Kind == decode.CYC && p.Size == 1:
-				want = opCYC
 			}
-			if got := fastOps[timing][c]; got != want {
-				t.Errorf("timing %d, first byte %#02x (%v, %v): action %d, want %d", timing, c, p.Kind, err, got, want)
+			if got := fastOps[k][c]; got != want {
+				t.Errorf("timing %v, on %v, first byte %#02x (%v, %v): action %d, want %d", timing, on, c, p.Kind, err, got, want)
 			}
 		}
 	}
