@@ -96,55 +96,37 @@ func (d *Decoder) fast() error {
 	tnt, nb := d.tnt, uint(d.tntN)
 	steps, ip, errIP := d.steps, d.ip, d.errIP
 	maxInsns := d.opts.MaxInsns
-	skipTiming := d.clock == nil
 	// b is the block at ip, once known.
 	var b *block
 	// The branches are batched in eb[:ne]; on is d.enabled, kept in a
-	// register across the calls.
+	// register across the calls, and so is its table of packet actions.
 	eb, ne := &d.fp.edges, 0
 	on := d.enabled
+	ops := d.opsFor(on)
 loop:
 	for {
-		if !on {
-			// Tracing is off: a TIP.PGE turns it on, as read and
-			// fire do.
-			if pos = skipPad(buf, pos, end, skipTiming); pos > end {
-				break
-			}
-			c := buf[pos]
-			if c&0x1f != 0x11 {
-				break
-			}
-			n := decode.IPSize(c)
-			if n <= 0 {
-				break // suppressed (ErrNoIP) or reserved
-			}
-			last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
-			pos += 1 + n
-			// As read queues it and deliver fires it.
-			if ne > 0 {
-				d.sendEdges(eb[:ne])
-				ne = 0
-			}
-			d.qEv = Event{Kind: EvEnabled, IP: last, HasIP: true}
-			d.stamp(&d.qEv)
-			d.fireEv()
-			ip, steps, b, on = d.ip, d.steps, nil, d.enabled
-		}
-		if nb == 0 && !tip.ok {
+		for nb == 0 && !tip.ok {
 			// Nothing pending: the next packet, as chain's and run's
-			// read-ahead takes it.
-			if pos = skipPad(buf, pos, end, skipTiming); pos > end {
-				break
+			// read-ahead takes it; what to do with it from its first
+			// byte, one load (fastOps).
+			if pos > end {
+				break loop
 			}
 			c := buf[pos]
-			switch {
-			case c&1 == 0 && c != 2:
+			switch ops[c] {
+			case opPad:
+				pos = padRun(buf, pos)
+			case opMTC, opTSC, opCYC:
+				pos = skipPad(buf, pos, end, ops)
+			case opTNT8:
 				p := c >> 1
 				nb = uint(bits.Len8(p) - 1)
 				tnt = uint64(p) &^ (1 << nb)
 				pos++
-			case c == 2 && buf[pos+1] == 0xa3:
+			case opExt:
+				if buf[pos+1] != 0xa3 {
+					break loop
+				}
 				v := binary.LittleEndian.Uint64(buf[pos+2:]) & (1<<48 - 1)
 				if v <= 1 {
 					break loop // no stop bit, or no bits: the slow path's
@@ -152,7 +134,7 @@ loop:
 				nb = uint(bits.Len64(v) - 1)
 				tnt = v &^ (1 << nb)
 				pos += 8
-			case c&0x1f == 0x0d:
+			case opTIP:
 				n := decode.IPSize(c)
 				if n < 0 {
 					break loop
@@ -161,7 +143,26 @@ loop:
 				last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
 				tip.ip = last
 				pos += 1 + n
-			case c&0x1f == 0x01:
+			case opPGE:
+				// Tracing is off: a TIP.PGE turns it on, as read
+				// and fire do.
+				n := decode.IPSize(c)
+				if n <= 0 {
+					break loop // suppressed (ErrNoIP) or reserved
+				}
+				last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
+				pos += 1 + n
+				// As read queues it and deliver fires it.
+				if ne > 0 {
+					d.sendEdges(eb[:ne])
+					ne = 0
+				}
+				d.qEv = Event{Kind: EvEnabled, IP: last, HasIP: true}
+				d.stamp(&d.qEv)
+				d.fireEv()
+				ip, steps, b, on = d.ip, d.steps, nil, d.enabled
+				ops = d.opsFor(on)
+			case opPGD:
 				n := decode.IPSize(c)
 				if n < 0 {
 					break loop
@@ -189,12 +190,12 @@ loop:
 				d.stamp(&ev)
 				fired := d.fastDisable(b, &ev)
 				ip, steps, errIP, b, on = d.ip, d.steps, d.errIP, nil, d.enabled
+				ops = d.opsFor(on)
 				if !fired {
 					// Queued as read queues it.
 					d.q = append(d.q, queued{ev: ev, bind: bindBranch})
 					break loop
 				}
-				continue
 			default:
 				break loop
 			}
@@ -219,12 +220,13 @@ loop:
 			}
 			if steps+int(r.pre) <= maxInsns && int(r.post) <= maxInsns {
 				// The run's edges as they are, after the
-				// branches before them.
-				if ne > 0 {
-					d.sendEdges(eb[:ne])
-					ne = 0
-				}
+				// branches before them (which wait for the next
+				// edges when the run has none).
 				if len(r.edges) > 0 {
+					if ne > 0 {
+						d.sendEdges(eb[:ne])
+						ne = 0
+					}
 					d.sendEdges(r.edges)
 				}
 				if r.nrets > 0 {
@@ -464,28 +466,93 @@ func (d *Decoder) fastDisable(b *block, ev *Event) bool {
 	}
 }
 
-// skipPad returns the position of the first packet at or after pos that is
-// not a PAD (nor, with timing, a TSC, MTC or one-byte CYC, which the slow
-// path skips when no clock sees them); beyond end when none is up to end.
-func skipPad(buf []byte, pos, end int, timing bool) int {
-	for pos <= end {
-		// Runs of PADs a word at a time.
-		if v := binary.LittleEndian.Uint64(buf[pos:]); v&0xff == 0 {
-			pos += min(bits.TrailingZeros64(v)/8, 8)
-			continue
+// Packet actions by first byte (fastOps): the fast loop's dispatch.
+const (
+	opOther uint8 = iota // the slow path's
+	opPad
+	opMTC // MTC, TSC and a one-byte CYC: skipped when no clock sees them
+	opTSC
+	opCYC
+	opTNT8
+	opExt // a TNT.64 if the second byte says so, else the slow path's
+	opTIP
+	opPGD
+	opPGE
+)
+
+// fastOps maps a packet's first byte to its action, by whether tracing is
+// on (2) and no clock sees timing packets (1): off, only a TIP.PGE is the
+// fast path's; on, a TIP.PGE is not.
+var fastOps = func() (t [4][256]uint8) {
+	for k := range t {
+		timing, on := k&1 == 1, k&2 == 2
+		for i := range 256 {
+			c, op := uint8(i), opOther
+			switch {
+			case c == 0:
+				op = opPad
+			case timing && c == 0x59:
+				op = opMTC
+			case timing && c == 0x19:
+				op = opTSC
+			case timing && c&7 == 3:
+				op = opCYC
+			case !on:
+				if c&0x1f == 0x11 {
+					op = opPGE
+				}
+			case c&1 == 0 && c != 2:
+				op = opTNT8
+			case c == 2:
+				op = opExt
+			case c&0x1f == 0x0d:
+				op = opTIP
+			case c&0x1f == 0x01:
+				op = opPGD
+			}
+			t[k][i] = op
 		}
-		switch c := buf[pos]; {
-		case !timing:
-			return pos
-		case c == 0x59: // MTC
+	}
+	return t
+}()
+
+// opsFor returns the fast loop's table of packet actions (fastOps) for
+// tracing on or off.
+func (d *Decoder) opsFor(on bool) *[256]uint8 {
+	k := 0
+	if d.clock == nil {
+		k = 1
+	}
+	if on {
+		k |= 2
+	}
+	return &fastOps[k]
+}
+
+// skipPad returns the position of the first packet at or after pos that is
+// not a PAD (nor, with ops for no clock, a TSC, MTC or one-byte CYC, which
+// the slow path skips when no clock sees them); beyond end when none is up
+// to end.
+func skipPad(buf []byte, pos, end int, ops *[256]uint8) int {
+	for pos <= end {
+		switch ops[buf[pos]] {
+		case opPad:
+			pos = padRun(buf, pos)
+		case opMTC:
 			pos += 2
-		case c == 0x19: // TSC
+		case opTSC:
 			pos += 8
-		case c&7 == 3: // CYC without extension bytes
+		case opCYC:
 			pos++
 		default:
 			return pos
 		}
 	}
 	return pos
+}
+
+// padRun returns the position after the PADs at pos, up to 8 of them: runs
+// of PADs are skipped a word at a time.
+func padRun(buf []byte, pos int) int {
+	return pos + min(bits.TrailingZeros64(binary.LittleEndian.Uint64(buf[pos:]))/8, 8)
 }

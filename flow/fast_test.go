@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -419,4 +420,56 @@ func firstDiff(got, want *fullLog) string {
 		}
 	}
 	return "in length"
+}
+
+// TestFastOps holds the fast loop's first-byte tables to the packet
+// decoder: each byte's action is the kind the decoder reads from a packet
+// starting with it, with and without a clock, tracing on and off.
+func TestFastOps(t *testing.T) {
+	for k := range fastOps {
+		timing, on := k&1 == 1, k&2 == 2
+		for i := range 256 {
+			c := uint8(i)
+			buf := bytes.Repeat([]byte{1}, 32)
+			buf[0] = c
+			var p decode.Packet
+			err := decode.NewPacketDecoder(buf).Next(&p)
+			ip := map[decode.Kind]uint8{decode.TIP: opTIP, decode.TIPPGD: opPGD, decode.TIPPGE: opPGE}
+			if on {
+				delete(ip, decode.TIPPGE)
+			} else {
+				ip = map[decode.Kind]uint8{decode.TIPPGE: opPGE}
+			}
+			want := opOther
+			switch {
+			case err == nil && p.Kind == decode.Pad:
+				want = opPad
+			case err == nil && timing && p.Kind == decode.MTC:
+				want = opMTC
+			case err == nil && timing && p.Kind == decode.TSC:
+				want = opTSC
+			case err == nil && timing && p.Kind == decode.CYC && p.Size == 1:
+				want = opCYC
+			case !on:
+				if op, ok := ip[p.Kind]; ok {
+					want = op
+				}
+			case c == 2:
+				want = opExt // the second byte decides
+			case ip[p.Kind] != 0:
+				// A reserved IP compression too: the action's
+				// IPSize check leaves it to the slow path.
+				if err != nil && decode.IPSize(c) >= 0 {
+					t.Errorf("first byte %#02x: %v, but IPSize %d", c, err, decode.IPSize(c))
+				}
+				want = ip[p.Kind]
+			case err != nil:
+			case p.Kind == decode.TNT8:
+				want = opTNT8
+			}
+			if got := fastOps[k][c]; got != want {
+				t.Errorf("timing %v, on %v, first byte %#02x (%v, %v): action %d, want %d", timing, on, c, p.Kind, err, got, want)
+			}
+		}
+	}
 }
