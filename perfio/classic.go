@@ -305,6 +305,8 @@ func (c *Classic) Add(ev *decode.Event) error {
 		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
 			disableFDs(ce.fds)
 			c.drainLocked()
+			// The fds enabled so far may have lost samples too.
+			c.lostGone.Add(eventLost(ce.fds, &c.errs))
 			closeFDs(ce.fds)
 			delete(c.events, ev.ID)
 			c.lastEv = nil
