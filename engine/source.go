@@ -8,7 +8,8 @@ import (
 
 // Sink receives records in time order (exceptions are counted as Late),
 // a batch at a time (never empty), from one goroutine at a time: what one
-// pass of the source releases, so that a sink takes its locks once a
+// pass of the source releases, split where the source bounds its batches
+// (perfio.Classic: 1,024 records), so that a sink takes its locks once a
 // batch, not once a record. The records and their storage are reused
 // after Sink returns: copy what you keep. A Sink must not call methods of
 // the source that calls it.

@@ -115,8 +115,9 @@ type Classic struct {
 // cpuRing is the ring of one CPU: anchor is the dummy event that owns the
 // mmap; every tracepoint event of that CPU redirects its output there.
 // task holds the CPU's COMM and EXIT records, in a ring of their own so
-// that the samples' ring counts lost samples only (the kernel counts a
-// ring's losses, not an event's).
+// that its LOST records count lost COMM and EXIT records only (a ring's
+// LOST record counts whatever it had no room for; lost samples are
+// counted by their events, see eventLost).
 type cpuRing struct {
 	cpu    int
 	anchor *fd
@@ -304,6 +305,8 @@ func (c *Classic) Add(ev *decode.Event) error {
 		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
 			disableFDs(ce.fds)
 			c.drainLocked()
+			// The fds enabled so far may have lost samples too.
+			c.lostGone.Add(eventLost(ce.fds, &c.errs))
 			closeFDs(ce.fds)
 			delete(c.events, ev.ID)
 			c.lastEv = nil

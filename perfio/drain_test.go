@@ -223,7 +223,8 @@ func BenchmarkDrain(b *testing.B) {
 
 // TestRawQueue checks the held samples' byte queue: samples come out in
 // the order they went in, byte for byte, and under a steady backlog the
-// buffer stays within about twice what is held.
+// buffer stays within four times what is held (compaction at half taken,
+// growth by doubling).
 func TestRawQueue(t *testing.T) {
 	var b rawQueue
 	const backlog = 2000 // beyond minRawQueue

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bytes"
 	"fmt"
 	"testing"
 
@@ -91,4 +92,70 @@ func emitOne(t *Target, r *decode.Record) {
 	t.beginEmit()
 	t.emit(r)
 	t.endEmit()
+}
+
+// TestDeliverBatch delivers batches with a run of one target's records
+// longer than emit's buffer (maxEmit) holds, then two targets, an event
+// of no route and a renamed probe's event interleaved: each target's records file has its own records, in
+// order, numbered on, byte for byte AppendRecord's lines, and nothing of
+// the unrouted event.
+func TestDeliverBatch(t *testing.T) {
+	s := &Session{opts: Options{Stream: stream.Options{Limit: 1 << 20, Dir: t.TempDir()}}}
+	t1 := newTarget(s, "t1", "/bin/t1", "g1", nil)
+	t2 := newTarget(s, "t2", "/bin/t2", "g2", nil)
+	for _, tg := range []*Target{t1, t2} {
+		t.Cleanup(func() { tg.recs.Close(); tg.brs.Close() })
+	}
+	e1 := &decode.Event{ID: 1, Group: "ptfs_t1", Name: "a", Args: []decode.Arg{{Type: decode.U64}}}
+	e2 := &decode.Event{ID: 2, Group: "ptfs_t2", Name: "b", Args: []decode.Arg{{Type: decode.U64}}}
+	e3 := &decode.Event{ID: 3, Group: "ptfs_x", Name: "c"}
+	e4 := &decode.Event{ID: 4, Group: "ptfs_t1", Name: "old", Args: []decode.Arg{{Type: decode.U64}}}
+	renamed := &decode.Event{ID: 4, Group: "ptfs_t1", Name: "new", Args: e4.Args}
+	s.routes.Store(&map[uint16]*route{
+		1: {p: &probe{target: t1, name: "a"}},
+		2: {p: &probe{target: t2, name: "b"}},
+		4: {p: &probe{target: t1, name: "new"}, ev: renamed},
+	})
+	var want1, want2 []byte
+	var n1, n2 uint64
+	// A run of t1's records longer than two emit buffers, then the
+	// targets and events interleaved.
+	const run, perBatch = 1500, 2000
+	for b := range 2 {
+		batch := make([]decode.Record, perBatch)
+		for i := range batch {
+			ev := []*decode.Event{e1, e4}[i%2]
+			if i >= run {
+				ev = []*decode.Event{e1, e1, e2, e3, e4}[i%5]
+			}
+			batch[i] = decode.Record{Event: ev, N: len(ev.Args), Args: [8]uint64{uint64(b*perBatch + i)}, TID: int32(i % 7), CPU: 1, Time: uint64(b*perBatch+i) * 1e6, PID: 9, Comm: "p"}
+			switch r := batch[i]; ev {
+			case e1, e4:
+				if ev == e4 {
+					r.Event = renamed
+				}
+				n1++
+				want1 = decode.AppendRecord(want1, n1, &r)
+			case e2:
+				n2++
+				want2 = decode.AppendRecord(want2, n2, &r)
+			}
+		}
+		s.deliver(batch)
+	}
+	if n := len(want1) * run / int(n1); n < 2*maxEmit {
+		t.Fatalf("a run of %d bytes, want more than two emit buffers", n)
+	}
+	for _, c := range []struct {
+		tg   *Target
+		want []byte
+		n    uint64
+	}{{t1, want1, n1}, {t2, want2, n2}} {
+		if got := readStream(t, c.tg.recs); !bytes.Equal(got, c.want) {
+			t.Errorf("%s: %d bytes of records, want %d:\n%.300s\nwant\n%.300s", c.tg.name, len(got), len(c.want), got, c.want)
+		}
+		if got := c.tg.counters().Records; got != c.n {
+			t.Errorf("%s: counted %d records, want %d", c.tg.name, got, c.n)
+		}
+	}
 }
