@@ -159,10 +159,13 @@ func targetArg(a string) (name, path string) {
 	return filepath.Base(a), a
 }
 
+// errInterrupted is a mount stopped by a signal before it was mounted.
+var errInterrupted = errors.New("interrupted")
+
 func mount(dir string, targets []string, so session.Options, opts fs.Options) error {
-	// Signals are caught from the start: one that comes while the session
-	// and the mount are set up is taken once they are, so a SIGTERM right
-	// after "mounted" still unmounts and removes the probes.
+	// Signals are caught from the start, so a SIGTERM right after
+	// "mounted" still unmounts and removes the probes; one that comes
+	// while the session is set up stops before the mount.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sig)
@@ -179,6 +182,11 @@ func mount(dir string, targets []string, so session.Options, opts fs.Options) er
 		if _, err := s.AddTarget(name, path); err != nil {
 			return errors.Join(err, s.Close())
 		}
+	}
+	select {
+	case got := <-sig:
+		return errors.Join(fmt.Errorf("%v before the mount: %w", got, errInterrupted), s.Close())
+	default:
 	}
 	server, err := fs.Mount(dir, bind.Tracer[*session.Target](s), opts)
 	if err != nil {
