@@ -121,7 +121,7 @@ func (d *Decoder) chain(b *block) (*block, error) {
 		// A successor is decoded in the same mode: the mode changes
 		// only through a queued event. Where the target varies (a
 		// return, an indirect branch), the successors keep the last
-		// targets' blocks, as on the fast path.
+		// targets' blocks (the fast path looks those up in ipBlock).
 		if next != nil {
 			b = d.fixedSucc(next, d.ip)
 		} else {

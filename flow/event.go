@@ -233,7 +233,9 @@ type Edge struct {
 // decoder has several in a row (its fast path), it calls Edges with them,
 // in order, instead of Branch for each; an interface call per branch is
 // a large share of a warm decode. Events come between batches, never
-// within one. Edges must not keep the slice past the call.
+// within one. Edges must neither keep the slice past the call nor write
+// to it: a batch may be a TNT run's edges, which the decoder keeps and
+// hands over again each time the run recurs.
 type EdgeHandler interface {
 	Handler
 	Edges(e []Edge)

@@ -184,3 +184,59 @@ func TestMemoryChangedInView(t *testing.T) {
 		t.Errorf("block decoded from the old bytes: %d instructions, last %+v", b.n, last)
 	}
 }
+
+// pagedViews is a Viewer of two regions on different pages, counting its
+// Views; code may be replaced (with a MemoryChanged) between blocks.
+type pagedViews struct {
+	regions map[uint64][]byte // by base
+	views   int
+}
+
+func (m *pagedViews) View(addr uint64) ([]byte, error) {
+	m.views++
+	for base, code := range m.regions {
+		if addr >= base && addr-base < uint64(len(code)) {
+			return code[addr-base:], nil
+		}
+	}
+	return nil, errors.New("unmapped")
+}
+
+func (m *pagedViews) ReadAt(dst []byte, addr uint64) (int, error) {
+	v, err := m.View(addr)
+	return copy(dst, v), err
+}
+
+// TestBlockViewsByPage: a block in a mapping viewed before, though another
+// was viewed since, is decoded from the kept bytes at its own offset
+// without a View; after MemoryChanged the kept bytes are not used.
+func TestBlockViewsByPage(t *testing.T) {
+	nops := slices.Repeat([]byte{0x90}, 2*maxBlock)
+	m := &pagedViews{regions: map[uint64][]byte{
+		0x1000:  append([]byte{0x90, 0x90, 0xc3}, nops...),       // ret at 0x1002
+		0x10000: append([]byte{0x90, 0x90, 0x90, 0xc3}, nops...), // ret at 0x10003
+	}}
+	d := New(m, Options{})
+	if b := d.block(0x1000, Mode64); b.n != 3 {
+		t.Fatalf("block at 0x1000: %d instructions, want 3", b.n)
+	}
+	if b := d.block(0x10000, Mode64); b.n != 4 {
+		t.Fatalf("block at 0x10000: %d instructions, want 4", b.n)
+	}
+	views := m.views
+	if b := d.block(0x1001, Mode64); b.n != 2 || b.last().ip != 0x1002 || b.class != x86insn.Ret {
+		t.Fatalf("block at 0x1001 from the kept bytes: %d instructions, last %+v", b.n, b.last())
+	}
+	if m.views != views {
+		t.Errorf("block at 0x1001: %d Views, want none (the page's bytes are kept)", m.views-views)
+	}
+	// jne 0x1000 at 0x1000 now.
+	m.regions[0x1000] = append([]byte{0x75, 0xfe}, nops...)
+	d.MemoryChanged()
+	if b := d.block(0x1000, Mode64); b.n != 1 || b.class != x86insn.CondJump || b.last().target != 0x1000 {
+		t.Errorf("block at 0x1000 after MemoryChanged: %d instructions, last %+v (the old bytes?)", b.n, b.last())
+	}
+	if b := d.block(0x1001, Mode64); b.n == 2 && b.class == x86insn.Ret {
+		t.Errorf("block at 0x1001 after MemoryChanged decoded from the old bytes")
+	}
+}

@@ -87,8 +87,9 @@ func init() {
 // and only while MaxLen bytes are left in code (an instruction nearer its
 // end may go on in bytes that code does not hold: Step is for those). It
 // returns how many it decoded, the offset after them and the last one's
-// Flow; err is the error of the instruction after them, which ends the run. A block decoder
-// calls it once where Step would be called per instruction.
+// Flow; err is the error of the instruction after them, which ends the
+// run. A block decoder calls it once where Step would be called per
+// instruction.
 func Run(code []byte, pc uint64, lens []uint8) (n, end int, last Flow, err error) {
 	off, fellN := 0, -1
 	var fell Flow // the general scan's last fall-through: xbegin has a target
