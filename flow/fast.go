@@ -171,7 +171,7 @@ loop:
 				// reads an event packet: code that is not there is
 				// the error.
 				if b == nil {
-					b = d.ipBlock(ip)
+					b, ne = d.tipBlock(ip, ne)
 				}
 				if b.count() == 0 {
 					break loop
@@ -201,7 +201,7 @@ loop:
 			}
 		}
 		if b == nil {
-			b = d.ipBlock(ip)
+			b, ne = d.tipBlock(ip, ne)
 		}
 		// The last instruction's index and class, from the block's
 		// header: a run leads to the next without a look at the
@@ -216,6 +216,10 @@ loop:
 			pat := uint8(1<<k | tnt>>(nb-k))
 			r := d.cache.runs.find(b, pat)
 			if r == nil {
+				// Working the run out reads memory: the branches
+				// before it go first (succ).
+				d.flushEdges(ne)
+				ne = 0
 				r = d.tntRun(b, pat, k)
 			}
 			if steps+int(r.pre) <= maxInsns && int(r.post) <= maxInsns {
@@ -262,10 +266,11 @@ loop:
 			if taken {
 				eb[ne] = Edge{from, lst.target, BrCond}
 				ne++
-				ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
+				ip = lst.target
+				b, ne = d.succ(&b.taken, ip, ne)
 			} else {
 				ip = next
-				b = d.fixedSucc(&b.fall, ip)
+				b, ne = d.succ(&b.fall, ip, ne)
 			}
 		case x86insn.Jump, x86insn.Call:
 			if nb == 0 {
@@ -281,7 +286,8 @@ loop:
 			}
 			eb[ne] = Edge{from, lst.target, kind}
 			ne++
-			ip, b = lst.target, d.fixedSucc(&b.taken, lst.target)
+			ip = lst.target
+			b, ne = d.succ(&b.taken, ip, ne)
 		case x86insn.Ret:
 			if nb > 0 {
 				// A compressed return; anything else is exec's
@@ -295,7 +301,7 @@ loop:
 				ip = d.popRet()
 				eb[ne] = Edge{from, ip, BrReturn}
 				ne++
-				b = d.ipBlock(ip)
+				b, ne = d.tipBlock(ip, ne)
 				break
 			}
 			if tip.supp {
@@ -304,7 +310,8 @@ loop:
 			tip.ok, steps = false, 0
 			eb[ne] = Edge{from, tip.ip, BrReturn}
 			ne++
-			ip, b = tip.ip, d.ipBlock(tip.ip)
+			ip = tip.ip
+			b, ne = d.tipBlock(ip, ne)
 		case x86insn.IndirectJump, x86insn.IndirectCall:
 			if nb > 0 || tip.supp {
 				break loop
@@ -317,7 +324,8 @@ loop:
 			}
 			eb[ne] = Edge{from, tip.ip, kind}
 			ne++
-			ip, b = tip.ip, d.ipBlock(tip.ip)
+			ip = tip.ip
+			b, ne = d.tipBlock(ip, ne)
 		default:
 			break loop
 		}
@@ -385,6 +393,36 @@ func (d *Decoder) lastSucc(b *block, ip uint64) *block {
 	return s
 }
 
+// succ is fixedSucc for the fast loop, whose branches wait in
+// fp.edges[:ne]: a miss decodes a block, which reads memory, and a Memory
+// may apply side band as it is read (perfflow: a task's exit, a new
+// mapping), so the branches before it are handed over first, as the slow
+// path hands each over before its next block. It returns what is left
+// waiting.
+func (d *Decoder) succ(p **block, ip uint64, ne int) (*block, int) {
+	if s := *p; s != nil {
+		return s, ne
+	}
+	d.flushEdges(ne)
+	return d.fixedSucc(p, ip), 0
+}
+
+// tipBlock is ipBlock for the fast loop, as succ is fixedSucc.
+func (d *Decoder) tipBlock(ip uint64, ne int) (*block, int) {
+	if s := d.ipHit(ip); s != nil {
+		return s, ne
+	}
+	d.flushEdges(ne)
+	return d.ipMiss(ip), 0
+}
+
+// flushEdges hands over the fast loop's first ne waiting branches.
+func (d *Decoder) flushEdges(ne int) {
+	if ne > 0 {
+		d.sendEdges(d.fp.edges[:ne])
+	}
+}
+
 // ipBlock is the block at ip where the flow came by an IP packet or a
 // return: a TIP's target (a return to one of a function's many callers or
 // an interpreter's dispatch misses the two targets a block keeps), a
@@ -392,12 +430,20 @@ func (d *Decoder) lastSucc(b *block, ip uint64) *block {
 // A small direct-mapped cache of the recent ones costs a load where the
 // block cache's table costs a probe of a large table.
 func (d *Decoder) ipBlock(ip uint64) *block {
+	if s := d.ipHit(ip); s != nil {
+		return s
+	}
+	return d.ipMiss(ip)
+}
+
+// ipHit is the block at ip among the recent ones, or nil.
+func (d *Decoder) ipHit(ip uint64) *block {
 	if t := d.cache.runs.tips; t != nil {
 		if s := t[ipHash(ip)]; s != nil && s.ip == ip && s.mode == d.mode {
 			return s
 		}
 	}
-	return d.ipMiss(ip)
+	return nil
 }
 
 // ipHash is the index in runCache.tips of the block at ip.

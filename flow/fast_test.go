@@ -473,3 +473,61 @@ func TestFastOps(t *testing.T) {
 		}
 	}
 }
+
+// readMarks is a Memory that notes, at the first read of each address in
+// watch, how many branches its log has been handed by then.
+type readMarks struct {
+	mem   Memory
+	log   *fullLog
+	watch map[uint64]bool
+	marks []string
+}
+
+func (m *readMarks) ReadAt(dst []byte, addr uint64) (int, error) {
+	if m.watch[addr] {
+		m.watch[addr] = false
+		m.marks = append(m.marks, fmt.Sprintf("%#x after %d branches", addr, len(m.log.items)))
+	}
+	return m.mem.ReadAt(dst, addr)
+}
+
+// TestFastHandsOverBeforeRead: a Memory may apply side band as it is read
+// (perfflow), so the branches the fast path batched are handed over before
+// it decodes a block it has not seen, as the slow path hands each over
+// before its next block: a call and a jump to new code, and a TIP to new
+// code, each read after the branches before it.
+func TestFastHandsOverBeforeRead(t *testing.T) {
+	code := make([]byte, 0x201)
+	copy(code, []byte{0x75, 0xfe, 0xe8, 0xf9, 0, 0, 0, 0xc3}) // 1000: jne 1000; 1002: call 1100; 1007: ret
+	copy(code[0x100:], []byte{0xe9, 0xfb, 0, 0, 0})           // 1100: jmp 1200
+	code[0x200] = 0xc3                                        // 1200: ret
+	e := ptenc.New()
+	start(e, 0x1000)
+	for range 40 {
+		e.TNT(0x3f, 6)
+	}
+	e.TNT(0, 1)
+	e.IP(ptenc.TIP, 0x1007)
+	for range 32 {
+		e.Pad()
+	}
+	var got [2][]string
+	for i, off := range []bool{true, false} {
+		h := &edgeLog{t: t}
+		m := &readMarks{mem: &blob{base: 0x1000, code: code}, log: &h.fullLog, watch: map[uint64]bool{0x1100: true, 0x1200: true, 0x1007: true}}
+		d := New(m, Options{NoInsns: true})
+		d.fp.off = off
+		d.Decode(e.Bytes(), h)
+		got[i] = m.marks
+		if !off && d.fp.bytes == 0 {
+			t.Fatal("the fast path took no bytes")
+		}
+	}
+	// 240 loop branches, then the call, the jump and the return, each
+	// handed over before its target is read. The slow path reads the
+	// return's target with the call's bytes, not at its address.
+	want := []string{"0x1100 after 241 branches", "0x1200 after 242 branches", "0x1007 after 243 branches"}
+	if fmt.Sprint(got[1]) != fmt.Sprint(want) || fmt.Sprint(got[0]) != fmt.Sprint(want[:2]) {
+		t.Errorf("reads with the fast path: %q; without: %q; want %q", got[1], got[0], want)
+	}
+}
