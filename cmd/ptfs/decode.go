@@ -219,10 +219,15 @@ func input(name string) (streams []stream, lost uint64, done func(), err error) 
 // pipe, a small file, mmap refused): the file is read instead. The mapping
 // is private and writable, so that nothing written to it could reach the
 // file. A file that shrinks while mapped faults on the pages it lost:
-// guardFaults turns that into an error.
+// guardFaults turns that into an error. Standard input positioned past
+// the file's start (what a shell read before) is read from there, not
+// mapped.
 func mapFile(f *os.File) []byte {
 	st, err := f.Stat()
 	if err != nil || !st.Mode().IsRegular() || st.Size() <= feedSize || int64(int(st.Size())) != st.Size() {
+		return nil
+	}
+	if off, err := f.Seek(0, io.SeekCurrent); err != nil || off != 0 {
 		return nil
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)

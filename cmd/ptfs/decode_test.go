@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -387,4 +388,41 @@ func (o *refOutput) Record(r *decode.Record) {
 
 func (o *refOutput) Manual(m *decode.Manual) {
 	o.buf = decode.AppendManual(o.buf, m.Payload, m.IP, m.HasIP)
+}
+
+// Standard input positioned past a regular file's start (a shell that read
+// some of it before) is decoded from where it stands, as a pipe would be,
+// not mapped from the file's start.
+func TestDecodeStdinOffset(t *testing.T) {
+	dir := t.TempDir()
+	events := writeGenEvents(t, dir)
+	skipped := ptenc.Generate(ptenc.PTWHeavy, feedSize/2, 3)
+	rest := ptenc.Generate(ptenc.PTWHeavy, 2*feedSize, 7)
+	restFile := filepath.Join(dir, "rest.pt")
+	both := filepath.Join(dir, "both.pt")
+	if err := os.WriteFile(restFile, rest, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(both, append(skipped, rest...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, want, errs := runDecodeT("--events", events, restFile)
+	if code != 0 || !strings.Contains(want, "records=") {
+		t.Fatalf("reference: exit %d %s", code, errs)
+	}
+	stdin, err := os.Open(both)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	if _, err := stdin.Seek(int64(len(skipped)), io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stdin
+	os.Stdin = stdin
+	t.Cleanup(func() { os.Stdin = old })
+	code, out, errs := runDecodeT("--events", events, "-")
+	if code != 0 || out != want {
+		t.Fatalf("stdin at offset %d: exit %d %s, %d bytes of output, want %d (the same: %v)", len(skipped), code, errs, len(out), len(want), out == want)
+	}
 }
