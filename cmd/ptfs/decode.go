@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -101,6 +102,12 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(files) == 0 {
 		fmt.Fprintf(stderr, "ptfs decode: no FILE\n%s", decodeUsage)
+		return 2
+	}
+	if i := slices.Index(files, "-"); i >= 0 && slices.Contains(files[i+1:], "-") {
+		// Two streams over one standard input would read each other's
+		// pieces (a pipe) or the same bytes twice (a mapped file).
+		fmt.Fprintf(stderr, "ptfs decode: standard input (-) given more than once\n%s", decodeUsage)
 		return 2
 	}
 	out := bufio.NewWriterSize(stdout, 64<<10)

@@ -215,6 +215,7 @@ func TestDecodeBadInput(t *testing.T) {
 		{"missing file", []string{filepath.Join(dir, "nope")}, 1, "no such file"},
 		{"text file", []string{write("text", []byte("hello\n"))}, 1, "no PSB"},
 		{"directory", []string{dir}, 1, "is a directory"},
+		{"standard input twice", []string{"-", "-"}, 2, "more than once"},
 		{"truncated perf.data", []string{write("trunc", []byte("PERFILE2\x68\x00\x00"))}, 1, "truncated perf.data"},
 		{"perf.data without AUX", []string{write("noaux", append([]byte("PERFILE2"), 16, 0, 0, 0, 0, 0, 0, 0))}, 1, "without AUX"},
 		{"bad events dir", []string{"--events", filepath.Join(dir, "nope"), write("ok", bytes.Repeat([]byte{2, 0x82}, 8))}, 1, "load events"},
