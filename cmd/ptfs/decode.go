@@ -26,9 +26,9 @@ const decodeUsage = `usage: ptfs decode [--events DIR] FILE...
        ptfs decode --branches IMAGE... [--events DIR] FILE
 
 FILE is raw Intel PT bytes or a perf.data file (file or pipe format; its
-PERF_RECORD_AUXTRACE data, per buffer). Prints probe records and manual
-ptwrites (records of several CPUs merged by time when the trace has it), then
-the summary line. DIR is a tracefs events directory (or a copy) giving the
+PERF_RECORD_AUXTRACE data, per buffer); - (once) is standard input. Prints
+probe records and manual ptwrites (records of several CPUs merged by time
+when the trace has it), then the summary line. DIR is a tracefs events directory (or a copy) giving the
 probe events; without it every ptwrite is a manual one.
 --packets prints libipt ptdump's packet listing instead; it takes ptdump's
 options (--lastip, --no-pad, --time, --mtc-freq N, ...).
