@@ -102,6 +102,9 @@ func (c *Counters) Add(o *Counters) {
 // empty Comm: never a guessed value. pid= and comm= come last so that the
 // older fields keep their places; comm is last because a process names
 // itself (AppendComm escapes what could split the line or the field).
+// Like every formatter here that prints decimals (appendDec), it may write
+// scratch bytes past the returned length within dst's capacity: dst's
+// spare capacity must hold nothing that is still needed.
 func AppendRecord(dst []byte, seq uint64, r *Record) []byte {
 	dst = appendHead(appendSeq(dst, seq), r.Event)
 	dst = appendThread(append(appendArgs(dst, r), ']'), r.TID, r.CPU)
@@ -249,7 +252,8 @@ type lineEvent struct {
 	plain bool   // every argument an unnamed whole u64
 }
 
-// Append appends the line of record number seq, as AppendRecord does.
+// Append appends the line of record number seq, as AppendRecord does (and
+// like it may write scratch bytes into dst's spare capacity).
 func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	e := &w.cache[r.Event.ID&uint16(len(w.cache)-1)]
 	if e.ev != r.Event {
@@ -339,7 +343,8 @@ func AppendComm(dst []byte, comm string) []byte {
 // for t does: unsigned types in decimal, signed ones with their sign, hex
 // ones as 0x-prefixed hex, each from the low bytes of its size; char
 // quoted ('A', escaped as strings are). A string type prints nothing here:
-// its bytes are the record's (AppendRecord).
+// its bytes are the record's (AppendRecord). It may write scratch bytes
+// into dst's spare capacity (appendDec).
 func AppendValue(dst []byte, t ArgType, v uint64) []byte {
 	info := t.info()
 	shift := 64 - 8*uint(info.size)
@@ -362,7 +367,8 @@ func AppendValue(dst []byte, t ArgType, v uint64) []byte {
 	return appendDec(dst, v<<shift>>shift)
 }
 
-// AppendTime appends a nanosecond time as SEC.NSEC with nine fraction digits.
+// AppendTime appends a nanosecond time as SEC.NSEC with nine fraction
+// digits. It may write scratch bytes into dst's spare capacity (appendDec).
 func AppendTime(dst []byte, ns uint64) []byte {
 	dst = appendDec(dst, ns/1e9)
 	dst = append(dst, '.')

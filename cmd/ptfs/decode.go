@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -25,9 +26,9 @@ const decodeUsage = `usage: ptfs decode [--events DIR] FILE...
        ptfs decode --branches IMAGE... [--events DIR] FILE
 
 FILE is raw Intel PT bytes or a perf.data file (file or pipe format; its
-PERF_RECORD_AUXTRACE data, per buffer). Prints probe records and manual
-ptwrites (records of several CPUs merged by time when the trace has it), then
-the summary line. DIR is a tracefs events directory (or a copy) giving the
+PERF_RECORD_AUXTRACE data, per buffer); - (once) is standard input. Prints
+probe records and manual ptwrites (records of several CPUs merged by time
+when the trace has it), then the summary line. DIR is a tracefs events directory (or a copy) giving the
 probe events; without it every ptwrite is a manual one.
 --packets prints libipt ptdump's packet listing instead; it takes ptdump's
 options (--lastip, --no-pad, --time, --mtc-freq N, ...).
@@ -101,6 +102,12 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(files) == 0 {
 		fmt.Fprintf(stderr, "ptfs decode: no FILE\n%s", decodeUsage)
+		return 2
+	}
+	if i := slices.Index(files, "-"); i >= 0 && slices.Contains(files[i+1:], "-") {
+		// Two streams over one standard input would read each other's
+		// pieces (a pipe) or the same bytes twice (a mapped file).
+		fmt.Fprintf(stderr, "ptfs decode: standard input (-) given more than once\n%s", decodeUsage)
 		return 2
 	}
 	out := bufio.NewWriterSize(stdout, 64<<10)
@@ -219,10 +226,15 @@ func input(name string) (streams []stream, lost uint64, done func(), err error) 
 // pipe, a small file, mmap refused): the file is read instead. The mapping
 // is private and writable, so that nothing written to it could reach the
 // file. A file that shrinks while mapped faults on the pages it lost:
-// guardFaults turns that into an error.
+// guardFaults turns that into an error. Standard input positioned past
+// the file's start (what a shell read before) is read from there, not
+// mapped.
 func mapFile(f *os.File) []byte {
 	st, err := f.Stat()
 	if err != nil || !st.Mode().IsRegular() || st.Size() <= feedSize || int64(int(st.Size())) != st.Size() {
+		return nil
+	}
+	if off, err := f.Seek(0, io.SeekCurrent); err != nil || off != 0 {
 		return nil
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)

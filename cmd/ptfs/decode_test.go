@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -214,6 +215,7 @@ func TestDecodeBadInput(t *testing.T) {
 		{"missing file", []string{filepath.Join(dir, "nope")}, 1, "no such file"},
 		{"text file", []string{write("text", []byte("hello\n"))}, 1, "no PSB"},
 		{"directory", []string{dir}, 1, "is a directory"},
+		{"standard input twice", []string{"-", "-"}, 2, "more than once"},
 		{"truncated perf.data", []string{write("trunc", []byte("PERFILE2\x68\x00\x00"))}, 1, "truncated perf.data"},
 		{"perf.data without AUX", []string{write("noaux", append([]byte("PERFILE2"), 16, 0, 0, 0, 0, 0, 0, 0))}, 1, "without AUX"},
 		{"bad events dir", []string{"--events", filepath.Join(dir, "nope"), write("ok", bytes.Repeat([]byte{2, 0x82}, 8))}, 1, "load events"},
@@ -387,4 +389,41 @@ func (o *refOutput) Record(r *decode.Record) {
 
 func (o *refOutput) Manual(m *decode.Manual) {
 	o.buf = decode.AppendManual(o.buf, m.Payload, m.IP, m.HasIP)
+}
+
+// Standard input positioned past a regular file's start (a shell that read
+// some of it before) is decoded from where it stands, as a pipe would be,
+// not mapped from the file's start.
+func TestDecodeStdinOffset(t *testing.T) {
+	dir := t.TempDir()
+	events := writeGenEvents(t, dir)
+	skipped := ptenc.Generate(ptenc.PTWHeavy, feedSize/2, 3)
+	rest := ptenc.Generate(ptenc.PTWHeavy, 2*feedSize, 7)
+	restFile := filepath.Join(dir, "rest.pt")
+	both := filepath.Join(dir, "both.pt")
+	if err := os.WriteFile(restFile, rest, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(both, append(skipped, rest...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, want, errs := runDecodeT("--events", events, restFile)
+	if code != 0 || !strings.Contains(want, "records=") {
+		t.Fatalf("reference: exit %d %s", code, errs)
+	}
+	stdin, err := os.Open(both)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	if _, err := stdin.Seek(int64(len(skipped)), io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stdin
+	os.Stdin = stdin
+	t.Cleanup(func() { os.Stdin = old })
+	code, out, errs := runDecodeT("--events", events, "-")
+	if code != 0 || out != want {
+		t.Fatalf("stdin at offset %d: exit %d %s, %d bytes of output, want %d (the same: %v)", len(skipped), code, errs, len(out), len(want), out == want)
+	}
 }
