@@ -94,8 +94,8 @@ func TestMergerReuse(t *testing.T) {
 		pushTimes(&m, 0, tm)
 		out = m.Release(tm-min(tm, 50), out[:0])
 	}
-	// A queue compacts once half its slots are free: up to about twice
-	// the backlog, and a slack for append's growth.
+	// A queue's ring doubles only when full: less than twice the
+	// backlog, within a loose bound.
 	if c := cap(m.queues[0].items); c > 4*51 {
 		t.Errorf("queue grew to %d slots for a backlog of 51", c)
 	}

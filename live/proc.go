@@ -1,12 +1,10 @@
 package live
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 
 	"ptfs/images"
 )
@@ -28,30 +26,19 @@ func procMaps(pid int32) ([]images.MapsEntry, error) {
 
 // OwnVDSO returns the code of ptfs's own vDSO, with its ELF symbols: the
 // kernel maps one image into every process, so it stands for theirs. It
-// is read from /proc/self/mem at the [vdso] mapping of /proc/self/maps,
+// is read from /proc/self/mem at the [vdso] mapping of its maps (procMaps),
 // through an unlinked temp file (images reads ELF files). Close releases
 // it.
 func OwnVDSO() (*images.ELF, error) {
-	f, err := os.Open("/proc/self/maps")
+	maps, err := procMaps(int32(os.Getpid()))
 	if err != nil {
 		return nil, fmt.Errorf("vdso: %w", err)
 	}
-	defer f.Close()
 	var start, end uint64
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasSuffix(line, " [vdso]") {
-			continue
+	for _, e := range maps {
+		if e.Path == "[vdso]" {
+			start, end = e.Start, e.End
 		}
-		e, err := images.ParseMaps([]byte(line + "\n"))
-		if err != nil || len(e) != 1 {
-			return nil, fmt.Errorf("vdso: bad maps line %q: %v", line, err)
-		}
-		start, end = e[0].Start, e[0].End
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("vdso: %w", err)
 	}
 	if end <= start {
 		return nil, fmt.Errorf("vdso: no [vdso] mapping in /proc/self/maps")

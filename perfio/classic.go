@@ -568,6 +568,7 @@ func monotonicNow() uint64 {
 // drainLocked moves every record in the rings into the merger, each CPU's
 // process names first.
 func (c *Classic) drainLocked() {
+	tasks := len(c.tasks)
 	for q, cr := range c.cpus {
 		if cr.task != nil {
 			c.drainTasks(cr.task)
@@ -589,6 +590,10 @@ func (c *Classic) drainLocked() {
 			}
 		}
 		c.endRing(r, &cr.ringErrs)
+	}
+	// Each task ring is in time order; several CPUs' events interleave.
+	if len(c.tasks) > tasks {
+		slices.SortStableFunc(c.tasks, func(a, b taskEvent) int { return cmp.Compare(a.time, b.time) })
 	}
 }
 
@@ -757,8 +762,9 @@ func (c *Classic) comm(pid int32) string {
 }
 
 // drainTasks queues a task ring's COMM and EXIT records of main threads
-// for releaseLocked, in time order: a process is named after its main thread
-// (exec, or a rename of that thread; other threads name only themselves).
+// for releaseLocked (drainLocked puts them in time order): a process is
+// named after its main thread (exec, or a rename of that thread; other
+// threads name only themselves).
 func (c *Classic) drainTasks(tr *taskRing) {
 	r := tr.ring
 	r.Begin()
@@ -786,8 +792,6 @@ func (c *Classic) drainTasks(tr *taskRing) {
 			c.tasks = append(c.tasks, taskEvent{time: ev.Time, pid: ev.PID, exit: ev.Kind == engine.SideExit, comm: ev.Comm})
 		}
 	}
-	// Each ring is in time order; several CPUs' events interleave.
-	slices.SortStableFunc(c.tasks, func(a, b taskEvent) int { return cmp.Compare(a.time, b.time) })
 	c.endRing(r, &tr.ringErrs)
 }
 

@@ -1,6 +1,7 @@
 package perfio
 
 import (
+	"slices"
 	"testing"
 
 	"ptfs/decode"
@@ -174,6 +175,34 @@ func fillRing(f *fakeMmap) int {
 		}
 		f.write(rec)
 		n++
+	}
+}
+
+// TestDrainTasksOrder: the task events of several CPUs are applied in
+// time order, across the rings and across drains.
+func TestDrainTasksOrder(t *testing.T) {
+	r0, r1 := newFakeMmap(1024, true), newFakeMmap(1024, true)
+	t0, t1 := newFakeMmap(1024, true), newFakeMmap(1024, true)
+	t0.write(taskRecord(3, 10, 1, 1, "a"))
+	t0.write(taskRecord(3, 30, 1, 1, "c"))
+	t1.write(taskRecord(3, 20, 1, 1, "b"))
+	c := fakeClassic(t, r0, r1)
+	for i, m := range []*fakeMmap{t0, t1} {
+		tr, err := NewDataRing(m.mem, fakePage)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.cpus[i].task = &taskRing{ring: tr}
+	}
+	c.drainLocked()
+	t1.write(taskRecord(3, 25, 1, 1, "b2"))
+	c.drainLocked()
+	var got []string
+	for _, e := range c.tasks {
+		got = append(got, e.comm)
+	}
+	if want := []string{"a", "b", "b2", "c"}; !slices.Equal(got, want) {
+		t.Errorf("task events %q, want %q", got, want)
 	}
 }
 

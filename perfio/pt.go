@@ -265,18 +265,14 @@ func (p *PT) Reconfigure(branch bool, filter string) error {
 	}
 	sink := r.sink
 	p.run = nil
-	cpus := make([]int, 0, len(r.cpus))
-	for _, c := range r.cpus {
-		cpus = append(cpus, c.cpu)
-	}
+	cpus := r.cpus // shutdown forgets them
 	if err := r.shutdown(); err != nil {
 		return fmt.Errorf("reconfigure pt: stop: %w", err)
 	}
 	// The old reader is gone and the new one not started: this goroutine
 	// is the only caller of sink now.
-	for _, cpu := range cpus {
-		p.cnt.losses[engine.LossFlush].Add(1)
-		sink.Loss(cpu, engine.LossFlush, 1)
+	for _, c := range cpus {
+		c.rd.loss(sink, engine.LossFlush, 1)
 	}
 	p.switches.Add(1)
 	nr, err := p.open()
