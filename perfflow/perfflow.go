@@ -55,7 +55,6 @@ type Decoder struct {
 	fd    *flow.Decoder
 	s     *flow.Stream
 	out   *flow.Branches
-	clock flow.TimeSource
 	conv  func(tsc uint64) uint64
 	cpu   int32
 
@@ -106,7 +105,6 @@ func New(c Config, mk func(mem flow.Memory, sym flow.Symbolizer) *flow.Branches)
 	d.out = mk(code{d}, d)
 	d.out.SetContext(-1, c.CPU)
 	if c.TimeConv != nil {
-		d.clock = d.fd
 		d.out.SetClock(d.fd)
 		d.out.TimeConv = c.TimeConv
 	}
@@ -271,8 +269,8 @@ func (d *Decoder) Event(e *flow.Event) {
 // now is the time the trace has reached: its clock's, else the AUX
 // placement's.
 func (d *Decoder) now() uint64 {
-	if d.clock != nil {
-		if tsc, ok := d.clock.TSC(); ok {
+	if d.conv != nil {
+		if tsc, ok := d.fd.TSC(); ok {
 			return max(d.conv(tsc), d.placed)
 		}
 	}
