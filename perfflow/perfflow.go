@@ -377,6 +377,16 @@ func (d *Decoder) syncMemory() {
 func (d *Decoder) DecodeBuffer(b *perfdata.Buffer, auxes []perfdata.Event) error {
 	ai, begun := 0, -1
 	var prev uint64
+	// end ends record ai, begun here when none of its bytes came.
+	end := func() {
+		if begun < ai {
+			d.begin(&auxes[ai], prev)
+		}
+		if prev = auxes[ai].Time; auxes[ai].AuxFlags&perfdata.AuxTruncated != 0 {
+			d.Lose(ErrAuxTruncated)
+		}
+		ai++
+	}
 	for i, c := range b.Chunks {
 		if i > 0 && c.Offset != b.Chunks[i-1].Offset+uint64(len(b.Chunks[i-1].Data)) {
 			d.Lose(ErrAuxHole)
@@ -384,13 +394,7 @@ func (d *Decoder) DecodeBuffer(b *perfdata.Buffer, auxes []perfdata.Event) error
 		data, off := c.Data, c.Offset
 		for {
 			for ai < len(auxes) && auxes[ai].AuxOffset+auxes[ai].AuxSize <= off {
-				if begun < ai {
-					d.begin(&auxes[ai], prev)
-				}
-				if prev = auxes[ai].Time; auxes[ai].AuxFlags&perfdata.AuxTruncated != 0 {
-					d.Lose(ErrAuxTruncated)
-				}
-				ai++
+				end()
 			}
 			if len(data) == 0 {
 				break
@@ -414,14 +418,9 @@ func (d *Decoder) DecodeBuffer(b *perfdata.Buffer, auxes []perfdata.Event) error
 			data, off = data[n:], off+n
 		}
 	}
-	for ; ai < len(auxes); ai++ {
+	for ai < len(auxes) {
 		// Records whose data never came: their losses still count.
-		if begun < ai {
-			d.begin(&auxes[ai], prev)
-		}
-		if auxes[ai].AuxFlags&perfdata.AuxTruncated != 0 {
-			d.Lose(ErrAuxTruncated)
-		}
+		end()
 	}
 	return d.Close()
 }
