@@ -251,8 +251,7 @@ loop:
 		}
 		// The branch's address and the next instruction's, from the
 		// header too: a return or an indirect branch needs no more.
-		lst := b.last()
-		from := b.ip + uint64(b.lastOff)
+		from, target := b.ip+uint64(b.lastOff), b.target
 		next := from + uint64(b.lastLen)
 		switch class {
 		case x86insn.CondJump:
@@ -264,9 +263,9 @@ loop:
 			tnt &= 1<<nb - 1
 			d.sinceRef, steps = 0, 0
 			if taken {
-				eb[ne] = Edge{from, lst.target, BrCond}
+				eb[ne] = Edge{from, target, BrCond}
 				ne++
-				ip = lst.target
+				ip = target
 				b, ne = d.succ(&b.taken, ip, ne)
 			} else {
 				ip = next
@@ -282,11 +281,11 @@ loop:
 			kind := BrJump
 			if class == x86insn.Call {
 				kind = BrCall
-				d.pushCall(lst.target, next)
+				d.pushCall(target, next)
 			}
-			eb[ne] = Edge{from, lst.target, kind}
+			eb[ne] = Edge{from, target, kind}
 			ne++
-			ip = lst.target
+			ip = target
 			b, ne = d.succ(&b.taken, ip, ne)
 		case x86insn.Ret:
 			if nb > 0 {

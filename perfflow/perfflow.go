@@ -55,7 +55,6 @@ type Decoder struct {
 	fd    *flow.Decoder
 	s     *flow.Stream
 	out   *flow.Branches
-	clock flow.TimeSource
 	conv  func(tsc uint64) uint64
 	cpu   int32
 
@@ -106,7 +105,6 @@ func New(c Config, mk func(mem flow.Memory, sym flow.Symbolizer) *flow.Branches)
 	d.out = mk(code{d}, d)
 	d.out.SetContext(-1, c.CPU)
 	if c.TimeConv != nil {
-		d.clock = d.fd
 		d.out.SetClock(d.fd)
 		d.out.TimeConv = c.TimeConv
 	}
@@ -271,8 +269,8 @@ func (d *Decoder) Event(e *flow.Event) {
 // now is the time the trace has reached: its clock's, else the AUX
 // placement's.
 func (d *Decoder) now() uint64 {
-	if d.clock != nil {
-		if tsc, ok := d.clock.TSC(); ok {
+	if d.conv != nil {
+		if tsc, ok := d.fd.TSC(); ok {
 			return max(d.conv(tsc), d.placed)
 		}
 	}
@@ -379,6 +377,16 @@ func (d *Decoder) syncMemory() {
 func (d *Decoder) DecodeBuffer(b *perfdata.Buffer, auxes []perfdata.Event) error {
 	ai, begun := 0, -1
 	var prev uint64
+	// end ends record ai, begun here when none of its bytes came.
+	end := func() {
+		if begun < ai {
+			d.begin(&auxes[ai], prev)
+		}
+		if prev = auxes[ai].Time; auxes[ai].AuxFlags&perfdata.AuxTruncated != 0 {
+			d.Lose(ErrAuxTruncated)
+		}
+		ai++
+	}
 	for i, c := range b.Chunks {
 		if i > 0 && c.Offset != b.Chunks[i-1].Offset+uint64(len(b.Chunks[i-1].Data)) {
 			d.Lose(ErrAuxHole)
@@ -386,13 +394,7 @@ func (d *Decoder) DecodeBuffer(b *perfdata.Buffer, auxes []perfdata.Event) error
 		data, off := c.Data, c.Offset
 		for {
 			for ai < len(auxes) && auxes[ai].AuxOffset+auxes[ai].AuxSize <= off {
-				if begun < ai {
-					d.begin(&auxes[ai], prev)
-				}
-				if prev = auxes[ai].Time; auxes[ai].AuxFlags&perfdata.AuxTruncated != 0 {
-					d.Lose(ErrAuxTruncated)
-				}
-				ai++
+				end()
 			}
 			if len(data) == 0 {
 				break
@@ -416,14 +418,9 @@ func (d *Decoder) DecodeBuffer(b *perfdata.Buffer, auxes []perfdata.Event) error
 			data, off = data[n:], off+n
 		}
 	}
-	for ; ai < len(auxes); ai++ {
+	for ai < len(auxes) {
 		// Records whose data never came: their losses still count.
-		if begun < ai {
-			d.begin(&auxes[ai], prev)
-		}
-		if auxes[ai].AuxFlags&perfdata.AuxTruncated != 0 {
-			d.Lose(ErrAuxTruncated)
-		}
+		end()
 	}
 	return d.Close()
 }

@@ -72,9 +72,9 @@ func Decode(code []byte, pc uint64) (Inst, error) {
 		in.Target = pc + uint64(x.Len) + uint64(int64(rel))
 	}
 	in.Class = classify(x.Op, in.RelWidth != 0)
-	if c := s.class; c == MovCR3 {
+	if s.class == MovCR3 {
 		// x86asm's op is a plain MOV.
-		in.Class = c
+		in.Class = MovCR3
 	}
 	return in, nil
 }

@@ -474,7 +474,7 @@ func (s *shape) vex(code []byte, i int) (int, uint8, error) {
 	s.op = code[j]
 	kind, err := vexKind(s.opmap, s.op)
 	if err != nil {
-		return 0, 0, fmt.Errorf("%w: % x", err, head(code, MaxLen))
+		return 0, 0, badBytes(err, code)
 	}
 	return j + 1, kind, nil
 }
@@ -514,7 +514,7 @@ func (s *shape) evex(code []byte, i int) (int, uint8, error) {
 	}
 	kind, err := vexKind(s.opmap, s.op)
 	if err != nil {
-		return 0, 0, fmt.Errorf("%w: % x", err, head(code, MaxLen))
+		return 0, 0, badBytes(err, code)
 	}
 	if kind == opNone { // no vzeroupper in EVEX: every opcode has ModRM
 		kind = opModRM
