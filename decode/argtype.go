@@ -74,6 +74,20 @@ func ParseArgType(name string) (ArgType, bool) {
 	return 0, false
 }
 
+// IntType returns the integer type of size bytes (1, 2, 4 or 8) that is
+// signed or hex as asked (a signed hex type does not exist): the one
+// place that maps a field's size to its type, for format files and
+// bitfield containers.
+func IntType(size int, signed, hex bool) (ArgType, bool) {
+	for t := range argTypes {
+		i := &argTypes[t]
+		if ArgType(t) != Char && !i.str && int(i.size) == size && i.signed == signed && i.hex == hex {
+			return ArgType(t), true
+		}
+	}
+	return 0, false
+}
+
 // ArgTypeNames lists the names ParseArgType takes, for error messages.
 func ArgTypeNames() []string {
 	names := make([]string, len(argTypes))

@@ -210,7 +210,7 @@ func ParseFormat(r io.Reader) (*decode.Event, error) {
 		}
 		switch {
 		case strings.Contains(convs[i], "=0x%") || strings.HasPrefix(decls[i], "x"):
-			a.Type = map[int]decode.ArgType{1: decode.X8, 2: decode.X16, 4: decode.X32}[a.Type.Size()]
+			a.Type, _ = decode.IntType(a.Type.Size(), false, true)
 		case strings.HasSuffix(convs[i], "='%c'") && a.Type.Size() == 1:
 			a.Type = decode.Char
 		}
@@ -227,13 +227,7 @@ func fieldType(decl string, size int, signed bool) (decode.ArgType, bool) {
 	if strings.HasPrefix(decl, "__data_loc char[] ") {
 		return decode.String, size == 4
 	}
-	types := map[int][2]decode.ArgType{1: {decode.U8, decode.S8}, 2: {decode.U16, decode.S16},
-		4: {decode.U32, decode.S32}, 8: {decode.U64, decode.S64}}
-	t, ok := types[size]
-	if signed {
-		return t[1], ok
-	}
-	return t[0], ok
+	return decode.IntType(size, signed, false)
 }
 
 // parseField parses `field:DECL; offset:N; size:N; signed:N;`.
