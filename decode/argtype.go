@@ -159,7 +159,6 @@ func appendString(dst, data []byte, ref uint64) []byte {
 
 // appendEscaped appends byte c of a string or char quoted by quote.
 func appendEscaped(dst []byte, c, quote byte) []byte {
-	const hex = "0123456789abcdef"
 	switch {
 	case c == quote || c == '\\':
 		return append(dst, '\\', c)
@@ -170,7 +169,7 @@ func appendEscaped(dst []byte, c, quote byte) []byte {
 	case c == '\r':
 		return append(dst, '\\', 'r')
 	case c < 0x20 || c >= 0x7f:
-		return append(dst, '\\', 'x', hex[c>>4], hex[c&15])
+		return append(dst, '\\', 'x', hexDigits[c>>4], hexDigits[c&15])
 	}
 	return append(dst, c)
 }

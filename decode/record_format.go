@@ -327,14 +327,13 @@ func (e *lineEvent) set(ev *Event) {
 // itself anything but NUL (prctl PR_SET_NAME), so bytes outside the
 // printable ASCII range, space and backslash are written as \xHH.
 func AppendComm(dst []byte, comm string) []byte {
-	const hex = "0123456789abcdef"
 	for i := 0; i < len(comm); i++ {
 		c := comm[i]
 		if c > ' ' && c < 0x7f && c != '\\' {
 			dst = append(dst, c)
 			continue
 		}
-		dst = append(dst, '\\', 'x', hex[c>>4], hex[c&0xf])
+		dst = append(dst, '\\', 'x', hexDigits[c>>4], hexDigits[c&0xf])
 	}
 	return dst
 }
