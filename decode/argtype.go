@@ -74,6 +74,20 @@ func ParseArgType(name string) (ArgType, bool) {
 	return 0, false
 }
 
+// IntType returns the integer type of size bytes (1, 2, 4 or 8) that is
+// signed or hex as asked (a signed hex type does not exist): the one
+// place that maps a field's size to its type, for format files and
+// bitfield containers.
+func IntType(size int, signed, hex bool) (ArgType, bool) {
+	for t := range argTypes {
+		i := &argTypes[t]
+		if ArgType(t) != Char && !i.str && int(i.size) == size && i.signed == signed && i.hex == hex {
+			return ArgType(t), true
+		}
+	}
+	return 0, false
+}
+
 // ArgTypeNames lists the names ParseArgType takes, for error messages.
 func ArgTypeNames() []string {
 	names := make([]string, len(argTypes))
@@ -145,7 +159,6 @@ func appendString(dst, data []byte, ref uint64) []byte {
 
 // appendEscaped appends byte c of a string or char quoted by quote.
 func appendEscaped(dst []byte, c, quote byte) []byte {
-	const hex = "0123456789abcdef"
 	switch {
 	case c == quote || c == '\\':
 		return append(dst, '\\', c)
@@ -156,7 +169,7 @@ func appendEscaped(dst []byte, c, quote byte) []byte {
 	case c == '\r':
 		return append(dst, '\\', 'r')
 	case c < 0x20 || c >= 0x7f:
-		return append(dst, '\\', 'x', hex[c>>4], hex[c&15])
+		return append(dst, '\\', 'x', hexDigits[c>>4], hexDigits[c&15])
 	}
 	return append(dst, c)
 }

@@ -233,6 +233,9 @@ func (l *Ptdump) AppendError(dst []byte, offset uint64, err error) []byte {
 // (printf's %0*x), the one copy that libipt-style listings use.
 func AppendHex(dst []byte, v uint64, width int) []byte { return appendHex(dst, v, width) }
 
+// hexDigits are the lower-case hex digits, by value.
+const hexDigits = "0123456789abcdef"
+
 // appendHex appends v in lower-case hex, zero-padded to width digits.
 func appendHex(dst []byte, v uint64, width int) []byte {
 	// In place, where strconv formats into a scratch buffer and copies:
@@ -246,7 +249,7 @@ func appendHex(dst []byte, v uint64, width int) []byte {
 	dst = dst[:l+n]
 	b := dst[l:]
 	for i := n - 1; i >= 0; i-- {
-		b[i] = "0123456789abcdef"[v&0xf]
+		b[i] = hexDigits[v&0xf]
 		v >>= 4
 	}
 	return dst

@@ -101,7 +101,7 @@ func (c *Counters) Add(o *Counters) {
 // time= for Time 0 (no TSC conversion), no pid= for PID 0, no comm= for an
 // empty Comm: never a guessed value. pid= and comm= come last so that the
 // older fields keep their places; comm is last because a process names
-// itself (AppendComm escapes what could split the line or the field).
+// itself (appendComm escapes what could split the line or the field).
 // Like every formatter here that prints decimals (appendDec), it may write
 // scratch bytes past the returned length within dst's capacity: dst's
 // spare capacity must hold nothing that is still needed.
@@ -206,7 +206,7 @@ func appendProcess(dst []byte, pid int32, comm string) []byte {
 	}
 	if comm != "" {
 		dst = append(dst, " comm="...)
-		dst = AppendComm(dst, comm)
+		dst = appendComm(dst, comm)
 	}
 	return dst
 }
@@ -323,18 +323,17 @@ func (e *lineEvent) set(ev *Event) {
 	}
 }
 
-// AppendComm appends a process name as one field: any process can name
+// appendComm appends a process name as one field: any process can name
 // itself anything but NUL (prctl PR_SET_NAME), so bytes outside the
 // printable ASCII range, space and backslash are written as \xHH.
-func AppendComm(dst []byte, comm string) []byte {
-	const hex = "0123456789abcdef"
+func appendComm(dst []byte, comm string) []byte {
 	for i := 0; i < len(comm); i++ {
 		c := comm[i]
 		if c > ' ' && c < 0x7f && c != '\\' {
 			dst = append(dst, c)
 			continue
 		}
-		dst = append(dst, '\\', 'x', hex[c>>4], hex[c&0xf])
+		dst = append(dst, '\\', 'x', hexDigits[c>>4], hexDigits[c&0xf])
 	}
 	return dst
 }

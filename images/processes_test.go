@@ -122,3 +122,52 @@ func TestProcessesUnreadable(t *testing.T) {
 		t.Errorf("offset past the end: %v, want ErrBadMapping", err)
 	}
 }
+
+// TestProcessesReread: after Reread, the next mapping of the name reads
+// the file again (another file is at the path now) while the spaces that
+// mapped the old one keep its bytes; Forget drops the spaces and keeps
+// the files, which are not read again.
+func TestProcessesReread(t *testing.T) {
+	path := writeFile(t, "lib", []byte{0x10, 0x11})
+	p := NewProcesses(Options{})
+	t.Cleanup(func() { p.Close() })
+	if err := p.Mmap(1, 0x1000, 2, 0, path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte{0x20, 0x21}, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Mmap(2, 0x1000, 2, 0, path); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := readByte(t, p, 2, 0x1000); err != nil || b != 0x10 {
+		t.Errorf("before Reread: 0x%x, %v; want the file as first read, 0x10", b, err)
+	}
+	p.Reread(path)
+	if err := p.Mmap(3, 0x1000, 2, 0, path); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := readByte(t, p, 3, 0x1000); err != nil || b != 0x20 {
+		t.Errorf("after Reread: 0x%x, %v; want the new file, 0x20", b, err)
+	}
+	if b, err := readByte(t, p, 1, 0x1001); err != nil || b != 0x11 {
+		t.Errorf("old space after Reread: 0x%x, %v; want 0x11", b, err)
+	}
+
+	p.Forget()
+	if _, ok := p.Space(1); ok {
+		t.Error("a space kept after Forget")
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Mmap(4, 0x1000, 2, 0, path); err != nil {
+		t.Fatalf("mapping after Forget read the removed file again: %v", err)
+	}
+	if b, err := readByte(t, p, 4, 0x1001); err != nil || b != 0x21 {
+		t.Errorf("after Forget: 0x%x, %v; want the kept file's 0x21", b, err)
+	}
+	if err := p.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+}

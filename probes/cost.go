@@ -102,11 +102,14 @@ var goodOneByte64 = [16]string{
 func classicCost(in x86insn.Inst, code []byte, addr uint64) Cost {
 	c := Cost{Insn: in.Text}
 	legacy, rex := x86insn.Prefixes(code)
+	has66 := false
 	for _, p := range legacy {
 		switch p {
 		case 0x26, 0x2e, 0x36, 0x3e, 0xf0:
 			c.Class, c.Reason = KernelRefused, fmt.Sprintf("%s has prefix %02x (es/cs/ss/ds or lock), which uprobes refuse", in.Text, p)
 			return c
+		case 0x66:
+			has66 = true
 		}
 	}
 	opAt := len(legacy)
@@ -126,10 +129,6 @@ func classicCost(in x86insn.Inst, code []byte, addr uint64) Cost {
 	if op == 0x8e && opAt+1 < len(code) && code[opAt+1]>>3&7 == 2 {
 		c.Class, c.Reason = KernelRefused, in.Text+" masks exceptions (mov to ss): uprobes refuse it"
 		return c
-	}
-	has66 := false
-	for _, p := range legacy {
-		has66 = has66 || p == 0x66
 	}
 	switch {
 	case in.Len == 5 && in.Op == x86asm.NOP && addr%pageSize <= pageSize-5:

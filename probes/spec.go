@@ -382,9 +382,9 @@ func (a *Arg) parseBitfield(t, tok string) error {
 		}
 		n[i] = v
 	}
-	typ, ok := map[uint64]decode.ArgType{8: decode.U8, 16: decode.U16, 32: decode.U32, 64: decode.U64}[n[2]]
+	typ, ok := decode.IntType(int(n[2]/8), false, false)
 	switch {
-	case !ok:
+	case !ok || n[2]%8 != 0:
 		return bad("the container is 8, 16, 32 or 64 bits")
 	case n[0] == 0:
 		return bad("the width is at least 1")

@@ -20,14 +20,15 @@ var ErrBadEvent = errors.New("bad event description")
 // LoadEvents reads the probe events of a tracefs events tree (a live one,
 // os.DirFS("/sys/kernel/tracing/events"), or a copy): every
 // GROUP/EVENT with an `id` and a `format` file whose format has a
-// `__probe_ip` field, as uprobe, kprobe and ptw events do; other events are
-// skipped. The fields after `__probe_ip` are the arguments: the kernel names
-// an unnamed argument argN (N its position from 1), which becomes Name "",
-// so that it prints as a bare value. A field of 1, 2, 4 or 8 bytes is s8
-// to s64 when signed; else x8 to x32 when the print format shows it in
-// hex (or its declaration names an x type), char for a 1-byte one it shows as '%c', else u8 to u64 (an 8-byte
-// hex field is the kernel's default type, printed as ptfs prints an
-// untyped argument); a __data_loc char[] is a string.
+// `__probe_ip` field (`__probe_ret_ip` for a return probe), as uprobe,
+// kprobe and ptw events do; other events are skipped. The fields after it
+// are the arguments: the kernel names an unnamed argument argN (N its
+// position from 1), which becomes Name "", so that it prints as a bare
+// value. A field of 1, 2, 4 or 8 bytes is s8 to s64 when signed; else x8
+// to x32 when the print format shows it in hex (or its declaration names
+// an x type), char for a 1-byte one it shows as '%c', else u8 to u64 (an
+// 8-byte hex field is the kernel's default type, printed as ptfs prints
+// an untyped argument); a __data_loc char[] is a string.
 func LoadEvents(events fs.FS) (map[uint16]*decode.Event, error) {
 	groups, err := fs.ReadDir(events, ".")
 	if err != nil {
@@ -210,7 +211,7 @@ func ParseFormat(r io.Reader) (*decode.Event, error) {
 		}
 		switch {
 		case strings.Contains(convs[i], "=0x%") || strings.HasPrefix(decls[i], "x"):
-			a.Type = map[int]decode.ArgType{1: decode.X8, 2: decode.X16, 4: decode.X32}[a.Type.Size()]
+			a.Type, _ = decode.IntType(a.Type.Size(), false, true)
 		case strings.HasSuffix(convs[i], "='%c'") && a.Type.Size() == 1:
 			a.Type = decode.Char
 		}
@@ -227,13 +228,7 @@ func fieldType(decl string, size int, signed bool) (decode.ArgType, bool) {
 	if strings.HasPrefix(decl, "__data_loc char[] ") {
 		return decode.String, size == 4
 	}
-	types := map[int][2]decode.ArgType{1: {decode.U8, decode.S8}, 2: {decode.U16, decode.S16},
-		4: {decode.U32, decode.S32}, 8: {decode.U64, decode.S64}}
-	t, ok := types[size]
-	if signed {
-		return t[1], ok
-	}
-	return t[0], ok
+	return decode.IntType(size, signed, false)
 }
 
 // parseField parses `field:DECL; offset:N; size:N; signed:N;`.
