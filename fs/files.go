@@ -528,7 +528,7 @@ func (p *probeNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 	}
 	// What the node has already is no change: `sed -i` copies the
 	// owner and mode of the file it edits to its temp file.
-	if !p.perms.sameAttr(in, p.perms.private) {
+	if !p.perms.sameAttr(in) {
 		return syscall.EPERM
 	}
 	if sz, ok := in.GetSize(); ok {

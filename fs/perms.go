@@ -44,10 +44,11 @@ func (p *perms) setAttr(out *fuse.Attr, mode uint32, size int64, mtime time.Time
 	out.SetTimes(&mtime, &mtime, &mtime)
 }
 
-// sameAttr tells whether in changes no owner, group or mode of a node
-// with mode perm: a chmod or chown to what the node has is no change.
-func (p *perms) sameAttr(in *fuse.SetAttrIn, perm uint32) bool {
-	if mode, ok := in.GetMode(); ok && mode&07777 != perm {
+// sameAttr tells whether in changes no owner, group or mode of a
+// private node (a probe file): a chmod or chown to what the node has is
+// no change.
+func (p *perms) sameAttr(in *fuse.SetAttrIn) bool {
+	if mode, ok := in.GetMode(); ok && mode&07777 != p.private {
 		return false
 	}
 	if uid, ok := in.GetUID(); ok && uid != p.uid {

@@ -7,9 +7,11 @@ import (
 	"strings"
 	"testing"
 
+	"ptfs/decode"
 	"ptfs/decode/ptenc"
 	"ptfs/engine"
 	"ptfs/engine/enginetest"
+	"ptfs/internal/testkit"
 	"ptfs/perfdata"
 	"ptfs/tracefs"
 	"ptfs/tracefs/tracefstest"
@@ -151,5 +153,51 @@ func TestPTWProcessFilters(t *testing.T) {
 	st := readFile(t, dir, "t", "status")
 	if !strings.Contains(st, "\nfiltered: 2 (") || !strings.Contains(st, "summary: records=2 dropped=0 stray=0 unknown=0 errors=0\n") {
 		t.Errorf("status:\n%s", st)
+	}
+}
+
+// TestPTWReturnRename: a renamed ptw return probe names the records of
+// every ret's event anew, in records and in branches, not the first's
+// only.
+func TestPTWReturnRename(t *testing.T) {
+	s, _, _, _ := newPTWSession(t, tracefstest.Options{PTW: true})
+	// two returns in two places: one event a ret.
+	src := filepath.Join(t.TempDir(), "rets.c")
+	code := "__attribute__((naked)) long two(long a) {\n" +
+		"\t__asm__(\"cmp $5, %rdi\\n\\tjg 1f\\n\\tlea 1(%rdi), %rax\\n\\tret\\n1:\\tlea (%rdi,%rdi,2), %rax\\n\\tret\\n\");\n" +
+		"}\nint main(int argc, char **argv) { return (int)two(argc); }\n"
+	if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tg, err := s.addTarget("p", testkit.BuildC(t, src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tg.SetProbe("r", "two%return r=$retval"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tg.RenameProbe("r", "r2", false); err != nil {
+		t.Fatal(err)
+	}
+	tg.mu.Lock()
+	p := tg.probes["r2"]
+	evs := []*decode.Event{p.ev}
+	for _, r := range p.rets {
+		evs = append(evs, r.ev)
+	}
+	tg.mu.Unlock()
+	if len(evs) < 2 {
+		t.Fatalf("%d events: the test wants a function of several rets", len(evs))
+	}
+	routes := *s.routes.Load()
+	s.br.mu.Lock()
+	defer s.br.mu.Unlock()
+	for _, ev := range evs {
+		if rt := routes[ev.ID]; ev.Name != "r2" || rt == nil || rt.ev == nil || rt.ev.Name != "r2" {
+			t.Errorf("event %d: name %q, route %+v", ev.ID, ev.Name, rt)
+		}
+		if b := s.br.events[ev.ID]; b == nil || b.Name != "r2" {
+			t.Errorf("event %d in branches: %+v", ev.ID, b)
+		}
 	}
 }

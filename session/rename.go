@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"syscall"
 
+	"ptfs/decode"
 	"ptfs/probes"
 	"ptfs/tracefs"
 )
@@ -66,13 +67,24 @@ func (t *Target) RenameProbe(from, to string, noReplace bool) error {
 	t.probes[to] = p
 	p.name = to
 	if p.ev != nil {
-		ev := *p.ev
-		ev.Name = to
-		p.ev = &ev
-		t.s.renameRoute(ev.ID, &ev)
+		p.ev = t.renameEvent(p.ev, to)
+		// A ptw return probe's other rets are events of p too.
+		for i := range p.rets {
+			p.rets[i].ev = t.renameEvent(p.rets[i].ev, to)
+		}
 	}
 	t.mu.Unlock()
 	return nil
+}
+
+// renameEvent returns a copy of ev named to, which the records of ev's
+// id carry from now on, in records and in branches.
+func (t *Target) renameEvent(ev *decode.Event, to string) *decode.Event {
+	named := *ev
+	named.Name = to
+	t.s.renameRoute(named.ID, &named)
+	t.s.br.setEvent(named.ID, &named)
+	return &named
 }
 
 // installStaged installs p's staged spec as probe q and drops p: the

@@ -185,6 +185,7 @@ func New(opts Options) (*Session, error) {
 		logrus.WithError(err).Warn("ptfs: removing stale probes")
 	}
 	stage := s.newStage(r)
+	s.br = newBranches(s, r, stage)
 	if s.src, err = s.newSource(r, stage); err != nil {
 		s.claim.Close()
 		err = errors.Join(fmt.Errorf("record source: %w", err), stage.Close())
@@ -192,9 +193,6 @@ func New(opts Options) (*Session, error) {
 			err = errors.Join(err, s.vdso.Close())
 		}
 		return nil, err
-	}
-	if s.br == nil {
-		s.br = newBranches(s, r, stage)
 	}
 	if s.watch, err = newWatcher(s.targetList); err != nil {
 		logrus.WithError(err).Warn("ptfs: target paths are checked on probe writes only")
@@ -246,7 +244,6 @@ func (s *Session) newSource(r roots, stage *live.Stage) (source, error) {
 		}
 		trace, timing, comm = pt, pt.Timing(), perfio.ProcComm
 	}
-	s.br = newBranches(s, r, stage)
 	s.br.conf, _ = trace.(reconfigurer)
 	s.br.pt = pt
 	w, err := engine.NewPTW(engine.Tee(trace, stage), engine.PTWOptions{Latency: s.opts.Latency, Timing: timing, Comm: comm}, s.deliver)

@@ -239,7 +239,7 @@ func listBranches(w io.Writer, args []string) error {
 		return err
 	}
 	defer closeIn()
-	r := bufio.NewReaderSize(in, traceChunk)
+	r := bufio.NewReaderSize(in, feedSize)
 	if head, _ := r.Peek(8); isPerfData(head) {
 		data, err := io.ReadAll(r)
 		if err != nil {
@@ -285,16 +285,13 @@ func listBranches(w io.Writer, args []string) error {
 	return closeAll()
 }
 
-// traceChunk is the piece of a trace file read and decoded at a time.
-const traceChunk = 1 << 20
-
-// openTrace opens the trace file name ("-": standard input).
-func openTrace(name string) (io.Reader, func(), error) {
+// openTrace opens the trace file name ("-": standard input); done closes
+// it.
+func openTrace(name string) (f *os.File, done func(), err error) {
 	if name == "-" {
 		return os.Stdin, func() {}, nil
 	}
-	f, err := os.Open(name)
-	if err != nil {
+	if f, err = os.Open(name); err != nil {
 		return nil, nil, fmt.Errorf("read trace: %w", err)
 	}
 	return f, func() { _ = f.Close() }, nil
@@ -303,7 +300,7 @@ func openTrace(name string) (io.Reader, func(), error) {
 // streamTrace writes what r gives to s in pieces, closes s, and tells
 // whether the trace held a PSB (one may straddle two pieces).
 func streamTrace(r io.Reader, s *flow.Stream) (psb bool, err error) {
-	buf := make([]byte, traceChunk)
+	buf := make([]byte, feedSize)
 	var edge []byte // the last bytes of the previous piece, then the first of this one
 	for {
 		n, err := io.ReadFull(r, buf)

@@ -197,20 +197,16 @@ func isPerfData(data []byte) bool {
 // cost more than its reads: fresh pages to fault in and clear), and a
 // perf.data file is read whole. done closes the file and unmaps it.
 func input(name string) (streams []stream, lost uint64, done func(), err error) {
-	f := os.Stdin
-	if name != "-" {
-		if f, err = os.Open(name); err != nil {
-			return nil, 0, nil, fmt.Errorf("read trace: %w", err)
-		}
+	f, closeF, err := openTrace(name)
+	if err != nil {
+		return nil, 0, nil, err
 	}
 	mem := mapFile(f)
 	done = func() {
 		if mem != nil {
 			unix.Munmap(mem)
 		}
-		if f != os.Stdin {
-			f.Close()
-		}
+		closeF()
 	}
 	streams, lost, err = openStreams(name, f, mem)
 	if err != nil {
@@ -439,7 +435,8 @@ type cursor struct {
 	err  error // the read error that ended the stream
 }
 
-// feedSize is the most trace a cursor decodes at once.
+// feedSize is the most trace a cursor (or decode --branches) decodes at
+// once.
 const feedSize = 1 << 20
 
 func (c *cursor) Record(r *decode.Record) {
