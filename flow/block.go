@@ -249,7 +249,7 @@ func (c *blockCache) alloc(ip uint64, room []uint8, n int, last x86insn.Flow, la
 		c.chunks = append(c.chunks, new([blockChunk]block))
 	}
 	b := &c.chunks[len(c.chunks)-1][k]
-	// Field by field into the zeroed slab: a whole block written at
+	// Field by field into the zeroed chunk: a whole block written at
 	// once is copied with a bulk write barrier while the GC marks.
 	b.lens, b.ip, b.n, b.mode, b.stop = (*[maxBlock]uint8)(room), ip, uint8(n), mode, stop
 	c.lens.used(n)
