@@ -125,7 +125,8 @@ type blockCache struct {
 // index in the table is their low bits, so that the table grows without a
 // look at the blocks) above the block's index plus one: a probe past
 // another block compares the tags in the slots, not the IP in the block,
-// which is a cache miss more; equal tags (one probe in about a million)
+// which is a cache miss more; equal tags (a probe past a block with the
+// same home slot in 2^(32-b), b the table's bits: a million at first)
 // cost a look at the block.
 func tableSlot(h uint64, k int) uint64 { return h>>32<<32 | uint64(k+1) }
 
