@@ -148,9 +148,9 @@ func BenchmarkFlow(b *testing.B) {
 // insns also counts the runs' share of the bound).
 func cached(c *blockCache) (blocks, insns int) {
 	for _, s := range c.slots {
-		if s.b != nil {
+		if s != 0 {
 			blocks++
-			insns += int(s.b.n)
+			insns += int(c.at(s).n)
 		}
 	}
 	return blocks, insns
@@ -166,8 +166,8 @@ func BenchmarkBlockDecode(b *testing.B) {
 	d.Decode(bt.trace, &c)
 	var starts []*block
 	for _, s := range d.cache.slots {
-		if s.b != nil {
-			starts = append(starts, s.b)
+		if s != 0 {
+			starts = append(starts, d.cache.at(s))
 		}
 	}
 	_, insns := cached(&d.cache)

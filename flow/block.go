@@ -85,19 +85,26 @@ func (b *block) err() error { return blockErrs[b.stop] }
 
 // blockCache maps an address and mode to its block, so that a hot loop
 // costs a lookup per block instead of decoding: an open-addressing table
-// (linear probing, a multiplicative hash of the address) over blocks and
-// instruction lengths allocated from slabs, so that neither a lookup nor a
-// miss allocates per block.
+// (linear probing, a multiplicative hash of the address) over blocks in
+// chunks and instruction lengths from a slab, so that neither a lookup nor
+// a miss allocates per block.
 type blockCache struct {
-	slots []slot // a power of two long, at most half full
-	n     int    // blocks held
+	// slots are the table, a power of two long, at most half full: 0
+	// for none, else a block's hash tag and index (tableSlot). No
+	// pointer: the collector does not scan the table, an insert has no
+	// write barrier, and a slot is half an IP and a pointer.
+	slots []uint64
+	n     int // blocks held: the next block's index
 	gen   uint64
 	insns int // instructions held, plus one per block
 	// drops counts drops: a Memory may change (and drop the cache) while
 	// a block is read from it.
 	drops uint64
 
-	blocks slab[block] // the next blocks
+	// chunks hold the blocks by index, blockChunk each: a table slot's
+	// block is a load of its chunk (a small array, in the L1 cache) and
+	// of the block.
+	chunks []*[blockChunk]block
 	lens   slab[uint8] // the next blocks' instruction lengths
 
 	// view is the Memory's bytes from vpc on (Viewer), kept from block
@@ -114,13 +121,14 @@ type blockCache struct {
 	runs  runCache
 }
 
-// slot is a table entry; the mode is the block's (16 bytes a slot: a probe
-// past another block's slot compares its IP there, not in the block, which
-// is a cache miss more).
-type slot struct {
-	ip uint64
-	b  *block // nil: empty
-}
+// A table slot holds the high 32 bits of the block's hash (hash; its
+// index in the table is their low bits, so that the table grows without a
+// look at the blocks) above the block's index plus one: a probe past
+// another block compares the tags in the slots, not the IP in the block,
+// which is a cache miss more; equal tags (a probe past a block with the
+// same home slot in 2^(32-b), b the table's bits: a million at first)
+// cost a look at the block.
+func tableSlot(h uint64, k int) uint64 { return h>>32<<32 | uint64(k+1) }
 
 // viewRef is a views entry: the Viewer's bytes from pc on.
 type viewRef struct {
@@ -131,19 +139,18 @@ type viewRef struct {
 // numViews is the size of blockCache.views (32 bytes an entry).
 const numViews = 1 << 8
 
-// Slab (first and largest chunk) and table sizes: a first decode
+// Chunk, slab (first and largest chunk) and table sizes: a first decode
 // allocates little, a long one a few large pieces. The table starts at
-// 64 KiB: growing it (a new table and every block put again) cost a short
-// trace's cold pass more than clearing it.
+// 32 KiB: growing it (a new table and every block put again) cost a short
+// trace's cold pass more than clearing it. A block chunk is 14 KiB.
 const (
-	minSlots    = 1 << 12
-	blockSlabLo = 1 << 6
-	blockSlab   = 1 << 9
-	lenSlabLo   = 1 << 11
-	lenSlab     = 1 << 14
+	minSlots   = 1 << 12
+	blockChunk = 1 << 8
+	lenSlabLo  = 1 << 11
+	lenSlab    = 1 << 14
 )
 
-func (c *blockCache) init() { c.slots = make([]slot, minSlots) }
+func (c *blockCache) init() { c.slots = make([]uint64, minSlots) }
 
 // check drops the cache when the memory's generation changed.
 func (c *blockCache) check(gen uint64) {
@@ -153,12 +160,13 @@ func (c *blockCache) check(gen uint64) {
 	}
 }
 
-// drop forgets every block; the table keeps its size, the slabs are left
-// to the collector (a block in use stays valid).
+// drop forgets every block; the table keeps its size, the chunks and
+// slabs are left to the collector (a block in use stays valid).
 func (c *blockCache) drop() {
 	clear(c.slots)
 	c.n, c.insns = 0, 0
-	c.blocks.drop()
+	clear(c.chunks)
+	c.chunks = c.chunks[:0]
 	c.lens.drop()
 	c.view = nil
 	clear(c.views)
@@ -170,41 +178,58 @@ func (c *blockCache) hash(ip uint64, mode Mode) uint64 {
 	return (ip ^ uint64(mode)<<62) * 0x9e3779b97f4a7c15
 }
 
+// at returns the block of a table slot.
+func (c *blockCache) at(s uint64) *block {
+	k := uint32(s) - 1
+	return &c.chunks[k/blockChunk][k%blockChunk]
+}
+
 // lookup returns the block at ip in mode, or nil and the empty slot where
 // the probe ended: insert puts the block there unless the table changed.
 func (c *blockCache) lookup(ip uint64, mode Mode) (*block, uint64) {
 	mask := uint64(len(c.slots) - 1)
-	for i := c.hash(ip, mode) >> 32 & mask; ; i = (i + 1) & mask {
-		if s := &c.slots[i]; s.b == nil || s.ip == ip && s.b.mode == mode {
-			return s.b, i
+	h := c.hash(ip, mode)
+	tag := h >> 32 << 32
+	for i := h >> 32 & mask; ; i = (i + 1) & mask {
+		s := c.slots[i]
+		if s == 0 {
+			return nil, i
+		}
+		if s&^(1<<32-1) == tag {
+			if b := c.at(s); b.ip == ip && b.mode == mode {
+				return b, i
+			}
 		}
 	}
 }
 
-// insert adds b (not held yet) at slot i, where its lookup ended in the
-// table as it is, growing the table first to keep it at most half full.
+// insert adds b, the block alloc returned last (not held yet), at slot i,
+// where its lookup ended in the table as it is, growing the table first to
+// keep it at most half full.
 func (c *blockCache) insert(i uint64, b *block) {
+	s := tableSlot(c.hash(b.ip, b.mode), c.n)
 	if 2*(c.n+1) > len(c.slots) {
 		old := c.slots
-		c.slots = make([]slot, 2*len(old))
+		c.slots = make([]uint64, 2*len(old))
 		for _, o := range old {
-			if o.b != nil {
+			if o != 0 {
 				c.put(o)
 			}
 		}
-		c.put(slot{b.ip, b})
+		c.put(s)
 	} else {
-		c.slots[i] = slot{b.ip, b}
+		c.slots[i] = s
 	}
 	c.n++
 	c.insns += int(b.n) + 1
 }
 
-// put adds s to the table (not held yet, with room).
-func (c *blockCache) put(s slot) {
+// put adds slot s to the table (not held yet, with room): where its tag
+// says, no block read.
+func (c *blockCache) put(s uint64) {
 	mask := uint64(len(c.slots) - 1)
-	i := c.hash(s.ip, s.b.mode) >> 32 & mask
-	for c.slots[i].b != nil {
+	i := s >> 32 & mask
+	for c.slots[i] != 0 {
 		i = (i + 1) & mask
 	}
 	c.slots[i] = s
@@ -216,12 +241,16 @@ func (c *blockCache) room() []uint8 {
 	return c.lens.room(maxBlock, lenSlabLo, lenSlab)[:maxBlock]
 }
 
-// alloc returns the block at ip in mode, from the slab, of the first n
-// lengths of room, the last instruction last at lastIP, stopped at
-// blockErrs[stop].
+// alloc returns the block at ip in mode, the next index's (insert holds
+// it), of the first n lengths of room, the last instruction last at
+// lastIP, stopped at blockErrs[stop].
 func (c *blockCache) alloc(ip uint64, room []uint8, n int, last x86insn.Flow, lastIP uint64, mode Mode, stop uint8) *block {
-	b := c.blocks.take(blockSlabLo, blockSlab)
-	// Field by field into the zeroed slab: a whole block written at
+	k := c.n % blockChunk
+	if k == 0 {
+		c.chunks = append(c.chunks, new([blockChunk]block))
+	}
+	b := &c.chunks[len(c.chunks)-1][k]
+	// Field by field into the zeroed chunk: a whole block written at
 	// once is copied with a bulk write barrier while the GC marks.
 	b.lens, b.ip, b.n, b.mode, b.stop = (*[maxBlock]uint8)(room), ip, uint8(n), mode, stop
 	c.lens.used(n)

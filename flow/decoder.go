@@ -169,6 +169,11 @@ func New(mem Memory, opts Options) *Decoder {
 		d.opts.MaxInsns = 1 << 20
 	}
 	d.cache.init()
+	if d.gen != nil {
+		// The empty cache is the memory's as it is now: the first
+		// Decode does not drop it (clearing the table it just got).
+		d.cache.gen = d.gen.Generation()
+	}
 	return d
 }
 

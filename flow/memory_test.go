@@ -240,3 +240,68 @@ func TestBlockViewsByPage(t *testing.T) {
 		t.Errorf("block at 0x1001 after MemoryChanged decoded from the old bytes")
 	}
 }
+
+// TestBlockTableTags holds the block cache's table (slots of a hash tag
+// and a block index) to finding each block by IP and mode: blocks whose
+// hashes share a tag and a home slot, the same IP in another mode, through
+// the table's growth (slots put again by their tags alone) and a drop.
+func TestBlockTableTags(t *testing.T) {
+	var c blockCache
+	c.init()
+	add := func(ip uint64, mode Mode) *block {
+		t.Helper()
+		b, i := c.lookup(ip, mode)
+		if b != nil {
+			t.Fatalf("%#x %v found before it was added", ip, mode)
+		}
+		b = c.alloc(ip, c.room(), 0, x86insn.Flow{}, 0, mode, 0)
+		c.insert(i, b)
+		return b
+	}
+	// An IP whose hash is h+1: the same tag and home slot as h's.
+	inv := uint64(0x9e3779b97f4a7c15)
+	for range 6 {
+		inv *= 2 - 0x9e3779b97f4a7c15*inv
+	}
+	ip1 := uint64(0x401000)
+	ip2 := (c.hash(ip1, Mode64)+1)*inv ^ uint64(Mode64)<<62
+	ip3 := (c.hash(ip1, Mode64)+2)*inv ^ uint64(Mode64)<<62
+	if c.hash(ip2, Mode64)>>32 != c.hash(ip1, Mode64)>>32 || c.hash(ip3, Mode64)>>32 != c.hash(ip1, Mode64)>>32 {
+		t.Fatal("test IPs do not share a tag")
+	}
+	want := map[[2]uint64]*block{}
+	for _, k := range []struct {
+		ip   uint64
+		mode Mode
+	}{{ip1, Mode64}, {ip2, Mode64}, {ip1, Mode32}} {
+		want[[2]uint64{k.ip, uint64(k.mode)}] = add(k.ip, k.mode)
+	}
+	check := func(when string) {
+		t.Helper()
+		for k, w := range want {
+			if b, _ := c.lookup(k[0], Mode(k[1])); b != w || b.ip != k[0] || b.mode != Mode(k[1]) {
+				t.Fatalf("%s: %#x %v found %p, want %p", when, k[0], Mode(k[1]), b, w)
+			}
+		}
+		if b, _ := c.lookup(ip3, Mode64); b != nil {
+			t.Fatalf("%s: %#x (the same tag) found %#x", when, ip3, b.ip)
+		}
+	}
+	check("first")
+	slots := len(c.slots)
+	for ip := uint64(0x500000); len(c.slots) == slots; ip += 16 {
+		want[[2]uint64{ip, uint64(Mode64)}] = add(ip, Mode64)
+	}
+	check("grown")
+	if c.n != len(want) {
+		t.Fatalf("%d blocks held, %d added", c.n, len(want))
+	}
+	c.drop()
+	if b, _ := c.lookup(ip1, Mode64); b != nil || c.n != 0 {
+		t.Fatalf("after the drop %d blocks, %#x found", c.n, ip1)
+	}
+	old := want[[2]uint64{ip2, uint64(Mode64)}]
+	if b := add(ip2, Mode64); b == old || old.ip != ip2 {
+		t.Fatal("a block after the drop reuses a block from before it")
+	}
+}

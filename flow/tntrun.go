@@ -92,9 +92,9 @@ const recentTips = 1 << 11
 // Slab sizes: the first chunk's and the largest.
 const (
 	runSlabLo  = 1 << 6
-	runSlab    = 1 << 9
-	edgeSlabLo = 1 << 9
-	edgeSlab   = 1 << 12
+	runSlab    = 1 << 8
+	edgeSlabLo = 1 << 8
+	edgeSlab   = 1 << 10
 )
 
 func (c *runCache) drop() {
