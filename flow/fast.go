@@ -290,7 +290,8 @@ func (d *Decoder) kernel() (why int) {
 	// are pending); the rest is read from d where it is used, so that
 	// the loop's values fit in the registers.
 	k := &d.fp.k
-	buf, pos := k.buf, k.pos
+	// Its capacity its length: a slice of buf needs no other register.
+	buf, pos := k.buf[:len(k.buf):len(k.buf)], k.pos
 	tnt, nb, b, budget := k.tnt, k.nb, k.b, k.budget
 	if nb == 0 {
 		tnt = uint64(k.tip)
@@ -734,7 +735,7 @@ func skipPad(buf []byte, pos, end int, ops *[256]uint8) int {
 }
 
 // word is the 8 bytes of buf at i, little-endian.
-func word(buf []byte, i int) uint64 { return binary.LittleEndian.Uint64(buf[i : i+8 : i+8]) }
+func word(buf []byte, i int) uint64 { return binary.LittleEndian.Uint64(buf[i:]) }
 
 // padRun returns the position after the PADs at pos, up to 8 of them: runs
 // of PADs are skipped a word at a time.
