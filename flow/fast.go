@@ -150,9 +150,6 @@ func (d *Decoder) fast() error {
 		return nil
 	}
 	d.runCaches()
-	// Packets are read from 16-byte windows, as the packet decoder's
-	// fast loop reads them; the last ones are the slow path's.
-	end := len(buf) - 16
 	pos0, insns0 := pos, d.c.Insns
 	maxInsns := d.opts.MaxInsns
 	k := &d.fp.k
@@ -161,77 +158,7 @@ func (d *Decoder) fast() error {
 		k.tip = tipBack
 		d.hasBack = false
 	}
-loop:
-	for {
-		if !d.enabled {
-			// Tracing is off: only a TIP.PGE is the fast path's.
-			ops := d.opsFor(false)
-			k.pos = skipPad(buf, k.pos, end, ops)
-			if k.pos > end || ops[buf[k.pos]] != opPGE {
-				break
-			}
-			c := buf[k.pos]
-			n := decode.IPSize(c)
-			if n <= 0 {
-				break // suppressed (ErrNoIP) or reserved
-			}
-			k.last = decode.ApplyIP(c, word(buf, k.pos+1), k.last)
-			k.pos += 1 + n
-			// As read queues it and deliver fires it.
-			d.flush()
-			d.qEv = Event{Kind: EvEnabled, IP: k.last, HasIP: true}
-			d.stamp(&d.qEv)
-			d.fireEv()
-			k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, maxInsns-d.steps
-			continue
-		}
-		if k.b == nil {
-			// The block the flow goes to: looking it up may read
-			// memory, which a Memory may apply side band at
-			// (perfflow), so the branches before it go first.
-			if k.missP != nil {
-				if k.b = *k.missP; k.b == nil {
-					d.flush()
-					k.b = d.fixedSucc(k.missP, k.ip)
-				}
-				k.missP = nil
-			} else if k.b = d.ipHit(k.ip); k.b == nil {
-				d.flush()
-				k.b = d.ipMiss(k.ip)
-			}
-		}
-		switch d.kernel() {
-		case exitFlush, exitMiss:
-			d.flush()
-		case exitRun:
-			// Working the run out reads memory: the branches
-			// before it go first.
-			d.flush()
-			d.tntRun(k.b, k.pat, k.bits)
-		case exitPGD:
-			c := buf[k.pos]
-			n := decode.IPSize(c)
-			pgd := decode.ApplyIP(c, word(buf, k.pos+1), k.last)
-			k.last, k.pos = pgd, k.pos+1+n
-			if n == 0 {
-				pgd = 0
-			}
-			d.ip, d.steps = k.ip, maxInsns-k.budget
-			d.flush()
-			ev := Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
-			d.stamp(&ev)
-			fired := d.fastDisable(k.b, &ev)
-			k.ip, k.b, k.budget = d.ip, nil, maxInsns-d.steps
-			if !fired {
-				// Queued as read queues it; the walk goes on
-				// at a block's start.
-				d.q = append(d.q, queued{ev: ev, bind: bindBranch})
-				break loop
-			}
-		default:
-			break loop
-		}
-	}
+	d.fastLoop()
 	d.flush()
 	// Nothing kept past the call: the runs' slabs may be dropped.
 	k.buf, k.b, k.missP = nil, nil, nil
@@ -258,6 +185,83 @@ loop:
 		return d.peek()
 	}
 	return nil
+}
+
+// fastLoop runs the kernel and what it exits for, until a packet or a
+// state of the slow path's (fast's own state is in d.fp.k: few values are
+// live across its calls).
+func (d *Decoder) fastLoop() {
+	k := &d.fp.k
+	for {
+		if !d.enabled {
+			// Tracing is off: only a TIP.PGE is the fast path's.
+			ops := d.opsFor(false)
+			k.pos = skipPad(k.buf, k.pos, len(k.buf)-16, ops)
+			if k.pos > len(k.buf)-16 || ops[k.buf[k.pos]] != opPGE {
+				return
+			}
+			c := k.buf[k.pos]
+			n := decode.IPSize(c)
+			if n <= 0 {
+				return // suppressed (ErrNoIP) or reserved
+			}
+			k.last = decode.ApplyIP(c, word(k.buf, k.pos+1), k.last)
+			k.pos += 1 + n
+			// As read queues it and deliver fires it.
+			d.flush()
+			d.qEv = Event{Kind: EvEnabled, IP: k.last, HasIP: true}
+			d.stamp(&d.qEv)
+			d.fireEv()
+			k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, d.opts.MaxInsns-d.steps
+			continue
+		}
+		if k.b == nil {
+			// The block the flow goes to: looking it up may read
+			// memory, which a Memory may apply side band at
+			// (perfflow), so the branches before it go first.
+			if k.missP != nil {
+				if k.b = *k.missP; k.b == nil {
+					d.flush()
+					k.b = d.fixedSucc(k.missP, k.ip)
+				}
+				k.missP = nil
+			} else if k.b = d.ipHit(k.ip); k.b == nil {
+				d.flush()
+				k.b = d.ipMiss(k.ip)
+			}
+		}
+		switch d.kernel() {
+		case exitFlush, exitMiss:
+			d.flush()
+		case exitRun:
+			// Working the run out reads memory: the branches
+			// before it go first.
+			d.flush()
+			d.tntRun(k.b, k.pat, k.bits)
+		case exitPGD:
+			c := k.buf[k.pos]
+			n := decode.IPSize(c)
+			pgd := decode.ApplyIP(c, word(k.buf, k.pos+1), k.last)
+			k.last, k.pos = pgd, k.pos+1+n
+			if n == 0 {
+				pgd = 0
+			}
+			d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
+			d.flush()
+			ev := Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
+			d.stamp(&ev)
+			fired := d.fastDisable(k.b, &ev)
+			k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
+			if !fired {
+				// Queued as read queues it; the walk goes on
+				// at a block's start.
+				d.q = append(d.q, queued{ev: ev, bind: bindBranch})
+				return
+			}
+		default:
+			return
+		}
+	}
 }
 
 // runCaches makes the recent runs and IP blocks, which the kernel reads
@@ -304,6 +308,9 @@ func (d *Decoder) kernel() (why int) {
 			// read-ahead takes it; what to do with it from its first
 			// byte, one load (fastOps).
 			if pos > len(buf)-16 {
+				// Packets are read from 16-byte windows, as the
+				// packet decoder's fast loop reads them; the last
+				// ones are the slow path's.
 				goto out
 			}
 			c := buf[pos]
