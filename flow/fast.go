@@ -368,13 +368,10 @@ func (d *Decoder) kernel() (why int) {
 			goto out
 		}
 		{
-			// The last instruction's index and class, from the
-			// block's header: a run leads to the next without a look
-			// at the block's instructions.
-			n, class := b.count()-1, b.class
-			if n < 0 || n+1 > budget {
-				goto out
-			}
+			// The last instruction's class, from the block's header: a
+			// run leads to the next without a look at the block's
+			// instructions.
+			class := b.class
 			if c := class; nb > 0 && (c == x86insn.CondJump || c == x86insn.Jump || c == x86insn.Call) {
 				// The next bits' run, worked out once (tntrun.go).
 				kb := min(nb, runBits)
@@ -412,6 +409,12 @@ func (d *Decoder) kernel() (why int) {
 					}
 					continue
 				}
+			}
+			// One step, the walk's MaxInsns check before it (a run's
+			// pre covers its first block).
+			n := b.count() - 1
+			if n < 0 || n+1 > budget {
+				goto out
 			}
 			// The branch's address and the next instruction's, from
 			// the header too: a return or an indirect branch needs no

@@ -69,11 +69,13 @@ type runCache struct {
 	// worked out.
 	tmp [2 * maxRunEdges]Edge
 	// recent is a direct-mapped cache over the blocks' lists (runHash),
-	// allocated on the first run: a run costs a load instead of a walk
-	// of its block's list.
+	// allocated on the first run or when the fast path first runs (its
+	// kernel reads it without a test): a run costs a load instead of a
+	// walk of its block's list.
 	recent *[recentRuns]runRef
 	// tips is a direct-mapped cache of the blocks at recent IP packets'
-	// targets (ipBlock), allocated on the first miss.
+	// targets (ipBlock), allocated on the first miss or when the fast
+	// path first runs.
 	tips *[recentTips]*block
 }
 
@@ -129,8 +131,8 @@ func (c *runCache) add(b *block, r *tntRun, edges []Edge) *tntRun {
 
 // tntRun returns the run from block b (ending in a conditional branch or a
 // direct jump or call) with the k (1..runBits) bits of pat below its stop
-// bit, not in the recent cache (the kernel's lookup): from its block's list, or worked
-// out on the first use; the recent cache keeps it.
+// bit, not in the recent cache (the kernel's lookup): from its block's
+// list, or worked out on the first use; the recent cache keeps it.
 func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 	c := &d.cache.runs
 	if c.recent == nil {
