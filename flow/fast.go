@@ -258,7 +258,7 @@ func (d *Decoder) fastLoop() {
 				d.q = append(d.q, queued{ev: ev, bind: bindBranch})
 				return
 			}
-		default:
+		case exitStop:
 			return
 		}
 	}
