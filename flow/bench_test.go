@@ -58,7 +58,11 @@ type counter struct{ insns, branches, errors int }
 
 func (c *counter) Insn(*Insn)                       { c.insns++ }
 func (c *counter) Branch(_, _ uint64, _ BranchKind) { c.branches++ }
-func (c *counter) Edges(e []Edge)                   { c.branches += len(e) }
+func (c *counter) Edges(batch [][]Edge) {
+	for _, e := range batch {
+		c.branches += len(e)
+	}
+}
 func (c *counter) Event(e *Event) {
 	if e.Kind == EvError {
 		c.errors++

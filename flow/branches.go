@@ -310,10 +310,12 @@ func (b *Branches) Branch(from, to uint64, kind BranchKind) {
 	b.branch(from, to, k)
 }
 
-// Edges prints a `branch:` line for each of e (EdgeHandler).
-func (b *Branches) Edges(e []Edge) {
-	for i := range e {
-		b.Branch(e[i].From, e[i].To, e[i].Kind)
+// Edges prints a `branch:` line for each edge of the batch (EdgeHandler).
+func (b *Branches) Edges(batch [][]Edge) {
+	for _, e := range batch {
+		for i := range e {
+			b.Branch(e[i].From, e[i].To, e[i].Kind)
+		}
 	}
 }
 

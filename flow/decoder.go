@@ -1009,8 +1009,14 @@ func (d *Decoder) fireEv() {
 		}
 		d.enabled, d.ip = true, e.IP
 		d.resumeOK = false
-		d.applyStash()
-		d.entered()
+		// Tested here first: the fast path enables often, with
+		// neither a MODE.Exec waiting nor stubs.
+		if d.stash != ModeUnknown {
+			d.applyStash()
+		}
+		if len(d.opts.Stubs) > 0 {
+			d.entered()
+		}
 	case EvDisabled:
 		// d.ip is the fall-through of the branch that disabled.
 		d.enabled, d.resumeIP, d.resumeOK = false, d.ip, d.enabled
@@ -1063,7 +1069,9 @@ func (d *Decoder) flushUnnamed() {
 
 // emit reports e.
 func (d *Decoder) emit(e *Event) {
-	d.flushUnnamed()
+	if len(d.unnamed) > 0 {
+		d.flushUnnamed()
+	}
 	d.c.Events++
 	d.lastTSC = e.TSC
 	d.h.Event(e)

@@ -230,15 +230,16 @@ type Edge struct {
 }
 
 // EdgeHandler is a Handler that also takes branches in batches: where the
-// decoder has several in a row (its fast path), it calls Edges with them,
-// in order, instead of Branch for each; an interface call per branch is
-// a large share of a warm decode. Events come between batches, never
-// within one. Edges must neither keep the slice past the call nor write
-// to it: a batch may be a TNT run's edges, which the decoder keeps and
-// hands over again each time the run recurs.
+// decoder has several in a row (its fast path), it calls Edges with them
+// instead of Branch for each: the edges of batch[0] in order, then those of
+// batch[1], and so on; no slice is empty. An interface call per branch, or
+// per run of branches, is a large share of a warm decode. Events come
+// between batches, never within one. Edges must neither keep the slices
+// past the call nor write to them: a slice may be a TNT run's edges, which
+// the decoder keeps and hands over again each time the run recurs.
 type EdgeHandler interface {
 	Handler
-	Edges(e []Edge)
+	Edges(batch [][]Edge)
 }
 
 // BranchKind says how control moved.

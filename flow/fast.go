@@ -30,38 +30,43 @@ type fastState struct {
 	// bytes counts the trace bytes it took: tests check that it takes
 	// the bulk of a trace.
 	bytes uint64
-	// edges are the branches taken one by one and not yet handed to the
-	// Handler: a batch for Edges, sent before a run's edges, an event,
-	// and when the fast path stops.
+	// The branches taken and not yet handed to the Handler, in order:
+	// batch[:n], each a run's edges as they are (their capacity cut to
+	// their length: a run keeps its return addresses after its edges)
+	// or the one branch edges[i] of entry i. The kernel only writes them
+	// (stores, no call); they are handed over, in one call, before a
+	// block or run is worked out, an event, and when the fast path stops
+	// (flush).
+	n     int
+	batch [edgeBatch][]Edge
 	edges [edgeBatch]Edge
+	// k is the kernel's state between its runs.
+	k kern
 }
 
-// edgeBatch is the most branches the fast path hands over at once, but
-// for a run's.
+// edgeBatch is the most entries (runs or single branches) the fast path
+// gathers before it hands them over.
 const edgeBatch = 64
 
-// sendEdges hands e to the Handler: at once to Edges (its capacity cut to
-// its length: a run keeps its return addresses after its edges), else one
-// by one.
-func (d *Decoder) sendEdges(e []Edge) {
-	if d.eh != nil {
-		d.eh.Edges(e[:len(e):len(e)])
+// flush hands the gathered branches over: at once to Edges, else one by
+// one.
+func (d *Decoder) flush() {
+	f := &d.fp
+	n := f.n
+	if n == 0 {
 		return
 	}
-	for i := range e {
-		d.h.Branch(e[i].From, e[i].To, e[i].Kind)
+	f.n = 0
+	batch := f.batch[:n]
+	if d.eh != nil {
+		d.eh.Edges(batch)
+		return
 	}
-}
-
-// fastTIP is a TIP the fast path read ahead and the flow has not taken yet.
-type fastTIP struct {
-	ok, supp bool
-	// back: it is d.back (the slow path's read-ahead); else it starts at
-	// pos, after the last IP last.
-	back bool
-	ip   uint64
-	pos  int
-	last uint64
+	for _, e := range batch {
+		for i := range e {
+			d.h.Branch(e[i].From, e[i].To, e[i].Kind)
+		}
+	}
 }
 
 // fastOK tells whether the fast path can take the flow from here.
@@ -76,291 +81,457 @@ func (d *Decoder) fastOK() bool {
 	return !d.hasBack && d.tntN == 0
 }
 
+// A TIP the fast path read ahead (kern.tip), which the flow has not taken
+// yet.
+const (
+	tipNone = iota
+	// tipRaw: the TIP at kern.pos, not decoded past: taking it decodes
+	// its IP (the bytes are in the cache) and moves pos and last on, and
+	// a hand-over with it pending leaves the packet decoder before it.
+	tipRaw
+	// tipBack: d.back (the slow path's read-ahead), whose IP is the
+	// last IP already.
+	tipBack
+)
+
+// kern is the fast loop's state, which the kernel holds in registers
+// while it runs and leaves here when it exits.
+type kern struct {
+	buf  []byte
+	pos  int
+	last uint64 // the last IP, before a tipRaw
+	tnt  uint64 // pending TNT bits, the oldest in bit nb-1
+	nb   uint
+	tip  uint8
+	// b is the block at ip; nil after a successor or IP block the
+	// kernel did not find (missP: the successor pointer; nil for an IP
+	// block).
+	b     *block
+	ip    uint64
+	missP **block
+	// budget is what MaxInsns leaves to the walk before an IP reference
+	// resets it (MaxInsns - steps).
+	budget int
+	// pat and bits are the run kern.b did not find (exitRun).
+	pat  uint8
+	bits uint
+}
+
+// Why the kernel stopped.
+const (
+	// exitStop: a packet or a state that is the slow path's (or the
+	// trace window's end); the step before it is done.
+	exitStop = iota
+	// exitFlush: the branches gathered fill the batch.
+	exitFlush
+	// exitMiss: the step is done, its block (kern.ip) is not known yet.
+	exitMiss
+	// exitRun: the run from kern.b with kern.pat is not among the
+	// recent ones; nothing of the step is done.
+	exitRun
+	// exitPGD: a TIP.PGD at kern.pos, with instructions at kern.b.
+	exitPGD
+)
+
 // fast runs the flow from the trace bytes until it meets what it leaves to
 // the slow path; it returns an error only where the slow path would have
-// (none it finds itself).
+// (none it finds itself). The common steps are the kernel's; fast handles
+// what the kernel exits for (a miss, a full batch, TIP.PGD and TIP.PGE,
+// tracing off) and goes back in.
 func (d *Decoder) fast() error {
 	buf, pos, last, ok := d.rawCursor()
 	if !ok || pos == d.fp.noPos && d.ip == d.fp.noIP {
 		return nil
 	}
-	// Packets are read from 16-byte windows, as the packet decoder's
-	// fast loop reads them; the last ones are the slow path's.
-	end := len(buf) - 16
+	if d.hasBack && (d.back.Suppressed() || d.back.IP != last) {
+		// A suppressed TIP waits for the slow path (and the kernel
+		// takes a TIP read ahead for the last IP).
+		d.fp.noPos, d.fp.noIP = pos, d.ip
+		return nil
+	}
+	d.runCaches()
 	pos0, insns0 := pos, d.c.Insns
-	var tip fastTIP
+	maxInsns := d.opts.MaxInsns
+	k := &d.fp.k
+	*k = kern{buf: buf, pos: pos, last: last, tnt: d.tnt, nb: uint(d.tntN), ip: d.ip, budget: maxInsns - d.steps}
 	if d.hasBack {
-		tip = fastTIP{ok: true, back: true, ip: d.back.IP, supp: d.back.Suppressed()}
+		k.tip = tipBack
 		d.hasBack = false
 	}
-	tnt, nb := d.tnt, uint(d.tntN)
-	steps, ip, errIP := d.steps, d.ip, d.errIP
-	maxInsns := d.opts.MaxInsns
-	// b is the block at ip, once known.
-	var b *block
-	// The branches are batched in eb[:ne]; on is d.enabled, kept in a
-	// register across the calls, and so is its table of packet actions.
-	eb, ne := &d.fp.edges, 0
-	on := d.enabled
-	ops := d.opsFor(on)
-loop:
+	d.fastLoop()
+	d.flush()
+	// Nothing kept past the call: the runs' slabs may be dropped.
+	k.buf, k.b, k.missP = nil, nil, nil
+	clear(d.fp.batch[:])
+	pos = k.pos
+	if pos == pos0 && d.c.Insns == insns0 {
+		// Nothing done: the state is as it was.
+		d.hasBack = k.tip == tipBack
+		d.fp.noPos, d.fp.noIP = pos, d.ip
+		return nil
+	}
+	d.ip, d.steps = k.ip, maxInsns-k.budget
+	d.tnt, d.tntN = k.tnt, uint8(k.nb)
+	d.fp.bytes += uint64(pos - pos0)
+	// The packets decoded ahead are the fast path's now; few are
+	// decoded ahead again, so that it can take over again soon.
+	d.pb.i, d.pb.n, d.pb.err, d.pb.size = 0, 0, nil, 1
+	d.pd.SetRaw(pos, k.last)
+	switch k.tip {
+	case tipBack:
+		d.hasBack = true
+	case tipRaw:
+		// Read ahead, as the slow path would have it.
+		return d.peek()
+	}
+	return nil
+}
+
+// fastLoop runs the kernel and what it exits for, until a packet or a
+// state of the slow path's (fast's own state is in d.fp.k: few values are
+// live across its calls).
+func (d *Decoder) fastLoop() {
+	k := &d.fp.k
 	for {
-		for nb == 0 && !tip.ok {
+		if !d.enabled {
+			// Tracing is off: only a TIP.PGE is the fast path's.
+			ops := d.opsFor(false)
+			k.pos = skipPad(k.buf, k.pos, len(k.buf)-16, ops)
+			if k.pos > len(k.buf)-16 || ops[k.buf[k.pos]] != opPGE {
+				return
+			}
+			c := k.buf[k.pos]
+			n := decode.IPSize(c)
+			if n <= 0 {
+				return // suppressed (ErrNoIP) or reserved
+			}
+			k.last = decode.ApplyIP(c, word(k.buf, k.pos+1), k.last)
+			k.pos += 1 + n
+			// As read queues it and deliver fires it.
+			d.flush()
+			d.qEv = Event{Kind: EvEnabled, IP: k.last, HasIP: true}
+			d.stamp(&d.qEv)
+			d.fireEv()
+			k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, d.opts.MaxInsns-d.steps
+			continue
+		}
+		if k.b == nil {
+			// The block the flow goes to: looking it up may read
+			// memory, which a Memory may apply side band at
+			// (perfflow), so the branches before it go first.
+			if k.missP != nil {
+				if k.b = *k.missP; k.b == nil {
+					d.flush()
+					k.b = d.fixedSucc(k.missP, k.ip)
+				}
+				k.missP = nil
+			} else if k.b = d.ipHit(k.ip); k.b == nil {
+				d.flush()
+				k.b = d.ipMiss(k.ip)
+			}
+		}
+		switch d.kernel() {
+		case exitFlush, exitMiss:
+			d.flush()
+		case exitRun:
+			// Working the run out reads memory: the branches
+			// before it go first.
+			d.flush()
+			d.tntRun(k.b, k.pat, k.bits)
+		case exitPGD:
+			c := k.buf[k.pos]
+			n := decode.IPSize(c)
+			pgd := decode.ApplyIP(c, word(k.buf, k.pos+1), k.last)
+			k.last, k.pos = pgd, k.pos+1+n
+			if n == 0 {
+				pgd = 0
+			}
+			d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
+			d.flush()
+			ev := Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
+			d.stamp(&ev)
+			fired := d.fastDisable(k.b, &ev)
+			k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
+			if !fired {
+				// Queued as read queues it; the walk goes on
+				// at a block's start.
+				d.q = append(d.q, queued{ev: ev, bind: bindBranch})
+				return
+			}
+		case exitStop:
+			return
+		}
+	}
+}
+
+// runCaches makes the recent runs and IP blocks, which the kernel reads
+// without a test.
+func (d *Decoder) runCaches() {
+	c := &d.cache.runs
+	if c.recent == nil {
+		c.recent = new([recentRuns]runRef)
+	}
+	if c.tips == nil {
+		c.tips = new([recentTips]*block)
+	}
+}
+
+// kernel is the fast loop's common steps: PADs (and timing packets no
+// clock sees), TNT.8, TNT.64 and TIP packets, and the steps from block to
+// block they drive, as chain, walk and run do with them, in their order:
+// a TNT taken as soon as it is next, a TIP read ahead when nothing is
+// pending and taken by the branch that needs it, a run per block and
+// pending bits (tntrun.go), the block at a direct branch's target from
+// its successor pointer, at a return's or an IP packet's from the recent
+// IP blocks. It calls nothing (a call would have the compiler spill and
+// reload the loop's state around it): it gathers branches by a store
+// each (fastState), pushes and pops the return stack in place, and
+// exits, with a reason, for whatever needs more: a lookup that misses, a
+// full batch, a packet or a state of the slow path's.
+func (d *Decoder) kernel() (why int) {
+	// Only what every step needs is held in locals (the last IP only
+	// where a TIP is taken, the TIP read ahead in tnt while no bits
+	// are pending); the rest is read from d where it is used, so that
+	// the loop's values fit in the registers.
+	k := &d.fp.k
+	// Its capacity its length: a slice of buf needs no other register.
+	buf, pos := k.buf[:len(k.buf):len(k.buf)], k.pos
+	tnt, nb, b, budget := k.tnt, k.nb, k.b, k.budget
+	if nb == 0 {
+		tnt = uint64(k.tip)
+	}
+	f := &d.fp
+	nf := f.n
+	for {
+		for nb == 0 && tnt == tipNone {
 			// Nothing pending: the next packet, as chain's and run's
 			// read-ahead takes it; what to do with it from its first
 			// byte, one load (fastOps).
-			if pos > end {
-				break loop
+			if pos > len(buf)-16 {
+				// Packets are read from 16-byte windows, as the
+				// packet decoder's fast loop reads them; the last
+				// ones are the slow path's.
+				goto out
 			}
 			c := buf[pos]
-			switch ops[c] {
+			switch fastOps[opsTiming|opsOn][c] {
 			case opPad:
 				pos = padRun(buf, pos)
-			case opMTC, opTSC, opCYC:
-				pos = skipPad(buf, pos, end, ops)
+				continue
+			case opMTC:
+				if d.clock == nil {
+					pos += 2
+					continue
+				}
+			case opTSC:
+				if d.clock == nil {
+					pos += 8
+					continue
+				}
+			case opCYC:
+				if d.clock == nil {
+					pos++
+					continue
+				}
 			case opTNT8:
 				p := c >> 1
 				nb = uint(bits.Len8(p) - 1)
 				tnt = uint64(p) &^ (1 << nb)
 				pos++
+				continue
 			case opExt:
 				if buf[pos+1] != 0xa3 {
-					break loop
+					break
 				}
-				v := binary.LittleEndian.Uint64(buf[pos+2:]) & (1<<48 - 1)
+				v := word(buf, pos+2) & (1<<48 - 1)
 				if v <= 1 {
-					break loop // no stop bit, or no bits: the slow path's
+					break // no stop bit, or no bits: the slow path's
 				}
 				nb = uint(bits.Len64(v) - 1)
 				tnt = v &^ (1 << nb)
 				pos += 8
+				continue
 			case opTIP:
-				n := decode.IPSize(c)
-				if n < 0 {
-					break loop
+				if decode.IPSize(c) <= 0 {
+					break // suppressed or reserved: the slow path's
 				}
-				tip = fastTIP{ok: true, supp: n == 0, pos: pos, last: last}
-				last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
-				tip.ip = last
-				pos += 1 + n
-			case opPGE:
-				// Tracing is off: a TIP.PGE turns it on, as read
-				// and fire do.
-				n := decode.IPSize(c)
-				if n <= 0 {
-					break loop // suppressed (ErrNoIP) or reserved
-				}
-				last = decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
-				pos += 1 + n
-				// As read queues it and deliver fires it.
-				if ne > 0 {
-					d.sendEdges(eb[:ne])
-					ne = 0
-				}
-				d.qEv = Event{Kind: EvEnabled, IP: last, HasIP: true}
-				d.stamp(&d.qEv)
-				d.fireEv()
-				ip, steps, b, on = d.ip, d.steps, nil, d.enabled
-				ops = d.opsFor(on)
+				tnt = tipRaw
+				continue
 			case opPGD:
-				n := decode.IPSize(c)
-				if n < 0 {
-					break loop
-				}
 				// run decodes the instruction at the IP before it
 				// reads an event packet: code that is not there is
 				// the error.
-				if b == nil {
-					b, ne = d.tipBlock(ip, ne)
+				if decode.IPSize(c) >= 0 && b.count() > 0 {
+					why = exitPGD
 				}
-				if b.count() == 0 {
-					break loop
-				}
-				pgd := decode.ApplyIP(c, binary.LittleEndian.Uint64(buf[pos+1:]), last)
-				last, pos = pgd, pos+1+n
-				if n == 0 {
-					pgd = 0
-				}
-				d.ip, d.steps, d.errIP = ip, steps, errIP
-				if ne > 0 {
-					d.sendEdges(eb[:ne])
-					ne = 0
-				}
-				ev := Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
-				d.stamp(&ev)
-				fired := d.fastDisable(b, &ev)
-				ip, steps, errIP, b, on = d.ip, d.steps, d.errIP, nil, d.enabled
-				ops = d.opsFor(on)
-				if !fired {
-					// Queued as read queues it.
-					d.q = append(d.q, queued{ev: ev, bind: bindBranch})
-					break loop
-				}
-			default:
-				break loop
 			}
+			goto out
 		}
-		if b == nil {
-			b, ne = d.tipBlock(ip, ne)
-		}
-		// The last instruction's index and class, from the block's
-		// header: a run leads to the next without a look at the
-		// block's instructions.
-		n, class := b.count()-1, b.class
-		if n < 0 || steps+n+1 > maxInsns {
-			break
-		}
-		if c := class; nb > 0 && (c == x86insn.CondJump || c == x86insn.Jump || c == x86insn.Call) {
-			// The next bits' run, worked out once (tntrun.go).
-			k := min(nb, runBits)
-			pat := uint8(1<<k | tnt>>(nb-k))
-			r := d.cache.runs.find(b, pat)
-			if r == nil {
-				// Working the run out reads memory: the branches
-				// before it go first (succ).
-				d.flushEdges(ne)
-				ne = 0
-				r = d.tntRun(b, pat, k)
-			}
-			if steps+int(r.pre) <= maxInsns && int(r.post) <= maxInsns {
-				// The run's edges as they are, after the
-				// branches before them (which wait for the next
-				// edges when the run has none).
-				if len(r.edges) > 0 {
-					if ne > 0 {
-						d.sendEdges(eb[:ne])
-						ne = 0
+		{
+			// The last instruction's class, from the block's header: a
+			// run leads to the next without a look at the block's
+			// instructions.
+			class := b.class
+			if c := class; nb > 0 && (c == x86insn.CondJump || c == x86insn.Jump || c == x86insn.Call) {
+				// The next bits' run, worked out once (tntrun.go).
+				kb := min(nb, runBits)
+				pat := uint8(1<<kb | tnt>>(nb-kb))
+				ref := &d.cache.runs.recent[runHash(b, pat)]
+				r := ref.r
+				if ref.b != b || r.pat != pat {
+					k.pat, k.bits, why = pat, kb, exitRun
+					goto out
+				}
+				if int(r.pre) <= budget && int(r.post) <= d.opts.MaxInsns {
+					// The run's edges as they are, after the
+					// branches before them.
+					if e := r.edges; len(e) > 0 {
+						f.batch[nf] = e[:len(e):len(e)]
+						nf++
 					}
-					d.sendEdges(r.edges)
-				}
-				if r.nrets > 0 {
-					for _, ret := range r.rets() {
-						d.pushRet(ret.From)
+					if r.nrets > 0 {
+						for _, ret := range r.rets() {
+							d.pushRet(ret.From)
+						}
 					}
+					nb -= uint(r.used)
+					tnt &= 1<<nb - 1
+					budget -= int(r.steps)
+					if r.bit {
+						d.sinceRef, budget = 0, d.opts.MaxInsns-int(r.steps)
+					}
+					d.c.Insns += uint64(r.insns)
+					d.errIP = r.errIP
+					b = r.end
+					if nf == edgeBatch {
+						why = exitFlush
+						goto out
+					}
+					continue
 				}
-				nb -= uint(r.used)
-				tnt &= 1<<nb - 1
-				steps += int(r.steps)
-				if r.bit {
-					d.sinceRef, steps = 0, int(r.steps)
-				}
-				d.c.Insns += uint64(r.insns)
-				errIP, ip, b = r.errIP, r.end.ip, r.end
-				continue
 			}
-		}
-		// The branch's address and the next instruction's, from the
-		// header too: a return or an indirect branch needs no more.
-		from, target := b.ip+uint64(b.lastOff), b.target
-		next := from + uint64(b.lastLen)
-		switch class {
-		case x86insn.CondJump:
-			if nb == 0 {
-				break loop
+			// One step, the walk's MaxInsns check before it (a run's
+			// pre covers its first block).
+			n := b.count() - 1
+			if n < 0 || n+1 > budget {
+				goto out
 			}
-			nb--
-			taken := tnt>>nb&1 == 1
-			tnt &= 1<<nb - 1
-			d.sinceRef, steps = 0, 0
-			if taken {
-				eb[ne] = Edge{from, target, BrCond}
-				ne++
-				ip = target
-				b, ne = d.succ(&b.taken, ip, ne)
-			} else {
-				ip = next
-				b, ne = d.succ(&b.fall, ip, ne)
-			}
-		case x86insn.Jump, x86insn.Call:
-			if nb == 0 {
-				// The TIP read ahead is not for this branch: walk
-				// executes it, counting it for a TRIG.
-				d.sinceRef++
-			}
-			steps += n + 1
-			kind := BrJump
-			if class == x86insn.Call {
-				kind = BrCall
-				d.pushCall(target, next)
-			}
-			eb[ne] = Edge{from, target, kind}
-			ne++
-			ip = target
-			b, ne = d.succ(&b.taken, ip, ne)
-		case x86insn.Ret:
-			if nb > 0 {
-				// A compressed return; anything else is exec's
-				// to report.
-				if tnt>>(nb-1)&1 == 0 || d.sp == 0 {
-					break loop
+			// The branch's address and the next instruction's, from
+			// the header too: a return or an indirect branch needs no
+			// more. to is where the flow goes, s its block: from the
+			// successor *p of a direct branch, else from the recent IP
+			// blocks (p nil).
+			from := b.ip + uint64(b.lastOff)
+			next := from + uint64(b.lastLen)
+			var to uint64
+			var p **block
+			switch class {
+			case x86insn.CondJump:
+				if nb == 0 {
+					goto out
 				}
 				nb--
+				taken := tnt>>nb&1 == 1
 				tnt &= 1<<nb - 1
-				d.sinceRef, steps = 0, 0
-				ip = d.popRet()
-				eb[ne] = Edge{from, ip, BrReturn}
-				ne++
-				b, ne = d.tipBlock(ip, ne)
-				break
+				d.sinceRef, budget = 0, d.opts.MaxInsns
+				to, p = next, &b.fall
+				if taken {
+					to, p = b.target, &b.taken
+					f.edges[nf] = Edge{from, to, BrCond}
+					f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+					nf++
+				}
+			case x86insn.Jump, x86insn.Call:
+				if nb == 0 {
+					// The TIP read ahead is not for this branch:
+					// walk executes it, counting it for a TRIG.
+					d.sinceRef++
+				}
+				budget -= n + 1
+				to, p = b.target, &b.taken
+				kind := BrJump
+				if class == x86insn.Call {
+					kind = BrCall
+					d.pushCall(to, next)
+				}
+				f.edges[nf] = Edge{from, to, kind}
+				f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+				nf++
+			case x86insn.Ret:
+				if nb > 0 {
+					// A compressed return; anything else is exec's
+					// to report.
+					if tnt>>(nb-1)&1 == 0 || d.sp == 0 {
+						goto out
+					}
+					nb--
+					tnt &= 1<<nb - 1
+					d.sinceRef, budget = 0, d.opts.MaxInsns
+					to = d.popRet()
+				} else {
+					// The TIP read ahead (nb == 0: one is
+					// pending).
+					if tnt == tipRaw {
+						c := buf[pos]
+						k.last = decode.ApplyIP(c, word(buf, pos+1), k.last)
+						pos += 1 + decode.IPSize(c)
+					}
+					tnt, budget, to = tipNone, d.opts.MaxInsns, k.last
+				}
+				f.edges[nf] = Edge{from, to, BrReturn}
+				f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+				nf++
+			case x86insn.IndirectJump, x86insn.IndirectCall:
+				if nb > 0 {
+					goto out
+				}
+				if tnt == tipRaw {
+					c := buf[pos]
+					k.last = decode.ApplyIP(c, word(buf, pos+1), k.last)
+					pos += 1 + decode.IPSize(c)
+				}
+				tnt, budget, to = tipNone, d.opts.MaxInsns, k.last
+				kind := BrIndirectJump
+				if class == x86insn.IndirectCall {
+					kind = BrIndirectCall
+					d.pushRet(next)
+				}
+				f.edges[nf] = Edge{from, to, kind}
+				f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+				nf++
+			default:
+				goto out
 			}
-			if tip.supp {
-				break loop
+			d.c.Insns += uint64(n + 1)
+			d.errIP = from
+			var s *block
+			if p != nil {
+				s = *p
+			} else if s = d.cache.runs.tips[ipHash(to)]; s != nil && (s.ip != to || s.mode != d.mode) {
+				s = nil
 			}
-			tip.ok, steps = false, 0
-			eb[ne] = Edge{from, tip.ip, BrReturn}
-			ne++
-			ip = tip.ip
-			b, ne = d.tipBlock(ip, ne)
-		case x86insn.IndirectJump, x86insn.IndirectCall:
-			if nb > 0 || tip.supp {
-				break loop
+			if s == nil {
+				// Not known yet: fast looks it up.
+				k.ip, k.missP, b, why = to, p, nil, exitMiss
+				goto out
 			}
-			tip.ok, steps = false, 0
-			kind := BrIndirectJump
-			if class == x86insn.IndirectCall {
-				kind = BrIndirectCall
-				d.pushRet(next)
+			b = s
+			if nf == edgeBatch {
+				why = exitFlush
+				goto out
 			}
-			eb[ne] = Edge{from, tip.ip, kind}
-			ne++
-			ip = tip.ip
-			b, ne = d.tipBlock(ip, ne)
-		default:
-			break loop
 		}
-		d.c.Insns += uint64(n + 1)
-		errIP = from
-		if ne == len(eb) {
-			d.sendEdges(eb[:ne])
-			ne = 0
-		}
 	}
-	if ne > 0 {
-		d.sendEdges(eb[:ne])
+out:
+	k.pos, k.tnt, k.nb, k.tip, k.b, k.budget = pos, tnt, nb, tipNone, b, budget
+	if nb == 0 {
+		k.tnt, k.tip = 0, uint8(tnt)
 	}
-	if pos == pos0 && d.c.Insns == insns0 {
-		// Nothing done: the state is as it was.
-		d.hasBack = tip.back
-		d.fp.noPos, d.fp.noIP = pos, d.ip
-		return nil
+	if b != nil {
+		k.ip = b.ip
 	}
-	d.ip, d.steps, d.errIP = ip, steps, errIP
-	d.tnt, d.tntN = tnt, uint8(nb)
-	d.fp.bytes += uint64(pos - pos0)
-	// The packets decoded ahead are the fast path's now; few are
-	// decoded ahead again, so that it can take over again soon.
-	d.pb.i, d.pb.n, d.pb.err, d.pb.size = 0, 0, nil, 1
-	d.pd.SetRaw(pos, last)
-	if tip.ok {
-		if tip.back {
-			d.hasBack = true
-		} else {
-			// Read ahead, as the slow path would have it.
-			d.pd.SetRaw(tip.pos, tip.last)
-			return d.peek()
-		}
-	}
-	return nil
+	f.n = nf
+	return why
 }
 
 // fixedSucc is the block at ip, the fixed target of a branch whose
@@ -390,36 +561,6 @@ func (d *Decoder) lastSucc(b *block, ip uint64) *block {
 	}
 	b.taken, b.fall = s, b.taken
 	return s
-}
-
-// succ is fixedSucc for the fast loop, whose branches wait in
-// fp.edges[:ne]: a miss decodes a block, which reads memory, and a Memory
-// may apply side band as it is read (perfflow: a task's exit, a new
-// mapping), so the branches before it are handed over first, as the slow
-// path hands each over before its next block. It returns what is left
-// waiting.
-func (d *Decoder) succ(p **block, ip uint64, ne int) (*block, int) {
-	if s := *p; s != nil {
-		return s, ne
-	}
-	d.flushEdges(ne)
-	return d.fixedSucc(p, ip), 0
-}
-
-// tipBlock is ipBlock for the fast loop, as succ is fixedSucc.
-func (d *Decoder) tipBlock(ip uint64, ne int) (*block, int) {
-	if s := d.ipHit(ip); s != nil {
-		return s, ne
-	}
-	d.flushEdges(ne)
-	return d.ipMiss(ip), 0
-}
-
-// flushEdges hands over the fast loop's first ne waiting branches.
-func (d *Decoder) flushEdges(ne int) {
-	if ne > 0 {
-		d.sendEdges(d.fp.edges[:ne])
-	}
 }
 
 // ipBlock is the block at ip where the flow came by an IP packet or a
@@ -454,7 +595,7 @@ func (d *Decoder) ipMiss(ip uint64) *block {
 	s := d.block(ip, d.mode)
 	c := &d.cache.runs
 	if c.tips == nil {
-		c.tips = make([]*block, recentTips)
+		c.tips = new([recentTips]*block)
 	}
 	c.tips[ipHash(ip)] = s
 	return s
@@ -525,12 +666,19 @@ const (
 	opPGE
 )
 
+// fastOps' index bits: timing packets are skipped (no clock sees them),
+// tracing is on.
+const (
+	opsTiming = 1
+	opsOn     = 2
+)
+
 // fastOps maps a packet's first byte to its action, by whether tracing is
-// on (2) and no clock sees timing packets (1): off, only a TIP.PGE is the
-// fast path's; on, a TIP.PGE is not.
+// on (opsOn) and no clock sees timing packets (opsTiming): off, only a
+// TIP.PGE is the fast path's; on, a TIP.PGE is not.
 var fastOps = func() (t [4][256]uint8) {
 	for k := range t {
-		timing, on := k&1 == 1, k&2 == 2
+		timing, on := k&opsTiming != 0, k&opsOn != 0
 		for i := range 256 {
 			c, op := uint8(i), opOther
 			switch {
@@ -566,10 +714,10 @@ var fastOps = func() (t [4][256]uint8) {
 func (d *Decoder) opsFor(on bool) *[256]uint8 {
 	k := 0
 	if d.clock == nil {
-		k = 1
+		k = opsTiming
 	}
 	if on {
-		k |= 2
+		k |= opsOn
 	}
 	return &fastOps[k]
 }
@@ -596,8 +744,11 @@ func skipPad(buf []byte, pos, end int, ops *[256]uint8) int {
 	return pos
 }
 
+// word is the 8 bytes of buf at i, little-endian.
+func word(buf []byte, i int) uint64 { return binary.LittleEndian.Uint64(buf[i:]) }
+
 // padRun returns the position after the PADs at pos, up to 8 of them: runs
 // of PADs are skipped a word at a time.
 func padRun(buf []byte, pos int) int {
-	return pos + min(bits.TrailingZeros64(binary.LittleEndian.Uint64(buf[pos:]))/8, 8)
+	return pos + min(bits.TrailingZeros64(word(buf, pos))/8, 8)
 }

@@ -47,14 +47,19 @@ type edgeLog struct {
 	t *testing.T
 }
 
-func (l *edgeLog) Edges(e []Edge) {
-	if len(e) == 0 || cap(e) != len(e) {
-		// A batch's capacity is its length: an append cannot write
-		// over what the decoder keeps after it.
-		l.t.Errorf("a batch of %d edges, capacity %d", len(e), cap(e))
+func (l *edgeLog) Edges(batch [][]Edge) {
+	if len(batch) == 0 {
+		l.t.Errorf("an empty batch")
 	}
-	for _, e := range e {
-		l.Branch(e.From, e.To, e.Kind)
+	for _, e := range batch {
+		if len(e) == 0 || cap(e) != len(e) {
+			// A slice's capacity is its length: an append cannot
+			// write over what the decoder keeps after it.
+			l.t.Errorf("a slice of %d edges, capacity %d", len(e), cap(e))
+		}
+		for _, e := range e {
+			l.Branch(e.From, e.To, e.Kind)
+		}
 	}
 }
 

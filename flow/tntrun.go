@@ -69,12 +69,14 @@ type runCache struct {
 	// worked out.
 	tmp [2 * maxRunEdges]Edge
 	// recent is a direct-mapped cache over the blocks' lists (runHash),
-	// allocated on the first run: a run costs a load instead of a walk
-	// of its block's list.
-	recent []runRef
+	// allocated on the first run or when the fast path first runs (its
+	// kernel reads it without a test): a run costs a load instead of a
+	// walk of its block's list.
+	recent *[recentRuns]runRef
 	// tips is a direct-mapped cache of the blocks at recent IP packets'
-	// targets (ipBlock), allocated on the first miss.
-	tips []*block
+	// targets (ipBlock), allocated on the first miss or when the fast
+	// path first runs.
+	tips *[recentTips]*block
 }
 
 // runRef is a recent entry: the run r of block b.
@@ -100,8 +102,12 @@ const (
 func (c *runCache) drop() {
 	c.runs.drop()
 	c.edges.drop()
-	clear(c.recent)
-	clear(c.tips)
+	if c.recent != nil {
+		clear(c.recent[:])
+	}
+	if c.tips != nil {
+		clear(c.tips[:])
+	}
 }
 
 // runHash is the index in runCache.recent of block b's run with pat.
@@ -123,26 +129,14 @@ func (c *runCache) add(b *block, r *tntRun, edges []Edge) *tntRun {
 	return kept
 }
 
-// find returns the run from block b with pat from the recent cache, or
-// nil: the fast path's lookup, small enough to be inlined there.
-func (c *runCache) find(b *block, pat uint8) *tntRun {
-	if c.recent == nil {
-		return nil
-	}
-	if ref := &c.recent[runHash(b, pat)]; ref.b == b && ref.r.pat == pat {
-		return ref.r
-	}
-	return nil
-}
-
 // tntRun returns the run from block b (ending in a conditional branch or a
 // direct jump or call) with the k (1..runBits) bits of pat below its stop
-// bit, not in the recent cache (find): from its block's list, or worked
-// out on the first use; the recent cache keeps it.
+// bit, not in the recent cache (the kernel's lookup): from its block's
+// list, or worked out on the first use; the recent cache keeps it.
 func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 	c := &d.cache.runs
 	if c.recent == nil {
-		c.recent = make([]runRef, recentRuns)
+		c.recent = new([recentRuns]runRef)
 	}
 	ref := &c.recent[runHash(b, pat)]
 	for r := b.runs; r != nil; r = r.next {

@@ -249,9 +249,9 @@ func (d *Decoder) Branch(from, to uint64, k flow.BranchKind) {
 
 // Edges passes the branches on (flow.EdgeHandler): a batch has no event
 // within it, so one time holds for all of it.
-func (d *Decoder) Edges(e []flow.Edge) {
+func (d *Decoder) Edges(batch [][]flow.Edge) {
 	d.advance(false)
-	d.out.Edges(e)
+	d.out.Edges(batch)
 }
 
 // Event passes the event on, after the side band due at its time. After
