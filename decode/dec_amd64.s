@@ -68,6 +68,26 @@ DATA shiftz<>+0xf0(SB)/8, $0x808080808080800f
 DATA shiftz<>+0xf8(SB)/8, $0x8080808080808080
 GLOBL shiftz<>(SB), RODATA|NOPTR, $256
 
+// pow10<>+8*t is 10**t.
+DATA pow10<>+0x00(SB)/8, $1
+DATA pow10<>+0x08(SB)/8, $10
+DATA pow10<>+0x10(SB)/8, $100
+DATA pow10<>+0x18(SB)/8, $1000
+DATA pow10<>+0x20(SB)/8, $10000
+DATA pow10<>+0x28(SB)/8, $100000
+DATA pow10<>+0x30(SB)/8, $1000000
+DATA pow10<>+0x38(SB)/8, $10000000
+DATA pow10<>+0x40(SB)/8, $100000000
+DATA pow10<>+0x48(SB)/8, $1000000000
+DATA pow10<>+0x50(SB)/8, $10000000000
+DATA pow10<>+0x58(SB)/8, $100000000000
+DATA pow10<>+0x60(SB)/8, $1000000000000
+DATA pow10<>+0x68(SB)/8, $10000000000000
+DATA pow10<>+0x70(SB)/8, $100000000000000
+DATA pow10<>+0x78(SB)/8, $1000000000000000
+DATA pow10<>+0x80(SB)/8, $10000000000000000
+GLOBL pow10<>(SB), RODATA|NOPTR, $136
+
 // DIGITS turns X, two values below 1e8 in its low and high quadwords, into
 // their 16 digits (byte values 0-9, the low value's first), using T and U:
 // x/1e4 and x%1e4 by multiplying with a reciprocal, the four 4-digit
@@ -119,7 +139,6 @@ TEXT ·putListSSSE3(SB), NOSPLIT, $0-32
 	MOVQ  b+0(FP), DI
 	MOVQ  vals+8(FP), SI
 	MOVQ  n+16(FP), CX
-	MOVQ  DI, R11
 	TESTQ CX, CX
 	JZ    done
 	MOVOU divpow<>(SB), X10
@@ -128,32 +147,43 @@ TEXT ·putListSSSE3(SB), NOSPLIT, $0-32
 	PXOR  X13, X13
 	MOVOU asciiz<>(SB), X14
 	LEAQ  shiftz<>(SB), R13
+	LEAQ  pow10<>(SB), R11
 	MOVQ  $0xabcc77118461cefd, R9 // 2**90/1e8, rounded up
-	MOVQ  $10000000000000000, R12
 
 loop:
 	MOVQ  (SI), BX
 	ADDQ  $8, SI
+	CMPQ  BX, 128(R11)
+	JAE   big
+	// The leading zeros z = 16 - digits, from the bit length, early:
+	// the next value's place then waits for no digit.
+	MOVQ  BX, R10
+	ORQ   $1, R10                 // 0 has a digit too
+	BSRQ  R10, R8
+	INCQ  R8
+	IMUL3Q $1233, R8, R8
+	SHRQ  $12, R8                 // t = digits or digits-1
+	MOVQ  $15, R12
+	SUBQ  R8, R12
+	CMPQ  R10, (R11)(R8*8)
+	ADCQ  $0, R12                 // z = 15-t, +1 below 10**t
 	MOVQ  BX, AX
 	MULQ  R9
 	SHRQ  $26, DX                 // hi = v/1e8
 	IMUL3Q $100000000, DX, R8
 	MOVQ  BX, R10
 	SUBQ  R8, R10                 // lo = v%1e8
-	CMPQ  BX, R12
-	JAE   big
 	MOVQ  DX, X0
 	MOVQ  R10, X1
 	PUNPCKLQDQ X1, X0
 	DIGITS(X0, X1, X2)
-	LEADZ(X0, X1, AX)
 	PADDB X14, X0
+	MOVQ  R12, AX
 	SHLQ  $4, AX
 	PSHUFB (R13)(AX*1), X0
 	MOVOU X0, (DI)
-	SHRQ  $4, AX
 	ADDQ  $16, DI
-	SUBQ  AX, DI
+	SUBQ  R12, DI
 
 next:
 	DECQ  CX
@@ -163,7 +193,14 @@ next:
 	JMP   loop
 
 big:
-	// 17 to 20 digits: top = hi/1e8 (1 to 4 digits), mid = hi%1e8.
+	// 17 to 20 digits: hi = v/1e8, lo = v%1e8, top = hi/1e8 (1 to 4
+	// digits), mid = hi%1e8.
+	MOVQ  BX, AX
+	MULQ  R9
+	SHRQ  $26, DX
+	IMUL3Q $100000000, DX, R8
+	MOVQ  BX, R10
+	SUBQ  R8, R10
 	MOVQ  R10, X3
 	MOVQ  DX, R10
 	MOVQ  DX, AX
@@ -190,6 +227,6 @@ big:
 	JMP   next
 
 done:
-	SUBQ  R11, DI
+	SUBQ  b+0(FP), DI
 	MOVQ  DI, ret+24(FP)
 	RET
