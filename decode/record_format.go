@@ -228,7 +228,8 @@ type RecordWriter struct {
 	seqDigits uint64
 	tid       int32
 	cpu       int32
-	thread    []byte // appendThread of tid and cpu, when set
+	thread    []byte // appendThread of tid and cpu, when threadSet
+	threadSet bool   // (an unknown thread and CPU print nothing: thread is nil)
 	sec       uint64
 	secTxt    []byte // " time=SEC." of sec, when set
 	pid       int32
@@ -260,8 +261,8 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 		dst = appendArgs(dst, r)
 	}
 	dst = append(dst, ']')
-	if r.TID != w.tid || r.CPU != w.cpu || w.thread == nil {
-		w.tid, w.cpu, w.thread = r.TID, r.CPU, appendThread(w.thread[:0], r.TID, r.CPU)
+	if r.TID != w.tid || r.CPU != w.cpu || !w.threadSet {
+		w.tid, w.cpu, w.thread, w.threadSet = r.TID, r.CPU, appendThread(w.thread[:0], r.TID, r.CPU), true
 	}
 	dst = append(dst, w.thread...)
 	if r.Time != 0 {
