@@ -442,9 +442,9 @@ const recordWord = 13
 func (a *Assembler) args(buf []byte, pos int) int {
 	got, ip := a.got, a.lastIP
 	for got < a.rec.N && pos+recordWord <= len(buf) {
-		w := buf[pos : pos+recordWord]
+		w := (*[recordWord]byte)(buf[pos:])
 		v := binary.LittleEndian.Uint64(w[2:])
-		if binary.LittleEndian.Uint16(w) != 0xb202 || w[10] != 0x1d|IPCUpdate16<<5 || v&(1<<40-1) == HeaderMagic {
+		if binary.LittleEndian.Uint16(w[:]) != 0xb202 || w[10] != 0x1d|IPCUpdate16<<5 || v&(1<<40-1) == HeaderMagic {
 			break
 		}
 		a.rec.Args[got&7] = v
