@@ -1,10 +1,10 @@
 #include "textflag.h"
 
-// putListSSSE3 (dec_amd64.go) converts two values below 1e8 at once: their
-// four 4-digit groups are split into digits in 16-bit lanes by
-// multiplications with reciprocals (W. Muła's SSE2 conversion), packed
-// into 16 digit bytes, their leading zeros found with one compare and
-// shuffled out with one PSHUFB.
+// putListSSSE3 (dec_amd64.go) converts a value below 1e16 as two values
+// below 1e8 at once: their four 4-digit groups are split into digits in
+// 16-bit lanes by multiplications with reciprocals (W. Muła's SSE2
+// conversion) and packed into 16 digit bytes, whose leading zeros, counted
+// from the value's bit length, one PSHUFB shuffles out.
 
 DATA div10000<>+0x00(SB)/8, $0xd1b71759d1b71759 // 2**45/1e4, rounded up
 DATA div10000<>+0x08(SB)/8, $0xd1b71759d1b71759
@@ -96,43 +96,33 @@ GLOBL pow10<>(SB), RODATA|NOPTR, $136
 // divpow and shiftpow hold a, ab, abc, abcd of a group abcd, and less ten
 // times their neighbour a, b, c, d.
 #define DIGITS(X, T, U) \
-	MOVO     X, T         \
-	PMULULQ  div10000<>(SB), T        \
-	PSRLQ    $45, T       \
-	MOVO     T, U         \
-	PMULULQ  ten4<>(SB), U        \
-	PSUBQ    U, X         \
-	PSLLQ    $32, X       \
-	POR      T, X         \
-	PACKSSLW X, X         \
-	PSLLW    $2, X        \
-	PUNPCKLWL X, X        \
-	MOVO     X, T         \
-	PUNPCKLLQ X, X        \
-	PUNPCKHLQ T, T        \
-	PMULHUW  X10, X       \
-	PMULHUW  X11, X       \
-	MOVO     X, U         \
-	PMULLW   X12, U       \
-	PSLLQ    $16, U       \
-	PSUBW    U, X         \
-	PMULHUW  X10, T       \
-	PMULHUW  X11, T       \
-	MOVO     T, U         \
-	PMULLW   X12, U       \
-	PSLLQ    $16, U       \
-	PSUBW    U, T         \
+	MOVO     X, T                   \
+	PMULULQ  div10000<>(SB), T      \
+	PSRLQ    $45, T                 \
+	MOVO     T, U                   \
+	PMULULQ  ten4<>(SB), U          \
+	PSUBQ    U, X                   \
+	PSLLQ    $32, X                 \
+	POR      T, X                   \
+	PACKSSLW X, X                   \
+	PSLLW    $2, X                  \
+	PUNPCKLWL X, X                  \
+	MOVO     X, T                   \
+	PUNPCKLLQ X, X                  \
+	PUNPCKHLQ T, T                  \
+	PMULHUW  X10, X                 \
+	PMULHUW  X11, X                 \
+	MOVO     X, U                   \
+	PMULLW   X12, U                 \
+	PSLLQ    $16, U                 \
+	PSUBW    U, X                   \
+	PMULHUW  X10, T                 \
+	PMULHUW  X11, T                 \
+	MOVO     T, U                   \
+	PMULLW   X12, U                 \
+	PSLLQ    $16, U                 \
+	PSUBW    U, T                   \
 	PACKUSWB T, X
-
-// LEADZ sets R to the number of zero digits at the start of X's 16
-// (at most 15: zero keeps its last digit), using T.
-#define LEADZ(X, T, R) \
-	MOVO     X, T         \
-	PCMPEQB  X13, T       \
-	PMOVMSKB T, R         \
-	XORL     $0xffff, R   \
-	ORL      $0x8000, R   \
-	BSFL     R, R
 
 // func putListSSSE3(b *byte, vals *uint64, n int) int
 TEXT ·putListSSSE3(SB), NOSPLIT, $0-32
@@ -213,7 +203,12 @@ big:
 	PUNPCKLQDQ X1, X0
 	DIGITS(X0, X1, X2)
 	DIGITS(X3, X1, X2)
-	LEADZ(X0, X1, AX) // top > 0: 4 to 7
+	// The leading zeros of top's eight digits: 4 to 7, since top > 0.
+	MOVO  X0, X1
+	PCMPEQB X13, X1
+	PMOVMSKB X1, AX
+	XORL  $0xffff, AX
+	BSFL  AX, AX
 	PADDB X14, X0
 	PADDB X14, X3
 	SHLQ  $4, AX
