@@ -335,6 +335,9 @@ func (a *Assembler) scan(buf []byte, pos int) int {
 						// on the load of the size.
 						a.ip(IPCUpdate16, uint64(binary.LittleEndian.Uint16(buf[pos+1:])))
 						pos += 3
+						if a.open {
+							pos = a.args(buf, pos)
+						}
 						continue
 					}
 					sz := int(ipCompressions[c].size)
@@ -420,6 +423,38 @@ func (a *Assembler) scan(buf []byte, pos int) int {
 		default:
 			return pos
 		}
+	}
+	return pos
+}
+
+// recordWord is the size of a record's argument word in its commonest
+// shape: a PTW of 8 bytes with its IP bit (02 b2, the payload) and the FUP
+// that the bit announces with a 16-bit IP update (3d, two bytes).
+const recordWord = 13
+
+// args takes the open record's argument words from pos while they have
+// the commonest shape (recordWord) and returns where it stopped: what
+// scan does with such a PTW and its FUP, with the word count and the last
+// IP kept in registers, not stored and reloaded a word at a time (scan
+// calls out). It leaves the rest to scan: another packet, a header, a word
+// past the event's arguments. The caller has no manual ptwrite waiting
+// for a FUP.
+func (a *Assembler) args(buf []byte, pos int) int {
+	got, ip := a.got, a.lastIP
+	for got < a.rec.N && pos+recordWord <= len(buf) {
+		w := (*[recordWord]byte)(buf[pos:])
+		v := binary.LittleEndian.Uint64(w[2:])
+		if binary.LittleEndian.Uint16(w[:]) != 0xb202 || w[10] != 0x1d|IPCUpdate16<<5 || v&(1<<40-1) == HeaderMagic {
+			break
+		}
+		a.rec.Args[got&7] = v
+		got++
+		ip = ip&^0xffff | uint64(binary.LittleEndian.Uint16(w[11:])) // IPCUpdate16
+		pos += recordWord
+	}
+	a.got, a.lastIP = got, ip
+	if got == a.want {
+		a.emit()
 	}
 	return pos
 }

@@ -168,21 +168,15 @@ func appendArgs(dst []byte, r *Record) []byte {
 }
 
 // appendPlainArgs appends the N arguments of r as appendArgs does when
-// every one is an unnamed whole u64, with room for the longest made once,
-// not per argument.
+// every one is an unnamed whole u64: one putList, the room for the
+// longest made once, not per argument.
 func appendPlainArgs(dst []byte, r *Record) []byte {
-	if need := r.N * (2 + 24); cap(dst)-len(dst) < need {
+	need := listRoom(r.N)
+	if cap(dst)-len(dst) < need {
 		dst = slices.Grow(dst, need)
 	}
-	l, b := len(dst), dst[:cap(dst)]
-	for i := 0; i < r.N; i++ {
-		// The separator is written before every argument, one store,
-		// and kept from the second on.
-		binary.LittleEndian.PutUint16(b[l:], ','|' '<<8)
-		l += 2 * min(i, 1)
-		l += putDec((*[24]byte)(b[l:l+24]), r.Args[i])
-	}
-	return b[:l]
+	l := len(dst)
+	return dst[:l+putList(dst[l:l+need], r.Args[:r.N])]
 }
 
 // appendThread appends the known " tid=T" and " cpu=C".
@@ -234,7 +228,8 @@ type RecordWriter struct {
 	seqDigits uint64
 	tid       int32
 	cpu       int32
-	thread    []byte // appendThread of tid and cpu, when set
+	thread    []byte // appendThread of tid and cpu, when threadSet
+	threadSet bool   // (an unknown thread and CPU print nothing: thread is nil)
 	sec       uint64
 	secTxt    []byte // " time=SEC." of sec, when set
 	pid       int32
@@ -266,8 +261,8 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 		dst = appendArgs(dst, r)
 	}
 	dst = append(dst, ']')
-	if r.TID != w.tid || r.CPU != w.cpu || w.thread == nil {
-		w.tid, w.cpu, w.thread = r.TID, r.CPU, appendThread(w.thread[:0], r.TID, r.CPU)
+	if r.TID != w.tid || r.CPU != w.cpu || !w.threadSet {
+		w.tid, w.cpu, w.thread, w.threadSet = r.TID, r.CPU, appendThread(w.thread[:0], r.TID, r.CPU), true
 	}
 	dst = append(dst, w.thread...)
 	if r.Time != 0 {
@@ -409,28 +404,47 @@ func AppendSummary(dst []byte, c *Counters) []byte {
 
 // appendDec appends v in decimal. It writes the digits in place, where
 // strconv formats into a scratch buffer and copies it: on the record path
-// the copies cost more than the digits. Eight digits at a time are split
-// off (a 64-bit division by a constant) and turned into ASCII together in
-// one word (digits8), stored with one 8-byte write; the first group's
-// leading zeros are shifted out of its word. No loop runs per digit or
-// digit pair: for the random lengths of record arguments the loop exits
-// were mispredicted branches (about 1.4x the time of this version, which
-// branches on the group count only; a version without that branch, always
-// three groups, was slower still). It writes up to 24 bytes past len(dst),
-// within the capacity, that later appends overwrite.
+// the copies cost more than the digits. On amd64 the digits come from
+// SIMD registers, sixteen at once (putList, dec_amd64.s); elsewhere eight
+// at a time are split off (a 64-bit division by a constant) and turned
+// into ASCII together in one word (digits8), stored with one 8-byte
+// write, the first group's leading zeros shifted out of its word. No
+// loop runs per digit or digit pair: for the random lengths of record
+// arguments the loop exits were mispredicted branches. It writes up to 24
+// bytes past len(dst), within the capacity, that later appends overwrite.
 func appendDec(dst []byte, v uint64) []byte {
 	l := len(dst)
 	if cap(dst)-l < 24 {
 		dst = slices.Grow(dst, 24)
 	}
-	return dst[:l+putDec((*[24]byte)(dst[l:l+24]), v)]
+	return dst[:l+putList(dst[l:l+24], []uint64{v})]
 }
 
-// putDec writes v in decimal at the start of b and returns its length.
+// listRoom is the room putList needs for n values: 24 bytes for the
+// longest, 2 more for each separator.
+func listRoom(n int) int { return max(26*n-2, 0) }
+
+// putListGo is putList in plain Go: where there is no SIMD version
+// (dec_amd64.go), and the oracle of its tests. It writes vals in decimal,
+// separated by ", ", at the start of b, and returns the length; it may
+// write scratch bytes past it within listRoom(len(vals)).
+func putListGo(b []byte, vals []uint64) int {
+	l := 0
+	for i, v := range vals {
+		// The separator is written before every value, one store,
+		// and kept from the second on.
+		binary.LittleEndian.PutUint16(b[l:], ','|' '<<8)
+		l += 2 * min(i, 1)
+		l += putDecGo((*[24]byte)(b[l:l+24]), v)
+	}
+	return l
+}
+
+// putDecGo writes v in decimal at the start of b and returns its length.
 // Each group's leading zero count z is masked to 0-7, the range it has,
 // so that the compiler drops its guards of shifts by 64 and more and of
 // empty slices (a tenth of the instructions).
-func putDec(b *[24]byte, v uint64) int {
+func putDecGo(b *[24]byte, v uint64) int {
 	if v < 1e8 {
 		d := digits8(uint32(v))
 		// Leading zero digits are zero bytes at the low end; zero

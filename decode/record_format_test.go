@@ -232,19 +232,75 @@ func BenchmarkRecordLines(b *testing.B) {
 	}
 }
 
-// FuzzAppendDec checks appendDec against strconv on any value.
+// FuzzAppendDec checks appendDec against strconv on any value, and
+// putList (SIMD on amd64) and putListGo on a list of two.
 func FuzzAppendDec(f *testing.F) {
-	f.Add(uint64(0))
-	f.Add(uint64(1e8))
-	f.Add(uint64(1<<64 - 1))
-	f.Fuzz(func(t *testing.T, v uint64) {
+	f.Add(uint64(0), uint64(9))
+	f.Add(uint64(1e8), uint64(1e16))
+	f.Add(uint64(1<<64-1), uint64(99999999_99999999))
+	f.Fuzz(func(t *testing.T, v, w uint64) {
 		if got, want := string(appendDec([]byte("x"), v)), "x"+strconv.FormatUint(v, 10); got != want {
 			t.Fatalf("appendDec(%d) = %q, want %q", v, got, want)
 		}
 		if got, want := string(appendHex([]byte("x"), v, 0)), "x"+strconv.FormatUint(v, 16); got != want {
 			t.Fatalf("appendHex(%#x) = %q, want %q", v, got, want)
 		}
+		want := strconv.FormatUint(v, 10) + ", " + strconv.FormatUint(w, 10)
+		for name, put := range map[string]func([]byte, []uint64) int{"putList": putList, "putListGo": putListGo} {
+			b := make([]byte, listRoom(2))
+			if got := string(b[:put(b, []uint64{v, w})]); got != want {
+				t.Fatalf("%s(%d, %d) = %q, want %q", name, v, w, got, want)
+			}
+		}
 	})
+}
+
+// putList (SIMD on amd64) and putListGo write what strconv does for every
+// length 1-20, the ends of every eight-digit group, zeros inside groups,
+// lists of 1 to 8 values, and nothing past listRoom.
+func TestPutList(t *testing.T) {
+	vals := []uint64{0, 1<<64 - 1, 1<<63 - 1, 1 << 63}
+	for p := uint64(1); ; p *= 10 {
+		vals = append(vals, p-1, p, p+1, 2*p-1, 9*p, 9*p+9)
+		if p > (1<<64-1)/10 {
+			break
+		}
+	}
+	vals = append(vals, 10000_00000001, 1_00000000_00000001, 12345678_00000000, 1_00000001_00000000,
+		1844_67440737_09551615, 1000_00000000_00000000, 1000_00000000_00000009, 9999_99999999_99999999/1000)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 2000 {
+		vals = append(vals, rng.Uint64()>>rng.IntN(64))
+	}
+	const canary = 0xa5
+	for n := 1; n <= 8; n++ {
+		for i := range vals {
+			list := make([]uint64, n)
+			var want []string
+			for k := range list {
+				list[k] = vals[(i+k*(len(vals)/n+1))%len(vals)]
+				want = append(want, strconv.FormatUint(list[k], 10))
+			}
+			for name, put := range map[string]func([]byte, []uint64) int{"putList": putList, "putListGo": putListGo} {
+				b := make([]byte, listRoom(n)+8)
+				for k := range b {
+					b[k] = canary
+				}
+				l := put(b[:listRoom(n)], list)
+				if got := string(b[:l]); got != strings.Join(want, ", ") {
+					t.Fatalf("%s(%v) = %q, want %q", name, list, got, strings.Join(want, ", "))
+				}
+				for k := listRoom(n); k < len(b); k++ {
+					if b[k] != canary {
+						t.Fatalf("%s(%v) wrote past its room at %d", name, list, k)
+					}
+				}
+			}
+		}
+	}
+	if n := putList(nil, nil); n != 0 {
+		t.Fatalf("putList of nothing = %d", n)
+	}
 }
 
 // RecordWriter counts consecutive line numbers up in place of converting

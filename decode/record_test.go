@@ -114,6 +114,40 @@ func TestAssembler(t *testing.T) {
 			c:    Counters{Records: 1, Dropped: 1},
 		},
 		{
+			// The words of a record in their commonest shape (each PTW
+			// with a FUP of 16 bits) are taken in a loop of their own
+			// (args), up to the event's arguments; the rest by scan.
+			name: "more words than arguments, with FUPs",
+			build: func(e *ptenc.Encoder) {
+				e.Probe(0x10, stub, true, 1, 2, 3)
+				e.Probe(0x10, stub, true, 4, 5)
+			},
+			want: "record 1: event=ptfs_t/e id=0x10 args=[1, b=2]\nrecord 2: event=ptfs_t/e id=0x10 args=[4, b=5]\n",
+			c:    Counters{Records: 2, Unknown: 1},
+		},
+		{
+			name: "words of other shapes among a record's",
+			build: func(e *ptenc.Encoder) {
+				e.PTW(ptenc.Header(0x10, 2), 8, true)
+				e.IP(ptenc.FUP, stub)
+				e.PTW(5, 4, true) // 4 bytes
+				e.IP(ptenc.FUP, stub+8)
+				e.PTW(6, 8, true)
+				e.IP(ptenc.FUP, 0x401000) // not a 16-bit update
+				e.PTW(ptenc.Header(0x10, 2), 8, true)
+				e.IP(ptenc.FUP, stub)
+				e.PTW(7, 8, false) // no FUP
+				e.PTW(8, 8, true)
+				e.TSC(5) // not a FUP after the PTW
+				e.IP(ptenc.FUP, stub+16)
+				e.PTW(9, 4, true) // manual, its FUP a 16-bit update
+				e.IP(ptenc.FUP, 0x405678)
+			},
+			want: "record 1: event=ptfs_t/e id=0x10 args=[5, b=6]\nrecord 2: event=ptfs_t/e id=0x10 args=[7, b=8]\n" +
+				"manual ptwrite: payload=0x9 ip=0x405678\n",
+			c: Counters{Records: 2, Stray: 1},
+		},
+		{
 			name: "OVF mid-record",
 			build: func(e *ptenc.Encoder) {
 				e.PTW(ptenc.Header(0x10, 2), 8, false)
