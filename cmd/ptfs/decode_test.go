@@ -318,18 +318,10 @@ func TestDecodeLargeRaw(t *testing.T) {
 		t.Fatalf("stdin: exit %d %s, output the same: %v", code, errs, out == want)
 	}
 	// A pipe is not mapped: it is read a piece at a time.
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
-	go func() {
-		pw.Write(data)
-		pw.Close()
-	}()
-	os.Stdin = pr
-	code, out, errs = runDecodeT("--events", events, "-")
-	os.Stdin = old
+	_ = withStdin(t, trace, true, func() error {
+		code, out, errs = runDecodeT("--events", events, "-")
+		return nil
+	})
 	if code != 0 || out != want {
 		t.Fatalf("pipe: exit %d %s, output the same: %v", code, errs, out == want)
 	}
