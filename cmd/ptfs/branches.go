@@ -398,20 +398,12 @@ func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
 }
 
 // sideBand applies the side band to p in file order and returns the
-// errors of the mappings whose bytes stay unknown (exits are not applied:
-// the spaces must outlive them).
+// errors of the mappings whose bytes stay unknown.
 func sideBand(p *images.Processes, evs []perfdata.Event) []error {
 	var errs []error
-	for _, e := range evs {
-		switch {
-		case e.Kind == perfdata.Mmap && e.PID >= 0:
-			if err := p.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name); err != nil {
-				errs = append(errs, err)
-			}
-		case e.Kind == perfdata.Comm && e.Exec:
-			p.Exec(e.PID)
-		case e.Kind == perfdata.Fork && e.PID != e.PPID:
-			p.Fork(e.PPID, e.PID)
+	for i := range evs {
+		if err := perfflow.ApplyProcess(p, &evs[i]); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errs
