@@ -179,9 +179,9 @@ func (e *PacketError) Unwrap() error { return e.Err }
 // psbPattern is the 16-byte PSB packet.
 var psbPattern = [16]byte{2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82}
 
-// HasPSB tells whether buf holds a PSB packet, which every Intel PT stream
-// starts at and repeats.
-func HasPSB(buf []byte) bool { return bytes.Contains(buf, psbPattern[:]) }
+// IndexPSB returns the offset of the first PSB packet in buf, or -1: every
+// Intel PT stream starts at a PSB and repeats it.
+func IndexPSB(buf []byte) int { return bytes.Index(buf, psbPattern[:]) }
 
 // Block-item contexts: a BBP switches the meaning of bytes with bits 2:0 =
 // 100b from TNT8 to BIP until a packet that ends the block (SDM, PEBS via PT).

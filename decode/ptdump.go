@@ -706,45 +706,157 @@ func appendFloat3(b []byte, f float64, sign bool) []byte {
 // after bytes that do not decode, and silence at a packet cut off by the
 // end of the stream.
 func WritePtdump(w io.Writer, buf []byte, opts PtdumpOptions) error {
-	bw := bufio.NewWriterSize(w, 64<<10)
-	l := NewPtdump(opts)
-	line := make([]byte, 0, 512)
+	pw, err := NewPtdumpWriter(w, opts)
+	if err != nil {
+		return err
+	}
+	_, _ = pw.Write(buf) // its error is Close's
+	return pw.Close()
+}
+
+// ptdumpWindow is the bytes of trace a PtdumpWriter holds.
+const ptdumpWindow = 64 << 10
+
+// PtdumpWriter lists a PT stream that arrives in pieces cut at any byte
+// (a pipe, a perf.data AUX buffer) exactly as WritePtdump lists it whole,
+// offsets counted from the stream's start, in a fixed window of memory
+// whatever the stream's length: bytes before the first PSB (or between
+// an error and the next PSB) are searched as they arrive and dropped.
+// One difference: a search that meets a run of PSB-like bytes longer than
+// a PSB cut by a piece's end syncs at the PSB that ends the run so far
+// (libipt's search takes the last PSB of a run), not at the run's end.
+type PtdumpWriter struct {
+	bw      *bufio.Writer
+	l       *Ptdump
+	d       PacketDecoder
+	p       Packet
+	win     []byte
+	base    uint64 // the stream offset of win[0]
+	drop    int    // bytes moved out of win since the decoder last saw it
+	line    []byte
+	noSync  bool
+	started bool
+	err     error // the first write error; it ends the listing
+}
+
+// NewPtdumpWriter returns a writer that lists the stream written to it on
+// w; Close ends the stream and flushes the listing.
+func NewPtdumpWriter(w io.Writer, opts PtdumpOptions) (*PtdumpWriter, error) {
 	known, err := CPUKnown(opts.CPU)
 	if err != nil {
-		return fmt.Errorf("ptdump: %w", err)
+		return nil, fmt.Errorf("ptdump: %w", err)
+	}
+	pw := &PtdumpWriter{
+		bw:     bufio.NewWriterSize(w, 64<<10),
+		l:      NewPtdump(opts),
+		win:    make([]byte, 0, ptdumpWindow),
+		line:   make([]byte, 0, 512),
+		noSync: opts.NoSync,
 	}
 	if !known {
-		line = appendDiag(line, 0, "failed to determine errata", pteBadCPU, true)
+		pw.line = appendDiag(pw.line, 0, "failed to determine errata", pteBadCPU, true)
 	}
-	d := NewPacketDecoder(buf)
-	if opts.NoSync {
-		err = d.SyncSet(0)
+	return pw, nil
+}
+
+// Write lists the packets that b completes; a packet it cuts waits for
+// the next Write or Close. It returns len(b), or the listing's write
+// error.
+func (pw *PtdumpWriter) Write(b []byte) (int, error) {
+	n := len(b)
+	for len(b) > 0 && pw.err == nil {
+		if len(pw.win) == cap(pw.win) {
+			// Keep what a resynchronisation searches again: from 16
+			// bytes before the next packet (list leaves fewer than
+			// maxPacket bytes undecoded, so this frees most of win).
+			keep := max(0, int(pw.d.Pos())-pw.drop-maxPacket)
+			pw.win = pw.win[:copy(pw.win, pw.win[keep:])]
+			pw.base += uint64(keep)
+			pw.drop += keep
+		}
+		m := min(len(b), cap(pw.win)-len(pw.win))
+		pw.win = append(pw.win, b[:m]...)
+		b = b[m:]
+		pw.list(false)
+	}
+	return n, pw.err
+}
+
+// Close lists the rest of the stream and flushes the listing.
+func (pw *PtdumpWriter) Close() error {
+	if pw.err == nil {
+		pw.list(true)
+	}
+	if pw.err == nil {
+		if err := pw.bw.Flush(); err != nil {
+			pw.err = fmt.Errorf("ptdump: write listing: %w", err)
+		}
+	}
+	return pw.err
+}
+
+// list decodes the packets in the window; before the end it leaves the
+// last maxPacket bytes, which may hold a packet cut by the window's end.
+func (pw *PtdumpWriter) list(end bool) {
+	d := &pw.d
+	// The decoder sees the new bytes only when it can decode a packet:
+	// Slide after a failed search must find it at its buffer's end.
+	if !end && len(pw.win)-(int(d.Pos())-pw.drop) < maxPacket {
+		return
+	}
+	if pw.started {
+		d.Slide(pw.win, pw.drop)
+		pw.drop = 0
 	} else {
-		err = d.SyncForward()
+		pw.started = true
+		d.Reset(pw.win)
+		if pw.noSync {
+			_ = d.SyncSet(0)
+		} else {
+			_ = d.SyncForward() // failed: Next searches on in what Write adds
+		}
 	}
-	var p Packet
-	for err == nil {
-		err = d.Next(&p)
-		if err == nil {
-			line = l.AppendPacket(line, &p, buf[p.Offset:p.Offset+uint64(p.Size)])
-		} else if !errors.Is(err, io.EOF) && !errors.Is(err, ErrTruncated) {
+	for pw.err == nil {
+		if !end && len(pw.win)-int(d.Pos()) < maxPacket {
+			break
+		}
+		err := d.Next(&pw.p)
+		stop := false
+		switch {
+		case err == nil:
+			p := &pw.p
+			raw := pw.win[p.Offset : p.Offset+uint64(p.Size)]
+			p.Offset += pw.base
+			pw.line = pw.l.AppendPacket(pw.line, p, raw)
+		case errors.Is(err, io.EOF) || errors.Is(err, ErrTruncated):
+			// The end of the stream, or of the window: Write's Slide
+			// decodes a cut packet again whole.
+			stop = true
+		default:
 			var pe *PacketError
 			if !errors.As(err, &pe) {
-				return fmt.Errorf("ptdump: %w", err)
+				pw.err = fmt.Errorf("ptdump: %w", err)
+				return
 			}
-			line = l.AppendError(line, pe.Offset, err)
-			err = d.SyncForward()
-			l.Reset()
+			pw.line = pw.l.AppendError(pw.line, pw.base+pe.Offset, err)
+			_ = d.SyncForward() // failed: Next searches on
+			pw.l.Reset()
 		}
-		if len(line) > 256 || err != nil {
-			if _, werr := bw.Write(line); werr != nil {
-				return fmt.Errorf("ptdump: write listing: %w", werr)
+		if len(pw.line) > 256 || stop {
+			if _, werr := pw.bw.Write(pw.line); werr != nil {
+				pw.err = fmt.Errorf("ptdump: write listing: %w", werr)
 			}
-			line = line[:0]
+			pw.line = pw.line[:0]
+		}
+		if stop {
+			break
 		}
 	}
-	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("ptdump: write listing: %w", err)
+	if pw.err == nil && end {
+		_, werr := pw.bw.Write(pw.line)
+		if werr != nil {
+			pw.err = fmt.Errorf("ptdump: write listing: %w", werr)
+		}
+		pw.line = pw.line[:0]
 	}
-	return nil
 }

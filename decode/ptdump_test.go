@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"errors"
 	"fmt"
 	"io"
+	"math/rand"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -302,4 +305,114 @@ func TestPtdumpNoAlloc(t *testing.T) {
 	if allocs := testing.AllocsPerRun(3, run); allocs != 0 {
 		t.Errorf("%.1f allocations per pass over %d packets, want 0", allocs, len(pkts))
 	}
+}
+
+// ptdumpWhole is the listing of buf decoded in one buffer, the loop
+// WritePtdump ran before it streamed: the reference of the streamed one.
+func ptdumpWhole(buf []byte, opts PtdumpOptions) []byte {
+	l := NewPtdump(opts)
+	var out []byte
+	d := NewPacketDecoder(buf)
+	var err error
+	if opts.NoSync {
+		err = d.SyncSet(0)
+	} else {
+		err = d.SyncForward()
+	}
+	var p Packet
+	for err == nil {
+		if err = d.Next(&p); err == nil {
+			out = l.AppendPacket(out, &p, buf[p.Offset:p.Offset+uint64(p.Size)])
+		} else if !errors.Is(err, io.EOF) && !errors.Is(err, ErrTruncated) {
+			var pe *PacketError
+			errors.As(err, &pe)
+			out = l.AppendError(out, pe.Offset, err)
+			err = d.SyncForward()
+			l.Reset()
+		}
+	}
+	return out
+}
+
+// streamPtdump lists buf written to a PtdumpWriter of a window of win
+// bytes (0: the default) in pieces of the sizes of cuts, repeated.
+func streamPtdump(t testing.TB, buf []byte, opts PtdumpOptions, win int, cuts []int) []byte {
+	var got bytes.Buffer
+	pw, err := NewPtdumpWriter(&got, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if win > 0 {
+		pw.win = make([]byte, 0, win)
+	}
+	for i := 0; len(buf) > 0; i++ {
+		n := min(len(buf), max(1, cuts[i%len(cuts)]))
+		if _, err := pw.Write(buf[:n]); err != nil {
+			t.Fatal(err)
+		}
+		buf = buf[n:]
+	}
+	if err := pw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return got.Bytes()
+}
+
+// A stream listed in pieces of any size, through windows it outgrows, is
+// listed as the whole buffer is: garbage before the first PSB and between
+// PSBs (resynchronisations that search across the window's end), and a
+// packet cut by the end.
+func TestPtdumpWriterPieces(t *testing.T) {
+	trace := ptenc.Generate(ptenc.Mixed, 5*ptdumpWindow/2, 3)
+	garbage := make([]byte, 3*ptdumpWindow/2+100)
+	rand.New(rand.NewSource(1)).Read(garbage)
+	damaged := slices.Concat(garbage[:ptdumpWindow+100], trace[:len(trace)/2], garbage[:3*ptdumpWindow/2], trace[len(trace)/2:len(trace)-3])
+	for _, c := range []struct {
+		name string
+		buf  []byte
+		opts PtdumpOptions
+	}{
+		{"clean", trace, PtdumpOptions{LastIP: true}},
+		{"damaged", damaged, PtdumpOptions{LastIP: true, Raw: true}},
+		{"damaged no-sync", damaged, PtdumpOptions{NoSync: true}},
+		{"zeros", make([]byte, 3*ptdumpWindow), PtdumpOptions{}},
+		{"zeros no-sync", make([]byte, 3*ptdumpWindow), PtdumpOptions{NoSync: true}},
+		{"garbage", garbage, PtdumpOptions{NoSync: true}},
+	} {
+		want := ptdumpWhole(c.buf, c.opts)
+		for _, cuts := range [][]int{{len(c.buf)}, {1}, {15, 16, 17}, {ptdumpWindow - 1}, {4093, 70001, 7}} {
+			if got := streamPtdump(t, c.buf, c.opts, 0, cuts); !bytes.Equal(got, want) {
+				t.Errorf("%s in pieces %v: %d bytes of listing, want %d\n%s", c.name, cuts, len(got), len(want), firstDiff(string(got), string(want)))
+			}
+		}
+	}
+}
+
+// firstDiff names the first line where got and want differ.
+func firstDiff(got, want string) string {
+	g, w := strings.Split(got, "\n"), strings.Split(want, "\n")
+	for i := range min(len(g), len(w)) {
+		if g[i] != w[i] {
+			return fmt.Sprintf("line %d: got %q, want %q", i+1, g[i], w[i])
+		}
+	}
+	return fmt.Sprintf("one is a prefix: %d lines, want %d", len(g), len(w))
+}
+
+// FuzzPtdumpWriter holds the streamed listing to the whole buffer's on
+// any bytes cut at any place.
+func FuzzPtdumpWriter(f *testing.F) {
+	f.Add(ptenc.Generate(ptenc.Mixed, 4096, 1), uint16(100), uint16(7))
+	f.Add([]byte{0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x82, 0x02, 0x23}, uint16(5), uint16(1))
+	f.Fuzz(func(t *testing.T, buf []byte, a, b uint16) {
+		if bytes.Contains(buf, bytes.Repeat([]byte{2, 0x82}, 9)) {
+			t.Skip("a run of PSB bytes longer than a PSB: the search may end in it at a piece's end (PtdumpWriter)")
+		}
+		opts := PtdumpOptions{LastIP: true, Time: true, MTCFreq: 3, CPUID15EAX: 1, CPUID15EBX: 2, NoSync: a&1 == 1}
+		// A small window, so that the pieces slide it often.
+		want := ptdumpWhole(buf, opts)
+		if got := streamPtdump(t, buf, opts, 2*maxPacket+int(b%64), []int{int(a), int(b)}); !bytes.Equal(got, want) {
+			t.Fatalf("pieces %d, %d: %s", a, b, firstDiff(string(got), string(want)))
+		}
+	})
 }

@@ -101,13 +101,8 @@ func (c *cpuState) drain() {
 		if !ok {
 			break
 		}
+		_ = perfflow.ApplyProcess(c.s.procs, &e)
 		switch e.Kind {
-		case perfdata.Mmap:
-			_ = c.s.procs.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name)
-		case perfdata.Comm:
-			if e.Exec {
-				c.s.procs.Exec(e.PID)
-			}
 		case perfdata.ItraceStart, perfdata.Switch:
 			c.apid, c.atid = e.PID, e.TID
 		case perfdata.Lost:

@@ -89,96 +89,122 @@ func (e *Event) setSample(s idSample) {
 	}
 }
 
-// cstr returns the NUL-terminated string at the start of b.
-func cstr(b []byte, what string, off uint64) (string, error) {
+// cstr returns the NUL-terminated name at the start of b, as bytes of b.
+func cstr(b []byte, what string) ([]byte, error) {
 	i := bytes.IndexByte(b, 0)
 	if i < 0 {
-		return "", fmt.Errorf("%s record at %d: unterminated name: %w", what, off, ErrCorrupt)
+		return nil, fmt.Errorf("%s record: unterminated name: %w", what, ErrCorrupt)
 	}
-	return string(b[:i]), nil
+	return b[:i], nil
 }
 
-// sideBand decodes a side-band record of type typ (rec includes the
-// header); ok is false for other types.
-func sideBand(typ uint32, rec []byte, off uint64) (ev Event, ok bool, err error) {
-	misc := binary.LittleEndian.Uint16(rec[4:])
+// SideBand decodes the side-band record of type typ (PERF_RECORD_MMAP,
+// MMAP2, COMM, FORK, EXIT, ITRACE_START, SWITCH, SWITCH_CPU_WIDE, AUX,
+// LOST) whose header has the misc flags misc into ev: the one parser of
+// the perf ABI's side band, for perf.data and the live rings. body is
+// what follows the 8-byte header; a sample_id trailer may follow the
+// fields (the caller reads it: its layout is the attribute's), and a name
+// must end with a NUL within body. So that the live reader allocates
+// nothing, the name of an MMAP, MMAP2 or COMM is returned as bytes of
+// body (ev.Name is left empty) and ev.BuildID aliases body. Task fields
+// are the body's: a switch's PID and TID are -1 but after a CPU-wide
+// switch out (next_prev_pid/tid); the trailer names the task of a switch
+// in, an AUX or a LOST. ok is false for a type that is not side band;
+// a body too short for its type is ErrCorrupt.
+func SideBand(typ uint32, misc uint16, body []byte, ev *Event) (name []byte, ok bool, err error) {
 	le := binary.LittleEndian
 	need := func(n int, what string) error {
-		if len(rec) < n {
-			return fmt.Errorf("%s record at %d: %d bytes, want %d: %w", what, off, len(rec), n, ErrCorrupt)
+		if len(body) < n {
+			return fmt.Errorf("%s record: body of %d bytes, want %d: %w", what, len(body), n, ErrCorrupt)
 		}
 		return nil
 	}
 	switch typ {
 	case recMmap:
-		if err := need(41, "mmap"); err != nil {
-			return ev, true, err
+		if err := need(33, "mmap"); err != nil {
+			return nil, true, err
 		}
-		ev = Event{Kind: Mmap, PID: int32(le.Uint32(rec[8:])), TID: int32(le.Uint32(rec[12:])),
-			Addr: le.Uint64(rec[16:]), Len: le.Uint64(rec[24:]), PgOff: le.Uint64(rec[32:])}
-		ev.Name, err = cstr(rec[40:], "mmap", off)
+		*ev = Event{Kind: Mmap, PID: int32(le.Uint32(body)), TID: int32(le.Uint32(body[4:])),
+			Addr: le.Uint64(body[8:]), Len: le.Uint64(body[16:]), PgOff: le.Uint64(body[24:])}
+		name, err = cstr(body[32:], "mmap")
 	case recMmap2:
-		if err := need(73, "mmap2"); err != nil {
-			return ev, true, err
+		if err := need(65, "mmap2"); err != nil {
+			return nil, true, err
 		}
-		ev = Event{Kind: Mmap, PID: int32(le.Uint32(rec[8:])), TID: int32(le.Uint32(rec[12:])),
-			Addr: le.Uint64(rec[16:]), Len: le.Uint64(rec[24:]), PgOff: le.Uint64(rec[32:]),
-			Prot: le.Uint32(rec[64:]), Flags: le.Uint32(rec[68:])}
+		*ev = Event{Kind: Mmap, PID: int32(le.Uint32(body)), TID: int32(le.Uint32(body[4:])),
+			Addr: le.Uint64(body[8:]), Len: le.Uint64(body[16:]), PgOff: le.Uint64(body[24:]),
+			Prot: le.Uint32(body[56:]), Flags: le.Uint32(body[60:])}
 		if misc&miscMmapBuildID != 0 {
-			n := int(rec[40])
+			n := int(body[32])
 			if n > buildIDMax {
-				return ev, true, fmt.Errorf("mmap2 record at %d: build id of %d bytes: %w", off, n, ErrCorrupt)
+				return nil, true, fmt.Errorf("mmap2 record: build id of %d bytes: %w", n, ErrCorrupt)
 			}
-			ev.BuildID = bytes.Clone(rec[44 : 44+n])
+			ev.BuildID = body[36 : 36+n]
 		} else {
-			ev.Maj, ev.Min, ev.Ino = le.Uint32(rec[40:]), le.Uint32(rec[44:]), le.Uint64(rec[48:])
+			ev.Maj, ev.Min, ev.Ino = le.Uint32(body[32:]), le.Uint32(body[36:]), le.Uint64(body[40:])
 		}
-		ev.Name, err = cstr(rec[72:], "mmap2", off)
+		name, err = cstr(body[64:], "mmap2")
 	case recComm:
-		if err := need(17, "comm"); err != nil {
-			return ev, true, err
+		if err := need(9, "comm"); err != nil {
+			return nil, true, err
 		}
-		ev = Event{Kind: Comm, PID: int32(le.Uint32(rec[8:])), TID: int32(le.Uint32(rec[12:])), Exec: misc&miscCommExec != 0}
-		ev.Name, err = cstr(rec[16:], "comm", off)
+		*ev = Event{Kind: Comm, PID: int32(le.Uint32(body)), TID: int32(le.Uint32(body[4:])), Exec: misc&miscCommExec != 0}
+		name, err = cstr(body[8:], "comm")
 	case recFork, recExit:
-		if err := need(24, "fork/exit"); err != nil {
-			return ev, true, err
+		if err := need(16, "fork/exit"); err != nil {
+			return nil, true, err
 		}
-		ev = Event{Kind: Fork, PID: int32(le.Uint32(rec[8:])), PPID: int32(le.Uint32(rec[12:])),
-			TID: int32(le.Uint32(rec[16:])), PTID: int32(le.Uint32(rec[20:]))}
+		*ev = Event{Kind: Fork, PID: int32(le.Uint32(body)), PPID: int32(le.Uint32(body[4:])),
+			TID: int32(le.Uint32(body[8:])), PTID: int32(le.Uint32(body[12:]))}
 		if typ == recExit {
 			ev.Kind = Exit
 		}
 	case recItraceStart:
-		if err := need(16, "itrace start"); err != nil {
-			return ev, true, err
+		if err := need(8, "itrace start"); err != nil {
+			return nil, true, err
 		}
-		ev = Event{Kind: ItraceStart, PID: int32(le.Uint32(rec[8:])), TID: int32(le.Uint32(rec[12:]))}
+		*ev = Event{Kind: ItraceStart, PID: int32(le.Uint32(body)), TID: int32(le.Uint32(body[4:]))}
 	case recSwitch, recSwitchCPUWide:
 		// After a switch in the trailer's task runs (setSample); after
 		// a CPU-wide switch out, next_prev_pid/tid; after a per-task
 		// one, a task it does not name.
-		ev = Event{Kind: Switch, Out: misc&miscSwitchOut != 0, PID: -1, TID: -1}
-		if typ == recSwitchCPUWide && ev.Out {
-			if err := need(16, "switch"); err != nil {
-				return ev, true, err
+		*ev = Event{Kind: Switch, Out: misc&miscSwitchOut != 0, PID: -1, TID: -1}
+		if typ == recSwitchCPUWide {
+			// The kernel writes next_prev_pid/tid either way.
+			if err := need(8, "switch"); err != nil {
+				return nil, true, err
 			}
-			ev.PID, ev.TID = int32(le.Uint32(rec[8:])), int32(le.Uint32(rec[12:]))
+			if ev.Out {
+				ev.PID, ev.TID = int32(le.Uint32(body)), int32(le.Uint32(body[4:]))
+			}
 		}
 	case recAux:
-		if err := need(32, "aux"); err != nil {
-			return ev, true, err
+		if err := need(24, "aux"); err != nil {
+			return nil, true, err
 		}
-		ev = Event{Kind: Aux, AuxOffset: le.Uint64(rec[8:]), AuxSize: le.Uint64(rec[16:]), AuxFlags: le.Uint64(rec[24:])}
+		*ev = Event{Kind: Aux, AuxOffset: le.Uint64(body), AuxSize: le.Uint64(body[8:]), AuxFlags: le.Uint64(body[16:])}
 	case recLost:
-		if err := need(24, "lost"); err != nil {
-			return ev, true, err
+		if err := need(16, "lost"); err != nil {
+			return nil, true, err
 		}
-		ev = Event{Kind: Lost, Lost: le.Uint64(rec[16:])}
+		*ev = Event{Kind: Lost, Lost: le.Uint64(body[8:])}
 	default:
-		return ev, false, nil
+		return nil, false, nil
 	}
-	return ev, true, err
+	return name, true, err
+}
+
+// sideBand decodes the side-band record rec (header included) at offset
+// off of a perf.data file; ok is false for other types. Its name and build
+// id are its own, not rec's.
+func sideBand(typ uint32, rec []byte, off uint64) (ev Event, ok bool, err error) {
+	name, ok, err := SideBand(typ, binary.LittleEndian.Uint16(rec[4:]), rec[8:], &ev)
+	if err != nil {
+		return ev, ok, fmt.Errorf("record at %d: %w", off, err)
+	}
+	ev.Name = string(name)
+	ev.BuildID = bytes.Clone(ev.BuildID)
+	return ev, ok, nil
 }
 
 // buildIDs reads a run of build_id events (the HEADER_BUILD_ID feature
@@ -205,11 +231,11 @@ func buildIDs(b []byte, base uint64, ids map[string][]byte) error {
 				return fmt.Errorf("build id at %d: %d bytes: %w", base, n, ErrCorrupt)
 			}
 		}
-		name, err := cstr(b[36:size], "build id", base)
+		name, err := cstr(b[36:size], "build id")
 		if err != nil {
-			return err
+			return fmt.Errorf("at %d: %w", base, err)
 		}
-		ids[name] = bytes.Clone(b[12 : 12+n])
+		ids[string(name)] = bytes.Clone(b[12 : 12+n])
 		b, base = b[size:], base+size
 	}
 	return nil

@@ -311,22 +311,30 @@ func (d *Decoder) changesMemory(e *perfdata.Event) bool {
 	return false
 }
 
+// ApplyProcess applies what the side-band event e does to the memory of
+// the processes p, the one place that says it (perf.data's decoding, the
+// live one): an MMAP maps its file (the error: the mapping's code stays
+// unknown), the COMM of an exec starts a new space, a FORK of a new
+// process copies its parent's. Exits are not applied (the spaces must
+// outlive them: trace may still be decoded in them); other events change
+// no memory.
+func ApplyProcess(p *images.Processes, e *perfdata.Event) error {
+	switch {
+	case e.Kind == perfdata.Mmap && e.PID >= 0:
+		return p.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name)
+	case e.Kind == perfdata.Comm && e.Exec:
+		p.Exec(e.PID)
+	case e.Kind == perfdata.Fork && e.PID != e.PPID:
+		p.Fork(e.PPID, e.PID)
+	}
+	return nil
+}
+
 // apply takes one side-band event into the model. Image errors were told
 // when the side band was first applied (the files are read once).
 func (d *Decoder) apply(e perfdata.Event) {
+	_ = ApplyProcess(d.procs, &e)
 	switch e.Kind {
-	case perfdata.Mmap:
-		if e.PID >= 0 {
-			_ = d.procs.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name)
-		}
-	case perfdata.Comm:
-		if e.Exec {
-			d.procs.Exec(e.PID)
-		}
-	case perfdata.Fork:
-		if e.PID != e.PPID {
-			d.procs.Fork(e.PPID, e.PID)
-		}
 	case perfdata.ItraceStart, perfdata.Switch:
 		d.setTask(e.PID, e.TID)
 	case perfdata.Lost:

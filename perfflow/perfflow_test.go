@@ -104,3 +104,51 @@ func TestDecodeBuffer(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeBufferPlacesRecordsWithoutData: AUX records whose data never
+// came are placed each after the record before it, as records with data
+// are: the last one's truncation is told after the side band up to the
+// time of the one before it (here a switch to thread 2), not only up to
+// the last record with data.
+func TestDecodeBufferPlacesRecordsWithoutData(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a"), []byte{0x90, 0x75, 0xfd, 0x0f, 0x05}, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s1 := segment(1)
+	n1 := uint64(len(s1))
+	aux := func(off, size, flags, time uint64) perfdata.Event {
+		return perfdata.Event{Kind: perfdata.Aux, AuxOffset: off, AuxSize: size, AuxFlags: flags, Time: time}
+	}
+	p := images.NewProcesses(images.Options{Path: func(name string) string { return filepath.Join(dir, name) }})
+	defer p.Close()
+	tl := &perfdata.Timeline{}
+	tl.Push(perfdata.Event{Kind: perfdata.Comm, Exec: true, PID: 1, TID: 1, Time: 1})
+	tl.Push(perfdata.Event{Kind: perfdata.Mmap, PID: 1, TID: 1, Addr: 0x1000, Len: 0x1000, Name: "a", Time: 1})
+	tl.Push(perfdata.Event{Kind: perfdata.ItraceStart, PID: 1, TID: 1, Time: 1})
+	tl.Push(perfdata.Event{Kind: perfdata.Switch, PID: 1, TID: 2, Time: 15})
+	var out bytes.Buffer
+	d := New(Config{Processes: p, Timeline: tl, CPU: 0}, func(mem flow.Memory, sym flow.Symbolizer) *flow.Branches {
+		return flow.NewBranches(&out, mem, sym, nil)
+	})
+	// The first record's data came; the second's and third's did not.
+	auxes := []perfdata.Event{aux(0, n1, 0, 10), aux(n1, 64, 0, 20), aux(n1+64, 64, perfdata.AuxTruncated, 30)}
+	if err := d.DecodeBuffer(&perfdata.Buffer{Chunks: []perfdata.Chunk{{Offset: 0, Data: s1}}}, auxes); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Branches().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var gaps []string
+	for line := range strings.Lines(out.String()) {
+		if strings.HasPrefix(line, "gap: ") {
+			gaps = append(gaps, line)
+		}
+	}
+	if len(gaps) != 1 || !strings.Contains(gaps[0], "aux truncated") || !strings.Contains(gaps[0], " tid=2 ") {
+		t.Errorf("gap lines %q, want one aux truncated with tid=2 (placed after the record of time 20):\n%s", gaps, out.String())
+	}
+	if c := d.Counters(); c.Truncated != 1 || c.Switches != 2 {
+		t.Errorf("counters %+v, want 1 truncated, 2 switches", c)
+	}
+}

@@ -1,11 +1,11 @@
 package perfio
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 
 	"ptfs/engine"
+	"ptfs/perfdata"
 
 	"golang.org/x/sys/unix"
 )
@@ -14,17 +14,6 @@ import (
 // record of a PT data ring with ptSampleType: u32 pid, tid; u64 time; u32
 // cpu, res; u64 id (PERF_SAMPLE_IDENTIFIER).
 const sampleIDSize = 32
-
-// Body sizes (after the header, before the trailer) of the fixed parts of
-// the side-band records (include/uapi/linux/perf_event.h).
-const (
-	pidTIDSize      = 8            // u32 pid, tid
-	mmapFixedSize   = 8 + 3*8      // pid, tid, addr, len, pgoff
-	mmap2FixedSize  = 8 + 3*8 + 32 // then maj/min/ino/ino_gen or build id (24), prot, flags
-	exitSize        = 4*4 + 8      // pid, ppid, tid, ptid, time
-	switchWideSize  = 8            // next_prev_pid, next_prev_tid
-	itraceStartSize = pidTIDSize
-)
 
 // nameCache keeps the last string made from a record's bytes so that the
 // same comm or file name seen again costs no allocation.
@@ -60,7 +49,9 @@ func isSide(typ uint32) bool {
 }
 
 // parse decodes rec, a whole side-band record of type typ (isSide) with its
-// sample_id trailer, into ev.
+// sample_id trailer, into ev: the record's fields by perfdata.SideBand,
+// the one parser of the perf ABI's side band; the names through the
+// caches, so that repeated ones cost no allocation.
 func (p *sideParser) parse(typ uint32, misc uint16, rec []byte, ev *engine.SideEvent) error {
 	idSize := p.idSize
 	if idSize == 0 {
@@ -69,91 +60,43 @@ func (p *sideParser) parse(typ uint32, misc uint16, rec []byte, ev *engine.SideE
 	if len(rec) < headerSize+idSize {
 		return fmt.Errorf("%w: side-band record type %d of %d bytes", ErrMalformed, typ, len(rec))
 	}
+	if !isSide(typ) {
+		return fmt.Errorf("%w: record type %d is not side band", ErrMalformed, typ)
+	}
+	var r perfdata.Event
+	name, _, err := perfdata.SideBand(typ, misc, rec[headerSize:len(rec)-idSize], &r)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	// The trailer names the task that wrote the record: the one a switch
+	// takes out or brings in.
 	tr := rec[len(rec)-idSize:]
-	body := rec[headerSize : len(rec)-idSize]
 	*ev = engine.SideEvent{
 		PID:  int32(binary.LittleEndian.Uint32(tr)),
 		TID:  int32(binary.LittleEndian.Uint32(tr[4:])),
 		Time: binary.LittleEndian.Uint64(tr[8:]),
 	}
-	need := 0
-	switch typ {
-	case unix.PERF_RECORD_ITRACE_START:
-		ev.Kind, need = engine.SideITraceStart, itraceStartSize
-	case unix.PERF_RECORD_COMM:
-		ev.Kind, need = engine.SideComm, pidTIDSize+1
-	case unix.PERF_RECORD_MMAP:
-		ev.Kind, need = engine.SideMmap2, mmapFixedSize+1
-	case unix.PERF_RECORD_MMAP2:
-		ev.Kind, need = engine.SideMmap2, mmap2FixedSize+1
-	case unix.PERF_RECORD_EXIT:
-		ev.Kind, need = engine.SideExit, exitSize
-	case unix.PERF_RECORD_SWITCH:
-		ev.Kind = engine.SideSwitchIn
-	case unix.PERF_RECORD_SWITCH_CPU_WIDE:
-		ev.Kind, need = engine.SideSwitchIn, switchWideSize
-	default:
-		return fmt.Errorf("%w: record type %d is not side band", ErrMalformed, typ)
-	}
-	if len(body) < need {
-		return fmt.Errorf("%w: side-band record type %d: body of %d bytes, want %d", ErrMalformed, typ, len(body), need)
-	}
-	switch typ {
-	case unix.PERF_RECORD_ITRACE_START, unix.PERF_RECORD_COMM, unix.PERF_RECORD_MMAP, unix.PERF_RECORD_MMAP2:
-		ev.PID = int32(binary.LittleEndian.Uint32(body))
-		ev.TID = int32(binary.LittleEndian.Uint32(body[4:]))
-	case unix.PERF_RECORD_EXIT:
-		ev.PID = int32(binary.LittleEndian.Uint32(body))
-		ev.TID = int32(binary.LittleEndian.Uint32(body[8:]))
-	}
-	switch typ {
-	case unix.PERF_RECORD_COMM:
-		s, err := cString(body[pidTIDSize:])
-		if err != nil {
-			return fmt.Errorf("comm: %w", err)
-		}
-		ev.Comm = p.comm.get(s)
-		ev.Exec = misc&unix.PERF_RECORD_MISC_COMM_EXEC != 0
-	case unix.PERF_RECORD_MMAP, unix.PERF_RECORD_MMAP2:
-		ev.Addr = binary.LittleEndian.Uint64(body[8:])
-		ev.Len = binary.LittleEndian.Uint64(body[16:])
-		ev.PgOff = binary.LittleEndian.Uint64(body[24:])
-		name := body[mmapFixedSize:]
-		if typ == unix.PERF_RECORD_MMAP2 {
-			name = body[mmap2FixedSize:]
-			// Unless the record carries a build id in their place.
-			if misc&unix.PERF_RECORD_MISC_MMAP_BUILD_ID == 0 {
-				ev.Maj = binary.LittleEndian.Uint32(body[32:])
-				ev.Min = binary.LittleEndian.Uint32(body[36:])
-				ev.Ino = binary.LittleEndian.Uint64(body[40:])
-			}
-		}
-		s, err := cString(name)
-		if err != nil {
-			return fmt.Errorf("mmap: %w", err)
-		}
-		ev.Filename = p.file.get(s)
-	case unix.PERF_RECORD_SWITCH, unix.PERF_RECORD_SWITCH_CPU_WIDE:
-		// The trailer names the task that runs the switch: the one going
-		// out, or the one coming in.
-		ev.NextPID, ev.NextTID = -1, -1
-		if misc&unix.PERF_RECORD_MISC_SWITCH_OUT != 0 {
-			ev.Kind = engine.SideSwitchOut
-			if typ == unix.PERF_RECORD_SWITCH_CPU_WIDE {
-				ev.NextPID = int32(binary.LittleEndian.Uint32(body))
-				ev.NextTID = int32(binary.LittleEndian.Uint32(body[4:]))
-			}
+	switch r.Kind {
+	case perfdata.ItraceStart:
+		ev.Kind, ev.PID, ev.TID = engine.SideITraceStart, r.PID, r.TID
+	case perfdata.Comm:
+		ev.Kind, ev.PID, ev.TID = engine.SideComm, r.PID, r.TID
+		ev.Comm, ev.Exec = p.comm.get(name), r.Exec
+	case perfdata.Mmap:
+		// An MMAP2 with a build id in place of the inode leaves it 0.
+		ev.Kind, ev.PID, ev.TID = engine.SideMmap2, r.PID, r.TID
+		ev.Addr, ev.Len, ev.PgOff = r.Addr, r.Len, r.PgOff
+		ev.Maj, ev.Min, ev.Ino = r.Maj, r.Min, r.Ino
+		ev.Filename = p.file.get(name)
+	case perfdata.Exit:
+		ev.Kind, ev.PID, ev.TID = engine.SideExit, r.PID, r.TID
+	case perfdata.Switch:
+		ev.Kind, ev.NextPID, ev.NextTID = engine.SideSwitchIn, -1, -1
+		if r.Out {
+			// After a CPU-wide switch out, next_prev names the task
+			// that runs next.
+			ev.Kind, ev.NextPID, ev.NextTID = engine.SideSwitchOut, r.PID, r.TID
 		}
 	}
 	return nil
-}
-
-// cString returns b up to its first NUL; the kernel pads names with NULs to
-// 8 bytes, so a name without one is malformed.
-func cString(b []byte) ([]byte, error) {
-	i := bytes.IndexByte(b, 0)
-	if i < 0 {
-		return nil, fmt.Errorf("%w: name without NUL", ErrMalformed)
-	}
-	return b[:i], nil
 }

@@ -2,6 +2,7 @@ package perfio
 
 import (
 	"encoding/binary"
+	"errors"
 	"os"
 	"os/exec"
 	"runtime"
@@ -120,4 +121,97 @@ func TestSideBandKernel(t *testing.T) {
 		t.Errorf("ring errors %d, switches %d (%d of the test's thread %d), comm true %d", ring.Errors(), switches, mine, me, comms)
 	}
 	t.Logf("%d switches, %d of thread %d, %d comm", switches, mine, me, comms)
+}
+
+// sideRecord is a side-band record of a PT data ring: header, body and
+// the 32-byte sample_id trailer of task 100/101 at time 77.
+func sideRecord(typ uint32, misc uint16, body ...[]byte) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, typ)
+	b = binary.LittleEndian.AppendUint16(b, misc)
+	b = binary.LittleEndian.AppendUint16(b, 0)
+	for _, p := range body {
+		b = append(b, p...)
+	}
+	b = binary.LittleEndian.AppendUint32(b, 100)
+	b = binary.LittleEndian.AppendUint32(b, 101)
+	b = binary.LittleEndian.AppendUint64(b, 77)
+	b = append(b, make([]byte, 16)...)
+	binary.LittleEndian.PutUint16(b[6:], uint16(len(b)))
+	return b
+}
+
+func le32s(vs ...uint32) []byte {
+	var b []byte
+	for _, v := range vs {
+		b = binary.LittleEndian.AppendUint32(b, v)
+	}
+	return b
+}
+
+func le64s(vs ...uint64) []byte {
+	var b []byte
+	for _, v := range vs {
+		b = binary.LittleEndian.AppendUint64(b, v)
+	}
+	return b
+}
+
+// TestSideParse holds the live reader's events to the records the kernel
+// writes (perfdata.SideBand parses their fields; the trailer names the
+// task of a switch) and its names to no allocation once seen.
+func TestSideParse(t *testing.T) {
+	name := []byte("/lib/x.so\x00\x00\x00\x00\x00\x00\x00")
+	tests := []struct {
+		name string
+		rec  []byte
+		want engine.SideEvent
+		bad  bool
+	}{
+		{"mmap", sideRecord(unix.PERF_RECORD_MMAP, 0, le32s(1, 2), le64s(0x1000, 0x2000, 0x3000), name),
+			engine.SideEvent{Kind: engine.SideMmap2, Time: 77, PID: 1, TID: 2, Addr: 0x1000, Len: 0x2000, PgOff: 0x3000, Filename: "/lib/x.so"}, false},
+		{"mmap2 inode", sideRecord(unix.PERF_RECORD_MMAP2, 0, le32s(3, 4), le64s(0x1000, 0x2000, 0), le32s(8, 1), le64s(99, 7), le32s(5, 2), name),
+			engine.SideEvent{Kind: engine.SideMmap2, Time: 77, PID: 3, TID: 4, Addr: 0x1000, Len: 0x2000, Filename: "/lib/x.so", Maj: 8, Min: 1, Ino: 99}, false},
+		{"mmap2 build id", sideRecord(unix.PERF_RECORD_MMAP2, unix.PERF_RECORD_MISC_MMAP_BUILD_ID, le32s(3, 4), le64s(0x1000, 0x2000, 0), []byte{20, 0, 0, 0}, make([]byte, 20), le32s(5, 2), name),
+			engine.SideEvent{Kind: engine.SideMmap2, Time: 77, PID: 3, TID: 4, Addr: 0x1000, Len: 0x2000, Filename: "/lib/x.so"}, false},
+		{"comm exec", sideRecord(unix.PERF_RECORD_COMM, unix.PERF_RECORD_MISC_COMM_EXEC, le32s(5, 5), []byte("true\x00\x00\x00\x00")),
+			engine.SideEvent{Kind: engine.SideComm, Time: 77, PID: 5, TID: 5, Comm: "true", Exec: true}, false},
+		{"exit", sideRecord(unix.PERF_RECORD_EXIT, 0, le32s(7, 5, 8, 5), le64s(123)),
+			engine.SideEvent{Kind: engine.SideExit, Time: 77, PID: 7, TID: 8}, false},
+		{"itrace start", sideRecord(unix.PERF_RECORD_ITRACE_START, 0, le32s(9, 10)),
+			engine.SideEvent{Kind: engine.SideITraceStart, Time: 77, PID: 9, TID: 10}, false},
+		{"switch in", sideRecord(unix.PERF_RECORD_SWITCH, 0),
+			engine.SideEvent{Kind: engine.SideSwitchIn, Time: 77, PID: 100, TID: 101, NextPID: -1, NextTID: -1}, false},
+		{"switch out", sideRecord(unix.PERF_RECORD_SWITCH, unix.PERF_RECORD_MISC_SWITCH_OUT),
+			engine.SideEvent{Kind: engine.SideSwitchOut, Time: 77, PID: 100, TID: 101, NextPID: -1, NextTID: -1}, false},
+		{"cpu-wide switch in", sideRecord(unix.PERF_RECORD_SWITCH_CPU_WIDE, 0, le32s(3, 4)),
+			engine.SideEvent{Kind: engine.SideSwitchIn, Time: 77, PID: 100, TID: 101, NextPID: -1, NextTID: -1}, false},
+		{"cpu-wide switch out", sideRecord(unix.PERF_RECORD_SWITCH_CPU_WIDE, unix.PERF_RECORD_MISC_SWITCH_OUT, le32s(3, 4)),
+			engine.SideEvent{Kind: engine.SideSwitchOut, Time: 77, PID: 100, TID: 101, NextPID: 3, NextTID: 4}, false},
+		{"fork is not live side band", sideRecord(unix.PERF_RECORD_FORK, 0, le32s(7, 5, 8, 5), le64s(1)), engine.SideEvent{}, true},
+		{"short cpu-wide switch", sideRecord(unix.PERF_RECORD_SWITCH_CPU_WIDE, 0, le32s(3)), engine.SideEvent{}, true},
+		{"short mmap2", sideRecord(unix.PERF_RECORD_MMAP2, 0, le32s(3, 4), le64s(1)), engine.SideEvent{}, true},
+		{"name without NUL", sideRecord(unix.PERF_RECORD_COMM, 0, le32s(5, 5), []byte("truetrue")), engine.SideEvent{}, true},
+		{"no trailer", sideRecord(unix.PERF_RECORD_ITRACE_START, 0)[:16], engine.SideEvent{}, true},
+	}
+	var p sideParser
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			typ := binary.LittleEndian.Uint32(tt.rec)
+			misc := binary.LittleEndian.Uint16(tt.rec[4:])
+			var ev engine.SideEvent
+			err := p.parse(typ, misc, tt.rec, &ev)
+			if tt.bad {
+				if !errors.Is(err, ErrMalformed) {
+					t.Fatalf("err %v, want %v", err, ErrMalformed)
+				}
+				return
+			}
+			if err != nil || ev != tt.want {
+				t.Fatalf("%+v %v, want %+v", ev, err, tt.want)
+			}
+			if n := testing.AllocsPerRun(100, func() { _ = p.parse(typ, misc, tt.rec, &ev) }); n != 0 {
+				t.Errorf("%v allocations a record seen before", n)
+			}
+		})
+	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -229,23 +228,26 @@ func readMaps(path string) ([]images.MapsEntry, error) {
 // listBranches implements `ptfs decode --branches`. A raw trace is read
 // and decoded as a stream (flow.Stream), in pieces: memory does not grow
 // with the trace.
-func listBranches(w io.Writer, args []string) error {
+func listBranches(w, notes io.Writer, args []string) error {
 	a, err := parseBranchesArgs(args)
 	if err != nil {
 		return err
 	}
-	in, closeIn, err := openTrace(a.trace)
+	in, err := openInput(a.trace)
 	if err != nil {
 		return err
 	}
-	defer closeIn()
-	r := bufio.NewReaderSize(in, feedSize)
-	if head, _ := r.Peek(8); isPerfData(head) {
-		data, err := io.ReadAll(r)
+	defer in.close()
+	if isPerfData(in.head) {
+		data, err := in.perfData(maxPerfRead)
 		if err != nil {
-			return fmt.Errorf("read trace: %w", err)
+			return err
 		}
 		return perfBranches(w, &a, data)
+	}
+	next, err := in.pieces(false, notes)
+	if err != nil {
+		return err
 	}
 	if len(a.raws)+len(a.elfs)+len(a.pages)+len(a.maps) == 0 {
 		return fmt.Errorf("%w: %w", errNoImage, flow.ErrBadOption)
@@ -264,13 +266,8 @@ func listBranches(w io.Writer, args []string) error {
 	// Lines carry time= once a TSC conversion (perf.data) sets b.TimeConv
 	// and the decoder runs with Options.Time; raw PT has neither.
 	b.SetClock(d)
-	psb, err := streamTrace(r, flow.NewStream(d, b))
-	if err != nil {
+	if err := feedStream(next, flow.NewStream(d, b)); err != nil {
 		return errors.Join(err, closeAll())
-	}
-	if !psb {
-		// PT streams start at a PSB; a file without one is no trace.
-		return errors.Join(fmt.Errorf("%s: neither perf.data nor raw Intel PT (no PSB packet): %w", a.trace, errNoTrace), closeAll())
 	}
 	b.Finish()
 	c, bc, rc := d.Counters(), b.Counters(), b.RecordCounters()
@@ -297,28 +294,22 @@ func openTrace(name string) (f *os.File, done func(), err error) {
 	return f, func() { _ = f.Close() }, nil
 }
 
-// streamTrace writes what r gives to s in pieces, closes s, and tells
-// whether the trace held a PSB (one may straddle two pieces).
-func streamTrace(r io.Reader, s *flow.Stream) (psb bool, err error) {
-	buf := make([]byte, feedSize)
-	var edge []byte // the last bytes of the previous piece, then the first of this one
+// feedStream writes a raw trace's pieces (traceFile.pieces) to s and
+// closes it.
+func feedStream(next func() ([]byte, bool, error), s *flow.Stream) error {
 	for {
-		n, err := io.ReadFull(r, buf)
-		if n > 0 {
-			if !psb {
-				edge = append(edge, buf[:min(n, 15)]...)
-				psb = decode.HasPSB(edge) || decode.HasPSB(buf[:n])
-				edge = append(edge[:0], buf[max(0, n-15):n]...)
-			}
-			_, _ = s.Write(buf[:n])
-		}
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			return psb, s.Close()
+		d, gap, err := next()
+		if err == io.EOF {
+			return s.Close()
 		}
 		if err != nil {
 			_ = s.Close()
-			return psb, fmt.Errorf("read trace: %w", err)
+			return err
 		}
+		if gap {
+			s.Gap(nil)
+		}
+		_, _ = s.Write(d)
 	}
 }
 
@@ -407,20 +398,12 @@ func perfBranches(w io.Writer, a *branchesArgs, data []byte) error {
 }
 
 // sideBand applies the side band to p in file order and returns the
-// errors of the mappings whose bytes stay unknown (exits are not applied:
-// the spaces must outlive them).
+// errors of the mappings whose bytes stay unknown.
 func sideBand(p *images.Processes, evs []perfdata.Event) []error {
 	var errs []error
-	for _, e := range evs {
-		switch {
-		case e.Kind == perfdata.Mmap && e.PID >= 0:
-			if err := p.Mmap(e.PID, e.Addr, e.Len, e.PgOff, e.Name); err != nil {
-				errs = append(errs, err)
-			}
-		case e.Kind == perfdata.Comm && e.Exec:
-			p.Exec(e.PID)
-		case e.Kind == perfdata.Fork && e.PID != e.PPID:
-			p.Fork(e.PPID, e.PID)
+	for i := range evs {
+		if err := perfflow.ApplyProcess(p, &evs[i]); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errs

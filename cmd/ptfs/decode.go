@@ -26,7 +26,10 @@ const decodeUsage = `usage: ptfs decode [--events DIR] FILE...
        ptfs decode --branches IMAGE... [--events DIR] FILE
 
 FILE is raw Intel PT bytes or a perf.data file (file or pipe format; its
-PERF_RECORD_AUXTRACE data, per buffer); - (once) is standard input. Prints
+PERF_RECORD_AUXTRACE data, per buffer); - (once) is standard input. A raw
+trace is decoded as it is read, from its first PSB (the bytes before it are
+skipped and counted on stderr); perf.data through a pipe is held in memory,
+at most 1 GiB. Prints
 probe records and manual ptwrites (records of several CPUs merged by time
 when the trace has it), then the summary line. DIR is a tracefs events directory (or a copy) giving the
 probe events; without it every ptwrite is a manual one.
@@ -120,9 +123,9 @@ func runDecode(args []string, stdout, stderr io.Writer) int {
 		if eventsDir != "" {
 			fmt.Fprintln(stderr, "ptfs decode: --events has no effect with --packets")
 		}
-		err = guardFaults(func() error { return listPackets(out, files, ptArgs) })
+		err = guardFaults(func() error { return listPackets(out, stderr, files, ptArgs) })
 	} else {
-		err = guardFaults(func() error { return decodeRecords(out, files, eventsDir) })
+		err = guardFaults(func() error { return decodeRecords(out, stderr, files, eventsDir) })
 	}
 	if ferr := out.Flush(); err == nil && ferr != nil {
 		err = fmt.Errorf("write output: %w", ferr)
@@ -155,9 +158,9 @@ func runBranches(args []string, stdout, stderr io.Writer) int {
 
 // runListing runs a listing of `ptfs decode` and returns the exit status:
 // 2 and the usage for bad options.
-func runListing(list func(io.Writer, []string) error, usage string, args []string, stdout, stderr io.Writer) int {
+func runListing(list func(w, notes io.Writer, args []string) error, usage string, args []string, stdout, stderr io.Writer) int {
 	out := bufio.NewWriterSize(stdout, 64<<10)
-	err := list(out, args)
+	err := guardFaults(func() error { return list(out, stderr, args) })
 	if ferr := out.Flush(); err == nil && ferr != nil {
 		err = fmt.Errorf("write output: %w", ferr)
 	}
@@ -191,29 +194,22 @@ func isPerfData(data []byte) bool {
 }
 
 // input opens a file ("-": standard input) as its streams; lost is the loss
-// perf.data reports that no stream accounts for. A regular file larger
-// than feedSize is mapped (mapFile); otherwise a raw trace is read a piece
-// at a time as it is decoded, into one buffer (a copy of the whole file
-// cost more than its reads: fresh pages to fault in and clear), and a
-// perf.data file is read whole. done closes the file and unmaps it.
-func input(name string) (streams []stream, lost uint64, done func(), err error) {
-	f, closeF, err := openTrace(name)
+// perf.data reports that no stream accounts for. A raw trace is one stream
+// from its first PSB (skip: the bytes before it are not handed out; the
+// Assembler decodes from the first byte it is given), in pieces
+// (traceFile.pieces); perf.data is held whole (traceFile.perfData). done
+// closes the file and unmaps it.
+func input(name string, skip bool, notes io.Writer) (streams []stream, lost uint64, done func(), err error) {
+	t, err := openInput(name)
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	mem := mapFile(f)
-	done = func() {
-		if mem != nil {
-			unix.Munmap(mem)
-		}
-		closeF()
-	}
-	streams, lost, err = openStreams(name, f, mem)
+	streams, lost, err = openStreams(t, skip, notes)
 	if err != nil {
-		done()
+		t.close()
 		return nil, 0, nil, err
 	}
-	return streams, lost, done, nil
+	return streams, lost, t.close, nil
 }
 
 // mapFile maps f when it is a regular file larger than feedSize, so that
@@ -262,47 +258,25 @@ func guardFaults(fn func() error) (err error) {
 	return fn()
 }
 
-// openStreams makes the streams of f, mapped at mem when mem is not nil.
-func openStreams(name string, f *os.File, mem []byte) ([]stream, uint64, error) {
-	var head []byte
-	if mem != nil {
-		head = mem[:feedSize] // mapFile maps only larger files
-	} else {
-		head = make([]byte, feedSize)
-		n, err := io.ReadFull(f, head)
-		if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
-			return nil, 0, fmt.Errorf("read trace: %w", err)
-		}
-		head = head[:n]
-	}
-	var data []byte
-	switch {
-	case mem != nil:
-		data = mem
-	case !isPerfData(head) && decode.HasPSB(head):
-		return []stream{{name: name, cpu: -1, tid: -1, next: filePieces(f, head)}}, 0, nil
-	case len(head) < feedSize:
-		data = head // the whole file
-	default:
-		rest, err := io.ReadAll(f)
+// openStreams makes the streams of the input t.
+func openStreams(t *traceFile, skip bool, notes io.Writer) ([]stream, uint64, error) {
+	if !isPerfData(t.head) {
+		next, err := t.pieces(skip, notes)
 		if err != nil {
-			return nil, 0, fmt.Errorf("read trace: %w", err)
+			return nil, 0, err
 		}
-		data = append(head, rest...)
+		return []stream{{name: t.name, cpu: -1, tid: -1, next: next}}, 0, nil
 	}
-	if !isPerfData(data) {
-		// PT streams start at a PSB; a file without one is no trace.
-		if !decode.HasPSB(data) {
-			return nil, 0, fmt.Errorf("%s: neither perf.data nor raw Intel PT (no PSB packet): %w", name, errNoTrace)
-		}
-		return []stream{{name: name, cpu: -1, tid: -1, next: memPieces([][]byte{data}, []bool{false})}}, 0, nil
+	data, err := t.perfData(maxPerfRead)
+	if err != nil {
+		return nil, 0, err
 	}
 	pf, err := perfdata.Parse(data)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", name, err)
+		return nil, 0, fmt.Errorf("%s: %w", t.name, err)
 	}
 	if len(pf.Buffers) == 0 {
-		return nil, 0, fmt.Errorf("%s: perf.data without AUX area trace (record with -e intel_pt//): %w", name, errNoTrace)
+		return nil, 0, fmt.Errorf("%s: perf.data without AUX area trace (record with -e intel_pt//): %w", t.name, errNoTrace)
 	}
 	var streams []stream
 	for _, b := range pf.Buffers {
@@ -318,7 +292,7 @@ func openStreams(name string, f *os.File, mem []byte) ([]stream, uint64, error) 
 		)
 		b.Segments(func(d []byte, gap bool) { segs, gaps = append(segs, d), append(gaps, gap) })
 		streams = append(streams, stream{
-			name: fmt.Sprintf("%s idx %d cpu %d tid %d", name, b.Idx, b.CPU, b.TID),
+			name: fmt.Sprintf("%s idx %d cpu %d tid %d", t.name, b.Idx, b.CPU, b.TID),
 			cpu:  b.CPU, tid: b.TID, pid: pid,
 			next: memPieces(segs, gaps),
 			time: pf.Time,
@@ -345,38 +319,20 @@ func memPieces(segs [][]byte, gaps []bool) func() ([]byte, bool, error) {
 	}
 }
 
-// filePieces returns a raw trace's next function: head, the file's first
-// feedSize bytes already read, then the rest of f in pieces of feedSize
-// (the pieces of a file read whole), each read into head's storage.
-func filePieces(f *os.File, head []byte) func() ([]byte, bool, error) {
-	buf := head[:cap(head)]
-	first := true
-	return func() ([]byte, bool, error) {
-		if first {
-			first = false
-			return head, false, nil
-		}
-		n, err := io.ReadFull(f, buf)
-		switch {
-		case n > 0:
-			return buf[:n], false, nil
-		case err == io.EOF || err == io.ErrUnexpectedEOF:
-			return nil, false, io.EOF
-		}
-		return nil, false, fmt.Errorf("read trace: %w", err)
-	}
-}
-
 // listPackets prints the ptdump listing of every stream; with more than one,
-// each listing is preceded by a `# NAME` line.
-func listPackets(w io.Writer, files []string, ptArgs []string) error {
+// each listing is preceded by a `# NAME` line. Each listing is streamed
+// (decode.PtdumpWriter): memory does not grow with the trace.
+func listPackets(w, notes io.Writer, files []string, ptArgs []string) error {
 	opts, err := decode.ParsePtdumpArgs(ptArgs)
 	if err != nil {
 		return err
 	}
+	if opts.NoSync {
+		notes = nil // the bytes before the first PSB are listed
+	}
 	var all []stream
 	for _, name := range files {
-		s, _, done, err := input(name)
+		s, _, done, err := input(name, false, notes)
 		if err != nil {
 			return err
 		}
@@ -387,9 +343,9 @@ func listPackets(w io.Writer, files []string, ptArgs []string) error {
 		if len(all) > 1 {
 			fmt.Fprintf(w, "# %s\n", s.name)
 		}
-		// Contiguous runs are listed whole; a gap (lost data) starts a
-		// new listing, so no packet is pieced together across it.
-		var runs [][]byte
+		// A gap (lost data) starts a new listing, so no packet is
+		// pieced together across it.
+		var pw *decode.PtdumpWriter
 		for {
 			d, gap, err := s.next()
 			if err == io.EOF {
@@ -398,16 +354,24 @@ func listPackets(w io.Writer, files []string, ptArgs []string) error {
 			if err != nil {
 				return err
 			}
-			if gap || len(runs) == 0 {
-				runs = append(runs, nil)
-			}
-			runs[len(runs)-1] = append(runs[len(runs)-1], d...)
-		}
-		for i, buf := range runs {
-			if i > 0 {
+			if gap && pw != nil {
+				if err := pw.Close(); err != nil {
+					return err
+				}
 				fmt.Fprintln(w, "# gap: trace data lost here")
+				pw = nil
 			}
-			if err := decode.WritePtdump(w, buf, opts); err != nil {
+			if pw == nil {
+				if pw, err = decode.NewPtdumpWriter(w, opts); err != nil {
+					return err
+				}
+			}
+			if _, err := pw.Write(d); err != nil {
+				return err
+			}
+		}
+		if pw != nil {
+			if err := pw.Close(); err != nil {
 				return err
 			}
 		}
@@ -525,7 +489,9 @@ func loadEvents(dir string) (map[uint16]*decode.Event, error) {
 	return events, nil
 }
 
-func decodeRecords(w io.Writer, files []string, eventsDir string) error {
+// decodeRecords prints the records of the files' streams, merged by time,
+// and the summary; notes gets what was skipped.
+func decodeRecords(w, notes io.Writer, files []string, eventsDir string) error {
 	events, err := loadEvents(eventsDir)
 	if err != nil {
 		return err
@@ -538,7 +504,7 @@ func decodeRecords(w io.Writer, files []string, eventsDir string) error {
 	)
 	var all []stream
 	for _, name := range files {
-		streams, lost, done, err := input(name)
+		streams, lost, done, err := input(name, true, notes)
 		if err != nil {
 			return err
 		}

@@ -271,7 +271,7 @@ func writeGenEvents(t testing.TB, dir string) string {
 // TestDecodeLargeRaw: a raw trace of several pieces (feedSize) decodes the
 // same read a piece at a time from a file or a pipe as fed whole from
 // memory to an Assembler whose lines AppendRecord formats; a trace whose
-// first PSB lies past the first piece (read whole) gives the same records;
+// first PSB lies past the first piece gives the same records;
 // a large file without a PSB is refused.
 func TestDecodeLargeRaw(t *testing.T) {
 	dir := t.TempDir()
@@ -318,26 +318,18 @@ func TestDecodeLargeRaw(t *testing.T) {
 		t.Fatalf("stdin: exit %d %s, output the same: %v", code, errs, out == want)
 	}
 	// A pipe is not mapped: it is read a piece at a time.
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
-	go func() {
-		pw.Write(data)
-		pw.Close()
-	}()
-	os.Stdin = pr
-	code, out, errs = runDecodeT("--events", events, "-")
-	os.Stdin = old
+	_ = withStdin(t, trace, true, func() error {
+		code, out, errs = runDecodeT("--events", events, "-")
+		return nil
+	})
 	if code != 0 || out != want {
 		t.Fatalf("pipe: exit %d %s, output the same: %v", code, errs, out == want)
 	}
 
-	// PADs before the first PSB: the file is read whole to find it.
+	// PADs before the first PSB: skipped, and counted on stderr.
 	late := write("late.pt", append(make([]byte, feedSize+feedSize/2), data...))
 	code, out, errs = runDecodeT("--events", events, late)
-	if code != 0 || out != want {
+	if code != 0 || out != want || !strings.Contains(errs, fmt.Sprintf("gap: %d bytes before the first PSB skipped", feedSize+feedSize/2)) {
 		t.Fatalf("PSB after the first piece: exit %d %s, output the same: %v", code, errs, out == want)
 	}
 	code, _, errs = runDecodeT(write("nopsb.pt", make([]byte, 2*feedSize)))
@@ -353,7 +345,7 @@ func TestDecodeMappedShrinks(t *testing.T) {
 	if err := os.WriteFile(trace, ptenc.Generate(ptenc.PTWHeavy, 3*feedSize, 7), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	streams, _, done, err := input(trace)
+	streams, _, done, err := input(trace, true, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

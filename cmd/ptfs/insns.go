@@ -61,8 +61,9 @@ func loadRaws(raws []flow.Raw) (*rawImage, error) {
 }
 
 // listInsns implements `ptfs decode --insns PTXED-OPTIONS`: the flow as
-// libipt's ptxed prints it.
-func listInsns(w io.Writer, args []string) error {
+// libipt's ptxed prints it. The trace (--pt, "-": standard input) is read
+// and decoded as a stream (flow.Stream), in pieces.
+func listInsns(w, notes io.Writer, args []string) error {
 	opts, err := flow.ParsePtxedArgs(args)
 	if err != nil {
 		return err
@@ -71,15 +72,22 @@ func listInsns(w io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	trace, err := os.ReadFile(opts.PT)
+	in, err := openInput(opts.PT)
 	if err != nil {
-		return fmt.Errorf("read trace: %w", err)
+		return err
+	}
+	defer in.close()
+	next, err := in.pieces(false, notes)
+	if err != nil {
+		return err
 	}
 	if _, err := io.WriteString(w, flow.CPUDiag(opts.CPU)); err != nil {
 		return fmt.Errorf("write output: %w", err)
 	}
 	p := flow.NewPtxed(w, &opts)
-	flow.New(img, opts.FlowOptions()).Decode(trace, p)
+	if err := feedStream(next, flow.NewStream(flow.New(img, opts.FlowOptions()), p)); err != nil {
+		return err
+	}
 	p.Stats()
 	if err := p.Flush(); err != nil {
 		return fmt.Errorf("write output: %w", err)

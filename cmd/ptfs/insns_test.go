@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -85,7 +86,7 @@ func TestInsnsLibipt(t *testing.T) {
 			t.Fatal(err)
 		}
 		var got bytes.Buffer
-		if err := listInsns(&got, ptxedArgs(t, name, ptt)); err != nil {
+		if err := listInsns(&got, io.Discard, ptxedArgs(t, name, ptt)); err != nil {
 			// A refused option: the listing is the error.
 			fmt.Fprintf(&got, "error: %v\n", err)
 		}
