@@ -443,7 +443,13 @@ func waitRingsEmpty(t *testing.T, c *Classic) {
 }
 
 // TestClassicRate checks that the default ring loses nothing with a steady
-// 100,000 hits/s on one CPU, at the cheapest probe site.
+// 100,000 hits/s on one CPU, at the cheapest probe site. The ring holds
+// about 145 ms of such hits: the claim is that the reader empties it
+// sooner whenever it is runnable. The machine's other tenants can keep it
+// off the CPU for longer (3 of 20 runs lost 1,234 to 17,635 samples beside
+// three busy loops; at load 14, 4 of 7 lost up to 59,950 with the reader at
+// nice -10), which says nothing about ptfs: the test's own threads run
+// favoured over them (favourProcess), the traced program as before.
 func TestClassicRate(t *testing.T) {
 	if testkit.Race {
 		t.Skip("rate test: the race detector slows the reader below the rate")
@@ -457,8 +463,20 @@ func TestClassicRate(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n, rate = 100000, 100000
+	nice := favourProcess(t)
 	start := time.Now()
-	run(t, bin, fmt.Sprint(n), "0", fmt.Sprint(rate))
+	cmd := exec.Command(bin, fmt.Sprint(n), "0", fmt.Sprint(rate))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The program inherited the favour; its first microseconds with it
+	// only make it faster.
+	if err := unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, nice); err != nil {
+		t.Errorf("setpriority of the program: %v", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%s: %v", bin, err)
+	}
 	elapsed := time.Since(start)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -471,6 +489,57 @@ func TestClassicRate(t *testing.T) {
 	if col.maxDelay > maxDelay() {
 		t.Errorf("a record took %v to reach the sink", col.maxDelay)
 	}
+}
+
+// favourNice is the nice value favourProcess gives (the highest priority
+// of the normal policy): the reader needs a few percent of a CPU, which it
+// then gets within a few ms beside any number of nice 0 tasks.
+const favourNice = -20
+
+// favourProcess runs every thread of this process, and the threads and
+// children they create (which inherit it), at favourNice until the test
+// ends, and returns the nice value it had. Linux keeps a nice value per
+// thread: each is set, in passes until one finds no thread left unset (one
+// made meanwhile by an unset thread).
+func favourProcess(t *testing.T) int {
+	t.Helper()
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	if err != nil {
+		t.Fatalf("getpriority: %v", err)
+	}
+	old := 20 - prio // the raw syscall returns 20 - nice
+	setAll := func(nice int) error {
+		done := map[int]bool{}
+		for {
+			ents, err := os.ReadDir("/proc/self/task")
+			if err != nil {
+				return err
+			}
+			set := false
+			for _, e := range ents {
+				tid, err := strconv.Atoi(e.Name())
+				if err != nil || done[tid] {
+					continue
+				}
+				done[tid], set = true, true
+				if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
+					return fmt.Errorf("setpriority of thread %d to %d: %w", tid, nice, err)
+				}
+			}
+			if !set {
+				return nil
+			}
+		}
+	}
+	if err := setAll(favourNice); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := setAll(old); err != nil {
+			t.Error(err)
+		}
+	})
+	return old
 }
 
 // TestClassicRemove checks that records written before Remove still arrive,
