@@ -366,6 +366,96 @@ func TestClassicMerge(t *testing.T) {
 func TestClassicLost(t *testing.T) {
 	tracefs := needKernel(t)
 	bin, offs := buildTarget(t)
+	c := overrun(t, tracefs, bin, offs)
+	if s := c.Stats(); s.LostBy != LostPerEvent {
+		t.Errorf("losses counted %v on a kernel with PERF_FORMAT_LOST", s.LostBy)
+	}
+}
+
+// TestClassicLostByHits is TestClassicLost on a kernel without
+// PERF_FORMAT_LOST (before 6.0), which refuses the flag with EINVAL: the
+// first open is retried without it, once for the source, and losses are
+// counted as hits minus samples read, with the same result.
+func TestClassicLostByHits(t *testing.T) {
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	var flagged, plain atomic.Int64
+	open := perfEventOpen
+	perfEventOpen = func(attr *unix.PerfEventAttr, pid, cpu, group int, flags int) (int, error) {
+		if attr.Read_format&unix.PERF_FORMAT_LOST != 0 {
+			flagged.Add(1)
+			return -1, unix.EINVAL
+		}
+		plain.Add(1)
+		return open(attr, pid, cpu, group, flags)
+	}
+	t.Cleanup(func() { perfEventOpen = open })
+	c := overrun(t, tracefs, bin, offs)
+	if s := c.Stats(); s.LostBy != LostByHits {
+		t.Errorf("losses counted %v on a kernel without PERF_FORMAT_LOST", s.LostBy)
+	}
+	// overrun's source reads one CPU.
+	if flagged.Load() != 1 || plain.Load() != 1 {
+		t.Errorf("%d opens with PERF_FORMAT_LOST, %d without; want 1 and 1", flagged.Load(), plain.Load())
+	}
+
+	// The source remembers: its next events open without the flag.
+	a := probe(t, tracefs, bin, offs["target"], "a", "%di", decode.U64)
+	b := probe(t, tracefs, bin, offs["target2"], "b", "%di", decode.U64)
+	flagged.Store(0)
+	plain.Store(0)
+	col := &collector{}
+	c = newClassic(t, ClassicOptions{CPUs: []int{0}}, col)
+	if s := c.Stats(); s.LostBy != LostNotYet {
+		t.Errorf("losses counted %v before an event was opened", s.LostBy)
+	}
+	for _, ev := range []*decode.Event{a, b} {
+		if err := c.Add(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if flagged.Load() != 1 || plain.Load() != 2 {
+		t.Errorf("two events: %d opens with PERF_FORMAT_LOST, %d without; want 1 and 2", flagged.Load(), plain.Load())
+	}
+	// Idle events, drained by Stats: nothing lost.
+	run(t, bin, "10", "0")
+	col.wait(20, 5*time.Second)
+	if s := c.Stats(); s.Lost != 0 || s.LostBy != LostByHits || col.len() != 20 {
+		t.Errorf("10 hits of two events: %d records, stats %+v", col.len(), s)
+	}
+}
+
+// TestClassicOpenEINVAL: an event the kernel refuses with EINVAL with and
+// without PERF_FORMAT_LOST fails to add with that error, and proves
+// nothing about the flag: the next event asks with it again.
+func TestClassicOpenEINVAL(t *testing.T) {
+	needKernel(t)
+	var flagged atomic.Int64
+	open := perfEventOpen
+	perfEventOpen = func(attr *unix.PerfEventAttr, pid, cpu, group int, flags int) (int, error) {
+		if attr.Read_format&unix.PERF_FORMAT_LOST != 0 {
+			flagged.Add(1)
+		}
+		return -1, unix.EINVAL
+	}
+	t.Cleanup(func() { perfEventOpen = open })
+	c := newClassic(t, ClassicOptions{CPUs: []int{0}}, &collector{})
+	for i := range 2 {
+		err := c.Add(&decode.Event{ID: uint16(1 + i), Group: "g", Name: "e"})
+		if !errors.Is(err, unix.EINVAL) {
+			t.Errorf("Add %d: %v, want EINVAL", i, err)
+		}
+	}
+	if s := c.Stats(); s.LostBy != LostNotYet || flagged.Load() != 2 {
+		t.Errorf("losses counted %v after %d opens with the flag; want %v after 2", s.LostBy, flagged.Load(), LostNotYet)
+	}
+}
+
+// overrun runs 100,000 hits into a one-page ring whose reader stalls, then
+// one more hit, and checks that records plus lost equal the hits each time,
+// with losses, and after Close. It returns the closed source.
+func overrun(t *testing.T, tracefs, bin string, offs map[string]uint64) *Classic {
+	t.Helper()
 	ev := probe(t, tracefs, bin, offs["target_nop"], "l", "%di %si", decode.U64, decode.U64)
 	// The first sink call stalls the reader while the program runs.
 	col := &collector{stall: 300 * time.Millisecond}
@@ -395,6 +485,7 @@ func TestClassicLost(t *testing.T) {
 	if s.Errors != 0 || s.Unknown != 0 || s.Late != 0 {
 		t.Errorf("stats %+v", s)
 	}
+	return c
 }
 
 // waitAccounted waits until the records that reached the sink and the
