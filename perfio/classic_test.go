@@ -680,6 +680,45 @@ func TestClassicRemove(t *testing.T) {
 	}
 }
 
+// TestClassicStatsDuringRemove reads Stats while events are added and
+// removed: it reads the events' counts without the reader's lock, and never
+// one of an fd that Remove closed (a failed read counts as an error).
+func TestClassicStatsDuringRemove(t *testing.T) {
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	ev := probe(t, tracefs, bin, offs["target"], "sr", "%di", decode.U64)
+	c := newClassic(t, ClassicOptions{}, &collector{})
+	stop, done := make(chan struct{}), make(chan struct{})
+	var reads atomic.Int64
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			c.Stats()
+			reads.Add(1)
+		}
+	}()
+	for range 10 {
+		if err := c.Add(ev); err != nil {
+			t.Fatal(err)
+		}
+		run(t, bin, "10")
+		if err := c.Remove(ev.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	<-done
+	t.Logf("%d reads of Stats", reads.Load())
+	if s := c.Stats(); s.Errors != 0 || s.Lost != 0 || s.Records != 100 || s.Unknown != 0 {
+		t.Errorf("stats %+v after %d reads of them", s, reads.Load())
+	}
+}
+
 // countFDs counts this process's open fds.
 func countFDs(t *testing.T) int {
 	t.Helper()
