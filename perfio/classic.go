@@ -851,11 +851,12 @@ func (c *Classic) applyTasks(t uint64) {
 // exec or rename, not the one the record's process had, and the record
 // gets none.
 func (c *Classic) comm(pid int32) string {
-	if !c.comms.Known(pid) {
-		for i := range c.tasks {
-			if c.tasks[i].pid == pid {
-				return ""
-			}
+	if comm, ok := c.comms.Cached(pid); ok {
+		return comm
+	}
+	for i := range c.tasks {
+		if c.tasks[i].pid == pid {
+			return ""
 		}
 	}
 	return c.comms.Get(pid)
