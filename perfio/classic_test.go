@@ -690,20 +690,11 @@ func TestClassicStatsDuringRemove(t *testing.T) {
 	bin, offs := buildTarget(t)
 	ev := probe(t, tracefs, bin, offs["target"], "sr", "%di", decode.U64)
 	c := newClassic(t, ClassicOptions{}, &collector{})
-	stop, done := make(chan struct{}), make(chan struct{})
 	var reads atomic.Int64
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			c.Stats()
-			reads.Add(1)
-		}
-	}()
+	stop := testkit.Repeat(func() {
+		c.Stats()
+		reads.Add(1)
+	})
 	for range 10 {
 		if err := c.Add(ev); err != nil {
 			t.Fatal(err)
@@ -713,8 +704,7 @@ func TestClassicStatsDuringRemove(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	close(stop)
-	<-done
+	stop()
 	t.Logf("%d reads of Stats", reads.Load())
 	if s := c.Stats(); s.Errors != 0 || s.Lost != 0 || s.Records != 100 || s.Unknown != 0 {
 		t.Errorf("stats %+v after %d reads of them", s, reads.Load())

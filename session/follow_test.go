@@ -211,28 +211,18 @@ func TestFollowRefusalGoesAtOnce(t *testing.T) {
 		if err := tg.SetProbe("w", spec); err == nil {
 			t.Fatal("SetProbe on a file without the symbol succeeded")
 		}
-		stop, done := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(done)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if x := text(); strings.Contains(x, "# state: installed") && strings.Contains(x, "# error: ") {
-					seen.Add(1)
-				}
-				runtime.Gosched()
+		stop := testkit.Repeat(func() {
+			if x := text(); strings.Contains(x, "# state: installed") && strings.Contains(x, "# error: ") {
+				seen.Add(1)
 			}
-		}()
+			runtime.Gosched()
+		})
 		renameOver(padded)
 		waitFor(t, "the probe to come back without the refusal", func() (string, bool) {
 			x := text()
 			return x, strings.Contains(x, "# state: installed") && !strings.Contains(x, "# error")
 		})
-		close(stop)
-		<-done
+		stop()
 	}
 	if n := seen.Load(); n > 0 {
 		t.Errorf("the probe file showed the probe installed beside the old refusal %d times in %d rounds", n, rounds)
