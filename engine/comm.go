@@ -49,15 +49,23 @@ func (c *Comms) Get(pid int32) string {
 	return comm
 }
 
-// Known tells whether the cache holds a name (or its absence) for pid.
-func (c *Comms) Known(pid int32) bool {
-	// The last process asked for first: hits come in runs of one
-	// process, and this is asked for each (perfio.Classic).
-	if pid == c.lastPID && pid > 0 {
-		return true
+// Cached returns the name of process pid and true when the cache holds it
+// (or its absence) or pid is 0 or below (unknown), without asking lookup:
+// false leaves the caller to decide whether Get may ask (perfio.Classic).
+func (c *Comms) Cached(pid int32) (string, bool) {
+	if pid <= 0 {
+		return "", true
 	}
-	_, ok := c.m[pid]
-	return ok
+	// The last process asked for first: hits come in runs of one
+	// process, and this is asked for each.
+	if pid == c.lastPID {
+		return c.lastComm, true
+	}
+	comm, ok := c.m[pid]
+	if ok {
+		c.lastPID, c.lastComm = pid, comm
+	}
+	return comm, ok
 }
 
 // Set records that process pid is now named comm (the kernel said so).

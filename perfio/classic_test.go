@@ -366,6 +366,96 @@ func TestClassicMerge(t *testing.T) {
 func TestClassicLost(t *testing.T) {
 	tracefs := needKernel(t)
 	bin, offs := buildTarget(t)
+	c := overrun(t, tracefs, bin, offs)
+	if s := c.Stats(); s.LostBy != LostPerEvent {
+		t.Errorf("losses counted %v on a kernel with PERF_FORMAT_LOST", s.LostBy)
+	}
+}
+
+// TestClassicLostByHits is TestClassicLost on a kernel without
+// PERF_FORMAT_LOST (before 6.0), which refuses the flag with EINVAL: the
+// first open is retried without it, once for the source, and losses are
+// counted as hits minus samples read, with the same result.
+func TestClassicLostByHits(t *testing.T) {
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	var flagged, plain atomic.Int64
+	open := perfEventOpen
+	perfEventOpen = func(attr *unix.PerfEventAttr, pid, cpu, group int, flags int) (int, error) {
+		if attr.Read_format&unix.PERF_FORMAT_LOST != 0 {
+			flagged.Add(1)
+			return -1, unix.EINVAL
+		}
+		plain.Add(1)
+		return open(attr, pid, cpu, group, flags)
+	}
+	t.Cleanup(func() { perfEventOpen = open })
+	c := overrun(t, tracefs, bin, offs)
+	if s := c.Stats(); s.LostBy != LostByHits {
+		t.Errorf("losses counted %v on a kernel without PERF_FORMAT_LOST", s.LostBy)
+	}
+	// overrun's source reads one CPU.
+	if flagged.Load() != 1 || plain.Load() != 1 {
+		t.Errorf("%d opens with PERF_FORMAT_LOST, %d without; want 1 and 1", flagged.Load(), plain.Load())
+	}
+
+	// The source remembers: its next events open without the flag.
+	a := probe(t, tracefs, bin, offs["target"], "a", "%di", decode.U64)
+	b := probe(t, tracefs, bin, offs["target2"], "b", "%di", decode.U64)
+	flagged.Store(0)
+	plain.Store(0)
+	col := &collector{}
+	c = newClassic(t, ClassicOptions{CPUs: []int{0}}, col)
+	if s := c.Stats(); s.LostBy != LostNotYet {
+		t.Errorf("losses counted %v before an event was opened", s.LostBy)
+	}
+	for _, ev := range []*decode.Event{a, b} {
+		if err := c.Add(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if flagged.Load() != 1 || plain.Load() != 2 {
+		t.Errorf("two events: %d opens with PERF_FORMAT_LOST, %d without; want 1 and 2", flagged.Load(), plain.Load())
+	}
+	// Idle events, drained by Stats: nothing lost.
+	run(t, bin, "10", "0")
+	col.wait(20, 5*time.Second)
+	if s := c.Stats(); s.Lost != 0 || s.LostBy != LostByHits || col.len() != 20 {
+		t.Errorf("10 hits of two events: %d records, stats %+v", col.len(), s)
+	}
+}
+
+// TestClassicOpenEINVAL: an event the kernel refuses with EINVAL with and
+// without PERF_FORMAT_LOST fails to add with that error, and proves
+// nothing about the flag: the next event asks with it again.
+func TestClassicOpenEINVAL(t *testing.T) {
+	needKernel(t)
+	var flagged atomic.Int64
+	open := perfEventOpen
+	perfEventOpen = func(attr *unix.PerfEventAttr, pid, cpu, group int, flags int) (int, error) {
+		if attr.Read_format&unix.PERF_FORMAT_LOST != 0 {
+			flagged.Add(1)
+		}
+		return -1, unix.EINVAL
+	}
+	t.Cleanup(func() { perfEventOpen = open })
+	c := newClassic(t, ClassicOptions{CPUs: []int{0}}, &collector{})
+	for i := range 2 {
+		err := c.Add(&decode.Event{ID: uint16(1 + i), Group: "g", Name: "e"})
+		if !errors.Is(err, unix.EINVAL) {
+			t.Errorf("Add %d: %v, want EINVAL", i, err)
+		}
+	}
+	if s := c.Stats(); s.LostBy != LostNotYet || flagged.Load() != 2 {
+		t.Errorf("losses counted %v after %d opens with the flag; want %v after 2", s.LostBy, flagged.Load(), LostNotYet)
+	}
+}
+
+// overrun runs 100,000 hits into a one-page ring whose reader stalls, then
+// one more hit, and checks that records plus lost equal the hits each time,
+// with losses, and after Close. It returns the closed source.
+func overrun(t *testing.T, tracefs, bin string, offs map[string]uint64) *Classic {
+	t.Helper()
 	ev := probe(t, tracefs, bin, offs["target_nop"], "l", "%di %si", decode.U64, decode.U64)
 	// The first sink call stalls the reader while the program runs.
 	col := &collector{stall: 300 * time.Millisecond}
@@ -395,6 +485,7 @@ func TestClassicLost(t *testing.T) {
 	if s.Errors != 0 || s.Unknown != 0 || s.Late != 0 {
 		t.Errorf("stats %+v", s)
 	}
+	return c
 }
 
 // waitAccounted waits until the records that reached the sink and the
@@ -443,7 +534,15 @@ func waitRingsEmpty(t *testing.T, c *Classic) {
 }
 
 // TestClassicRate checks that the default ring loses nothing with a steady
-// 100,000 hits/s on one CPU, at the cheapest probe site.
+// 100,000 hits/s on one CPU, at the cheapest probe site. The ring holds
+// about 145 ms of such hits: the claim is that the reader empties it
+// sooner whenever it is runnable. The machine's other tenants can keep it
+// off the CPU for longer (3 of 20 runs lost 1,234 to 17,635 samples beside
+// three busy loops; at load 14, 4 of 7 lost up to 59,950 with the reader at
+// nice -10), which says nothing about ptfs: the test's own threads run
+// favoured over them (favourProcess), the traced program as before. At
+// load 12-16 it still fails now and then: its threads then wait hundreds
+// of ms on a run queue even at nice -20 (DESIGN §7).
 func TestClassicRate(t *testing.T) {
 	if testkit.Race {
 		t.Skip("rate test: the race detector slows the reader below the rate")
@@ -457,8 +556,20 @@ func TestClassicRate(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n, rate = 100000, 100000
+	nice := favourProcess(t)
 	start := time.Now()
-	run(t, bin, fmt.Sprint(n), "0", fmt.Sprint(rate))
+	cmd := exec.Command(bin, fmt.Sprint(n), "0", fmt.Sprint(rate))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The program inherited the favour; its first microseconds with it
+	// only make it faster.
+	if err := unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, nice); err != nil {
+		t.Errorf("setpriority of the program: %v", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%s: %v", bin, err)
+	}
 	elapsed := time.Since(start)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -471,6 +582,57 @@ func TestClassicRate(t *testing.T) {
 	if col.maxDelay > maxDelay() {
 		t.Errorf("a record took %v to reach the sink", col.maxDelay)
 	}
+}
+
+// favourNice is the nice value favourProcess gives (the highest priority
+// of the normal policy): the reader needs a few percent of a CPU, which it
+// then gets within a few ms beside any number of nice 0 tasks.
+const favourNice = -20
+
+// favourProcess runs every thread of this process, and the threads and
+// children they create (which inherit it), at favourNice until the test
+// ends, and returns the nice value it had. Linux keeps a nice value per
+// thread: each is set, in passes until one finds no thread left unset (one
+// made meanwhile by an unset thread).
+func favourProcess(t *testing.T) int {
+	t.Helper()
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	if err != nil {
+		t.Fatalf("getpriority: %v", err)
+	}
+	old := 20 - prio // the raw syscall returns 20 - nice
+	setAll := func(nice int) error {
+		done := map[int]bool{}
+		for {
+			ents, err := os.ReadDir("/proc/self/task")
+			if err != nil {
+				return err
+			}
+			set := false
+			for _, e := range ents {
+				tid, err := strconv.Atoi(e.Name())
+				if err != nil || done[tid] {
+					continue
+				}
+				done[tid], set = true, true
+				if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
+					return fmt.Errorf("setpriority of thread %d to %d: %w", tid, nice, err)
+				}
+			}
+			if !set {
+				return nil
+			}
+		}
+	}
+	if err := setAll(favourNice); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := setAll(old); err != nil {
+			t.Error(err)
+		}
+	})
+	return old
 }
 
 // TestClassicRemove checks that records written before Remove still arrive,
@@ -517,6 +679,35 @@ func TestClassicRemove(t *testing.T) {
 	}
 	if s := c.Stats(); s.Records != n || s.Unknown != 0 || s.Errors != 0 {
 		t.Errorf("stats %+v", s)
+	}
+}
+
+// TestClassicStatsDuringRemove reads Stats while events are added and
+// removed: it reads the events' counts without the reader's lock, and never
+// one of an fd that Remove closed (a failed read counts as an error).
+func TestClassicStatsDuringRemove(t *testing.T) {
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	ev := probe(t, tracefs, bin, offs["target"], "sr", "%di", decode.U64)
+	c := newClassic(t, ClassicOptions{}, &collector{})
+	var reads atomic.Int64
+	stop := testkit.Repeat(func() {
+		c.Stats()
+		reads.Add(1)
+	})
+	for range 10 {
+		if err := c.Add(ev); err != nil {
+			t.Fatal(err)
+		}
+		run(t, bin, "10")
+		if err := c.Remove(ev.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop()
+	t.Logf("%d reads of Stats", reads.Load())
+	if s := c.Stats(); s.Errors != 0 || s.Lost != 0 || s.Records != 100 || s.Unknown != 0 {
+		t.Errorf("stats %+v after %d reads of them", s, reads.Load())
 	}
 }
 

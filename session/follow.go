@@ -71,16 +71,13 @@ func (t *Target) follow() error {
 	moved, stale := 0, 0
 	for _, p := range todo {
 		sp := p.sp
+		// A refusal of the spec on the old file goes as it installs
+		// (installedLocked).
 		if err := t.place(p, p.spec, sp); err != nil {
 			t.unplace(p, fmt.Errorf("not installed on the new file at %s (%s): %w", t.path, nb.ID(), err))
 			stale++
 			continue
 		}
-		t.mu.Lock()
-		if p.err != nil && p.badSpec == p.spec {
-			p.err = nil // refused on the old file, installed on this one
-		}
-		t.mu.Unlock()
 		moved++
 	}
 	// Branch tracing filters on the code of the file the path names.

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -172,6 +173,60 @@ func TestFollowPath(t *testing.T) {
 		status := string(tg.Status())
 		return status, strings.Contains(status, "path gone") && strings.Contains(status, "probes: 1 active") && len(lines()) == 1
 	})
+}
+
+// A spec refused on a file without its site and installed when the path
+// names one with it: no reader of the probe file ever sees the probe
+// installed beside that refusal (the follow used to clear the error in a
+// lock section of its own, after the install showed: under load,
+// TestFollowPath read that moment once).
+func TestFollowRefusalGoesAtOnce(t *testing.T) {
+	s, _, _, _ := newPTWSession(t, tracefstest.Options{PTW: true})
+	padded, gone := buildMoved(t, "-DPAD"), buildMoved(t, "-DGONE")
+	path := filepath.Join(t.TempDir(), "m")
+	copyFile(t, padded, path)
+	tg, err := s.addTarget("m", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const spec = "work a=%di b=%si"
+	if err := tg.SetProbe("w", spec); err != nil {
+		t.Fatal(err)
+	}
+	tmp := path + ".new"
+	renameOver := func(src string) {
+		copyFile(t, src, tmp)
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	text := func() string { b, _ := tg.ProbeText("w"); return string(b) }
+	const rounds = 10
+	var seen atomic.Int64
+	for range rounds {
+		renameOver(gone)
+		waitFor(t, "the probe to go stale", func() (string, bool) {
+			return text(), strings.Contains(text(), "# state: stale: ")
+		})
+		if err := tg.SetProbe("w", spec); err == nil {
+			t.Fatal("SetProbe on a file without the symbol succeeded")
+		}
+		stop := testkit.Repeat(func() {
+			if x := text(); strings.Contains(x, "# state: installed") && strings.Contains(x, "# error: ") {
+				seen.Add(1)
+			}
+			runtime.Gosched()
+		})
+		renameOver(padded)
+		waitFor(t, "the probe to come back without the refusal", func() (string, bool) {
+			x := text()
+			return x, strings.Contains(x, "# state: installed") && !strings.Contains(x, "# error")
+		})
+		stop()
+	}
+	if n := seen.Load(); n > 0 {
+		t.Errorf("the probe file showed the probe installed beside the old refusal %d times in %d rounds", n, rounds)
+	}
 }
 
 // answers fails the test unless f returns within a second.

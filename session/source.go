@@ -35,11 +35,11 @@ func (c classicSource) shared() decode.Counters {
 
 func (c classicSource) appendStatus(b []byte) []byte {
 	st := c.Stats()
-	return fmt.Appendf(b, "lost: %d (samples dropped by full kernel rings, all targets)\n"+
+	return fmt.Appendf(b, "lost: %d (samples dropped by full kernel rings, all targets)\nlost counted: %s\n"+
 		"capture errors: %d\nunknown samples: %d\nlate: %d (records out of time order)\n"+
 		"filtered: %d (records of other processes, dropped by %%pid/%%comm; not losses)\n"+
 		"process names lost: %d (exec and exit records dropped by full kernel rings; names read from /proc again)\n",
-		st.Lost, st.Errors, st.Unknown, st.Late, st.Filtered, st.TaskLost)
+		st.Lost, st.LostBy, st.Errors, st.Unknown, st.Late, st.Filtered, st.TaskLost)
 }
 
 func (classicSource) running() string { return "running (classic uprobes, perf tracepoint rings)" }

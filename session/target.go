@@ -509,9 +509,21 @@ func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec,
 	}
 	t.mu.Lock()
 	p.spec, p.sp, p.bin, p.site, p.ev, p.tevent, p.line, p.untyped, p.stale = spec, sp, bin, site, ev, tevent, in.Line, in.Untyped, nil
+	p.installedLocked(spec)
 	t.mu.Unlock()
 	logrus.WithFields(logrus.Fields{"target": t.name, "probe": p.name, "line": in.Line}).Debug("ptfs: probe installed")
 	return nil
+}
+
+// installedLocked drops p's refusal of spec, now installed (a spec refused
+// on a file that lacked its site, installed when the path names one that
+// has it): in the lock section that shows it installed, so that no reader
+// of the probe file sees the probe installed beside that error. A refusal
+// of another spec stays. Called holding t.mu.
+func (p *probe) installedLocked(spec string) {
+	if p.err != nil && p.badSpec == spec {
+		p.err = nil
+	}
 }
 
 // freeEvent returns a tracefs event name for probe that no installed probe
@@ -618,6 +630,7 @@ func (t *Target) addRets(p *probe, bin *probes.Binary, spec string, sp *probes.S
 	t.mu.Lock()
 	p.spec, p.sp, p.bin, p.site, p.untyped, p.stale = spec, sp, bin, site, untyped, nil
 	p.ev, p.tevent, p.line, p.rets = evs[0].ev, evs[0].tevent, evs[0].line, evs[1:]
+	p.installedLocked(spec)
 	t.mu.Unlock()
 	return nil
 }

@@ -102,13 +102,13 @@ func TestCppSites(t *testing.T) {
 	m.setProbe("n", "get", `"Buf<long, 4>::get(int)" i=%si`)
 	m.setProbe("n", "dbl", `"geo::scale(double)"`)
 	if l := m.groupLines("n"); len(l) != 4 {
-		t.Fatalf("uprobe_events lines of the mount: %q", l)
+		t.Fatalf("uprobe_events lines of the mount: %q\nall of them: %q\n%s", l, uprobeLines(t, ""), m.log)
 	}
 	runProg(t, bin, "5")
 	got := m.waitLines(20, "n", "records")
 	area, scale, get := recordsOf(got, "ptfs_n/area"), recordsOf(got, "ptfs_n/mangled"), recordsOf(got, "ptfs_n/get")
 	if len(area) != 5 || len(scale) != 5 || len(get) != 5 || len(recordsOf(got, "ptfs_n/dbl")) != 5 {
-		t.Fatalf("records:\n%s", strings.Join(got, "\n"))
+		t.Fatalf("records:\n%s\nstatus:\n%s\n%s", strings.Join(got, "\n"), m.read("n", "status"), m.log)
 	}
 	for i := range 5 {
 		if !strings.Contains(area[i], fmt.Sprintf("args=[w=%d, h=%d]", i, i+1)) || !strings.Contains(scale[i], fmt.Sprintf("args=[%d]", i)) ||
@@ -137,7 +137,7 @@ func TestCppSites(t *testing.T) {
 	m.setProbe("n", "pick", "_ZN4demo4pick17hfedcba9876543210E %di")
 	m.setProbe("n", "clone", "_ZL6clonlyll.constprop.0 %di")
 	if l := m.groupLines("n"); len(l) != 6 {
-		t.Fatalf("uprobe_events lines of the mount: %q", l)
+		t.Fatalf("uprobe_events lines of the mount: %q\nall of them: %q\n%s", l, uprobeLines(t, ""), m.log)
 	}
 }
 

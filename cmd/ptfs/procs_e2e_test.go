@@ -231,6 +231,10 @@ func TestProcessFilters(t *testing.T) {
 	if !strings.Contains(st, "summary: records=100 dropped=0 stray=0 unknown=0 errors=0\n") || statusValue(st, "lost") != "0 (samples dropped by full kernel rings, all targets)" {
 		t.Errorf("status:\n%s", st)
 	}
+	// This machine's kernel (6.0+) counts each event's losses.
+	if got := statusValue(st, "lost counted"); got != "per event (PERF_FORMAT_LOST)" {
+		t.Errorf("lost counted: %q\n%s", got, st)
+	}
 }
 
 // fibOrder returns fib's arguments in call order and its return values in

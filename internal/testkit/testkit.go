@@ -233,3 +233,24 @@ func PTSysfs(t testing.TB) string {
 	}
 	return root
 }
+
+// Repeat calls f over and over in a goroutine of its own until stop is
+// called (a reader racing a change); stop returns once f has returned.
+func Repeat(f func()) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			f()
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
+}
