@@ -42,9 +42,15 @@ const (
 // maxRingPages bounds RingPages (4 GiB rings with 4 KiB pages).
 const maxRingPages = 1 << 20
 
-// pollInterval bounds how long the reader sleeps when no ring reaches its
-// wakeup watermark, so that held-back records go out soon after Latency.
-const pollInterval = 10 * time.Millisecond
+// minPass is the shortest sleep between two passes while records are held
+// back. A pass releases what is older than Latency; under a steady stream
+// something is always just due, so without this bound the reader would wake
+// for every few records. Each wake of an idle process costs far more than
+// its records (the Go runtime's sysmon restarts polling every 20 µs for a
+// while after it), so passes are batched: a record goes out at most
+// Latency + minPass after its hit, or when its ring reaches its wakeup
+// watermark. It also paces the retries after a failed wait.
+const minPass = 25 * time.Millisecond
 
 // idleInterval is how long the reader sleeps when it holds no record back:
 // a hit that does not fill a ring to its watermark is read this late at
@@ -502,7 +508,7 @@ func (c *Classic) Close() error {
 func (c *Classic) run() {
 	defer close(c.done)
 	var out []decode.Record
-	held := false // records held back for ordering: wake to release them
+	var due uint64 // when the oldest record held back is due; 0: none held
 	for {
 		final := false
 		select {
@@ -510,12 +516,12 @@ func (c *Classic) run() {
 			final = true
 		default:
 			wait := idleInterval
-			if held {
-				wait = pollInterval
+			if due != 0 {
+				wait = sleepUntil(due)
 			}
 			if err := c.poll.wait(wait); err != nil {
 				c.errs.Add(1)
-				time.Sleep(pollInterval)
+				time.Sleep(minPass)
 			}
 		}
 		var ack chan struct{}
@@ -537,7 +543,7 @@ func (c *Classic) run() {
 		for {
 			var more bool
 			out, more = c.releaseLocked(watermark, out[:0])
-			held = c.merge.Pending() > 0
+			due = c.dueLocked()
 			c.mu.Unlock()
 			if len(out) > 0 {
 				c.sink(out)
@@ -555,6 +561,23 @@ func (c *Classic) run() {
 			return
 		}
 	}
+}
+
+// dueLocked returns when the oldest record held back is due (its time plus
+// the latency), 0 when none is held.
+func (c *Classic) dueLocked() uint64 {
+	oldest, ok := c.merge.Oldest()
+	if !ok {
+		return 0
+	}
+	return max(oldest+c.latency, 1)
+}
+
+// sleepUntil returns how long the reader sleeps while records are held
+// until due: at least minPass and at most idleInterval.
+func sleepUntil(due uint64) time.Duration {
+	d := time.Duration(due - min(due, monotonicNow()))
+	return min(max(d, minPass), idleInterval)
 }
 
 // monotonicNow returns CLOCK_MONOTONIC in ns, the clock of the samples.
