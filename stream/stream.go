@@ -49,8 +49,9 @@ type Options struct {
 // except by Truncate, which empties it and restarts offsets at 0.
 //
 // The content kept is a window [start, end) of whole chunks of whole
-// lines. Only the chunk being written is in memory; full chunks go to an
-// unlinked spill file (page cache) and reads of them pread it. Whole
+// lines. The chunk being written is in memory; full chunks go to an
+// unlinked spill file (page cache) and reads of them pread it, except
+// reads of the last one, which stays in memory until the next is full. Whole
 // chunks are discarded from the front when the window is over the soft
 // bound and every open Reader has read them, or when it is over the hard
 // bound whatever the readers (counted in Stats.Unread). A Reader whose
@@ -70,6 +71,12 @@ type Stream struct {
 	chunks []chunk // full chunks, oldest first, all in the spill file
 	cur    []byte  // the chunk being written, at curOff
 	curOff int64
+	// last holds the bytes of the last full chunk, the one at lastOff,
+	// as well as the spill file (the buffer it was written in, kept
+	// until the next chunk is full): a reader a chunk behind reads it
+	// without a pread. lastOff is -1 when it holds none.
+	last    []byte
+	lastOff int64
 	// curLine and lines are line indexes since the last truncation: of
 	// cur's first line and of the next line to come.
 	curLine, lines uint64
@@ -126,6 +133,7 @@ func New(o Options) *Stream {
 		chunkSize: int(chunkSize),
 		dir:       o.Dir,
 		readers:   map[*Reader]struct{}{},
+		lastOff:   -1,
 	}
 }
 
@@ -208,10 +216,17 @@ func (s *Stream) seal() {
 		}
 		s.chunks = append(s.chunks, c)
 		s.discard(true)
+		s.cur, s.lastOff = s.cur[:0], -1
 	} else {
 		s.chunks = append(s.chunks, c)
+		// The chunk stays in memory as last; the next is written in
+		// the buffer last held.
+		next := s.last[:0]
+		if next == nil {
+			next = make([]byte, 0, s.chunkSize)
+		}
+		s.last, s.cur, s.lastOff = s.cur, next, c.off
 	}
-	s.cur = s.cur[:0]
 	s.trim()
 }
 
@@ -328,6 +343,9 @@ func (s *Stream) discard(unspilled bool) {
 	c := s.chunks[0]
 	s.chunks = slices.Delete(s.chunks, 0, 1)
 	s.start = c.end()
+	if c.off == s.lastOff {
+		s.lastOff = -1
+	}
 	s.discarded.Add(c.lines)
 	if unspilled {
 		s.spillLost.Add(c.lines)
@@ -393,7 +411,7 @@ func (s *Stream) Truncate() {
 	s.chunks = s.chunks[:0]
 	s.free = s.free[:0]
 	s.slots, s.reserved = 0, 0
-	s.cur = s.cur[:0]
+	s.cur, s.lastOff = s.cur[:0], -1
 	s.start, s.curOff, s.curLine, s.lines = 0, 0, 0, 0
 	if s.file != nil {
 		// Give the disk back; the next spill starts at slot 0 again.
@@ -415,6 +433,7 @@ func (s *Stream) Close() error {
 	}
 	s.closed = true
 	s.chunks = nil
+	s.last, s.lastOff = nil, -1
 	s.start = s.curOff
 	if s.file == nil {
 		return nil

@@ -834,3 +834,42 @@ func TestSpillReserve(t *testing.T) {
 		r.Close()
 	}
 }
+
+// TestLastChunkInMemory checks that the last full chunk is read from
+// memory and older ones from the spill file: with the file's copy of
+// every chunk overwritten, a reader gets the last chunk's lines as they
+// were appended and the older chunks' as the file now has them.
+func TestLastChunkInMemory(t *testing.T) {
+	s := newStream(t, 1<<12, 1<<20)
+	// An open reader keeps the window from 0 under the hard bound.
+	r := s.NewReader()
+	defer r.Close()
+	appendLines(s, "line", 0, 1000)
+	st := s.Stats()
+	if len(s.chunks) < 2 || st.Start != 0 {
+		t.Fatalf("setup: %d chunks, window from %d", len(s.chunks), st.Start)
+	}
+	want := lines("line", 0, 1000)
+	last := s.chunks[len(s.chunks)-1]
+	var spoiled []byte // the file's chunks now: one line of x each
+	for _, c := range s.chunks {
+		x := append(bytes.Repeat([]byte("x"), c.n-1), '\n')
+		if _, err := s.file.WriteAt(x, int64(c.slot)*int64(s.chunkSize)); err != nil {
+			t.Fatal(err)
+		}
+		spoiled = append(spoiled, x...)
+	}
+	got, _ := readAll(t, r, 0, 1<<20)
+	if len(got) != len(want) {
+		t.Fatalf("read %d bytes, want %d", len(got), len(want))
+	}
+	if a, b := got[last.off:last.end()], want[last.off:last.end()]; a != b {
+		t.Errorf("last full chunk read %q, want %q", a, b)
+	}
+	if a, b := got[last.end():], want[last.end():]; a != b {
+		t.Errorf("chunk being written read %q, want %q", a, b)
+	}
+	if got[:last.off] != string(spoiled[:last.off]) {
+		t.Errorf("older chunks did not come from the spill file: %q", got[:min(len(got), 80)])
+	}
+}
