@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -157,6 +158,40 @@ func (s *Stream) Append(p []byte) {
 }
 
 var newline = []byte{'\n'}
+
+// Tail returns the free space of the chunk being written, as an empty
+// slice with that capacity: the appender may format lines into it, in
+// place, and pass them to Commit. Only the one goroutine that appends may
+// use it, and it appends nothing else before that Commit (an Append would
+// write over them); readers never look past what Commit took.
+func (s *Stream) Tail() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		s.cur = make([]byte, 0, s.chunkSize)
+	}
+	return s.cur[len(s.cur):len(s.cur)]
+}
+
+// Commit appends p, whole lines, as Append does. When p is what Tail
+// returned, grown within its capacity, its bytes are in place already:
+// Commit only takes them, without a copy (unless Truncate emptied the
+// stream since: then they are copied to its start).
+func (s *Stream) Commit(p []byte) {
+	if len(p) == 0 {
+		return
+	}
+	s.mu.Lock()
+	if n := len(s.cur); n < cap(s.cur) && unsafe.SliceData(p) == &s.cur[:n+1][n] && p[len(p)-1] == '\n' {
+		s.cur = s.cur[:n+len(p)]
+		s.lines += uint64(bytes.Count(p, newline))
+		s.size.Store(s.curOff + int64(len(s.cur)))
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.Append(p)
+}
 
 // appendLines adds p, the whole lines that fit the chunk at once, else
 // line by line, sealing the chunk whenever the next line does not fit.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -637,8 +638,19 @@ func TestConcurrent(t *testing.T) {
 			}
 		})
 	}
-	for i := range total {
+	// Half appended, half formatted in place (Tail, Commit), as the
+	// record path does, while the readers read.
+	for i := 0; i < total; {
+		if b := s.Tail(); i%2 == 0 && cap(b) >= 16 {
+			for k := 0; k < 5 && i < total && cap(b)-len(b) >= 16; k++ {
+				b = fmt.Appendf(b, "line %d\n", i)
+				i++
+			}
+			s.Commit(b)
+			continue
+		}
 		s.Append(fmt.Appendf(nil, "line %d\n", i))
+		i++
 	}
 	close(stop)
 	wg.Wait()
@@ -871,5 +883,64 @@ func TestLastChunkInMemory(t *testing.T) {
 	}
 	if got[:last.off] != string(spoiled[:last.off]) {
 		t.Errorf("older chunks did not come from the spill file: %q", got[:min(len(got), 80)])
+	}
+}
+
+// TestTailCommit checks lines formatted in place into Tail and committed:
+// taken without a copy, or copied to the start where the stream was
+// emptied meanwhile.
+func TestTailCommit(t *testing.T) {
+	s := newStream(t, 1<<12, 1<<20)
+	r := s.NewReader()
+	defer r.Close()
+	b := fmt.Appendf(s.Tail(), "line %d\n", 0)
+	at := unsafe.SliceData(b)
+	s.Commit(b)
+	if unsafe.SliceData(s.cur) != at {
+		t.Errorf("Commit copied lines formatted in place")
+	}
+	if got, _ := readAll(t, r, 0, 1<<20); got != lines("line", 0, 1) {
+		t.Errorf("read %q, want %q", got, lines("line", 0, 1))
+	}
+	// Emptied meanwhile: copied to the start.
+	b = s.Tail()
+	s.Truncate()
+	s.Commit(append(b, "after\n"...))
+	if got, _ := readAll(t, r, 0, 1<<20); got != "after\n" {
+		t.Errorf("after Truncate read %q, want %q", got, "after\n")
+	}
+}
+
+// TestTailCommitContent checks that what Tail and Commit wrote reads back
+// as the lines, across chunks.
+func TestTailCommitContent(t *testing.T) {
+	s := newStream(t, 1<<12, 1<<20)
+	r := s.NewReader()
+	defer r.Close()
+	for i := 0; i < 2000; {
+		b := s.Tail()
+		if cap(b) < 16 {
+			s.Append(fmt.Appendf(nil, "line %d\n", i))
+			i++
+			continue
+		}
+		for ; i < 2000 && cap(b)-len(b) >= 16; i++ {
+			b = fmt.Appendf(b, "line %d\n", i)
+		}
+		s.Commit(b)
+	}
+	if got, _ := readAll(t, r, 0, 1<<20); got != lines("line", 0, 2000) {
+		t.Errorf("read %d bytes, want the %d of the lines", len(got), len(lines("line", 0, 2000)))
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		b := s.Tail()
+		if cap(b) < 16 {
+			s.Append([]byte("line x\n"))
+			return
+		}
+		s.Commit(append(b, "line x\n"...))
+	})
+	if allocs != 0 {
+		t.Errorf("Tail and Commit allocate %.1f times a line", allocs)
 	}
 }
