@@ -772,14 +772,21 @@ func fuzzStream(t *testing.T, dir string, limit, hard uint8, ops []byte) {
 				l := line(arg)
 				s.Append([]byte(l + "\n"))
 				all = append(all, l)
-			case 3: // several lines in one append
+			case 3: // several lines in one append, or formatted in place
 				var b []byte
+				if arg%2 == 1 {
+					b = s.Tail()
+				}
 				for range arg % 5 {
 					l := line(arg)
 					b = append(append(b, l...), '\n')
 					all = append(all, l)
 				}
-				s.Append(b)
+				if arg%2 == 1 {
+					s.Commit(b)
+				} else {
+					s.Append(b)
+				}
 			case 4:
 				readers = append(readers, &reader{r: s.NewReader(), cuts: map[int]bool{}})
 			case 5, 6:
