@@ -642,7 +642,7 @@ func (c *Classic) endRing(r *Ring, seen *uint64) {
 
 // addSample queues one sample record of ring q for the merge, counting
 // what it cannot use. Its bytes are copied as they are (the ring is
-// reused): a held sample takes its size in a sequential buffer instead of a
+// reused): a held sample takes its size in a byte queue instead of a
 // decoded record's slot, and the merge's ring holds a small held.
 func (c *Classic) addSample(q int, rec []byte) {
 	var s sample
@@ -673,38 +673,69 @@ type held struct {
 }
 
 // rawQueue holds the bytes of one CPU's held-back samples, in the order
-// the merge takes them (a CPU's samples go out in ring order).
+// the merge takes them (a CPU's samples go out in ring order). It is a
+// ring of bytes in which each sample stays contiguous: one that does not
+// fit before the end of the buffer starts again at its front (the bytes
+// left at the end are skipped, up to wrap), so that a sample is copied in
+// once and never moved (a buffer compacted by moving what is held moved
+// as many bytes again as it took in). It grows by doubling, copying what
+// is held to the front of the new buffer.
 type rawQueue struct {
 	buf []byte
-	r   int // start of the first sample not taken
+	// The bytes held are [r, w) while r <= w; once the writes started
+	// again at the front, [r, wrap) then [0, w).
+	r, w, wrap int
+	wrapped    bool
 }
 
 // minRawQueue is the first buffer size of a rawQueue: about 900 samples.
 const minRawQueue = 64 << 10
 
-// push appends the bytes of a sample, first moving the samples not taken
-// to the front once at least half the buffer is taken: each byte moves at
-// most once on average, and the buffer stays within a few times what is
-// held (at least minRawQueue). It grows by doubling (append grows a large
-// slice by a quarter: many more copies while a new mount's hold-back
-// fills).
+// push appends the bytes of a sample.
 func (b *rawQueue) push(rec []byte) {
-	if b.r > 0 && b.r >= len(b.buf)/2 {
-		b.buf = b.buf[:copy(b.buf, b.buf[b.r:])]
-		b.r = 0
+	n := len(rec)
+	switch {
+	case !b.wrapped && b.w+n <= len(b.buf):
+	case !b.wrapped && n < b.r:
+		// Room at the front, before the first sample held (strictly:
+		// w == r means empty).
+		b.wrap, b.wrapped, b.w = b.w, true, 0
+	case b.wrapped && b.w+n < b.r:
+	default:
+		b.grow(n)
 	}
-	if n := len(b.buf) + len(rec); n > cap(b.buf) {
-		buf := make([]byte, len(b.buf), max(n, 2*cap(b.buf), minRawQueue))
-		copy(buf, b.buf)
-		b.buf = buf
+	copy(b.buf[b.w:], rec)
+	b.w += n
+}
+
+// grow makes room for n bytes more: a buffer of twice the size, at least
+// what is held and n, with what is held at its front, in order.
+func (b *rawQueue) grow(n int) {
+	held := b.w - b.r
+	if b.wrapped {
+		held = b.wrap - b.r + b.w
 	}
-	b.buf = append(b.buf, rec...)
+	buf := make([]byte, max(2*len(b.buf), held+n, minRawQueue))
+	k := 0
+	if b.wrapped {
+		k = copy(buf, b.buf[b.r:b.wrap])
+		k += copy(buf[k:], b.buf[:b.w])
+	} else {
+		k = copy(buf, b.buf[b.r:b.w])
+	}
+	b.buf, b.r, b.w, b.wrapped = buf, 0, k, false
 }
 
 // take returns the next n bytes, valid until the next push.
 func (b *rawQueue) take(n uint32) []byte {
+	if b.wrapped && b.r == b.wrap {
+		b.r, b.wrapped = 0, false
+	}
 	rec := b.buf[b.r : b.r+int(n)]
 	b.r += int(n)
+	if !b.wrapped && b.r == b.w {
+		b.r, b.w = 0, 0 // empty: start again at the front
+	}
 	return rec
 }
 
