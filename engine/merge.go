@@ -85,6 +85,16 @@ func (m *Merger[T]) QueueLen(q int) int {
 	return m.queues[q].n
 }
 
+// Oldest returns the time of the earliest pending item; ok is false when
+// nothing is pending. A live reader sleeps until it is due.
+func (m *Merger[T]) Oldest() (time uint64, ok bool) {
+	q := m.head()
+	if q < 0 {
+		return 0, false
+	}
+	return m.queues[q].items[m.queues[q].first].time, true
+}
+
 // Late returns how many items were taken out after a later one.
 func (m *Merger[T]) Late() uint64 { return m.late }
 

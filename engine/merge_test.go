@@ -116,14 +116,21 @@ func TestMergerPop(t *testing.T) {
 	pushTimes(&m, 0, 5, 9)
 	pushTimes(&m, 1, 5, 7)
 	pushTimes(&m, 2, 1)
-	var got []uint64
+	var got, oldest []uint64
 	var qs []int
 	for {
+		o, ook := m.Oldest()
 		r, q, ok := m.Pop()
+		if ook != ok {
+			t.Fatalf("Oldest says pending %v, Pop %v", ook, ok)
+		}
 		if !ok {
 			break
 		}
-		got, qs = append(got, r.Time), append(qs, q)
+		got, qs, oldest = append(got, r.Time), append(qs, q), append(oldest, o)
+	}
+	if !slices.Equal(oldest, got) {
+		t.Errorf("Oldest before each Pop %v, popped %v", oldest, got)
 	}
 	if want := []uint64{1, 5, 5, 7, 9}; !slices.Equal(got, want) {
 		t.Errorf("popped times %v, want %v", got, want)

@@ -43,9 +43,15 @@ const (
 // maxRingPages bounds RingPages (4 GiB rings with 4 KiB pages).
 const maxRingPages = 1 << 20
 
-// pollInterval bounds how long the reader sleeps when no ring reaches its
-// wakeup watermark, so that held-back records go out soon after Latency.
-const pollInterval = 10 * time.Millisecond
+// minPass is the shortest sleep between two passes while records are held
+// back. A pass releases what is older than Latency; under a steady stream
+// something is always just due, so without this bound the reader would wake
+// for every few records. Each wake of an idle process costs far more than
+// its records (the Go runtime's sysmon restarts polling every 20 µs for a
+// while after it), so passes are batched: a record goes out at most
+// Latency + minPass after its hit, or when its ring reaches its wakeup
+// watermark. It also paces the retries after a failed wait.
+const minPass = 25 * time.Millisecond
 
 // idleInterval is how long the reader sleeps when it holds no record back:
 // a hit that does not fill a ring to its watermark is read this late at
@@ -600,7 +606,7 @@ func (c *Classic) Close() error {
 func (c *Classic) run() {
 	defer close(c.done)
 	var out []decode.Record
-	held := false // records held back for ordering: wake to release them
+	var due uint64 // when the oldest record held back is due; 0: none held
 	for {
 		final := false
 		select {
@@ -608,12 +614,12 @@ func (c *Classic) run() {
 			final = true
 		default:
 			wait := idleInterval
-			if held {
-				wait = pollInterval
+			if due != 0 {
+				wait = sleepUntil(due)
 			}
 			if err := c.poll.wait(wait); err != nil {
 				c.errs.Add(1)
-				time.Sleep(pollInterval)
+				time.Sleep(minPass)
 			}
 		}
 		var ack chan struct{}
@@ -635,7 +641,7 @@ func (c *Classic) run() {
 		for {
 			var more bool
 			out, more = c.releaseLocked(watermark, out[:0])
-			held = c.merge.Pending() > 0
+			due = c.dueLocked()
 			c.mu.Unlock()
 			if len(out) > 0 {
 				c.sink(out)
@@ -653,6 +659,23 @@ func (c *Classic) run() {
 			return
 		}
 	}
+}
+
+// dueLocked returns when the oldest record held back is due (its time plus
+// the latency), 0 when none is held.
+func (c *Classic) dueLocked() uint64 {
+	oldest, ok := c.merge.Oldest()
+	if !ok {
+		return 0
+	}
+	return max(oldest+c.latency, 1)
+}
+
+// sleepUntil returns how long the reader sleeps while records are held
+// until due: at least minPass and at most idleInterval.
+func sleepUntil(due uint64) time.Duration {
+	d := time.Duration(due - min(due, monotonicNow()))
+	return min(max(d, minPass), idleInterval)
 }
 
 // monotonicNow returns CLOCK_MONOTONIC in ns, the clock of the samples.
@@ -718,7 +741,7 @@ func (c *Classic) endRing(r *Ring, seen *uint64) {
 
 // addSample queues one sample record of ring q for the merge, counting
 // what it cannot use. Its bytes are copied as they are (the ring is
-// reused): a held sample takes its size in a sequential buffer instead of a
+// reused): a held sample takes its size in a byte queue instead of a
 // decoded record's slot, and the merge's ring holds a small held.
 func (c *Classic) addSample(q int, rec []byte) {
 	var s sample
@@ -750,38 +773,69 @@ type held struct {
 }
 
 // rawQueue holds the bytes of one CPU's held-back samples, in the order
-// the merge takes them (a CPU's samples go out in ring order).
+// the merge takes them (a CPU's samples go out in ring order). It is a
+// ring of bytes in which each sample stays contiguous: one that does not
+// fit before the end of the buffer starts again at its front (the bytes
+// left at the end are skipped, up to wrap), so that a sample is copied in
+// once and never moved (a buffer compacted by moving what is held moved
+// as many bytes again as it took in). It grows by doubling, copying what
+// is held to the front of the new buffer.
 type rawQueue struct {
 	buf []byte
-	r   int // start of the first sample not taken
+	// The bytes held are [r, w) while r <= w; once the writes started
+	// again at the front, [r, wrap) then [0, w).
+	r, w, wrap int
+	wrapped    bool
 }
 
 // minRawQueue is the first buffer size of a rawQueue: about 900 samples.
 const minRawQueue = 64 << 10
 
-// push appends the bytes of a sample, first moving the samples not taken
-// to the front once at least half the buffer is taken: each byte moves at
-// most once on average, and the buffer stays within a few times what is
-// held (at least minRawQueue). It grows by doubling (append grows a large
-// slice by a quarter: many more copies while a new mount's hold-back
-// fills).
+// push appends the bytes of a sample.
 func (b *rawQueue) push(rec []byte) {
-	if b.r > 0 && b.r >= len(b.buf)/2 {
-		b.buf = b.buf[:copy(b.buf, b.buf[b.r:])]
-		b.r = 0
+	n := len(rec)
+	switch {
+	case !b.wrapped && b.w+n <= len(b.buf):
+	case !b.wrapped && n < b.r:
+		// Room at the front, before the first sample held (strictly:
+		// w == r means empty).
+		b.wrap, b.wrapped, b.w = b.w, true, 0
+	case b.wrapped && b.w+n < b.r:
+	default:
+		b.grow(n)
 	}
-	if n := len(b.buf) + len(rec); n > cap(b.buf) {
-		buf := make([]byte, len(b.buf), max(n, 2*cap(b.buf), minRawQueue))
-		copy(buf, b.buf)
-		b.buf = buf
+	copy(b.buf[b.w:], rec)
+	b.w += n
+}
+
+// grow makes room for n bytes more: a buffer of twice the size, at least
+// what is held and n, with what is held at its front, in order.
+func (b *rawQueue) grow(n int) {
+	held := b.w - b.r
+	if b.wrapped {
+		held = b.wrap - b.r + b.w
 	}
-	b.buf = append(b.buf, rec...)
+	buf := make([]byte, max(2*len(b.buf), held+n, minRawQueue))
+	k := 0
+	if b.wrapped {
+		k = copy(buf, b.buf[b.r:b.wrap])
+		k += copy(buf[k:], b.buf[:b.w])
+	} else {
+		k = copy(buf, b.buf[b.r:b.w])
+	}
+	b.buf, b.r, b.w, b.wrapped = buf, 0, k, false
 }
 
 // take returns the next n bytes, valid until the next push.
 func (b *rawQueue) take(n uint32) []byte {
+	if b.wrapped && b.r == b.wrap {
+		b.r, b.wrapped = 0, false
+	}
 	rec := b.buf[b.r : b.r+int(n)]
 	b.r += int(n)
+	if !b.wrapped && b.r == b.w {
+		b.r, b.w = 0, 0 // empty: start again at the front
+	}
 	return rec
 }
 

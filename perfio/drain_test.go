@@ -1,8 +1,10 @@
 package perfio
 
 import (
+	"bytes"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"ptfs/decode"
 	"ptfs/engine"
@@ -259,7 +261,9 @@ func TestRawQueue(t *testing.T) {
 	const backlog = 2000 // beyond minRawQueue
 	var sizes []uint32
 	rec := func(i int) []byte {
-		return makeSample(uint32(i), uint32(i), uint64(i), 0, makeRaw(7, int32(i), le(8, uint64(i))))
+		// Sizes that vary (the queue sees bytes only), so that samples
+		// meet the end of the buffer at every offset.
+		return append(makeSample(uint32(i), uint32(i), uint64(i), 0, makeRaw(7, int32(i), le(8, uint64(i)))), make([]byte, 8*(i%7))...)
 	}
 	for i := range 20000 {
 		r := rec(i)
@@ -273,11 +277,27 @@ func TestRawQueue(t *testing.T) {
 			t.Fatalf("sample %d: %x, want %x", k, got, want)
 		}
 	}
-	if held := len(b.buf) - b.r; held != backlog*len(rec(0)) {
-		t.Errorf("%d bytes held, want %d", held, backlog*len(rec(0)))
+	var want, got []byte
+	for k := 20000 - backlog; k < 20000; k++ {
+		want = append(want, rec(k)...)
+		got = append(got, b.take(sizes[k])...)
 	}
-	if c := cap(b.buf); c > 4*(backlog+1)*len(rec(0)) {
-		t.Errorf("buffer grew to %d bytes for a backlog of %d bytes", c, backlog*len(rec(0)))
+	if !bytes.Equal(got, want) {
+		t.Errorf("the %d samples held came out wrong", backlog)
+	}
+	if c := len(b.buf); c > 4*len(want) {
+		t.Errorf("buffer grew to %d bytes for a backlog of %d bytes", c, len(want))
+	}
+	// A steady flow reuses the buffer: no new one, no byte moved.
+	buf := unsafe.SliceData(b.buf)
+	for i := range 20000 {
+		b.push(rec(i))
+		if i >= backlog {
+			b.take(sizes[i-backlog])
+		}
+	}
+	if unsafe.SliceData(b.buf) != buf {
+		t.Errorf("a steady flow of the same backlog made a new buffer")
 	}
 }
 

@@ -53,11 +53,14 @@ type Target struct {
 	pathState string // "" while the path names bin, else what is wrong
 	closed    bool
 
-	out  sync.Mutex // guards seq, cnt, fmt, line and brRecs: the record path
-	seq  uint64
-	cnt  decode.Counters
-	fmt  decode.RecordWriter
-	line []byte // lines formatted and not yet appended (see emit)
+	out sync.Mutex // guards seq, cnt, fmt, line, spare, inPlace and brRecs: the record path
+	seq uint64
+	cnt decode.Counters
+	fmt decode.RecordWriter
+	// line holds the lines formatted and not yet committed (see emit):
+	// in place in the records stream's chunk (inPlace), else in spare.
+	line, spare []byte
+	inPlace     bool
 	// brRecs: the records of this run go to the branches too.
 	brRecs bool
 }
@@ -152,36 +155,66 @@ func (t *Target) Symbols() ([]byte, error) {
 }
 
 // maxEmit bounds the lines emit gathers before they go into the records
-// stream: one append a batch, in a buffer that stays in the cache.
+// stream: readers see a long run's lines as it goes, and the spare buffer
+// stays in the cache.
 const maxEmit = 64 << 10
 
+// minInPlace is the least free space of the records chunk that lines are
+// formatted into in place; below it they go into the spare buffer (and
+// are copied into the stream), so that a line rarely outgrows the space
+// (which costs append a new array).
+const minInPlace = 4 << 10
+
 // beginEmit starts a run of records of the delivered batch: emit formats
-// them, endEmit appends them to the records file.
+// them, endEmit commits them to the records file.
 func (t *Target) beginEmit() {
 	t.out.Lock()
 	t.brRecs = t.brOn.Load() && t.s.mode != ModePTW
+	t.nextLines()
 }
 
-// emit formats r, the next record, after beginEmit.
+// emit formats r, the next record, after beginEmit. Lines are formatted
+// into the free space of the records stream's chunk and committed there
+// without a copy (stream.Tail, Commit).
 func (t *Target) emit(r *decode.Record) {
 	t.seq++
 	t.cnt.Records++
-	n := len(t.line)
+	buf, n := t.line, len(t.line)
 	t.line = t.fmt.Append(t.line, t.seq, r)
 	if t.brRecs {
 		// ptw records come with the branches, from the same trace.
 		t.s.br.record(t, r, t.line[n:])
 	}
-	if len(t.line) >= maxEmit {
-		t.recs.Append(t.line)
-		t.line = t.line[:0]
+	if t.inPlace && cap(t.line) != cap(buf) {
+		// The line did not fit the chunk's free space: append moved
+		// the lines to a new array. Those before it are in place.
+		t.recs.Commit(buf[:n])
+		t.line, t.inPlace = append(t.spare[:0], t.line[n:]...), false
+	}
+	if !t.inPlace {
+		t.spare = t.line[:0] // keep what append grew
+	}
+	if len(t.line) >= maxEmit || t.inPlace && cap(t.line)-len(t.line) < minInPlace {
+		t.recs.Commit(t.line)
+		t.nextLines()
 	}
 }
 
-// endEmit appends the lines emitted since beginEmit.
+// nextLines makes line the buffer of the next lines: the free space of
+// the records stream's chunk, unless it is under minInPlace.
+func (t *Target) nextLines() {
+	t.line, t.inPlace = t.recs.Tail(), true
+	if cap(t.line) < minInPlace {
+		t.line, t.inPlace = t.spare[:0], false
+	}
+}
+
+// endEmit commits the lines emitted since beginEmit.
 func (t *Target) endEmit() {
-	t.recs.Append(t.line)
-	t.line = t.line[:0]
+	t.recs.Commit(t.line)
+	// Not kept across runs: only the record path appends, but the
+	// stream may be emptied meanwhile.
+	t.line = nil
 	t.out.Unlock()
 }
 

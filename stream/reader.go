@@ -125,9 +125,16 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 			s.mu.Unlock()
 			return n, nil
 		}
-		// A spilled chunk: pread it without holding up the appender,
-		// then make sure it was not discarded (its slot reused) meanwhile.
 		c := s.chunks[s.chunkAt(r.pos)]
+		if c.off == s.lastOff {
+			// The last full chunk, still in memory.
+			n := r.advance(p, copy(p, s.last[r.pos-c.off:]))
+			r.filePos = off + int64(n)
+			s.mu.Unlock()
+			return n, nil
+		}
+		// An older chunk: pread it without holding up the appender,
+		// then make sure it was not discarded (its slot reused) meanwhile.
 		k := int(min(int64(len(p)), c.end()-r.pos))
 		at, gen, f := r.pos, s.gen, s.file
 		s.mu.Unlock()

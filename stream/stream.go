@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -49,8 +50,9 @@ type Options struct {
 // except by Truncate, which empties it and restarts offsets at 0.
 //
 // The content kept is a window [start, end) of whole chunks of whole
-// lines. Only the chunk being written is in memory; full chunks go to an
-// unlinked spill file (page cache) and reads of them pread it. Whole
+// lines. The chunk being written is in memory; full chunks go to an
+// unlinked spill file (page cache) and reads of them pread it, except
+// reads of the last one, which stays in memory until the next is full. Whole
 // chunks are discarded from the front when the window is over the soft
 // bound and every open Reader has read them, or when it is over the hard
 // bound whatever the readers (counted in Stats.Unread). A Reader whose
@@ -70,6 +72,12 @@ type Stream struct {
 	chunks []chunk // full chunks, oldest first, all in the spill file
 	cur    []byte  // the chunk being written, at curOff
 	curOff int64
+	// last holds the bytes of the last full chunk, the one at lastOff,
+	// as well as the spill file (the buffer it was written in, kept
+	// until the next chunk is full): a reader a chunk behind reads it
+	// without a pread. lastOff is -1 when it holds none.
+	last    []byte
+	lastOff int64
 	// curLine and lines are line indexes since the last truncation: of
 	// cur's first line and of the next line to come.
 	curLine, lines uint64
@@ -126,6 +134,7 @@ func New(o Options) *Stream {
 		chunkSize: int(chunkSize),
 		dir:       o.Dir,
 		readers:   map[*Reader]struct{}{},
+		lastOff:   -1,
 	}
 }
 
@@ -149,6 +158,40 @@ func (s *Stream) Append(p []byte) {
 }
 
 var newline = []byte{'\n'}
+
+// Tail returns the free space of the chunk being written, as an empty
+// slice with that capacity: the appender may format lines into it, in
+// place, and pass them to Commit. Only the one goroutine that appends may
+// use it, and it appends nothing else before that Commit (an Append would
+// write over them); readers never look past what Commit took.
+func (s *Stream) Tail() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		s.cur = make([]byte, 0, s.chunkSize)
+	}
+	return s.cur[len(s.cur):len(s.cur)]
+}
+
+// Commit appends p, whole lines, as Append does. When p is what Tail
+// returned, grown within its capacity, its bytes are in place already:
+// Commit only takes them, without a copy (unless Truncate emptied the
+// stream since: then they are copied to its start).
+func (s *Stream) Commit(p []byte) {
+	if len(p) == 0 {
+		return
+	}
+	s.mu.Lock()
+	if n := len(s.cur); n < cap(s.cur) && unsafe.SliceData(p) == &s.cur[:n+1][n] && p[len(p)-1] == '\n' {
+		s.cur = s.cur[:n+len(p)]
+		s.lines += uint64(bytes.Count(p, newline))
+		s.size.Store(s.curOff + int64(len(s.cur)))
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.Append(p)
+}
 
 // appendLines adds p, the whole lines that fit the chunk at once, else
 // line by line, sealing the chunk whenever the next line does not fit.
@@ -208,10 +251,17 @@ func (s *Stream) seal() {
 		}
 		s.chunks = append(s.chunks, c)
 		s.discard(true)
+		s.cur, s.lastOff = s.cur[:0], -1
 	} else {
 		s.chunks = append(s.chunks, c)
+		// The chunk stays in memory as last; the next is written in
+		// the buffer last held.
+		next := s.last[:0]
+		if next == nil {
+			next = make([]byte, 0, s.chunkSize)
+		}
+		s.last, s.cur, s.lastOff = s.cur, next, c.off
 	}
-	s.cur = s.cur[:0]
 	s.trim()
 }
 
@@ -328,6 +378,9 @@ func (s *Stream) discard(unspilled bool) {
 	c := s.chunks[0]
 	s.chunks = slices.Delete(s.chunks, 0, 1)
 	s.start = c.end()
+	if c.off == s.lastOff {
+		s.lastOff = -1
+	}
 	s.discarded.Add(c.lines)
 	if unspilled {
 		s.spillLost.Add(c.lines)
@@ -393,7 +446,7 @@ func (s *Stream) Truncate() {
 	s.chunks = s.chunks[:0]
 	s.free = s.free[:0]
 	s.slots, s.reserved = 0, 0
-	s.cur = s.cur[:0]
+	s.cur, s.lastOff = s.cur[:0], -1
 	s.start, s.curOff, s.curLine, s.lines = 0, 0, 0, 0
 	if s.file != nil {
 		// Give the disk back; the next spill starts at slot 0 again.
@@ -415,6 +468,7 @@ func (s *Stream) Close() error {
 	}
 	s.closed = true
 	s.chunks = nil
+	s.last, s.lastOff = nil, -1
 	s.start = s.curOff
 	if s.file == nil {
 		return nil

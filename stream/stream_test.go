@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -637,8 +638,19 @@ func TestConcurrent(t *testing.T) {
 			}
 		})
 	}
-	for i := range total {
+	// Half appended, half formatted in place (Tail, Commit), as the
+	// record path does, while the readers read.
+	for i := 0; i < total; {
+		if b := s.Tail(); i%2 == 0 && cap(b) >= 16 {
+			for k := 0; k < 5 && i < total && cap(b)-len(b) >= 16; k++ {
+				b = fmt.Appendf(b, "line %d\n", i)
+				i++
+			}
+			s.Commit(b)
+			continue
+		}
 		s.Append(fmt.Appendf(nil, "line %d\n", i))
+		i++
 	}
 	close(stop)
 	wg.Wait()
@@ -760,14 +772,21 @@ func fuzzStream(t *testing.T, dir string, limit, hard uint8, ops []byte) {
 				l := line(arg)
 				s.Append([]byte(l + "\n"))
 				all = append(all, l)
-			case 3: // several lines in one append
+			case 3: // several lines in one append, or formatted in place
 				var b []byte
+				if arg%2 == 1 {
+					b = s.Tail()
+				}
 				for range arg % 5 {
 					l := line(arg)
 					b = append(append(b, l...), '\n')
 					all = append(all, l)
 				}
-				s.Append(b)
+				if arg%2 == 1 {
+					s.Commit(b)
+				} else {
+					s.Append(b)
+				}
 			case 4:
 				readers = append(readers, &reader{r: s.NewReader(), cuts: map[int]bool{}})
 			case 5, 6:
@@ -832,5 +851,103 @@ func TestSpillReserve(t *testing.T) {
 			t.Errorf("hard %d: %d slots reserved after truncate and a spill, want %d", tc.hard, s.reserved, tc.reserved)
 		}
 		r.Close()
+	}
+}
+
+// TestLastChunkInMemory checks that the last full chunk is read from
+// memory and older ones from the spill file: with the file's copy of
+// every chunk overwritten, a reader gets the last chunk's lines as they
+// were appended and the older chunks' as the file now has them.
+func TestLastChunkInMemory(t *testing.T) {
+	s := newStream(t, 1<<12, 1<<20)
+	// An open reader keeps the window from 0 under the hard bound.
+	r := s.NewReader()
+	defer r.Close()
+	appendLines(s, "line", 0, 1000)
+	st := s.Stats()
+	if len(s.chunks) < 2 || st.Start != 0 {
+		t.Fatalf("setup: %d chunks, window from %d", len(s.chunks), st.Start)
+	}
+	want := lines("line", 0, 1000)
+	last := s.chunks[len(s.chunks)-1]
+	var spoiled []byte // the file's chunks now: one line of x each
+	for _, c := range s.chunks {
+		x := append(bytes.Repeat([]byte("x"), c.n-1), '\n')
+		if _, err := s.file.WriteAt(x, int64(c.slot)*int64(s.chunkSize)); err != nil {
+			t.Fatal(err)
+		}
+		spoiled = append(spoiled, x...)
+	}
+	got, _ := readAll(t, r, 0, 1<<20)
+	if len(got) != len(want) {
+		t.Fatalf("read %d bytes, want %d", len(got), len(want))
+	}
+	if a, b := got[last.off:last.end()], want[last.off:last.end()]; a != b {
+		t.Errorf("last full chunk read %q, want %q", a, b)
+	}
+	if a, b := got[last.end():], want[last.end():]; a != b {
+		t.Errorf("chunk being written read %q, want %q", a, b)
+	}
+	if got[:last.off] != string(spoiled[:last.off]) {
+		t.Errorf("older chunks did not come from the spill file: %q", got[:min(len(got), 80)])
+	}
+}
+
+// TestTailCommit checks lines formatted in place into Tail and committed:
+// taken without a copy, or copied to the start where the stream was
+// emptied meanwhile.
+func TestTailCommit(t *testing.T) {
+	s := newStream(t, 1<<12, 1<<20)
+	r := s.NewReader()
+	defer r.Close()
+	b := fmt.Appendf(s.Tail(), "line %d\n", 0)
+	at := unsafe.SliceData(b)
+	s.Commit(b)
+	if unsafe.SliceData(s.cur) != at {
+		t.Errorf("Commit copied lines formatted in place")
+	}
+	if got, _ := readAll(t, r, 0, 1<<20); got != lines("line", 0, 1) {
+		t.Errorf("read %q, want %q", got, lines("line", 0, 1))
+	}
+	// Emptied meanwhile: copied to the start.
+	b = s.Tail()
+	s.Truncate()
+	s.Commit(append(b, "after\n"...))
+	if got, _ := readAll(t, r, 0, 1<<20); got != "after\n" {
+		t.Errorf("after Truncate read %q, want %q", got, "after\n")
+	}
+}
+
+// TestTailCommitContent checks that what Tail and Commit wrote reads back
+// as the lines, across chunks.
+func TestTailCommitContent(t *testing.T) {
+	s := newStream(t, 1<<12, 1<<20)
+	r := s.NewReader()
+	defer r.Close()
+	for i := 0; i < 2000; {
+		b := s.Tail()
+		if cap(b) < 16 {
+			s.Append(fmt.Appendf(nil, "line %d\n", i))
+			i++
+			continue
+		}
+		for ; i < 2000 && cap(b)-len(b) >= 16; i++ {
+			b = fmt.Appendf(b, "line %d\n", i)
+		}
+		s.Commit(b)
+	}
+	if got, _ := readAll(t, r, 0, 1<<20); got != lines("line", 0, 2000) {
+		t.Errorf("read %d bytes, want the %d of the lines", len(got), len(lines("line", 0, 2000)))
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		b := s.Tail()
+		if cap(b) < 16 {
+			s.Append([]byte("line x\n"))
+			return
+		}
+		s.Commit(append(b, "line x\n"...))
+	})
+	if allocs != 0 {
+		t.Errorf("Tail and Commit allocate %.1f times a line", allocs)
 	}
 }
