@@ -550,13 +550,41 @@ func TestClassicRate(t *testing.T) {
 	tracefs := needKernel(t)
 	bin, offs := buildTarget(t)
 	ev := probe(t, tracefs, bin, offs["target_nop"], "rate", "%di %si", decode.U64, decode.U64)
+	nice := favourProcess(t)
+	// A failed run in which a thread of the test (the reader among them)
+	// waited for CPU, in all, for most of what the ring lasts may have
+	// failed for the machine's other tenants, not for the reader: it is
+	// run again, up to three times. A failure without such waits fails.
+	const starved = 100 * time.Millisecond
+	var waits []time.Duration
+	for range 3 {
+		failures, wait := classicRateRun(t, ev, bin, nice)
+		if len(failures) == 0 {
+			return
+		}
+		if wait < starved {
+			for _, f := range failures {
+				t.Error(f)
+			}
+			return
+		}
+		t.Logf("a thread of the test waited %v in all for CPU during the run (the ring lasts about 145 ms): run again; it failed: %q", wait, failures)
+		waits = append(waits, wait)
+	}
+	t.Skipf("the machine kept the test's threads off the CPU in every run (longest waits %v): the rate cannot be judged here", waits)
+}
+
+// classicRateRun runs 100,000 hits at 100,000 a second through a new
+// reader of ev; it returns what went wrong, and the longest time a thread
+// of the test waited for CPU meanwhile, in all.
+func classicRateRun(t *testing.T, ev *decode.Event, bin string, nice int) (failures []string, wait time.Duration) {
 	col := &collector{}
 	c := newClassic(t, ClassicOptions{}, col)
 	if err := c.Add(ev); err != nil {
 		t.Fatal(err)
 	}
 	const n, rate = 100000, 100000
-	nice := favourProcess(t)
+	delays := testkit.RunDelays()
 	start := time.Now()
 	cmd := exec.Command(bin, fmt.Sprint(n), "0", fmt.Sprint(rate))
 	if err := cmd.Start(); err != nil {
@@ -574,14 +602,16 @@ func TestClassicRate(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
+	wait = testkit.MaxWaitSince(delays)
 	s := c.Stats()
-	t.Logf("%d hits in %v: %.0f hits/s on one CPU; stats %+v", n, elapsed, n/elapsed.Seconds(), s)
+	t.Logf("%d hits in %v: %.0f hits/s on one CPU; stats %+v; a thread waited %v in all for CPU", n, elapsed, n/elapsed.Seconds(), s, wait)
 	if s.Lost != 0 || s.Records != n || uint64(col.len()) != n {
-		t.Errorf("records %d (sink %d), lost %d of %d hits", s.Records, col.len(), s.Lost, n)
+		failures = append(failures, fmt.Sprintf("records %d (sink %d), lost %d of %d hits", s.Records, col.len(), s.Lost, n))
 	}
 	if col.maxDelay > maxDelay() {
-		t.Errorf("a record took %v to reach the sink", col.maxDelay)
+		failures = append(failures, fmt.Sprintf("a record took %v to reach the sink", col.maxDelay))
 	}
+	return failures, wait
 }
 
 // favourNice is the nice value favourProcess gives (the highest priority

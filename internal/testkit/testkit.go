@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -253,4 +254,34 @@ func Repeat(f func()) (stop func()) {
 		close(quit)
 		<-done
 	}
+}
+
+// RunDelays returns how long each thread of this process has waited on a
+// run queue so far (schedstat's second field), by thread id.
+func RunDelays() map[string]time.Duration {
+	paths, _ := filepath.Glob("/proc/self/task/*/schedstat")
+	d := make(map[string]time.Duration, len(paths))
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue // the thread ended
+		}
+		if f := strings.Fields(string(data)); len(f) >= 2 {
+			if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				d[filepath.Base(filepath.Dir(p))] = time.Duration(ns)
+			}
+		}
+	}
+	return d
+}
+
+// MaxWaitSince returns the longest any thread of this process has waited
+// on a run queue since before was taken (RunDelays): how long the machine
+// kept a runnable thread of the test off the CPU, at most.
+func MaxWaitSince(before map[string]time.Duration) time.Duration {
+	var longest time.Duration
+	for tid, now := range RunDelays() {
+		longest = max(longest, now-before[tid])
+	}
+	return longest
 }
