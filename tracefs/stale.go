@@ -25,6 +25,7 @@ func ownerSocket(pid int) string { return "@ptfs-owner-" + strconv.Itoa(pid) }
 // shuts it, so that several sessions of one process can live at once.
 type Claim struct {
 	once sync.Once
+	held bool // made by ClaimProbes: a zero Claim holds nothing
 }
 
 // claim is the process's one owner socket and the Claims that hold it.
@@ -60,12 +61,15 @@ func ClaimProbes() (*Claim, error) {
 		claim.l, claim.done = l, done
 	}
 	claim.n++
-	return &Claim{}, nil
+	return &Claim{held: true}, nil
 }
 
 // Close gives up the claim; the socket goes with the process's last one.
 // A second Close does nothing.
 func (c *Claim) Close() (err error) {
+	if !c.held {
+		return nil
+	}
 	c.once.Do(func() {
 		claim.Lock()
 		defer claim.Unlock()
