@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -713,5 +714,49 @@ func TestClaimShared(t *testing.T) {
 	}
 	if !OwnerAlive(os.Getpid()) {
 		t.Error("TestMain's claim is gone")
+	}
+}
+
+// TestAdoptConcurrent: first writes in a group of this PID that a dead
+// process left a probe in, from several goroutines at once and beside a
+// RemoveStale, each install, and only the dead process's probe goes.
+func TestAdoptConcurrent(t *testing.T) {
+	tf := tracefsT(t)
+	path, b := sitesBinary(t, tf)
+	reuseRun++
+	g := GroupName(os.Getpid(), "probes_adopt"+strconv.Itoa(reuseRun))
+	t.Cleanup(func() { cleanGroup(t, tf, g) })
+	offs := []string{"sites", "sites+5", "sites+8", "sites+13", "sites+18"}
+	lines := make([]string, len(offs))
+	for i, off := range offs {
+		s, site := resolve(t, b, off+" %di")
+		lines[i] = ClassicLine(g, "e"+strconv.Itoa(i), path, site.Offset, s)
+	}
+	testkit.PlantProbe(t, tf.Dir, lines[0])
+	errs := make(chan error, len(lines))
+	var wg sync.WaitGroup
+	for _, l := range lines[1:] {
+		wg.Go(func() { errs <- tf.AddProbe(l) })
+	}
+	wg.Go(func() {
+		_, err := tf.removeStale(os.Getpid(), func(x string) bool { return x == g })
+		errs <- err
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	var evs []string
+	for _, l := range groupLines(t, tf, g) {
+		if pl, err := ParseLine(l); err == nil {
+			evs = append(evs, pl.Event)
+		}
+	}
+	slices.Sort(evs)
+	if strings.Join(evs, " ") != "e1 e2 e3 e4" {
+		t.Errorf("group %s has events %q, want e1 to e4", g, evs)
 	}
 }
