@@ -50,6 +50,10 @@ func (t *Tracefs) TrialPTW() (ok bool, why string, err error) {
 		return false, "", fmt.Errorf("ptw trial: %w", err)
 	}
 	path := f.Name()
+	// Ours until the trial is over, so that RemoveStale in a concurrent
+	// session of this process leaves its stand-in alone.
+	trial(path, true)
+	defer trial(path, false)
 	_, werr := f.Write(nop5)
 	if cerr := f.Close(); werr == nil {
 		werr = cerr

@@ -177,7 +177,9 @@ const defaultGroup = "uprobes"
 // with ErrExists an event name that exists (the kernel would merge a
 // second classic line of the same name into one event) and a ptw probe at
 // a site that another probe uses (ptwrite kernels refuse a second probe at
-// one site). A kernel that accepts a ptw: line but creates another event
+// one site). The first line in a group of this process's PID removes what
+// the group holds (a dead process's lines, with the same PID: adopt). A
+// kernel that accepts a ptw: line but creates another event
 // at its site instead (a stock kernel makes a classic probe named
 // uprobes/p_FILE_OFF) gets that stand-in removed and the line refused with
 // probes.ErrRefused. An offset beyond the end of the file is refused with
@@ -207,6 +209,9 @@ func (t *Tracefs) addProbe(line string) (standIns []string, err error) {
 	// registered later: refuse one beyond the file now.
 	if st, err := os.Stat(pl.Path); err == nil && st.Mode().IsRegular() && pl.Offset >= uint64(st.Size()) {
 		return nil, fmt.Errorf("%w: file offset 0x%x is beyond the end of %s (%d bytes)", probes.ErrBadSite, pl.Offset, pl.Path, st.Size())
+	}
+	if err := t.adopt(pl.Group); err != nil {
+		return nil, fmt.Errorf("add probe %s/%s: %w", pl.Group, pl.Event, err)
 	}
 	before, err := t.Events()
 	if err != nil {

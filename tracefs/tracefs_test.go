@@ -5,8 +5,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -608,4 +610,153 @@ func sitesBinary(t *testing.T, tf *Tracefs) (string, *probes.Binary) {
 	path := buildC(t, "sites", builds[0].flags...)
 	cleanPath(t, tf, path)
 	return path, openBinary(t, path)
+}
+
+// reuseRun numbers the runs of TestRemoveStaleReusedPID: a group, once
+// this process made it, stays its own.
+var reuseRun int
+
+// TestRemoveStaleReusedPID: the probes that a dead process with this PID
+// left (planted by another process, in groups this process never made) are
+// removed by RemoveStale(self) and by the first AddProbe in their group,
+// which then installs its own probe under the same name; the groups this
+// process made keep theirs.
+func TestRemoveStaleReusedPID(t *testing.T) {
+	tf := tracefsT(t)
+	path, b := sitesBinary(t, tf)
+	reuseRun++
+	me, run := os.Getpid(), strconv.Itoa(reuseRun)
+	liveG := GroupName(me, "probes_reuse_live"+run)
+	deadG := GroupName(me, "probes_reuse_dead"+run)
+	nextG := GroupName(me, "probes_reuse_next"+run)
+	groups := []string{liveG, deadG, nextG}
+	for _, g := range groups {
+		t.Cleanup(func() { cleanGroup(t, tf, g) })
+	}
+	line := func(g, ev, off string) string {
+		s, site := resolve(t, b, off+" %di")
+		return ClassicLine(g, ev, path, site.Offset, s)
+	}
+	if err := tf.AddProbe(line(liveG, "e1", "sites")); err != nil {
+		t.Fatal(err)
+	}
+	testkit.PlantProbe(t, tf.Dir, line(deadG, "e1", "sites+5"))
+	testkit.PlantProbe(t, tf.Dir, line(deadG, "e2", "sites+8"))
+	testkit.PlantProbe(t, tf.Dir, line(nextG, "e1", "sites+13"))
+	for _, g := range groups {
+		if l := groupLines(t, tf, g); len(l) == 0 {
+			t.Fatalf("group %s has no probes", g)
+		}
+	}
+	if !OwnerAlive(me) {
+		t.Fatal("this process does not claim its groups")
+	}
+	consider := func(g string) bool { return g == liveG || g == deadG }
+	removed, err := tf.removeStale(me, consider)
+	if err != nil || strings.Join(removed, " ") != deadG+"/e1 "+deadG+"/e2" {
+		t.Errorf("RemoveStale = %q, %v; want the two probes of %s", removed, err, deadG)
+	}
+	if l := groupLines(t, tf, deadG); len(l) != 0 {
+		t.Errorf("stale group %s left: %q", deadG, l)
+	}
+	if l := groupLines(t, tf, liveG); len(l) != 1 {
+		t.Errorf("group %s made by this process: %q, want its probe", liveG, l)
+	}
+
+	// The first line in nextG removes the dead process's e1 and takes its
+	// name; a second one removes nothing.
+	want := line(nextG, "e1", "sites+18")
+	if err := tf.AddProbe(want); err != nil {
+		t.Fatalf("AddProbe over a dead process's event name: %v", err)
+	}
+	if err := tf.AddProbe(line(nextG, "e2", "sites+23")); err != nil {
+		t.Fatal(err)
+	}
+	wl, err := ParseLine(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := groupLines(t, tf, nextG)
+	e1 := slices.IndexFunc(l, func(s string) bool {
+		pl, err := ParseLine(s)
+		return err == nil && pl.Event == "e1" && pl.Offset == wl.Offset
+	})
+	if len(l) != 2 || e1 < 0 {
+		t.Errorf("group %s: %q, want this process's e1 (%s) and e2", nextG, l, want)
+	}
+	if removed, err := tf.removeStale(me, func(g string) bool { return g == nextG || g == liveG }); err != nil || len(removed) != 0 {
+		t.Errorf("RemoveStale of this process's groups = %q, %v", removed, err)
+	}
+}
+
+// TestClaimShared: the claims of one process share its owner socket (the
+// TestMain claim is held throughout): each succeeds, and closing one, even
+// twice, leaves the process claiming its groups.
+func TestClaimShared(t *testing.T) {
+	a, err := ClaimProbes()
+	if err != nil {
+		t.Fatalf("a second claim in one process: %v", err)
+	}
+	b, err := ClaimProbes()
+	if err != nil {
+		t.Fatalf("a third claim in one process: %v", err)
+	}
+	for range 2 {
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !OwnerAlive(os.Getpid()) {
+		t.Error("closing one claim gave up the others")
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !OwnerAlive(os.Getpid()) {
+		t.Error("TestMain's claim is gone")
+	}
+}
+
+// TestAdoptConcurrent: first writes in a group of this PID that a dead
+// process left a probe in, from several goroutines at once and beside a
+// RemoveStale, each install, and only the dead process's probe goes.
+func TestAdoptConcurrent(t *testing.T) {
+	tf := tracefsT(t)
+	path, b := sitesBinary(t, tf)
+	reuseRun++
+	g := GroupName(os.Getpid(), "probes_adopt"+strconv.Itoa(reuseRun))
+	t.Cleanup(func() { cleanGroup(t, tf, g) })
+	offs := []string{"sites", "sites+5", "sites+8", "sites+13", "sites+18"}
+	lines := make([]string, len(offs))
+	for i, off := range offs {
+		s, site := resolve(t, b, off+" %di")
+		lines[i] = ClassicLine(g, "e"+strconv.Itoa(i), path, site.Offset, s)
+	}
+	testkit.PlantProbe(t, tf.Dir, lines[0])
+	errs := make(chan error, len(lines))
+	var wg sync.WaitGroup
+	for _, l := range lines[1:] {
+		wg.Go(func() { errs <- tf.AddProbe(l) })
+	}
+	wg.Go(func() {
+		_, err := tf.removeStale(os.Getpid(), func(x string) bool { return x == g })
+		errs <- err
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	var evs []string
+	for _, l := range groupLines(t, tf, g) {
+		if pl, err := ParseLine(l); err == nil {
+			evs = append(evs, pl.Event)
+		}
+	}
+	slices.Sort(evs)
+	if strings.Join(evs, " ") != "e1 e2 e3 e4" {
+		t.Errorf("group %s has events %q, want e1 to e4", g, evs)
+	}
 }

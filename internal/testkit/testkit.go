@@ -100,6 +100,17 @@ func BuildC(t testing.TB, src string, flags ...string) string {
 	return out
 }
 
+// PlantProbe writes line to uprobe_events in the tracefs at dir from a
+// child process, as a process that died since would have left it: the
+// test's process has no record of making it. The caller removes it.
+func PlantProbe(t testing.TB, dir, line string) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", `printf '%s\n' "$1" >> "$2"`, "sh", line, filepath.Join(dir, "uprobe_events"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("plant %q: %v: %s", line, err, out)
+	}
+}
+
 // FuncOffset returns the file offset of function sym in the ELF file bin,
 // through the PT_LOAD segment that maps it.
 func FuncOffset(t testing.TB, bin, sym string) uint64 {
