@@ -248,14 +248,15 @@ func (d *Decoder) fastLoop() {
 			}
 			d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
 			d.flush()
-			ev := Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
-			d.stamp(&ev)
-			fired := d.fastDisable(k.b, &ev)
+			// Made where fireEv takes it: no copy when it fires.
+			d.qEv = Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
+			d.stamp(&d.qEv)
+			fired := d.fastDisable(k.b)
 			k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
 			if !fired {
 				// Queued as read queues it; the walk goes on
 				// at a block's start.
-				d.q = append(d.q, queued{ev: ev, bind: bindBranch})
+				d.q = append(d.q, queued{ev: d.qEv, bind: bindBranch})
 				return
 			}
 		case exitStop:
@@ -601,12 +602,13 @@ func (d *Decoder) ipMiss(ip uint64) *block {
 	return s
 }
 
-// fastDisable walks from block b with the TIP.PGD's event ev waiting for
-// the branch it binds to, as walk and exec do with it queued: direct
+// fastDisable walks from block b with the TIP.PGD's event (d.qEv) waiting
+// for the branch it binds to, as walk and exec do with it queued: direct
 // branches are taken until one to its IP, or a branch that needs trace,
 // which it binds to. It tells whether it fired; else the walk is left, at
 // a block's start, to the slow path.
-func (d *Decoder) fastDisable(b *block, ev *Event) bool {
+func (d *Decoder) fastDisable(b *block) bool {
+	ev := &d.qEv
 	for {
 		// The block's header tells all but a direct branch's target,
 		// which it holds too.
@@ -646,7 +648,6 @@ func (d *Decoder) fastDisable(b *block, ev *Event) bool {
 			d.pushRet(next)
 		}
 		// disabledAt
-		d.qEv = *ev
 		d.fireEv()
 		return true
 	}
