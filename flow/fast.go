@@ -100,7 +100,7 @@ type kern struct {
 	buf  []byte
 	pos  int
 	last uint64 // the last IP, before a tipRaw
-	tnt  uint64 // pending TNT bits, the oldest in bit nb-1
+	tnt  uint64 // pending TNT bits, the oldest in bit nb-1 (as d.tnt)
 	nb   uint
 	tip  uint8
 	// b is the block at ip; nil after a successor or IP block the
@@ -297,7 +297,11 @@ func (d *Decoder) kernel() (why int) {
 	k := &d.fp.k
 	// Its capacity its length: a slice of buf needs no other register.
 	buf, pos := k.buf[:len(k.buf):len(k.buf)], k.pos
-	tnt, nb, b, budget := k.tnt, k.nb, k.b, k.budget
+	// The pending bits are held from the top of tnt down, the oldest in
+	// bit 63: a bit or a run's pattern is a shift by a constant, taking
+	// bits a shift, with no mask (the bits past the last are zero, and
+	// tnt is tipNone once they are all taken).
+	tnt, nb, b, budget := k.tnt<<((64-k.nb)&63), k.nb, k.b, k.budget
 	if nb == 0 {
 		tnt = uint64(k.tip)
 	}
@@ -337,7 +341,7 @@ func (d *Decoder) kernel() (why int) {
 			case opTNT8:
 				p := c >> 1
 				nb = uint(bits.Len8(p) - 1)
-				tnt = uint64(p) &^ (1 << nb)
+				tnt = uint64(p) << ((64 - nb) & 63) // the stop bit shifted out
 				pos++
 				continue
 			case opExt:
@@ -349,7 +353,7 @@ func (d *Decoder) kernel() (why int) {
 					break // no stop bit, or no bits: the slow path's
 				}
 				nb = uint(bits.Len64(v) - 1)
-				tnt = v &^ (1 << nb)
+				tnt = v << ((64 - nb) & 63)
 				pos += 8
 				continue
 			case opTIP:
@@ -376,7 +380,7 @@ func (d *Decoder) kernel() (why int) {
 			if c := class; nb > 0 && (c == x86insn.CondJump || c == x86insn.Jump || c == x86insn.Call) {
 				// The next bits' run, worked out once (tntrun.go).
 				kb := min(nb, runBits)
-				pat := uint8(1<<kb | tnt>>(nb-kb))
+				pat := uint8(1<<kb | tnt>>((64-kb)&63))
 				ref := &d.cache.runs.recent[runHash(b, pat)]
 				r := ref.r
 				if ref.b != b || r.pat != pat {
@@ -396,7 +400,7 @@ func (d *Decoder) kernel() (why int) {
 						}
 					}
 					nb -= uint(r.used)
-					tnt &= 1<<nb - 1
+					tnt <<= r.used & 63
 					budget -= int(r.steps)
 					if r.bit {
 						d.sinceRef, budget = 0, d.opts.MaxInsns-int(r.steps)
@@ -432,8 +436,8 @@ func (d *Decoder) kernel() (why int) {
 					goto out
 				}
 				nb--
-				taken := tnt>>nb&1 == 1
-				tnt &= 1<<nb - 1
+				taken := tnt>>63 == 1
+				tnt <<= 1
 				d.sinceRef, budget = 0, d.opts.MaxInsns
 				to, p = next, &b.fall
 				if taken {
@@ -462,11 +466,11 @@ func (d *Decoder) kernel() (why int) {
 				if nb > 0 {
 					// A compressed return; anything else is exec's
 					// to report.
-					if tnt>>(nb-1)&1 == 0 || d.sp == 0 {
+					if tnt>>63 == 0 || d.sp == 0 {
 						goto out
 					}
 					nb--
-					tnt &= 1<<nb - 1
+					tnt <<= 1
 					d.sinceRef, budget = 0, d.opts.MaxInsns
 					to = d.popRet()
 				} else {
@@ -524,7 +528,7 @@ func (d *Decoder) kernel() (why int) {
 		}
 	}
 out:
-	k.pos, k.tnt, k.nb, k.tip, k.b, k.budget = pos, tnt, nb, tipNone, b, budget
+	k.pos, k.tnt, k.nb, k.tip, k.b, k.budget = pos, tnt>>((64-nb)&63), nb, tipNone, b, budget
 	if nb == 0 {
 		k.tnt, k.tip = 0, uint8(tnt)
 	}
