@@ -391,7 +391,7 @@ func (d *Decoder) kernel() (why int) {
 					// The run's edges as they are, after the
 					// branches before them.
 					if e := r.edges; len(e) > 0 {
-						f.batch[nf] = e[:len(e):len(e)]
+						f.batch[nf&(edgeBatch-1)] = e[:len(e):len(e)]
 						nf++
 					}
 					if r.nrets > 0 {
@@ -442,8 +442,9 @@ func (d *Decoder) kernel() (why int) {
 				to, p = next, &b.fall
 				if taken {
 					to, p = b.target, &b.taken
-					f.edges[nf] = Edge{from, to, BrCond}
-					f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+					i := nf & (edgeBatch - 1) // nf < edgeBatch: masked, Go tests no bounds
+					f.edges[i] = Edge{from, to, BrCond}
+					f.batch[i] = f.edges[i : i+1 : i+1]
 					nf++
 				}
 			case x86insn.Jump, x86insn.Call:
@@ -459,8 +460,9 @@ func (d *Decoder) kernel() (why int) {
 					kind = BrCall
 					d.pushCall(to, next)
 				}
-				f.edges[nf] = Edge{from, to, kind}
-				f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+				i := nf & (edgeBatch - 1)
+				f.edges[i] = Edge{from, to, kind}
+				f.batch[i] = f.edges[i : i+1 : i+1]
 				nf++
 			case x86insn.Ret:
 				if nb > 0 {
@@ -483,8 +485,9 @@ func (d *Decoder) kernel() (why int) {
 					}
 					tnt, budget, to = tipNone, d.opts.MaxInsns, k.last
 				}
-				f.edges[nf] = Edge{from, to, BrReturn}
-				f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+				i := nf & (edgeBatch - 1)
+				f.edges[i] = Edge{from, to, BrReturn}
+				f.batch[i] = f.edges[i : i+1 : i+1]
 				nf++
 			case x86insn.IndirectJump, x86insn.IndirectCall:
 				if nb > 0 {
@@ -501,8 +504,9 @@ func (d *Decoder) kernel() (why int) {
 					kind = BrIndirectCall
 					d.pushRet(next)
 				}
-				f.edges[nf] = Edge{from, to, kind}
-				f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+				i := nf & (edgeBatch - 1)
+				f.edges[i] = Edge{from, to, kind}
+				f.batch[i] = f.edges[i : i+1 : i+1]
 				nf++
 			default:
 				goto out
