@@ -100,7 +100,7 @@ type kern struct {
 	buf  []byte
 	pos  int
 	last uint64 // the last IP, before a tipRaw
-	tnt  uint64 // pending TNT bits, the oldest in bit nb-1
+	tnt  uint64 // pending TNT bits, the oldest in bit nb-1 (as d.tnt)
 	nb   uint
 	tip  uint8
 	// b is the block at ip; nil after a successor or IP block the
@@ -248,14 +248,15 @@ func (d *Decoder) fastLoop() {
 			}
 			d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
 			d.flush()
-			ev := Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
-			d.stamp(&ev)
-			fired := d.fastDisable(k.b, &ev)
+			// Made where fireEv takes it: no copy when it fires.
+			d.qEv = Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
+			d.stamp(&d.qEv)
+			fired := d.fastDisable(k.b)
 			k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
 			if !fired {
 				// Queued as read queues it; the walk goes on
 				// at a block's start.
-				d.q = append(d.q, queued{ev: ev, bind: bindBranch})
+				d.q = append(d.q, queued{ev: d.qEv, bind: bindBranch})
 				return
 			}
 		case exitStop:
@@ -296,7 +297,11 @@ func (d *Decoder) kernel() (why int) {
 	k := &d.fp.k
 	// Its capacity its length: a slice of buf needs no other register.
 	buf, pos := k.buf[:len(k.buf):len(k.buf)], k.pos
-	tnt, nb, b, budget := k.tnt, k.nb, k.b, k.budget
+	// The pending bits are held from the top of tnt down, the oldest in
+	// bit 63: a bit or a run's pattern is a shift by a constant, taking
+	// bits a shift, with no mask (the bits past the last are zero, and
+	// tnt is tipNone once they are all taken).
+	tnt, nb, b, budget := k.tnt<<((64-k.nb)&63), k.nb, k.b, k.budget
 	if nb == 0 {
 		tnt = uint64(k.tip)
 	}
@@ -336,7 +341,7 @@ func (d *Decoder) kernel() (why int) {
 			case opTNT8:
 				p := c >> 1
 				nb = uint(bits.Len8(p) - 1)
-				tnt = uint64(p) &^ (1 << nb)
+				tnt = uint64(p) << ((64 - nb) & 63) // the stop bit shifted out
 				pos++
 				continue
 			case opExt:
@@ -348,7 +353,7 @@ func (d *Decoder) kernel() (why int) {
 					break // no stop bit, or no bits: the slow path's
 				}
 				nb = uint(bits.Len64(v) - 1)
-				tnt = v &^ (1 << nb)
+				tnt = v << ((64 - nb) & 63)
 				pos += 8
 				continue
 			case opTIP:
@@ -375,7 +380,7 @@ func (d *Decoder) kernel() (why int) {
 			if c := class; nb > 0 && (c == x86insn.CondJump || c == x86insn.Jump || c == x86insn.Call) {
 				// The next bits' run, worked out once (tntrun.go).
 				kb := min(nb, runBits)
-				pat := uint8(1<<kb | tnt>>(nb-kb))
+				pat := uint8(1<<kb | tnt>>((64-kb)&63))
 				ref := &d.cache.runs.recent[runHash(b, pat)]
 				r := ref.r
 				if ref.b != b || r.pat != pat {
@@ -386,7 +391,7 @@ func (d *Decoder) kernel() (why int) {
 					// The run's edges as they are, after the
 					// branches before them.
 					if e := r.edges; len(e) > 0 {
-						f.batch[nf] = e[:len(e):len(e)]
+						f.batch[nf&(edgeBatch-1)] = e[:len(e):len(e)]
 						nf++
 					}
 					if r.nrets > 0 {
@@ -395,7 +400,7 @@ func (d *Decoder) kernel() (why int) {
 						}
 					}
 					nb -= uint(r.used)
-					tnt &= 1<<nb - 1
+					tnt <<= r.used & 63
 					budget -= int(r.steps)
 					if r.bit {
 						d.sinceRef, budget = 0, d.opts.MaxInsns-int(r.steps)
@@ -431,14 +436,15 @@ func (d *Decoder) kernel() (why int) {
 					goto out
 				}
 				nb--
-				taken := tnt>>nb&1 == 1
-				tnt &= 1<<nb - 1
+				taken := tnt>>63 == 1
+				tnt <<= 1
 				d.sinceRef, budget = 0, d.opts.MaxInsns
 				to, p = next, &b.fall
 				if taken {
 					to, p = b.target, &b.taken
-					f.edges[nf] = Edge{from, to, BrCond}
-					f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+					i := nf & (edgeBatch - 1) // nf < edgeBatch: masked, Go tests no bounds
+					f.edges[i] = Edge{from, to, BrCond}
+					f.batch[i] = f.edges[i : i+1 : i+1]
 					nf++
 				}
 			case x86insn.Jump, x86insn.Call:
@@ -454,18 +460,19 @@ func (d *Decoder) kernel() (why int) {
 					kind = BrCall
 					d.pushCall(to, next)
 				}
-				f.edges[nf] = Edge{from, to, kind}
-				f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+				i := nf & (edgeBatch - 1)
+				f.edges[i] = Edge{from, to, kind}
+				f.batch[i] = f.edges[i : i+1 : i+1]
 				nf++
 			case x86insn.Ret:
 				if nb > 0 {
 					// A compressed return; anything else is exec's
 					// to report.
-					if tnt>>(nb-1)&1 == 0 || d.sp == 0 {
+					if tnt>>63 == 0 || d.sp == 0 {
 						goto out
 					}
 					nb--
-					tnt &= 1<<nb - 1
+					tnt <<= 1
 					d.sinceRef, budget = 0, d.opts.MaxInsns
 					to = d.popRet()
 				} else {
@@ -478,8 +485,9 @@ func (d *Decoder) kernel() (why int) {
 					}
 					tnt, budget, to = tipNone, d.opts.MaxInsns, k.last
 				}
-				f.edges[nf] = Edge{from, to, BrReturn}
-				f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+				i := nf & (edgeBatch - 1)
+				f.edges[i] = Edge{from, to, BrReturn}
+				f.batch[i] = f.edges[i : i+1 : i+1]
 				nf++
 			case x86insn.IndirectJump, x86insn.IndirectCall:
 				if nb > 0 {
@@ -496,8 +504,9 @@ func (d *Decoder) kernel() (why int) {
 					kind = BrIndirectCall
 					d.pushRet(next)
 				}
-				f.edges[nf] = Edge{from, to, kind}
-				f.batch[nf] = f.edges[nf : nf+1 : nf+1]
+				i := nf & (edgeBatch - 1)
+				f.edges[i] = Edge{from, to, kind}
+				f.batch[i] = f.edges[i : i+1 : i+1]
 				nf++
 			default:
 				goto out
@@ -523,7 +532,7 @@ func (d *Decoder) kernel() (why int) {
 		}
 	}
 out:
-	k.pos, k.tnt, k.nb, k.tip, k.b, k.budget = pos, tnt, nb, tipNone, b, budget
+	k.pos, k.tnt, k.nb, k.tip, k.b, k.budget = pos, tnt>>((64-nb)&63), nb, tipNone, b, budget
 	if nb == 0 {
 		k.tnt, k.tip = 0, uint8(tnt)
 	}
@@ -601,12 +610,13 @@ func (d *Decoder) ipMiss(ip uint64) *block {
 	return s
 }
 
-// fastDisable walks from block b with the TIP.PGD's event ev waiting for
-// the branch it binds to, as walk and exec do with it queued: direct
+// fastDisable walks from block b with the TIP.PGD's event (d.qEv) waiting
+// for the branch it binds to, as walk and exec do with it queued: direct
 // branches are taken until one to its IP, or a branch that needs trace,
 // which it binds to. It tells whether it fired; else the walk is left, at
 // a block's start, to the slow path.
-func (d *Decoder) fastDisable(b *block, ev *Event) bool {
+func (d *Decoder) fastDisable(b *block) bool {
+	ev := &d.qEv
 	for {
 		// The block's header tells all but a direct branch's target,
 		// which it holds too.
@@ -646,7 +656,6 @@ func (d *Decoder) fastDisable(b *block, ev *Event) bool {
 			d.pushRet(next)
 		}
 		// disabledAt
-		d.qEv = *ev
 		d.fireEv()
 		return true
 	}
