@@ -28,7 +28,9 @@ type replayMount struct {
 	s   *session.Session
 	rep *enginetest.Replay
 	dir string
-	srv interface {
+	// release forgets the mount as this process's (mountOwn).
+	release func()
+	srv     interface {
 		Unmount() error
 		Wait()
 	}
@@ -67,12 +69,14 @@ func newReplayMount(t *testing.T, mode session.Mode, run *enginetest.Ptsim) *rep
 		t.Fatal(err)
 	}
 	m := &replayMount{t: t, s: s, rep: rep, dir: t.TempDir()}
-	srv, err := ptfsfs.Mount(m.dir, bind.Tracer[*session.Target](s), ptfsfs.Options{})
+	// Through mountOwn, as `ptfs mount`: a mount of the test's PID that it
+	// did not record would count as a dead predecessor's.
+	srv, release, err := mountOwn(m.dir, bind.Tracer[*session.Target](s), ptfsfs.Options{})
 	if err != nil {
 		s.Close()
 		t.Fatal(err)
 	}
-	m.srv = srv
+	m.srv, m.release = srv, release
 	t.Cleanup(func() { m.unmount() })
 	return m
 }
@@ -92,6 +96,7 @@ func (m *replayMount) unmount() {
 	} else {
 		srv.Wait()
 	}
+	m.release()
 	if err := m.s.Close(); err != nil {
 		m.t.Errorf("close: %v", err)
 	}

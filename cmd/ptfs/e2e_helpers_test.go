@@ -24,6 +24,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("PTFS_TEST_MAIN") == "1" {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
+	if dir := os.Getenv("PTFS_TEST_PLANT_MOUNT"); dir != "" {
+		os.Exit(plantMountMain(dir, os.Getenv("PTFS_TEST_PLANT_SOURCE")))
+	}
 	os.Exit(m.Run())
 }
 

@@ -12,8 +12,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
@@ -188,10 +190,11 @@ func mount(dir string, targets []string, so session.Options, opts fs.Options) er
 		return errors.Join(fmt.Errorf("%v before the mount: %w", got, errInterrupted), s.Close())
 	default:
 	}
-	server, err := fs.Mount(dir, bind.Tracer[*session.Target](s), opts)
+	server, release, err := mountOwn(dir, bind.Tracer[*session.Target](s), opts)
 	if err != nil {
 		return errors.Join(err, s.Close())
 	}
+	defer release()
 	logrus.WithFields(logrus.Fields{"dir": dir, "mode": s.Mode()}).Info("ptfs: mounted")
 
 	done := make(chan struct{})
@@ -220,11 +223,66 @@ func mount(dir string, targets []string, so session.Options, opts fs.Options) er
 	return s.Close()
 }
 
+// own records the FUSE mounts this process made and still serves, by
+// device (MAJ:MIN in mountinfo). A mount whose source names this process's
+// PID but is not recorded was made by a dead process that had the PID
+// before (PIDs are reused): the PID alone cannot tell the two apart, and a
+// process can serve several mounts (tests in one binary), so the record is
+// per mount. tracefs keeps its probe groups the same way (DESIGN §1).
+var own struct {
+	sync.Mutex
+	devs map[string]bool
+}
+
+// mountOwn mounts t on dir (fs.Mount) and records the mount as this
+// process's until release, which the caller calls once the server is done.
+func mountOwn(dir string, t fs.Tracer, opts fs.Options) (server *fuse.Server, release func(), err error) {
+	server, err = fs.Mount(dir, t, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The mount just made is the top one at dir; its root is served by
+	// this process, so the stat cannot wait on anybody else.
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		err = fmt.Errorf("device of the ptfs mount on %s: %w", dir, err)
+		if uerr := server.Unmount(); uerr != nil {
+			return nil, nil, errors.Join(err, uerr)
+		}
+		server.Wait()
+		return nil, nil, err
+	}
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	own.Lock()
+	if own.devs == nil {
+		own.devs = map[string]bool{}
+	}
+	own.devs[dev] = true
+	own.Unlock()
+	return server, func() {
+		own.Lock()
+		delete(own.devs, dev)
+		own.Unlock()
+	}, nil
+}
+
+// ownerLive tells whether the server of m may still live: a mount of this
+// process's PID only if this process made it (mountOwn), another only while
+// tracefs.OwnerAlive says its PID's owner lives.
+func ownerLive(m ptfsMount) bool {
+	if m.pid == os.Getpid() {
+		own.Lock()
+		defer own.Unlock()
+		return own.devs[m.dev]
+	}
+	return m.pid > 0 && tracefs.OwnerAlive(m.pid)
+}
+
 // clearDeadMounts detaches every FUSE mount of ptfs whose server is gone
 // (SIGKILL), wherever it is: its mount point answers ENOTCONN, refuses a new
-// mount there and breaks tools that walk the tree. A mount whose source
-// names a live owner (ptfs:PID, see tracefs.OwnerAlive) is never touched, not
-// even stat'ed: a busy server could block the stat.
+// mount there and breaks tools that walk the tree. A mount whose owner lives
+// (ownerLive) is never touched, not even stat'ed: a busy server could block
+// the stat.
 func clearDeadMounts() {
 	info, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -232,7 +290,7 @@ func clearDeadMounts() {
 		return
 	}
 	for _, m := range ptfsMounts(info) {
-		if m.pid > 0 && tracefs.OwnerAlive(m.pid) {
+		if ownerLive(m) {
 			continue
 		}
 		// statfs always reaches the server; stat may be answered from
@@ -263,18 +321,19 @@ func refuseLiveMount(dir string) error {
 		return fmt.Errorf("looking for ptfs mounts at %s: %w", dir, err)
 	}
 	for _, m := range ptfsMounts(info) {
-		if m.dir == abs && m.pid > 0 && tracefs.OwnerAlive(m.pid) {
+		if m.dir == abs && ownerLive(m) {
 			return fmt.Errorf("%s is the mount point of a running ptfs (pid %d): unmount it first (umount %s): %w", abs, m.pid, abs, syscall.EBUSY)
 		}
 	}
 	return nil
 }
 
-// ptfsMount is a FUSE mount of ptfs in mountinfo: its mount point and the
-// PID its source names (0: none).
+// ptfsMount is a FUSE mount of ptfs in mountinfo: its mount point, the
+// PID its source names (0: none) and its device (MAJ:MIN).
 type ptfsMount struct {
 	dir string
 	pid int
+	dev string
 }
 
 // ptfsMounts returns the ptfs mounts of a /proc/PID/mountinfo text: the
@@ -292,7 +351,7 @@ func ptfsMounts(info []byte) []ptfsMount {
 		if sep < 6 || sep+2 >= len(f) || f[sep+1] != "fuse.ptfs" {
 			continue
 		}
-		m := ptfsMount{dir: unescapeOctal(f[4])}
+		m := ptfsMount{dir: unescapeOctal(f[4]), dev: f[2]}
 		if p, ok := strings.CutPrefix(f[sep+2], "ptfs:"); ok {
 			if pid, err := strconv.Atoi(p); err == nil && pid > 0 {
 				m.pid = pid

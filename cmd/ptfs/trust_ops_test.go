@@ -174,7 +174,7 @@ func TestPtfsMounts(t *testing.T) {
 52 27 0:45 / /tmp/short - fuse.ptfs
 53 27 0:46 / /tmp/\777 rw - fuse.ptfs ptfs:x rw
 `
-	want := []ptfsMount{{"/tmp/a", 4711}, {"/tmp/dead dir\\x", 99}, {"/tmp/old", 0}, {"/tmp/bad", 0}, {`/tmp/\777`, 0}}
+	want := []ptfsMount{{"/tmp/a", 4711, "0:40"}, {"/tmp/dead dir\\x", 99, "0:41"}, {"/tmp/old", 0, "0:42"}, {"/tmp/bad", 0, "0:44"}, {`/tmp/\777`, 0, "0:46"}}
 	if got := ptfsMounts([]byte(info)); !slices.Equal(got, want) {
 		t.Errorf("ptfsMounts = %+v, want %+v", got, want)
 	}
