@@ -3,10 +3,14 @@ package session
 import (
 	"bytes"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"testing"
 
 	"ptfs/decode"
+	"ptfs/internal/testkit"
 	"ptfs/stream"
+	"ptfs/tracefs/tracefstest"
 )
 
 // TestSwapDrop feeds record sequences of a replacement at one site (old
@@ -157,5 +161,72 @@ func TestDeliverBatch(t *testing.T) {
 		if got := c.tg.counters().Records; got != c.n {
 			t.Errorf("%s: counted %d records, want %d", c.tg.name, got, c.n)
 		}
+	}
+}
+
+// orderSource is a record source that logs the calls a replacement makes.
+type orderSource struct {
+	source
+	calls []string
+}
+
+func (o *orderSource) Add(ev *decode.Event) error {
+	o.calls = append(o.calls, fmt.Sprintf("add %d", ev.ID))
+	return nil
+}
+
+func (o *orderSource) Remove(id uint16) error {
+	o.calls = append(o.calls, fmt.Sprintf("remove %d", id))
+	return nil
+}
+
+func (o *orderSource) settle() error {
+	o.calls = append(o.calls, "settle")
+	return nil
+}
+
+// TestSwapSettles: a classic probe replaced at its own site keeps its old
+// event until every hit that began before the new event was enabled has
+// run all its handlers (the kernel runs the new event's first): removing
+// the old event before would leave such a hit recorded by neither. At
+// another site the events see distinct hits and nothing waits.
+func TestSwapSettles(t *testing.T) {
+	k := tracefstest.New(t, tracefstest.Options{})
+	s, err := New(Options{Mode: ModeClassic, Tracefs: k.Tracefs, Sysfs: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	src := &orderSource{source: s.src}
+	s.src = src
+	t.Cleanup(func() { s.Close() })
+	tg, err := s.AddTarget("t", testkit.BuildC(t, filepath.Join("..", "testdata", "target.c")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := func(spec, event string) uint16 {
+		t.Helper()
+		if err := tg.SetProbe("a", spec); err != nil {
+			t.Fatal(err)
+		}
+		id, err := k.Tracefs.EventID(tg.group, event)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	a := set("target %di", "a")
+	a2 := set("target a=%di", "a_2")
+	want := []string{fmt.Sprint("add ", a), fmt.Sprint("add ", a2), "settle", fmt.Sprint("remove ", a)}
+	if !slices.Equal(src.calls, want) {
+		t.Errorf("replacement at the same site: source calls %q, want %q", src.calls, want)
+	}
+	src.calls = nil
+	a = set("other %di", "a")
+	want = []string{fmt.Sprint("add ", a), fmt.Sprint("remove ", a2)}
+	if !slices.Equal(src.calls, want) {
+		t.Errorf("replacement at another site: source calls %q, want %q", src.calls, want)
 	}
 }
