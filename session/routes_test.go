@@ -2,6 +2,7 @@ package session
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -168,6 +169,7 @@ func TestDeliverBatch(t *testing.T) {
 type orderSource struct {
 	source
 	calls []string
+	fail  error // what settle returns
 }
 
 func (o *orderSource) Add(ev *decode.Event) error {
@@ -182,7 +184,7 @@ func (o *orderSource) Remove(id uint16) error {
 
 func (o *orderSource) settle() error {
 	o.calls = append(o.calls, "settle")
-	return nil
+	return o.fail
 }
 
 // TestSwapSettles: a classic probe replaced at its own site keeps its old
@@ -223,6 +225,20 @@ func TestSwapSettles(t *testing.T) {
 	if !slices.Equal(src.calls, want) {
 		t.Errorf("replacement at the same site: source calls %q, want %q", src.calls, want)
 	}
+	unsettled := func(n int) {
+		t.Helper()
+		if want := fmt.Sprintf("unsettled replacements: %d (", n); !bytes.Contains(s.Status(), []byte(want)) {
+			t.Errorf("root status without %q:\n%s", want, s.Status())
+		}
+	}
+	unsettled(0)
+	// A replacement that could not wait still replaces, and says so.
+	src.fail = errors.New("no uprobe pmu")
+	a = set("target %di", "a")
+	unsettled(1)
+	src.fail = nil
+	a2 = set("target a=%di", "a_2")
+	unsettled(1)
 	src.calls = nil
 	a = set("other %di", "a")
 	want = []string{fmt.Sprint("add ", a), fmt.Sprint("remove ", a2)}

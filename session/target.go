@@ -504,6 +504,7 @@ func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec,
 		// would leave it recorded by neither. Once every such hit is
 		// through, each later hit runs the new event's enabled handler.
 		if serr := t.s.src.settle(); serr != nil {
+			t.s.unsettled.Add(1)
 			logrus.WithError(serr).WithField("probe", p.name).Warn("ptfs: the hits of the replacement's first moment may go unrecorded")
 		}
 	}
