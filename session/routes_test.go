@@ -234,7 +234,7 @@ func TestSwapSettles(t *testing.T) {
 	unsettled(0)
 	// A replacement that could not wait still replaces, and says so.
 	src.fail = errors.New("no uprobe pmu")
-	a = set("target %di", "a")
+	set("target %di", "a")
 	unsettled(1)
 	src.fail = nil
 	a2 = set("target a=%di", "a_2")
