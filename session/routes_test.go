@@ -2,11 +2,16 @@ package session
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"testing"
 
 	"ptfs/decode"
+	"ptfs/internal/testkit"
 	"ptfs/stream"
+	"ptfs/tracefs/tracefstest"
 )
 
 // TestSwapDrop feeds record sequences of a replacement at one site (old
@@ -157,5 +162,87 @@ func TestDeliverBatch(t *testing.T) {
 		if got := c.tg.counters().Records; got != c.n {
 			t.Errorf("%s: counted %d records, want %d", c.tg.name, got, c.n)
 		}
+	}
+}
+
+// orderSource is a record source that logs the calls a replacement makes.
+type orderSource struct {
+	source
+	calls []string
+	fail  error // what settle returns
+}
+
+func (o *orderSource) Add(ev *decode.Event) error {
+	o.calls = append(o.calls, fmt.Sprintf("add %d", ev.ID))
+	return nil
+}
+
+func (o *orderSource) Remove(id uint16) error {
+	o.calls = append(o.calls, fmt.Sprintf("remove %d", id))
+	return nil
+}
+
+func (o *orderSource) settle() error {
+	o.calls = append(o.calls, "settle")
+	return o.fail
+}
+
+// TestSwapSettles: a classic probe replaced at its own site keeps its old
+// event until every hit that began before the new event was enabled has
+// run all its handlers (the kernel runs the new event's first): removing
+// the old event before would leave such a hit recorded by neither. At
+// another site the events see distinct hits and nothing waits.
+func TestSwapSettles(t *testing.T) {
+	k := tracefstest.New(t, tracefstest.Options{})
+	s, err := New(Options{Mode: ModeClassic, Tracefs: k.Tracefs, Sysfs: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	src := &orderSource{source: s.src}
+	s.src = src
+	t.Cleanup(func() { s.Close() })
+	tg, err := s.AddTarget("t", testkit.BuildC(t, filepath.Join("..", "testdata", "target.c")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := func(spec, event string) uint16 {
+		t.Helper()
+		if err := tg.SetProbe("a", spec); err != nil {
+			t.Fatal(err)
+		}
+		id, err := k.Tracefs.EventID(tg.group, event)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	a := set("target %di", "a")
+	a2 := set("target a=%di", "a_2")
+	want := []string{fmt.Sprint("add ", a), fmt.Sprint("add ", a2), "settle", fmt.Sprint("remove ", a)}
+	if !slices.Equal(src.calls, want) {
+		t.Errorf("replacement at the same site: source calls %q, want %q", src.calls, want)
+	}
+	unsettled := func(n int) {
+		t.Helper()
+		if want := fmt.Sprintf("unsettled replacements: %d (", n); !bytes.Contains(s.Status(), []byte(want)) {
+			t.Errorf("root status without %q:\n%s", want, s.Status())
+		}
+	}
+	unsettled(0)
+	// A replacement that could not wait still replaces, and says so.
+	src.fail = errors.New("no uprobe pmu")
+	set("target %di", "a")
+	unsettled(1)
+	src.fail = nil
+	a2 = set("target a=%di", "a_2")
+	unsettled(1)
+	src.calls = nil
+	a = set("other %di", "a")
+	want = []string{fmt.Sprint("add ", a), fmt.Sprint("remove ", a2)}
+	if !slices.Equal(src.calls, want) {
+		t.Errorf("replacement at another site: source calls %q, want %q", src.calls, want)
 	}
 }

@@ -109,6 +109,10 @@ type Session struct {
 	// dups counts the second records of hits that both events of a probe
 	// replaced at its site recorded (see swap); only deliver writes it.
 	dups atomic.Uint64
+	// unsettled counts the replacements at a site whose old event went
+	// without waiting for the hits in its handlers (see Target.add):
+	// some of those hits may be recorded by neither event.
+	unsettled atomic.Uint64
 
 	mu      sync.Mutex // guards targets, groups, leftovers, closed and routes writes
 	targets map[string]*Target
@@ -329,6 +333,7 @@ func (s *Session) Status() []byte {
 	sum.Add(&shared)
 	b = fmt.Appendf(b, "targets: %d\n", n)
 	b = fmt.Appendf(b, "replacement duplicates: %d (hits recorded by both events of a probe replaced at its site; one copy kept)\n", s.dups.Load())
+	b = fmt.Appendf(b, "unsettled replacements: %d (the old event went without waiting for the hits in its handlers: some may be unrecorded)\n", s.unsettled.Load())
 	for _, r := range refused {
 		b = fmt.Appendf(b, "refused target: %s\n", r)
 	}

@@ -23,6 +23,10 @@ type source interface {
 	appendStatus(b []byte) []byte
 	// running describes the capture while probes are active.
 	running() string
+	// settle returns once every hit whose handlers were running when it
+	// was called has run them all: between the new event's enable and
+	// the old one's disable when a probe is replaced at its own site.
+	settle() error
 }
 
 // classicSource reads classic uprobes through perf tracepoint rings.
@@ -43,6 +47,8 @@ func (c classicSource) appendStatus(b []byte) []byte {
 }
 
 func (classicSource) running() string { return "running (classic uprobes, perf tracepoint rings)" }
+
+func (classicSource) settle() error { return perfio.SyncUprobes() }
 
 // ptwSource decodes ptwrite uprobe records from Intel PT; pt is the kernel
 // side, nil when a replayed trace stands in for it.
@@ -120,3 +126,7 @@ func appendPTStatus(b []byte, st perfio.PTStatus, cnt perfio.PTStats) []byte {
 }
 
 func (ptwSource) running() string { return "running (ptwrite uprobes, Intel PT)" }
+
+// settle has nothing to wait for: a ptw probe at its own site goes before
+// its replacement comes (replaceAtSite), so two never overlap.
+func (ptwSource) settle() error { return nil }

@@ -530,6 +530,17 @@ func (t *Target) add(p *probe, bin *probes.Binary, spec string, sp *probes.Spec,
 	}
 	t.events[tevent] = true
 	t.s.br.setEvent(ev.ID, ev)
+	if swapped {
+		// A hit whose handlers the kernel began before the new event was
+		// enabled on its CPU ran the new event's first (newest first) and
+		// may be between the two, preempted: disabling the old event now
+		// would leave it recorded by neither. Once every such hit is
+		// through, each later hit runs the new event's enabled handler.
+		if serr := t.s.src.settle(); serr != nil {
+			t.s.unsettled.Add(1)
+			logrus.WithError(serr).WithField("probe", p.name).Warn("ptfs: the hits of the replacement's first moment may go unrecorded")
+		}
+	}
 	if p.ev != nil {
 		if rerr := t.retire(p); rerr != nil {
 			// The new probe works; the old one is retried at unmount.

@@ -263,9 +263,16 @@ func TestOverwriteRecordsOnce(t *testing.T) {
 		first[i] = l
 	}
 	missing := 0
-	for _, c := range seen {
-		if c == 0 {
-			missing++
+	for i, c := range seen {
+		if c != 0 {
+			continue
+		}
+		// Which event recorded its neighbours, and when, tells the
+		// moment of the replacement it fell in.
+		if missing++; missing <= 3 {
+			for j := max(0, i-2); j < min(n, i+3); j++ {
+				t.Logf("hit %d missing: hit %d recorded as %q", i, j, first[j])
+			}
 		}
 	}
 	st := m.read("status")
