@@ -155,18 +155,54 @@ func TestAddProbeStandInOnly(t *testing.T) {
 		if len(l) != 2 || !strings.HasPrefix(l[0], "p:theirs/same_site ") || !strings.HasPrefix(l[1], "p:uprobes/elsewhere ") {
 			t.Errorf("stock %v: left %q, want the other writer's two probes", opts.Stock, l)
 		}
+		// Besides the stand-in, only the line's own name may go: a kernel
+		// that lists nothing of it gets it removed in case it is there
+		// unlisted.
 		removed := 0
 		for _, c := range k.Commands() {
-			if strings.HasPrefix(c, "-:") {
+			switch {
+			case c == "-:uprobes/p_t_0x1170":
 				removed++
-				if c != "-:uprobes/p_t_0x1170" {
-					t.Errorf("stock %v: removed %q", opts.Stock, c)
-				}
+			case c == "-:ptfs1_t/e" && !opts.Stock:
+			case strings.HasPrefix(c, "-:"):
+				t.Errorf("stock %v: removed %q", opts.Stock, c)
 			}
 		}
 		if want := map[bool]int{true: 1, false: 0}[opts.Stock]; removed != want {
 			t.Errorf("stock %v: %d removals, want %d", opts.Stock, removed, want)
 		}
+	}
+}
+
+// TestAddProbeUnlistedRemoved: a line that the kernel takes but that no
+// read of uprobe_events lists (a read misses a line that another writer's
+// removal moved) is refused, and removed by its name, so that nothing of a
+// refused line stays behind.
+func TestAddProbeUnlistedRemoved(t *testing.T) {
+	path := siteFile(t)
+	k := tracefstest.New(t, tracefstest.Options{})
+	tf := *k.Tracefs
+	hidden := false
+	tf.Exec = func(cmd string) error {
+		if err := k.Exec(cmd); err != nil {
+			return err
+		}
+		if !strings.HasPrefix(cmd, "ptw:") {
+			return nil
+		}
+		// The kernel holds the event; every read now misses it.
+		hidden = true
+		return os.WriteFile(filepath.Join(k.Tracefs.Dir, "uprobe_events"), nil, 0o644)
+	}
+	err := tf.AddProbe(tracefs.PTWLine("ptfs1_t", "e", path, 0x1170, spec(t, "0x1170 %di")))
+	if !hidden || !errors.Is(err, probes.ErrRefused) || !strings.Contains(err.Error(), "does not list it") {
+		t.Fatalf("AddProbe = %v, want ErrRefused: does not list it", err)
+	}
+	if c := k.Commands(); len(c) != 2 || c[1] != "-:ptfs1_t/e" {
+		t.Errorf("commands %q, want the line and its removal", c)
+	}
+	if l := events(t, k.Tracefs); len(l) != 0 {
+		t.Errorf("left %q", l)
 	}
 }
 

@@ -241,6 +241,16 @@ func (t *Tracefs) addProbe(line string) (standIns []string, err error) {
 		return nil, err
 	}
 	made, ok := created(pl, before, after)
+	// The kernel hands uprobe_events out a page per read, each page from
+	// the line at its index: a line that another writer removes meanwhile
+	// moves the rest up, and a read misses one. Look again before
+	// concluding that the line is not there.
+	for try := 0; !ok && len(made) == 0 && try < 3; try++ {
+		if after, err = t.Events(); err != nil {
+			return nil, err
+		}
+		made, ok = created(pl, before, after)
+	}
 	if ok {
 		return nil, nil
 	}
@@ -252,7 +262,12 @@ func (t *Tracefs) addProbe(line string) (standIns []string, err error) {
 		}
 	}
 	if len(standIns) == 0 {
-		return nil, fmt.Errorf("%w: the kernel accepted %s:%s/%s but does not list it", probes.ErrRefused, pl.Kind, pl.Group, pl.Event)
+		err := fmt.Errorf("%w: the kernel accepted %s:%s/%s but does not list it", probes.ErrRefused, pl.Kind, pl.Group, pl.Event)
+		// Unlisted or not, nothing of a refused line may stay behind.
+		if rerr := t.RemoveProbe(pl.Group, pl.Event); rerr != nil && !errors.Is(rerr, syscall.ENOENT) {
+			err = errors.Join(err, rerr)
+		}
+		return nil, err
 	}
 	err = fmt.Errorf("%w: the kernel accepted %s:%s/%s but created %s instead (removed): it does not support %s probes",
 		probes.ErrRefused, pl.Kind, pl.Group, pl.Event, strings.Join(standIns, ", "), pl.Kind)
