@@ -852,11 +852,4 @@ func (pw *PtdumpWriter) list(end bool) {
 			break
 		}
 	}
-	if pw.err == nil && end {
-		_, werr := pw.bw.Write(pw.line)
-		if werr != nil {
-			pw.err = fmt.Errorf("ptdump: write listing: %w", werr)
-		}
-		pw.line = pw.line[:0]
-	}
 }

@@ -294,20 +294,17 @@ func openTrace(name string) (f *os.File, done func(), err error) {
 	return f, func() { _ = f.Close() }, nil
 }
 
-// feedStream writes a raw trace's pieces (traceFile.pieces) to s and
-// closes it.
+// feedStream writes a raw trace's pieces (traceFile.pieces, which has no
+// gaps) to s and closes it.
 func feedStream(next func() ([]byte, bool, error), s *flow.Stream) error {
 	for {
-		d, gap, err := next()
+		d, _, err := next()
 		if err == io.EOF {
 			return s.Close()
 		}
 		if err != nil {
 			_ = s.Close()
 			return err
-		}
-		if gap {
-			s.Gap(nil)
 		}
 		_, _ = s.Write(d)
 	}
