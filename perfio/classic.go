@@ -782,10 +782,9 @@ type held struct {
 // is held to the front of the new buffer.
 type rawQueue struct {
 	buf []byte
-	// The bytes held are [r, w) while r <= w; once the writes started
-	// again at the front, [r, wrap) then [0, w).
+	// The bytes held are [r, w) while wrap is 0; once the writes started
+	// again at the front, [r, wrap) then [0, w) (wrap >= r > 0 then).
 	r, w, wrap int
-	wrapped    bool
 }
 
 // minRawQueue is the first buffer size of a rawQueue: about 900 samples.
@@ -795,12 +794,12 @@ const minRawQueue = 64 << 10
 func (b *rawQueue) push(rec []byte) {
 	n := len(rec)
 	switch {
-	case !b.wrapped && b.w+n <= len(b.buf):
-	case !b.wrapped && n < b.r:
+	case b.wrap == 0 && b.w+n <= len(b.buf):
+	case b.wrap == 0 && n < b.r:
 		// Room at the front, before the first sample held (strictly:
 		// w == r means empty).
-		b.wrap, b.wrapped, b.w = b.w, true, 0
-	case b.wrapped && b.w+n < b.r:
+		b.wrap, b.w = b.w, 0
+	case b.wrap > 0 && b.w+n < b.r:
 	default:
 		b.grow(n)
 	}
@@ -812,28 +811,28 @@ func (b *rawQueue) push(rec []byte) {
 // what is held and n, with what is held at its front, in order.
 func (b *rawQueue) grow(n int) {
 	held := b.w - b.r
-	if b.wrapped {
+	if b.wrap > 0 {
 		held = b.wrap - b.r + b.w
 	}
 	buf := make([]byte, max(2*len(b.buf), held+n, minRawQueue))
 	k := 0
-	if b.wrapped {
+	if b.wrap > 0 {
 		k = copy(buf, b.buf[b.r:b.wrap])
 		k += copy(buf[k:], b.buf[:b.w])
 	} else {
 		k = copy(buf, b.buf[b.r:b.w])
 	}
-	b.buf, b.r, b.w, b.wrapped = buf, 0, k, false
+	b.buf, b.r, b.w, b.wrap = buf, 0, k, 0
 }
 
 // take returns the next n bytes, valid until the next push.
 func (b *rawQueue) take(n uint32) []byte {
-	if b.wrapped && b.r == b.wrap {
-		b.r, b.wrapped = 0, false
+	if b.wrap > 0 && b.r == b.wrap {
+		b.r, b.wrap = 0, 0
 	}
 	rec := b.buf[b.r : b.r+int(n)]
 	b.r += int(n)
-	if !b.wrapped && b.r == b.w {
+	if b.wrap == 0 && b.r == b.w {
 		b.r, b.w = 0, 0 // empty: start again at the front
 	}
 	return rec
