@@ -969,7 +969,7 @@ func (c *Classic) eventLost(ce *classicEvent) uint64 {
 
 // eventCount reads the count of ce's events that tells their losses the
 // way by says: their lost samples (read_format PERF_FORMAT_LOST: u64 value,
-// u64 lost) or their hits (read_format 0: u64 value; see lostByHits).
+// u64 lost) or their hits (read_format 0: u64 value; see lossOf).
 func (c *Classic) eventCount(ce *classicEvent, by LostCounting) uint64 {
 	if by == LostByHits {
 		return readSum(ce.fds, 8, 0, &c.errs)
@@ -978,23 +978,15 @@ func (c *Classic) eventCount(ce *classicEvent, by LostCounting) uint64 {
 }
 
 // lossOf returns ce's lost samples from count, read by eventCount. Called
-// holding mu.
+// holding mu. In LostByHits count is the hits, read before the rings were
+// drained of what they held: every sample written by then is among those
+// read, so this is at most what was lost then, and exact when no hit came
+// between the read and the drain (samples beyond the hits came after it).
 func (ce *classicEvent) lossOf(by LostCounting, count uint64) uint64 {
 	if by == LostByHits {
-		return ce.lostByHits(count)
+		return count - min(count, ce.samples)
 	}
 	return count
-}
-
-// lostByHits returns the samples of ce lost by hits, its events' count read
-// before the rings were drained of what they held: every sample written by
-// then is among those read, so this is at most what was lost then, and
-// exact when no hit came between the read and the drain.
-func (ce *classicEvent) lostByHits(hits uint64) uint64 {
-	if hits < ce.samples {
-		return 0 // hits came after the count was read
-	}
-	return hits - ce.samples
 }
 
 // readSum reads the read_format record (size bytes) of each event of fds
