@@ -784,10 +784,9 @@ type held struct {
 // is held to the front of the new buffer.
 type rawQueue struct {
 	buf []byte
-	// The bytes held are [r, w) while r <= w; once the writes started
-	// again at the front, [r, wrap) then [0, w).
+	// The bytes held are [r, w) while wrap is 0; once the writes started
+	// again at the front, [r, wrap) then [0, w) (wrap >= r > 0 then).
 	r, w, wrap int
-	wrapped    bool
 }
 
 // minRawQueue is the first buffer size of a rawQueue: about 900 samples.
@@ -797,12 +796,12 @@ const minRawQueue = 64 << 10
 func (b *rawQueue) push(rec []byte) {
 	n := len(rec)
 	switch {
-	case !b.wrapped && b.w+n <= len(b.buf):
-	case !b.wrapped && n < b.r:
+	case b.wrap == 0 && b.w+n <= len(b.buf):
+	case b.wrap == 0 && n < b.r:
 		// Room at the front, before the first sample held (strictly:
 		// w == r means empty).
-		b.wrap, b.wrapped, b.w = b.w, true, 0
-	case b.wrapped && b.w+n < b.r:
+		b.wrap, b.w = b.w, 0
+	case b.wrap > 0 && b.w+n < b.r:
 	default:
 		b.grow(n)
 	}
@@ -814,28 +813,28 @@ func (b *rawQueue) push(rec []byte) {
 // what is held and n, with what is held at its front, in order.
 func (b *rawQueue) grow(n int) {
 	held := b.w - b.r
-	if b.wrapped {
+	if b.wrap > 0 {
 		held = b.wrap - b.r + b.w
 	}
 	buf := make([]byte, max(2*len(b.buf), held+n, minRawQueue))
 	k := 0
-	if b.wrapped {
+	if b.wrap > 0 {
 		k = copy(buf, b.buf[b.r:b.wrap])
 		k += copy(buf[k:], b.buf[:b.w])
 	} else {
 		k = copy(buf, b.buf[b.r:b.w])
 	}
-	b.buf, b.r, b.w, b.wrapped = buf, 0, k, false
+	b.buf, b.r, b.w, b.wrap = buf, 0, k, 0
 }
 
 // take returns the next n bytes, valid until the next push.
 func (b *rawQueue) take(n uint32) []byte {
-	if b.wrapped && b.r == b.wrap {
-		b.r, b.wrapped = 0, false
+	if b.wrap > 0 && b.r == b.wrap {
+		b.r, b.wrap = 0, 0
 	}
 	rec := b.buf[b.r : b.r+int(n)]
 	b.r += int(n)
-	if !b.wrapped && b.r == b.w {
+	if b.wrap == 0 && b.r == b.w {
 		b.r, b.w = 0, 0 // empty: start again at the front
 	}
 	return rec
@@ -972,7 +971,7 @@ func (c *Classic) eventLost(ce *classicEvent) uint64 {
 
 // eventCount reads the count of ce's events that tells their losses the
 // way by says: their lost samples (read_format PERF_FORMAT_LOST: u64 value,
-// u64 lost) or their hits (read_format 0: u64 value; see lostByHits).
+// u64 lost) or their hits (read_format 0: u64 value; see lossOf).
 func (c *Classic) eventCount(ce *classicEvent, by LostCounting) uint64 {
 	if by == LostByHits {
 		return readSum(ce.fds, 8, 0, &c.errs)
@@ -981,23 +980,15 @@ func (c *Classic) eventCount(ce *classicEvent, by LostCounting) uint64 {
 }
 
 // lossOf returns ce's lost samples from count, read by eventCount. Called
-// holding mu.
+// holding mu. In LostByHits count is the hits, read before the rings were
+// drained of what they held: every sample written by then is among those
+// read, so this is at most what was lost then, and exact when no hit came
+// between the read and the drain (samples beyond the hits came after it).
 func (ce *classicEvent) lossOf(by LostCounting, count uint64) uint64 {
 	if by == LostByHits {
-		return ce.lostByHits(count)
+		return count - min(count, ce.samples)
 	}
 	return count
-}
-
-// lostByHits returns the samples of ce lost by hits, its events' count read
-// before the rings were drained of what they held: every sample written by
-// then is among those read, so this is at most what was lost then, and
-// exact when no hit came between the read and the drain.
-func (ce *classicEvent) lostByHits(hits uint64) uint64 {
-	if hits < ce.samples {
-		return 0 // hits came after the count was read
-	}
-	return hits - ce.samples
 }
 
 // readSum reads the read_format record (size bytes) of each event of fds

@@ -162,18 +162,14 @@ func TestSideBandKernel(t *testing.T) {
 // sideRecord is a side-band record of a PT data ring: header, body and
 // the 32-byte sample_id trailer of task 100/101 at time 77.
 func sideRecord(typ uint32, misc uint16, body ...[]byte) []byte {
-	b := binary.LittleEndian.AppendUint32(nil, typ)
-	b = binary.LittleEndian.AppendUint16(b, misc)
-	b = binary.LittleEndian.AppendUint16(b, 0)
+	var b []byte
 	for _, p := range body {
 		b = append(b, p...)
 	}
 	b = binary.LittleEndian.AppendUint32(b, 100)
 	b = binary.LittleEndian.AppendUint32(b, 101)
 	b = binary.LittleEndian.AppendUint64(b, 77)
-	b = append(b, make([]byte, 16)...)
-	binary.LittleEndian.PutUint16(b[6:], uint16(len(b)))
-	return b
+	return makeRecord(typ, misc, append(b, make([]byte, 16)...))
 }
 
 func le32s(vs ...uint32) []byte {

@@ -2,10 +2,8 @@ package perfio
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"strconv"
-	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -25,13 +23,9 @@ const uprobePMUType = "/sys/bus/event_source/devices/uprobe/type"
 // uprobe PMU at offset 0 of a memfd that no process maps (its uprobe
 // patches no process) and closes it: the close unregisters it.
 func SyncUprobes() error {
-	b, err := os.ReadFile(uprobePMUType)
+	typ, err := readSysfsUint(uprobePMUType, 10, 32)
 	if err != nil {
-		return fmt.Errorf("uprobe pmu: %w", err)
-	}
-	typ, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32)
-	if err != nil {
-		return fmt.Errorf("uprobe pmu type %q: %w", b, err)
+		return fmt.Errorf("uprobe pmu type: %w", err)
 	}
 	mfd, err := unix.MemfdCreate("ptfs-sync", unix.MFD_CLOEXEC)
 	if err != nil {
