@@ -29,22 +29,17 @@ func NewComms(lookup func(pid int32) string) *Comms {
 // Get returns the name of process pid, "" when unknown. A pid of 0 or
 // below is unknown.
 func (c *Comms) Get(pid int32) string {
-	if pid <= 0 {
-		return ""
+	if comm, ok := c.Cached(pid); ok {
+		return comm
 	}
-	if pid == c.lastPID {
-		return c.lastComm
+	var comm string
+	if c.lookup != nil {
+		comm = c.lookup(pid)
 	}
-	comm, ok := c.m[pid]
-	if !ok {
-		if c.lookup != nil {
-			comm = c.lookup(pid)
-		}
-		// An unknown name is remembered too: the process is gone, or
-		// its name unreadable, and will not become readable by asking
-		// at every record.
-		c.store(pid, comm)
-	}
+	// An unknown name is remembered too: the process is gone, or its
+	// name unreadable, and will not become readable by asking at every
+	// record.
+	c.store(pid, comm)
 	c.lastPID, c.lastComm = pid, comm
 	return comm
 }

@@ -125,8 +125,9 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 			s.mu.Unlock()
 			return n, nil
 		}
-		c := s.chunks[s.chunkAt(r.pos)]
-		if c.off == s.lastOff {
+		i := s.chunkAt(r.pos)
+		c := s.chunks[i]
+		if i == len(s.chunks)-1 {
 			// The last full chunk, still in memory.
 			n := r.advance(p, copy(p, s.last[r.pos-c.off:]))
 			r.filePos = off + int64(n)

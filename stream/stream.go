@@ -72,12 +72,12 @@ type Stream struct {
 	chunks []chunk // full chunks, oldest first, all in the spill file
 	cur    []byte  // the chunk being written, at curOff
 	curOff int64
-	// last holds the bytes of the last full chunk, the one at lastOff,
-	// as well as the spill file (the buffer it was written in, kept
-	// until the next chunk is full): a reader a chunk behind reads it
-	// without a pread. lastOff is -1 when it holds none.
-	last    []byte
-	lastOff int64
+	// last holds the bytes of the last of chunks, as well as the spill
+	// file (the buffer it was written in, kept until the next chunk is
+	// full): a reader a chunk behind reads it without a pread. Only a
+	// spilled seal appends to chunks and keeps, so it is last's whenever
+	// there is one.
+	last []byte
 	// curLine and lines are line indexes since the last truncation: of
 	// cur's first line and of the next line to come.
 	curLine, lines uint64
@@ -134,7 +134,6 @@ func New(o Options) *Stream {
 		chunkSize: int(chunkSize),
 		dir:       o.Dir,
 		readers:   map[*Reader]struct{}{},
-		lastOff:   -1,
 	}
 }
 
@@ -251,7 +250,7 @@ func (s *Stream) seal() {
 		}
 		s.chunks = append(s.chunks, c)
 		s.discard(true)
-		s.cur, s.lastOff = s.cur[:0], -1
+		s.cur = s.cur[:0]
 	} else {
 		s.chunks = append(s.chunks, c)
 		// The chunk stays in memory as last; the next is written in
@@ -260,7 +259,7 @@ func (s *Stream) seal() {
 		if next == nil {
 			next = make([]byte, 0, s.chunkSize)
 		}
-		s.last, s.cur, s.lastOff = s.cur, next, c.off
+		s.last, s.cur = s.cur, next
 	}
 	s.trim()
 }
@@ -378,9 +377,6 @@ func (s *Stream) discard(unspilled bool) {
 	c := s.chunks[0]
 	s.chunks = slices.Delete(s.chunks, 0, 1)
 	s.start = c.end()
-	if c.off == s.lastOff {
-		s.lastOff = -1
-	}
 	s.discarded.Add(c.lines)
 	if unspilled {
 		s.spillLost.Add(c.lines)
@@ -446,7 +442,7 @@ func (s *Stream) Truncate() {
 	s.chunks = s.chunks[:0]
 	s.free = s.free[:0]
 	s.slots, s.reserved = 0, 0
-	s.cur, s.lastOff = s.cur[:0], -1
+	s.cur = s.cur[:0]
 	s.start, s.curOff, s.curLine, s.lines = 0, 0, 0, 0
 	if s.file != nil {
 		// Give the disk back; the next spill starts at slot 0 again.
@@ -468,7 +464,7 @@ func (s *Stream) Close() error {
 	}
 	s.closed = true
 	s.chunks = nil
-	s.last, s.lastOff = nil, -1
+	s.last = nil
 	s.start = s.curOff
 	if s.file == nil {
 		return nil
