@@ -216,22 +216,20 @@ func (d *Decoder) fastLoop() {
 			continue
 		}
 		if k.b == nil {
-			// The block the flow goes to: looking it up may read
-			// memory, which a Memory may apply side band at
-			// (perfflow), so the branches before it go first.
+			// The block the flow goes to. Nothing is gathered
+			// here (a miss, an event or the start handed it
+			// over): looking it up may read memory, which a
+			// Memory may apply side band at (perfflow).
 			if k.missP != nil {
-				if k.b = *k.missP; k.b == nil {
-					d.flush()
-					k.b = d.fixedSucc(k.missP, k.ip)
-				}
+				k.b = d.fixedSucc(k.missP, k.ip)
 				k.missP = nil
-			} else if k.b = d.ipHit(k.ip); k.b == nil {
-				d.flush()
-				k.b = d.ipMiss(k.ip)
+			} else {
+				k.b = d.ipBlock(k.ip)
 			}
 		}
 		switch d.kernel() {
 		case exitFlush, exitMiss:
+			// After a miss the branches before it go first.
 			d.flush()
 		case exitRun:
 			// Working the run out reads memory: the branches
