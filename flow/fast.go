@@ -195,7 +195,7 @@ func (d *Decoder) fastLoop() {
 	for {
 		if !d.enabled {
 			// Tracing is off: only a TIP.PGE is the fast path's.
-			ops := d.opsFor(false)
+			ops := d.offOps()
 			k.pos = skipPad(k.buf, k.pos, len(k.buf)-16, ops)
 			if k.pos > len(k.buf)-16 || ops[k.buf[k.pos]] != opPGE {
 				return
@@ -216,22 +216,20 @@ func (d *Decoder) fastLoop() {
 			continue
 		}
 		if k.b == nil {
-			// The block the flow goes to: looking it up may read
-			// memory, which a Memory may apply side band at
-			// (perfflow), so the branches before it go first.
+			// The block the flow goes to. Nothing is gathered
+			// here (a miss, an event or the start handed it
+			// over): looking it up may read memory, which a
+			// Memory may apply side band at (perfflow).
 			if k.missP != nil {
-				if k.b = *k.missP; k.b == nil {
-					d.flush()
-					k.b = d.fixedSucc(k.missP, k.ip)
-				}
+				k.b = d.fixedSucc(k.missP, k.ip)
 				k.missP = nil
-			} else if k.b = d.ipHit(k.ip); k.b == nil {
-				d.flush()
-				k.b = d.ipMiss(k.ip)
+			} else {
+				k.b = d.ipBlock(k.ip)
 			}
 		}
 		switch d.kernel() {
 		case exitFlush, exitMiss:
+			// After a miss the branches before it go first.
 			d.flush()
 		case exitRun:
 			// Working the run out reads memory: the branches
@@ -718,17 +716,13 @@ var fastOps = func() (t [4][256]uint8) {
 	return t
 }()
 
-// opsFor returns the fast loop's table of packet actions (fastOps) for
-// tracing on or off.
-func (d *Decoder) opsFor(on bool) *[256]uint8 {
-	k := 0
+// offOps returns the fast loop's table of packet actions (fastOps) while
+// tracing is off (the kernel, tracing on, tests the clock itself).
+func (d *Decoder) offOps() *[256]uint8 {
 	if d.clock == nil {
-		k = opsTiming
+		return &fastOps[opsTiming]
 	}
-	if on {
-		k |= opsOn
-	}
-	return &fastOps[k]
+	return &fastOps[0]
 }
 
 // skipPad returns the position of the first packet at or after pos that is

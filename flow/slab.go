@@ -1,6 +1,7 @@
 package flow
 
-// The caches take their blocks, instructions, runs and edges from slabs:
+// The caches take their instruction lengths, runs and edges from slabs
+// (the blocks are in fixed chunks that the block table's indices address):
 // a miss allocates a chunk now and then, not an object each time. The
 // first chunk is small, each next one twice the last up to a bound, so
 // that a short trace (a cold decoder's first pass) allocates little and a

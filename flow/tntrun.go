@@ -69,9 +69,9 @@ type runCache struct {
 	// worked out.
 	tmp [2 * maxRunEdges]Edge
 	// recent is a direct-mapped cache over the blocks' lists (runHash),
-	// allocated on the first run or when the fast path first runs (its
-	// kernel reads it without a test): a run costs a load instead of a
-	// walk of its block's list.
+	// allocated when the fast path first runs (only its kernel takes
+	// runs, and reads it without a test): a run costs a load instead of
+	// a walk of its block's list.
 	recent *[recentRuns]runRef
 	// tips is a direct-mapped cache of the blocks at recent IP packets'
 	// targets (ipBlock), allocated on the first miss or when the fast
@@ -135,10 +135,7 @@ func (c *runCache) add(b *block, r *tntRun, edges []Edge) *tntRun {
 // list, or worked out on the first use; the recent cache keeps it.
 func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 	c := &d.cache.runs
-	if c.recent == nil {
-		c.recent = new([recentRuns]runRef)
-	}
-	ref := &c.recent[runHash(b, pat)]
+	ref := &c.recent[runHash(b, pat)] // made by runCaches before the kernel ran
 	for r := b.runs; r != nil; r = r.next {
 		if r.pat == pat {
 			*ref = runRef{b, r}
