@@ -541,9 +541,11 @@ func (s *ptwSink) Round(flush bool) {
 	out := p.out
 	p.mu.Unlock()
 	// Outside the lock: Stats and Add need not wait for the sink.
+	// Counted before the sink takes them, as the classic reader does:
+	// whoever has seen a record in the sink finds it counted in Stats.
 	if len(out) > 0 {
-		p.sink(out)
 		p.records.Add(uint64(len(out)))
+		p.sink(out)
 	}
 }
 
