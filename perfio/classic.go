@@ -327,11 +327,23 @@ func (c *Classic) Add(ev *decode.Event) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	ce, err := c.openLocked(ev)
+	if err != nil {
+		return err
+	}
+	return c.enableLocked(ce)
+}
+
+// openLocked opens ev's perf events, disabled, and makes them known, so
+// that no sample of ev counts as unknown once they are enabled. Opening
+// takes the kernel's event_mutex, which a uprobe removal anywhere holds
+// while it waits for every hit in a handler; enabling does not.
+func (c *Classic) openLocked(ev *decode.Event) (*classicEvent, error) {
 	if c.closed {
-		return engine.ErrClosed
+		return nil, engine.ErrClosed
 	}
 	if _, ok := c.events[ev.ID]; ok {
-		return fmt.Errorf("%w: id %d (%s/%s)", engine.ErrExists, ev.ID, ev.Group, ev.Name)
+		return nil, fmt.Errorf("%w: id %d (%s/%s)", engine.ErrExists, ev.ID, ev.Group, ev.Name)
 	}
 	ce := &classicEvent{ev: ev}
 	var err error
@@ -342,10 +354,16 @@ func (c *Classic) Add(ev *decode.Event) error {
 	}
 	if err != nil {
 		closeFDs(ce.fds)
-		return err
+		return nil, err
 	}
-	// Known before enabled, so that no sample of ev counts as unknown.
 	c.events[ev.ID] = ce
+	return ce, nil
+}
+
+// enableLocked enables the events openLocked opened; on failure they are
+// closed and forgotten, their losses counted.
+func (c *Classic) enableLocked(ce *classicEvent) error {
+	ev := ce.ev
 	for _, fd := range ce.fds {
 		if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
 			disableFDs(ce.fds)
