@@ -115,12 +115,23 @@ func init() {
 // run. A block decoder calls it once where Step would be called per
 // instruction.
 func Run(code []byte, pc uint64, lens []uint8) (n, end int, last Flow, err error) {
-	off, fellN := 0, -1
+	n, off, e, i := quickRun(code, 0, lens, 0)
+	if e&(qEnd|qSlow) != 0 {
+		return runSlow(code, pc, lens, n, off, e, i)
+	}
+	// The common case: plain instructions up to a branch of the tables.
+	in := tableBranch(code[off:], pc+uint64(off), e, i)
+	lens[n] = uint8(in.Len)
+	return n + 1, off + in.Len, in, nil
+}
+
+// runSlow is Run past the general scan's instructions, from quickRun's
+// result (n, off, e, i).
+func runSlow(code []byte, pc uint64, lens []uint8, n, off int, e quickEntry, i int) (int, int, Flow, error) {
+	fellN := -1
 	var fell Flow // the general scan's last fall-through: xbegin has a target
 	for {
-		var e quickEntry
-		var i int
-		switch n, off, e, i = quickRun(code, off, lens, n); {
+		switch {
 		case e&qEnd != 0:
 			return n, off, prior(lens, n, fell, fellN), nil
 		case e&qSlow != 0:
@@ -135,24 +146,30 @@ func Run(code []byte, pc uint64, lens []uint8) (n, end int, last Flow, err error
 			off += in.Len
 			fell, fellN = in, n-1
 		default:
-			// A branch of the tables; i is its immediate's offset.
-			imm := int(e & qImm)
-			in := Flow{Len: i + imm, Class: Class(e >> 8)}
+			in := tableBranch(code[off:], pc+uint64(off), e, i)
 			lens[n] = uint8(in.Len)
-			if in.Class >= CondJump && in.Class <= Call {
-				// The relative branches: rel8 or rel32 (rel16
-				// needs 66).
-				c := code[off+i:]
-				in.RelWidth = imm
-				rel := int64(int8(c[0]))
-				if imm == 4 {
-					rel = int64(int32(binary.LittleEndian.Uint32(c)))
-				}
-				in.Target = pc + uint64(off+in.Len) + uint64(rel)
-			}
 			return n + 1, off + in.Len, in, nil
 		}
+		n, off, e, i = quickRun(code, off, lens, n)
 	}
+}
+
+// tableBranch is the Flow of the branch of the tables at the start of
+// code, located at pc: e its entry, i its immediate's offset.
+func tableBranch(code []byte, pc uint64, e quickEntry, i int) Flow {
+	imm := int(e & qImm)
+	in := Flow{Len: i + imm, Class: Class(e >> 8)}
+	if in.Class >= CondJump && in.Class <= Call {
+		// The relative branches: rel8 or rel32 (rel16 needs 66).
+		c := code[i:]
+		in.RelWidth = imm
+		rel := int64(int8(c[0]))
+		if imm == 4 {
+			rel = int64(int32(binary.LittleEndian.Uint32(c)))
+		}
+		in.Target = pc + uint64(in.Len) + uint64(rel)
+	}
+	return in
 }
 
 // quickRun is Run's loop over the instructions of the tables that fall
