@@ -33,9 +33,9 @@ func (s *slab[T]) take(lo, hi int) *T {
 
 // copy returns a copy of src in the next elements.
 func (s *slab[T]) copy(src []T, lo, hi int) []T {
-	n := copy(s.room(len(src), lo, hi), src)
-	out := s.chunk[s.off : s.off+n : s.off+n]
-	s.off += n
+	out := s.room(len(src), lo, hi)[:len(src):len(src)]
+	copy(out, src)
+	s.off += len(src)
 	return out
 }
 
