@@ -105,7 +105,8 @@ type blockCache struct {
 	// block is a load of its chunk (a small array, in the L1 cache) and
 	// of the block.
 	chunks []*[blockChunk]block
-	lens   slab[uint8] // the next blocks' instruction lengths
+	cur    *[blockChunk]block // the last chunk, next's
+	lens   slab[uint8]        // the next blocks' instruction lengths
 
 	// view is the Memory's bytes from vpc on (Viewer), kept from block
 	// to block: the next block is often in the same mapping. It is
@@ -166,7 +167,7 @@ func (c *blockCache) drop() {
 	clear(c.slots)
 	c.n, c.insns = 0, 0
 	clear(c.chunks)
-	c.chunks = c.chunks[:0]
+	c.chunks, c.cur = c.chunks[:0], nil
 	c.lens.drop()
 	c.view = nil
 	clear(c.views)
@@ -187,8 +188,12 @@ func (c *blockCache) at(s uint64) *block {
 // lookup returns the block at ip in mode, or nil and the empty slot where
 // the probe ended: insert puts the block there unless the table changed.
 func (c *blockCache) lookup(ip uint64, mode Mode) (*block, uint64) {
+	return c.probe(c.hash(ip, mode), ip, mode)
+}
+
+// probe is lookup of the block whose hash is h.
+func (c *blockCache) probe(h, ip uint64, mode Mode) (*block, uint64) {
 	mask := uint64(len(c.slots) - 1)
-	h := c.hash(ip, mode)
 	tag := h >> 32 << 32
 	for i := h >> 32 & mask; ; i = (i + 1) & mask {
 		s := c.slots[i]
@@ -203,11 +208,35 @@ func (c *blockCache) lookup(ip uint64, mode Mode) (*block, uint64) {
 	}
 }
 
-// insert adds b, the block alloc returned last (not held yet), at slot i,
-// where its lookup ended in the table as it is, growing the table first to
-// keep it at most half full.
-func (c *blockCache) insert(i uint64, b *block) {
-	s := tableSlot(c.hash(b.ip, b.mode), c.n)
+// next returns the block the next insert holds, at ip in mode, with room
+// for its lengths: the block decodes into it in place, each field written
+// once into the zeroed chunk (a whole block written at once is copied
+// with a bulk write barrier while the GC marks).
+func (c *blockCache) next(ip uint64, mode Mode) *block {
+	k := uint(c.n) % blockChunk
+	if k == 0 || len(c.lens.chunk)-c.lens.off < maxBlock {
+		c.refill(k)
+	}
+	b := &c.cur[k]
+	b.lens, b.ip, b.mode = (*[maxBlock]uint8)(c.lens.chunk[c.lens.off:]), ip, mode
+	return b
+}
+
+// refill is next's rare work (apart: next spills nothing around calls): a
+// new block chunk for block k of it, room for the lengths.
+func (c *blockCache) refill(k uint) {
+	if k == 0 {
+		c.cur = new([blockChunk]block)
+		c.chunks = append(c.chunks, c.cur)
+	}
+	c.lens.room(maxBlock, lenSlabLo, lenSlab)
+}
+
+// insert holds b, the block next returned last (its n lengths taken from
+// the slab), at slot i, where its lookup ended in the table as it is,
+// growing the table first to keep it at most half full; h is its hash.
+func (c *blockCache) insert(i, h uint64, b *block) {
+	s := tableSlot(h, c.n)
 	if 2*(c.n+1) > len(c.slots) {
 		old := c.slots
 		c.slots = make([]uint64, 2*len(old))
@@ -222,6 +251,7 @@ func (c *blockCache) insert(i uint64, b *block) {
 	}
 	c.n++
 	c.insns += int(b.n) + 1
+	c.lens.used(int(b.n))
 }
 
 // put adds slot s to the table (not held yet, with room): where its tag
@@ -235,29 +265,21 @@ func (c *blockCache) put(s uint64) {
 	c.slots[i] = s
 }
 
-// room returns the free part of the length slab, at least maxBlock long:
-// block decodes into it, alloc takes what it used.
-func (c *blockCache) room() []uint8 {
-	return c.lens.room(maxBlock, lenSlabLo, lenSlab)[:maxBlock]
-}
-
-// alloc returns the block at ip in mode, the next index's (insert holds
-// it), of the first n lengths of room, the last instruction last at
-// lastIP, stopped at blockErrs[stop].
-func (c *blockCache) alloc(ip uint64, room []uint8, n int, last x86insn.Flow, lastIP uint64, mode Mode, stop uint8) *block {
-	k := c.n % blockChunk
-	if k == 0 {
-		c.chunks = append(c.chunks, new([blockChunk]block))
+// viewHit returns the Viewer's bytes at pc, at least MaxLen of them, from
+// the view or the views by page (then the view), or nil.
+func (c *blockCache) viewHit(pc uint64) []byte {
+	if off := pc - c.vpc; off < uint64(len(c.view)) && uint64(len(c.view))-off >= x86insn.MaxLen {
+		return c.view[off:]
 	}
-	b := &c.chunks[len(c.chunks)-1][k]
-	// Field by field into the zeroed chunk: a whole block written at
-	// once is copied with a bulk write barrier while the GC marks.
-	b.lens, b.ip, b.n, b.mode, b.stop = (*[maxBlock]uint8)(room), ip, uint8(n), mode, stop
-	c.lens.used(n)
-	if n > 0 {
-		b.class, b.lastLen, b.lastOff, b.target = last.Class, uint8(last.Len), uint16(lastIP-ip), last.Target
+	if c.views == nil {
+		return nil
 	}
-	return b
+	r := &c.views[pc>>12&(numViews-1)]
+	if off := pc - r.pc; off < uint64(len(r.v)) && uint64(len(r.v))-off >= x86insn.MaxLen {
+		c.view, c.vpc = r.v[off:], pc
+		return c.view
+	}
+	return nil
 }
 
 // viewAt returns the Viewer's bytes at pc (none and no error without a
@@ -271,11 +293,10 @@ func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 	if c.views == nil {
 		c.views = make([]viewRef, numViews)
 	}
-	r := &c.views[pc>>12&(numViews-1)]
-	if off := pc - r.pc; off < uint64(len(r.v)) && uint64(len(r.v))-off >= x86insn.MaxLen {
-		c.view, c.vpc = r.v[off:], pc
-		return c.view, nil
+	if v := c.viewHit(pc); v != nil {
+		return v, nil
 	}
+	r := &c.views[pc>>12&(numViews-1)]
 	drops := c.drops
 	v, err := d.view.View(pc)
 	if len(v) >= x86insn.MaxLen && c.drops == drops {
@@ -290,36 +311,61 @@ func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 // block returns the block at ip in mode, decoding it on a miss.
 func (d *Decoder) block(ip uint64, mode Mode) *block {
 	c := &d.cache
-	b, slot := c.lookup(ip, mode)
+	h := c.hash(ip, mode)
+	b, slot := c.probe(h, ip, mode)
 	if b != nil {
 		return b
 	}
 	if c.insns >= maxCached {
 		c.drop()
-		_, slot = c.lookup(ip, mode)
+		_, slot = c.probe(h, ip, mode)
 	}
 	for range 3 {
 		drops := c.drops
-		room := c.room()
-		n, last, lastIP, stop := d.decodeBlock(room, ip, mode)
+		b := c.next(ip, mode)
+		d.decodeBlock(b)
 		if c.drops == drops {
-			b := c.alloc(ip, room, n, last, lastIP, mode, stop)
-			c.insert(slot, b)
+			c.insert(slot, h, b)
 			return b
 		}
 		// The Memory changed under the decode (a side band applied
 		// when a read missed): the bytes read may be the old ones;
-		// the table was emptied.
-		_, slot = c.lookup(ip, mode)
+		// the table was emptied (b is in a chunk it dropped).
+		_, slot = c.probe(h, ip, mode)
 	}
 	// Still changing: the block is not known, and not kept.
 	return &block{ip: ip, mode: mode, stop: stopNoMap}
 }
 
-// decodeBlock decodes the block at ip in mode: the instructions' lengths
-// into lens (maxBlock long), how many, the last one and where it is, and
-// why decoding stopped after it.
-func (d *Decoder) decodeBlock(lens []uint8, ip uint64, mode Mode) (n int, last x86insn.Flow, lastIP uint64, stop uint8) {
+// decodeBlock decodes block b from next (its ip, mode and lengths' room):
+// the instructions' lengths, how many, the last one's class, offset,
+// length and target, and why decoding stopped after it.
+func (d *Decoder) decodeBlock(b *block) {
+	c := &d.cache
+	ip := b.ip
+	if b.mode == Mode64 {
+		// The common case at once: 64-bit code in place in a view
+		// kept, up to the branch in one Run.
+		if v := c.viewHit(ip); v != nil {
+			n, end, in, err := x86insn.Run(v, ip, b.lens[:])
+			if err == nil && in.Class != x86insn.NotBranch {
+				b.n, b.class, b.lastLen, b.lastOff, b.target = uint8(n), in.Class, uint8(in.Len), uint16(end-in.Len), in.Target
+				return
+			}
+		}
+	}
+	n, last, lastIP, stop := d.decodeInsns(b.lens[:], ip, b.mode)
+	b.n, b.stop = uint8(n), stop
+	if n > 0 {
+		b.class, b.lastLen, b.lastOff, b.target = last.Class, uint8(last.Len), uint16(lastIP-ip), last.Target
+	}
+}
+
+// decodeInsns decodes the block at ip in mode from the view, a read or
+// x86asm, a Run or an instruction at a time: the instructions' lengths into
+// lens (maxBlock long), how many, the last one and where it is, and why
+// decoding stopped after it.
+func (d *Decoder) decodeInsns(lens []uint8, ip uint64, mode Mode) (n int, last x86insn.Flow, lastIP uint64, stop uint8) {
 	c := &d.cache
 	pc := ip
 	bits := mode.bits()

@@ -254,8 +254,8 @@ func TestBlockTableTags(t *testing.T) {
 		if b != nil {
 			t.Fatalf("%#x %v found before it was added", ip, mode)
 		}
-		b = c.alloc(ip, c.room(), 0, x86insn.Flow{}, 0, mode, 0)
-		c.insert(i, b)
+		b = c.next(ip, mode)
+		c.insert(i, c.hash(ip, mode), b)
 		return b
 	}
 	// An IP whose hash is h+1: the same tag and home slot as h's.

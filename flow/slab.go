@@ -8,45 +8,49 @@ package flow
 // long one a few large chunks.
 
 // slab hands out elements of chunks of lo, 2*lo, ... up to hi elements.
+// Taking elements moves an index (no slice written: no write barrier).
 type slab[T any] struct {
-	free []T
-	next int // the next chunk's size; 0 before the first
+	chunk []T
+	off   int // the chunk's elements handed out
+	next  int // the next chunk's size; 0 before the first
 }
 
 // fill starts a new chunk of at least need elements.
 func (s *slab[T]) fill(need, lo, hi int) {
 	n := max(s.next, lo)
 	s.next = min(2*n, hi)
-	s.free = make([]T, max(n, need))
+	s.chunk, s.off = make([]T, max(n, need)), 0
 }
 
 // take returns the next element.
 func (s *slab[T]) take(lo, hi int) *T {
-	s.room(1, lo, hi)
-	return &s.used(1)[0]
+	if s.off >= len(s.chunk) {
+		s.fill(1, lo, hi)
+	}
+	s.off++
+	return &s.chunk[s.off-1]
 }
 
 // copy returns a copy of src in the next elements.
 func (s *slab[T]) copy(src []T, lo, hi int) []T {
-	return s.used(copy(s.room(len(src), lo, hi), src))
+	out := s.room(len(src), lo, hi)[:len(src):len(src)]
+	copy(out, src)
+	s.off += len(src)
+	return out
 }
 
 // room returns the free elements, a new chunk first when fewer than need
 // are left; the caller uses some and hands them over with used.
 func (s *slab[T]) room(need, lo, hi int) []T {
-	if len(s.free) < need {
+	if len(s.chunk)-s.off < need {
 		s.fill(need, lo, hi)
 	}
-	return s.free
+	return s.chunk[s.off:]
 }
 
-// used takes the first n elements of room.
-func (s *slab[T]) used(n int) []T {
-	out := s.free[:n:n]
-	s.free = s.free[n:]
-	return out
-}
+// used hands over the first n elements of room.
+func (s *slab[T]) used(n int) { s.off += n }
 
 // drop forgets the free elements (those handed out stay valid); the next
 // chunk keeps its size: a cache dropped when full is refilled as fast.
-func (s *slab[T]) drop() { s.free = nil }
+func (s *slab[T]) drop() { s.chunk, s.off = nil, 0 }

@@ -25,8 +25,32 @@ const (
 	qEnd     quickEntry = 1 << 15 // quickRun's: the lengths or the bytes ended
 )
 
-// quick1 is the entry of each 1-byte opcode, by REX.W.
-var quick1 [2][256]quickEntry
+// quick1 is the entry of each 1-byte opcode, by REX.W: index REX.W<<8 |
+// opcode.
+var quick1 [2 * 256]quickEntry
+
+// rexOf is, by an instruction's first byte, 1 for a REX prefix, with
+// REX.W<<9 (quick1's row, shifted by one: rexOf[b]>>1 is its index base).
+var rexOf = func() (t [256]uint16) {
+	for b := 0x40; b < 0x50; b++ {
+		t[b] = 1 | uint16(b>>3&1)<<9
+	}
+	return t
+}()
+
+// tailLens is the size of what follows an opcode up to its immediate, by
+// whether it takes a ModRM (qModRM), the base field of the byte after the
+// ModRM (a SIB's: base 5 takes a displacement where mod is 0) and the
+// ModRM byte: index (e&qModRM)<<7 | base<<8 | ModRM. Without a ModRM it is
+// 0.
+var tailLens = func() (t [2 * 8 * 256]uint8) {
+	for base := range 8 {
+		for m := range 256 {
+			t[1<<11|base<<8|m] = uint8(modrmSize(byte(m), byte(base)))
+		}
+	}
+	return t
+}()
 
 // quick0F is the entry of each 0F opcode (REX.W changes none of them).
 var quick0F [256]quickEntry
@@ -59,7 +83,7 @@ func init() {
 			case 0xfe, 0x8f:
 				e = qSlow // members invalid by ModRM; 8F may be XOP
 			}
-			quick1[w][op] = e
+			quick1[w<<8|op] = e
 		}
 		quick0F[op] = entry(twoByte[op], 0, classes[map0F][op])
 	}
@@ -67,7 +91,7 @@ func init() {
 	// (SIB and displacement bytes are zero: only the immediate's size
 	// and the class are taken).
 	for k, op := range byModRMOps {
-		quick1[0][op], quick1[1][op] = qModRM|qByModRM|quickEntry(k), qModRM|qByModRM|quickEntry(k)
+		quick1[op], quick1[1<<8|int(op)] = qModRM|qByModRM|quickEntry(k), qModRM|qByModRM|quickEntry(k)
 		for m := range 256 {
 			var code [MaxLen]byte
 			code[0], code[1] = op, byte(m)
@@ -91,12 +115,23 @@ func init() {
 // run. A block decoder calls it once where Step would be called per
 // instruction.
 func Run(code []byte, pc uint64, lens []uint8) (n, end int, last Flow, err error) {
-	off, fellN := 0, -1
+	n, off, e, i := quickRun(code, 0, lens, 0)
+	if e&(qEnd|qSlow) != 0 {
+		return runSlow(code, pc, lens, n, off, e, i)
+	}
+	// The common case: plain instructions up to a branch of the tables.
+	in := tableBranch(code[off:], pc+uint64(off), e, i)
+	lens[n] = uint8(in.Len)
+	return n + 1, off + in.Len, in, nil
+}
+
+// runSlow is Run past the general scan's instructions, from quickRun's
+// result (n, off, e, i).
+func runSlow(code []byte, pc uint64, lens []uint8, n, off int, e quickEntry, i int) (int, int, Flow, error) {
+	fellN := -1
 	var fell Flow // the general scan's last fall-through: xbegin has a target
 	for {
-		var e quickEntry
-		var i int
-		switch n, off, e, i = quickRun(code, off, lens, n); {
+		switch {
 		case e&qEnd != 0:
 			return n, off, prior(lens, n, fell, fellN), nil
 		case e&qSlow != 0:
@@ -111,24 +146,30 @@ func Run(code []byte, pc uint64, lens []uint8) (n, end int, last Flow, err error
 			off += in.Len
 			fell, fellN = in, n-1
 		default:
-			// A branch of the tables; i is its immediate's offset.
-			imm := int(e & qImm)
-			in := Flow{Len: i + imm, Class: Class(e >> 8)}
+			in := tableBranch(code[off:], pc+uint64(off), e, i)
 			lens[n] = uint8(in.Len)
-			if in.Class >= CondJump && in.Class <= Call {
-				// The relative branches: rel8 or rel32 (rel16
-				// needs 66).
-				c := code[off+i:]
-				in.RelWidth = imm
-				rel := int64(int8(c[0]))
-				if imm == 4 {
-					rel = int64(int32(binary.LittleEndian.Uint32(c)))
-				}
-				in.Target = pc + uint64(off+in.Len) + uint64(rel)
-			}
 			return n + 1, off + in.Len, in, nil
 		}
+		n, off, e, i = quickRun(code, off, lens, n)
 	}
+}
+
+// tableBranch is the Flow of the branch of the tables at the start of
+// code, located at pc: e its entry, i its immediate's offset.
+func tableBranch(code []byte, pc uint64, e quickEntry, i int) Flow {
+	imm := int(e & qImm)
+	in := Flow{Len: i + imm, Class: Class(e >> 8)}
+	if in.Class >= CondJump && in.Class <= Call {
+		// The relative branches: rel8 or rel32 (rel16 needs 66).
+		c := code[i:]
+		in.RelWidth = imm
+		rel := int64(int8(c[0]))
+		if imm == 4 {
+			rel = int64(int32(binary.LittleEndian.Uint32(c)))
+		}
+		in.Target = pc + uint64(in.Len) + uint64(rel)
+	}
+	return in
 }
 
 // quickRun is Run's loop over the instructions of the tables that fall
@@ -138,17 +179,18 @@ func Run(code []byte, pc uint64, lens []uint8) (n, end int, last Flow, err error
 // immediate's offset; or qSlow) or where the lengths or the bytes ended
 // (qEnd).
 func quickRun(code []byte, off int, lens []uint8, n int) (int, int, quickEntry, int) {
-	for ; n < len(lens) && len(code)-off >= MaxLen; n++ {
+	for end := len(code) - MaxLen; n < len(lens) && off <= end; n++ {
 		c := (*[MaxLen]byte)(code[off:])
 		// An optional REX, and whether there is a ModRM, without a
 		// branch: either way about as often (a mispredicted branch
-		// costs more than the rest of the decode).
+		// costs more than the rest of the decode). Each a table's
+		// load: the REX's (i past it, REX.W the opcode's row) and
+		// the tail's up to the immediate.
 		// i is at most 2 before the ModRM: the masks only tell the
 		// compiler so (no bounds checks).
-		b := c[0]
-		rex := int((uint64(b^0x40) - 0x10) >> 63) // 1 for 40..4F
-		i := rex
-		e := quick1[int(b>>3)&rex][c[i&7]]
+		r := int(rexOf[c[0]])
+		i := r & 1
+		e := quick1[(r>>1|int(c[i&7]))&(2*256-1)]
 		if e&qEscape != 0 {
 			i++
 			e = quick0F[c[i&7]]
@@ -157,9 +199,8 @@ func quickRun(code []byte, off int, lens []uint8, n int) (int, int, quickEntry, 
 		if e&qByModRM != 0 {
 			e = byModRM[e&3][m]
 		}
-		// SIB base 5 takes a displacement where mod is 0.
-		base5 := int((uint64(c[(i+2)&7]&7^5) - 1) >> 63)
-		i += 1 + int(modrmLens[base5][m])&-int(e>>4&1) // past the opcode and ModRM
+		base := int(c[(i+2)&7] & 7)
+		i += 1 + int(tailLens[(int(e&qModRM)<<7|base<<8|int(m))&(2*8*256-1)]) // past the opcode and ModRM
 		if e&(qSlow|0xff00) != 0 {
 			return n, off, e, i
 		}
