@@ -54,8 +54,9 @@ type Options struct {
 //
 // The content kept is a window [start, end) of whole chunks of whole
 // lines. The chunk being written is in memory; full chunks go to an
-// unlinked spill file (page cache) and reads of them pread it, except
-// reads of the last one, which stays in memory until the next is full. Whole
+// unlinked spill file (page cache) and reads of them pread it, or lend it
+// (ReadSpan), except reads of the last one, which stays in memory until
+// the next is full. Whole
 // chunks are discarded from the front when the window is over the soft
 // bound and every open Reader has read them, or when it is over the hard
 // bound whatever the readers (counted in Stats.Unread). A Reader whose
