@@ -5,14 +5,17 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hanwen/go-fuse/v2/splice"
 
 	"golang.org/x/sys/unix"
 
@@ -218,8 +221,17 @@ func (h *streamHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.R
 	if h.r == nil {
 		return nil, syscall.EBADF
 	}
-	n, err := h.r.ReadAt(dest, off)
+	n, span, lent, err := h.r.ReadSpan(dest, off)
 	switch {
+	case lent && span.N+spliceSpare <= splice.MaxPipeSize():
+		return &spanResult{span}, 0
+	case lent:
+		// Too big for go-fuse's pipe: copied after all.
+		_, err = span.ReadAt(dest)
+		span.Release()
+		if err != nil {
+			return nil, toErrno("read stream", err)
+		}
 	case err == nil, errors.Is(err, io.EOF):
 		// FUSE expresses the end as a short (here empty) read.
 	case errors.Is(err, stream.ErrClosed):
@@ -229,6 +241,39 @@ func (h *streamHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.R
 	}
 	return fuse.ReadResultData(dest[:n]), 0
 }
+
+// spliceSpare is what go-fuse's splice of a read reply needs in its pipe
+// besides the data: the reply's header and a page.
+var spliceSpare = int(unsafe.Sizeof(fuse.OutHeader{})) + os.Getpagesize()
+
+// spanResult is a read's lines still in the stream's spill file: go-fuse
+// splices them from the file into the reply (page references into a pipe,
+// then one copy into the reader's buffer, where a pread into dest and the
+// reply's write of it copied twice), then calls Done.
+type spanResult struct{ span stream.Span }
+
+// Seekable tells go-fuse's splice where the bytes are.
+func (r *spanResult) Seekable() (fd uintptr, off int64, sz int) {
+	return r.span.Fd, r.span.Off, r.span.N
+}
+
+// Bytes copies the bytes, where go-fuse does not splice.
+func (r *spanResult) Bytes(buf []byte) ([]byte, fuse.Status) {
+	if cap(buf) < r.span.N {
+		buf = make([]byte, r.span.N)
+	}
+	n, err := r.span.ReadAt(buf[:r.span.N])
+	if err != nil {
+		return nil, fuse.Status(toErrno("read stream spill", err))
+	}
+	return buf[:n], fuse.OK
+}
+
+// Size is the bytes' length.
+func (r *spanResult) Size() int { return r.span.N }
+
+// Done releases the span: go-fuse calls it once the reply is written.
+func (r *spanResult) Done() { r.span.Release() }
 
 // Write refuses: the content comes from the trace.
 func (h *streamHandle) Write(context.Context, []byte, int64) (uint32, syscall.Errno) {

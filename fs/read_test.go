@@ -1,7 +1,13 @@
 package fs
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -66,5 +72,55 @@ func TestReadHandles(t *testing.T) {
 				t.Errorf("read %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestReadSpliced checks reads of the spilled chunks of a records file
+// with a buffer of a chunk: the handle lends them (go-fuse splices them
+// from the spill file), and what a reader of the mount gets is the
+// content, whole, in order.
+func TestReadSpliced(t *testing.T) {
+	tg := newFakeTarget("t", "/bin/true")
+	tg.records.Close()
+	tg.records = stream.New(stream.Options{Limit: 16 << 20, Dir: t.TempDir()})
+	defer tg.records.Close()
+	var want []byte
+	for i := 0; len(want) < 5<<20; i++ {
+		l := fmt.Appendf(nil, "record %d %s\n", i, strings.Repeat("x", i%97))
+		tg.records.Append(l)
+		want = append(want, l...)
+	}
+	r := tg.records.NewReader()
+	res, errno := (&streamHandle{s: tg.records, r: r}).Read(context.Background(), make([]byte, 1<<20), 0)
+	if _, ok := res.(*spanResult); !ok || errno != 0 {
+		t.Fatalf("read of a spilled chunk: %T %v, want a span", res, errno)
+	}
+	res.Done()
+	r.Close()
+
+	mnt := mountFake(t, newFakeTracer(tg))
+	f, err := os.Open(filepath.Join(mnt, "t", "records"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var got []byte
+	buf := make([]byte, 1<<20)
+	for {
+		n, err := f.Read(buf)
+		got = append(got, buf[:n]...)
+		if err == io.EOF || n == 0 {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, want) {
+		i := 0
+		for i < min(len(got), len(want)) && got[i] == want[i] {
+			i++
+		}
+		t.Fatalf("read %d bytes, want %d; first difference at %d: %q", len(got), len(want), i, got[i:min(len(got), i+40)])
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestPerfClockOffset measures the offset twice on this kernel: both
@@ -33,4 +35,23 @@ func TestPerfClockOffset(t *testing.T) {
 		t.Errorf("offsets %d and %d differ by %d ns (brackets %d, %d)", a, b, d, wa, wb)
 	}
 	t.Logf("perf time - CLOCK_MONOTONIC = %d ns (±%d), %d ns (±%d)", a, wa, b, wb)
+}
+
+// TestMonotonicNow checks that the runtime's clock that monotonicNow reads
+// is CLOCK_MONOTONIC, the samples' clock: it falls between two readings
+// of clock_gettime.
+func TestMonotonicNow(t *testing.T) {
+	for range 100 {
+		var t0, t1 unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &t0); err != nil {
+			t.Fatal(err)
+		}
+		now := monotonicNow()
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &t1); err != nil {
+			t.Fatal(err)
+		}
+		if lo, hi := uint64(t0.Nano()), uint64(t1.Nano()); now < lo || now > hi {
+			t.Fatalf("monotonicNow %d outside clock_gettime's [%d, %d]", now, lo, hi)
+		}
+	}
 }

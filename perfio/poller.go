@@ -3,8 +3,11 @@ package perfio
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,9 +33,25 @@ func (f *fd) Close() error {
 // poller is where the readers (Classic, PT) sleep: an epoll set over their
 // ring fds plus an eventfd that callers write to wake the reader for a
 // request (flush, remove, stop) at once.
+//
+// The set itself waits in the Go netpoller (it is pollable: readable while
+// one of its fds is), and is looked at with a raw, non-blocking
+// epoll_pwait. A reader that slept in a blocking epoll_wait made the
+// runtime's sysmon poll every 20 µs for a millisecond or more at every
+// pass (issue 13): exitsyscall and entersyscall wake it from its deep sleep
+// and restart that polling, and after 10 ms in the syscall it retook the
+// P and started again. Parked in the netpoller the reader holds no P and
+// makes no syscall to sleep or wake, so sysmon stays asleep.
 type poller struct {
-	epoll, event *fd
-	evs          []unix.EpollEvent // one per fd in the set
+	ep    *os.File // the epoll set, registered in the netpoller
+	rc    syscall.RawConn
+	epfd  int
+	event *fd
+	evs   []unix.EpollEvent // one per fd in the set
+	// ready is rc.Read's check, made once so that a wait allocates
+	// nothing; errno is its result.
+	ready func(fd uintptr) bool
+	errno syscall.Errno
 
 	// mu orders wake against close: a wake after close does nothing
 	// instead of writing to a closed (or reused) descriptor.
@@ -46,7 +65,16 @@ func newPoller() (*poller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
-	p := &poller{epoll: newFD(ep)}
+	// Non-blocking, os.NewFile puts it in the netpoller.
+	if err := unix.SetNonblock(ep, true); err != nil {
+		unix.Close(ep)
+		return nil, fmt.Errorf("epoll set non-blocking: %w", err)
+	}
+	p := &poller{ep: os.NewFile(uintptr(ep), "epoll"), epfd: ep}
+	if p.rc, err = p.ep.SyscallConn(); err != nil {
+		return nil, errors.Join(fmt.Errorf("epoll raw conn: %w", err), p.close())
+	}
+	p.ready = p.check
 	ev, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("wake eventfd: %w", err), p.close())
@@ -62,20 +90,42 @@ func newPoller() (*poller, error) {
 // event data is unused.
 func (p *poller) add(fd int) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
-	if err := unix.EpollCtl(p.epoll.n, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return fmt.Errorf("epoll add fd %d: %w", fd, err)
 	}
 	p.evs = append(p.evs, unix.EpollEvent{})
 	return nil
 }
 
-// wait sleeps until a ring reaches its wakeup watermark, a wake, or d
-// (rounded up to a millisecond) has passed. An interrupted sleep is no
-// error. Only the reader calls it.
+// check reports whether the set has an fd ready (or the look failed),
+// consuming the ready events as epoll_wait does. It never blocks, so it
+// uses the raw syscall: an entersyscall would wake sysmon.
+func (p *poller) check(fd uintptr) bool {
+	n, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, fd,
+		uintptr(unsafe.Pointer(&p.evs[0])), uintptr(len(p.evs)), 0, 0, 0)
+	if errno == unix.EINTR {
+		errno = 0
+	}
+	p.errno = errno
+	return n > 0 || errno != 0
+}
+
+// wait sleeps until a ring reaches its wakeup watermark, a wake, or d has
+// passed. An interrupted sleep is no error. Only the reader calls it.
 func (p *poller) wait(d time.Duration) error {
-	ms := max(0, int((d+time.Millisecond-1)/time.Millisecond))
-	if _, err := unix.EpollWait(p.epoll.n, p.evs, ms); err != nil && !errors.Is(err, unix.EINTR) {
-		return fmt.Errorf("epoll_wait: %w", err)
+	var err error
+	if d <= 0 {
+		// A past deadline would fail the read before any look.
+		err = p.rc.Control(func(fd uintptr) { p.check(fd) })
+	} else if err = p.ep.SetReadDeadline(time.Now().Add(d)); err == nil {
+		err = p.rc.Read(p.ready)
+	}
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+	case err != nil:
+		return fmt.Errorf("epoll wait: %w", err)
+	case p.errno != 0:
+		return fmt.Errorf("epoll_pwait: %w", p.errno)
 	}
 	return nil
 }
@@ -108,11 +158,14 @@ func (p *poller) close() error {
 	defer p.mu.Unlock()
 	p.closed = true
 	var errs []error
-	for _, f := range []*fd{p.event, p.epoll} {
-		if f != nil {
-			if err := f.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("close reader fd: %w", err))
-			}
+	if p.event != nil {
+		if err := p.event.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close reader eventfd: %w", err))
+		}
+	}
+	if p.ep != nil {
+		if err := p.ep.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+			errs = append(errs, fmt.Errorf("close reader epoll: %w", err))
 		}
 	}
 	return errors.Join(errs...)

@@ -81,6 +81,21 @@ func (r *Reader) Close() {
 // '\n' that fits, unless the line at off is longer than p. At the end it
 // returns io.EOF; it never waits for data.
 func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
+	return r.read(p, off, nil)
+}
+
+// ReadSpan is ReadAt, except that a read of a spilled chunk (not the last)
+// that runs to the chunk's end, as a reader with a buffer of a chunk does,
+// is not copied into p: ok reports that span holds its n bytes instead,
+// which the caller must Release. Such a read ends at a line end by itself,
+// so nothing needs to look at its bytes.
+func (r *Reader) ReadSpan(p []byte, off int64) (n int, span Span, ok bool, err error) {
+	n, err = r.read(p, off, &span)
+	return n, span, span.l != nil, err
+}
+
+// read is ReadAt, and ReadSpan when span is not nil.
+func (r *Reader) read(p []byte, off int64, span *Span) (int, error) {
 	if off < 0 {
 		return 0, ErrNegativeOffset
 	}
@@ -134,9 +149,19 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 			s.mu.Unlock()
 			return n, nil
 		}
+		k := int(min(int64(len(p)), c.end()-r.pos))
+		if span != nil && int64(k) == c.end()-r.pos {
+			// To the chunk's end, a line end: lent, not copied.
+			*span = Span{Fd: s.file.Fd(), Off: int64(c.slot)*int64(s.chunkSize) + r.pos - c.off, N: k,
+				s: s, l: s.lend(c.slot), slot: c.slot}
+			r.pos, r.line, r.midLine = c.end(), c.line+c.lines, false
+			r.trimPast()
+			r.filePos = off + int64(k)
+			s.mu.Unlock()
+			return k, nil
+		}
 		// An older chunk: pread it without holding up the appender,
 		// then make sure it was not discarded (its slot reused) meanwhile.
-		k := int(min(int64(len(p)), c.end()-r.pos))
 		at, gen, f := r.pos, s.gen, s.file
 		s.mu.Unlock()
 		n, err := f.ReadAt(p[:k], int64(c.slot)*int64(s.chunkSize)+at-c.off)
@@ -168,11 +193,16 @@ func (r *Reader) advance(p []byte, n int) int {
 	}
 	r.pos += int64(n)
 	r.line += uint64(bytes.Count(p[:n], newline))
+	r.trimPast()
+	return n
+}
+
+// trimPast trims the window once the reader is past the front chunk: it
+// may be discardable now. Called with s.mu held.
+func (r *Reader) trimPast() {
 	if s := r.s; len(s.chunks) > 0 && r.pos >= s.chunks[0].end() {
-		// Past the front chunk: it may be discardable now.
 		s.trim()
 	}
-	return n
 }
 
 // seek places the reader at stream offset off. Below the window the line

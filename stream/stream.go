@@ -29,8 +29,11 @@ const (
 	DefaultHardLimit = 1 << 30
 	// maxChunk is the largest chunk: the unit of spilling and discarding.
 	// Big enough that a FUSE read (up to 1 MiB) rarely spans two, small
-	// enough that memory stays a chunk.
-	maxChunk = 1 << 20
+	// enough that memory stays a chunk; and 8 KiB under 1 MiB so that a
+	// read of a whole spilled chunk, with a FUSE reply's header and the
+	// page go-fuse keeps spare, fits a pipe of the default most
+	// (/proc/sys/fs/pipe-max-size, 1 MiB): it is spliced (see Span).
+	maxChunk = 1<<20 - 8<<10
 )
 
 // Options configure a Stream.
@@ -51,8 +54,9 @@ type Options struct {
 //
 // The content kept is a window [start, end) of whole chunks of whole
 // lines. The chunk being written is in memory; full chunks go to an
-// unlinked spill file (page cache) and reads of them pread it, except
-// reads of the last one, which stays in memory until the next is full. Whole
+// unlinked spill file (page cache) and reads of them pread it, or lend it
+// (ReadSpan), except reads of the last one, which stays in memory until
+// the next is full. Whole
 // chunks are discarded from the front when the window is over the soft
 // bound and every open Reader has read them, or when it is over the hard
 // bound whatever the readers (counted in Stats.Unread). A Reader whose
@@ -91,6 +95,9 @@ type Stream struct {
 	noReserve bool
 	closed    bool
 	spillErr  error
+	// lent counts the spans of the spill file not yet released (see
+	// Span); nil when none were lent since the file was made.
+	lent *lent
 
 	size               atomic.Int64
 	resets             atomic.Uint64
@@ -404,6 +411,9 @@ func (s *Stream) discard(unspilled bool) {
 	s.unread.Add(c.line + c.lines - from)
 	if c.slot >= 0 {
 		// Only now: the loop above reads the chunk.
+		if s.lentSlot(c.slot) {
+			return // freed by its last span's release
+		}
 		s.free = append(s.free, c.slot)
 		if len(s.free) <= spareSlots {
 			return
@@ -444,10 +454,11 @@ func (s *Stream) Truncate() {
 	s.slots, s.reserved = 0, 0
 	s.cur = s.cur[:0]
 	s.start, s.curOff, s.curLine, s.lines = 0, 0, 0, 0
-	if s.file != nil {
+	if s.file != nil && s.letGo() {
 		// Give the disk back; the next spill starts at slot 0 again.
 		// Best effort: the slots are reused either way, and Close
-		// releases the file.
+		// releases the file. (A file that spans still read is left
+		// to them, and the next spill makes a new one.)
 		_ = s.file.Truncate(0)
 	}
 	s.size.Store(0)
@@ -466,8 +477,8 @@ func (s *Stream) Close() error {
 	s.chunks = nil
 	s.last = nil
 	s.start = s.curOff
-	if s.file == nil {
-		return nil
+	if s.file == nil || !s.letGo() {
+		return nil // none, or closed with its last span
 	}
 	err := s.file.Close()
 	s.file = nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -728,9 +729,42 @@ func fuzzStream(t *testing.T, dir string, limit, hard uint8, ops []byte) {
 			defer s.mu.Unlock()
 			return r.pos < s.start && s.end()-s.start < gapMax
 		}
+		// Spans lent by ReadSpan, with their bytes when lent, are held
+		// across the ops that follow: discards, truncations and the
+		// spills after them must not change them.
+		type heldSpan struct {
+			sp   Span
+			want string
+		}
+		var held []heldSpan
+		releaseSpans := func(keep int) {
+			for len(held) > keep {
+				h := held[0]
+				held = held[1:]
+				buf := make([]byte, h.sp.N)
+				if _, err := h.sp.ReadAt(buf); err != nil || string(buf) != h.want {
+					t.Fatalf("span changed while lent: %q (%v), lent as %q", buf, err, h.want)
+				}
+				h.sp.Release()
+			}
+		}
+		defer releaseSpans(0) // after Close too
 		read := func(rd *reader, size int) bool {
 			buf := make([]byte, size)
-			n, err := rd.r.ReadAt(buf, rd.off)
+			var n int
+			var err error
+			if size%2 == 0 {
+				var sp Span
+				var lent bool
+				if n, sp, lent, err = rd.r.ReadSpan(buf, rd.off); lent {
+					if _, err := sp.ReadAt(buf); err != nil {
+						t.Fatalf("read span: %v", err)
+					}
+					held = append(held, heldSpan{sp, string(buf[:n])})
+				}
+			} else {
+				n, err = rd.r.ReadAt(buf, rd.off)
+			}
 			if err != nil && !errors.Is(err, io.EOF) {
 				t.Fatalf("read: %v", err)
 			}
@@ -801,6 +835,7 @@ func fuzzStream(t *testing.T, dir string, limit, hard uint8, ops []byte) {
 			if st := s.Stats(); st.Size-st.Start > s.hard {
 				t.Fatalf("window %d over the hard bound %d", st.Size-st.Start, s.hard)
 			}
+			releaseSpans(int(arg % 4))
 		}
 		check()
 	}
@@ -950,4 +985,134 @@ func TestTailCommitContent(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("Tail and Commit allocate %.1f times a line", allocs)
 	}
+}
+
+// readSpans reads r from off to the end with ReadSpan and a buffer of bufLen,
+// the spans' bytes read at once and each released at once, and returns the
+// content and how many reads were spans.
+func readSpans(t testing.TB, r *Reader, off int64, bufLen int) (string, int) {
+	t.Helper()
+	var out []byte
+	spans := 0
+	buf := make([]byte, bufLen)
+	for {
+		n, sp, lent, err := r.ReadSpan(buf, off)
+		if errors.Is(err, io.EOF) {
+			return string(out), spans
+		}
+		if err != nil {
+			t.Fatalf("ReadSpan(%d): %v", off, err)
+		}
+		if lent {
+			spans++
+			if sp.N != n {
+				t.Fatalf("span of %d bytes for a read of %d", sp.N, n)
+			}
+			if _, err := sp.ReadAt(buf); err != nil {
+				t.Fatal(err)
+			}
+			sp.Release()
+		}
+		out = append(out, buf[:n]...)
+		off += int64(n)
+	}
+}
+
+// TestReadSpan checks that a read of a spilled chunk to its end is lent as
+// a span of the spill file, with the content ReadAt gives, and that the
+// lines the reader has read are counted as ReadAt counts them: a gap after
+// it counts only what it missed.
+func TestReadSpan(t *testing.T) {
+	s := newStream(t, 1<<12, 1<<20)
+	r := s.NewReader()
+	defer r.Close()
+	r2 := s.NewReader()
+	defer r2.Close()
+	appendLines(s, "line", 0, 2000)
+	// Every chunk but the last full one (in memory) and the one being
+	// written.
+	wantSpans := len(s.chunks) - 1
+	got, spans := readSpans(t, r, 0, 1<<20)
+	if want := lines("line", 0, 2000); got != want {
+		t.Fatalf("read %d bytes, want %d: %q", len(got), len(want), got[:min(len(got), 80)])
+	}
+	if spans != wantSpans || spans < 2 {
+		t.Errorf("%d reads were spans, want %d", spans, wantSpans)
+	}
+	// A small buffer gets copies, but for the read that ends a chunk.
+	if got, spans := readSpans(t, r2, 0, 100); got != lines("line", 0, 2000) || spans > wantSpans {
+		t.Errorf("small reads: %d spans, content ok %v", spans, got == lines("line", 0, 2000))
+	}
+	if st := s.Stats(); st.Unread != 0 {
+		t.Errorf("stats after reads: %+v", st)
+	}
+}
+
+// TestSpanLent checks that a span's bytes stay while it is lent: its chunk
+// discarded by the hard bound and many chunks spilled after it, the stream
+// truncated, or closed; and that its release frees the slot, or closes a
+// file the stream let go of.
+func TestSpanLent(t *testing.T) {
+	for _, then := range []string{"discard", "truncate", "close"} {
+		t.Run(then, func(t *testing.T) {
+			fds := countFDs(t)
+			s := New(Options{Limit: 1 << 12, HardLimit: 1 << 16, Dir: t.TempDir()})
+			r := s.NewReader()
+			appendLines(s, "a", 0, 3000)
+			buf := make([]byte, 1<<20)
+			n, sp, lent, err := r.ReadSpan(buf, 0)
+			if err != nil || !lent {
+				t.Fatalf("first read: %d %v lent %v", n, err, lent)
+			}
+			want := lines("a", 0, 3000)[:n]
+			switch then {
+			case "discard":
+				// Far over the hard bound: the lent chunk is discarded
+				// and the slots are reused many times.
+				appendLines(s, "b", 0, 30000)
+				if s.Stats().Start < int64(n) {
+					t.Fatal("the lent chunk was not discarded")
+				}
+			case "truncate":
+				s.Truncate()
+				appendLines(s, "b", 0, 5000)
+			case "close":
+				r.Close()
+				if err := s.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := make([]byte, n)
+			if _, err := sp.ReadAt(got); err != nil || string(got) != want {
+				t.Fatalf("span after %s: %q (%v), want %q", then, got[:min(n, 40)], err, want[:min(n, 40)])
+			}
+			slots := s.slots
+			sp.Release()
+			sp.Release() // a second release does nothing
+			if then == "discard" {
+				// Freed: the next spills reuse it, the file does not grow.
+				appendLines(s, "c", 0, 30000)
+				if s.slots > slots+1 {
+					t.Errorf("%d slots after the release, %d before", s.slots, slots)
+				}
+			}
+			r.Close()
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if got := countFDs(t); got != fds {
+				t.Errorf("%d fds after release and Close, %d before", got, fds)
+			}
+		})
+	}
+}
+
+// countFDs counts this process's open file descriptors.
+func countFDs(t testing.TB) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
 }
