@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"slices"
 	"strconv"
+	"unsafe"
 )
 
 // Arg describes one argument of a probe event.
@@ -270,8 +271,10 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	if e.ev != r.Event {
 		e.set(r.Event)
 	}
+	// Comm by pointer: a source names a run of records with one cached
+	// string (another string of the same name only remakes end).
 	if frac := r.Time - w.secBase; frac >= 1e9 || r.TID != w.tid || r.CPU != w.cpu || (r.Time != 0) != w.timed ||
-		r.PID != w.pid || r.Comm != w.comm || len(w.end) == 0 {
+		r.PID != w.pid || len(r.Comm) != len(w.comm) || unsafe.StringData(r.Comm) != unsafe.StringData(w.comm) || len(w.end) == 0 {
 		w.setEnd(r)
 	}
 	// One check of the room for the longest line of this event: the
@@ -324,9 +327,9 @@ func (w *RecordWriter) setEnd(r *Record) {
 		}
 	}
 	if r.PID != w.pid || r.Comm != w.comm || len(w.end) == 0 {
-		w.pid, w.comm = r.PID, r.Comm
 		w.proc = appendProcess(w.proc[:0], r.PID, r.Comm)
 	}
+	w.pid, w.comm = r.PID, r.Comm
 	w.end = append(append(w.end[:0], ']'), w.thread...)
 	if w.timed {
 		w.end = append(append(w.end, w.secTxt...), "000000000"...)
