@@ -232,23 +232,35 @@ func TestDrainNoAlloc(t *testing.T) {
 }
 
 // BenchmarkDrain measures the sample parse, merge and naming path per
-// record.
+// record: two CPUs' rings whose samples alternate (every record a change
+// of queue), and the samples of one CPU beside an idle one (a traced
+// thread that stays on its CPU: the merge's runs).
 func BenchmarkDrain(b *testing.B) {
-	f0, f1 := newFakeMmap(1<<20, true), newFakeMmap(1<<20, true)
-	n := fillRing(f0) + fillRing(f1)
-	c := fakeClassic(b, f0, f1)
-	c.events[pairEvent.ID] = newClassicEvent(pairEvent)
-	var out []decode.Record
-	b.ReportAllocs()
-	b.ResetTimer()
-	for b.Loop() {
-		f0.page.Data_tail, f1.page.Data_tail = 0, 0
-		c.drainLocked()
-		out = releaseAll(c, ^uint64(0), out[:0])
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
-	if len(out) != n {
-		b.Fatalf("%d records, want %d", len(out), n)
+	for _, bc := range []struct {
+		name  string
+		rings int
+	}{{"alternate", 2}, {"one-cpu", 1}} {
+		b.Run(bc.name, func(b *testing.B) {
+			f := []*fakeMmap{newFakeMmap(1<<20, true), newFakeMmap(1<<20, true)}
+			n := 0
+			for _, m := range f[:bc.rings] {
+				n += fillRing(m)
+			}
+			c := fakeClassic(b, f...)
+			c.events[pairEvent.ID] = newClassicEvent(pairEvent)
+			var out []decode.Record
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				f[0].page.Data_tail, f[1].page.Data_tail = 0, 0
+				c.drainLocked()
+				out = releaseAll(c, ^uint64(0), out[:0])
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
+			if len(out) != n {
+				b.Fatalf("%d records, want %d", len(out), n)
+			}
+		})
 	}
 }
 
