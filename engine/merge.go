@@ -171,21 +171,32 @@ func (m *Merger[T]) ReleaseN(watermark uint64, out []T, n int) []T {
 
 // run returns the queue whose first item is the earliest (head's rule)
 // and the latest time up to which its items go before any other queue's
-// first one: the earliest other head's time, less one for a lower queue
-// (which goes first on equal times). m.n > 0.
+// first one: the next earliest head's time, less one for a lower queue
+// (which goes first on equal times). One pass finds both. m.n > 0.
 func (m *Merger[T]) run() (best int, until uint64) {
-	best = m.head()
-	until = math.MaxUint64
+	best, second := -1, -1
+	var bt, st uint64
 	for i := range m.queues {
-		if q := &m.queues[i]; i != best && q.n > 0 {
-			t := q.items[q.first].time
-			if i < best {
-				t-- // > best's head time: the lower queue would have won a tie
-			}
-			until = min(until, t)
+		q := &m.queues[i]
+		if q.n == 0 {
+			continue
+		}
+		// In queue order: on equal times the lower queue stays ahead.
+		switch t := q.items[q.first].time; {
+		case best < 0 || t < bt:
+			second, st = best, bt
+			best, bt = i, t
+		case second < 0 || t < st:
+			second, st = i, t
 		}
 	}
-	return best, until
+	switch {
+	case second < 0:
+		return best, math.MaxUint64
+	case second < best:
+		return best, st - 1 // st > bt: the lower queue would have won a tie
+	}
+	return best, st
 }
 
 // Pop takes out the earliest pending item, whatever its time, and returns
