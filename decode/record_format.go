@@ -168,18 +168,6 @@ func appendArgs(dst []byte, r *Record) []byte {
 	return dst
 }
 
-// appendPlainArgs appends the N arguments of r as appendArgs does when
-// every one is an unnamed whole u64: one putList, the room for the
-// longest made once, not per argument.
-func appendPlainArgs(dst []byte, r *Record) []byte {
-	need := listRoom(r.N)
-	if cap(dst)-len(dst) < need {
-		dst = slices.Grow(dst, need)
-	}
-	l := len(dst)
-	return dst[:l+putList(dst[l:l+need], r.Args[:r.N])]
-}
-
 // appendThread appends the known " tid=T" and " cpu=C".
 func appendThread(dst []byte, tid, cpu int32) []byte {
 	if tid >= 0 {
