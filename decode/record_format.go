@@ -202,9 +202,10 @@ func appendProcess(dst []byte, pid int32, comm string) []byte {
 // an unnamed whole u64 (which then prints without a look at its type),
 // and the line's end after the arguments (the thread, the time's seconds
 // and the process, joined into one text whose nine digits of the time's
-// fraction are filled in per line). A line is so three stores of its own
-// (the number, the fraction, the end's position) and two copies of kept
-// text around the argument list, with the room for all of it made once.
+// fraction are filled in per line). A line is so "record " and the
+// number as two 8-byte stores, the event's kept text, the argument list,
+// the kept end and the fraction's digits written into it, with the room
+// for all of it made once.
 // Both the live record path and ptfs decode format through it. For one
 // formatting goroutine; an Event must not change while its records are
 // formatted (events are replaced, never edited). The zero value is ready
