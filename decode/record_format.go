@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"slices"
 	"strconv"
+	"unsafe"
 )
 
 // Arg describes one argument of a probe event.
@@ -167,18 +168,6 @@ func appendArgs(dst []byte, r *Record) []byte {
 	return dst
 }
 
-// appendPlainArgs appends the N arguments of r as appendArgs does when
-// every one is an unnamed whole u64: one putList, the room for the
-// longest made once, not per argument.
-func appendPlainArgs(dst []byte, r *Record) []byte {
-	need := listRoom(r.N)
-	if cap(dst)-len(dst) < need {
-		dst = slices.Grow(dst, need)
-	}
-	l := len(dst)
-	return dst[:l+putList(dst[l:l+need], r.Args[:r.N])]
-}
-
 // appendThread appends the known " tid=T" and " cpu=C".
 func appendThread(dst []byte, tid, cpu int32) []byte {
 	if tid >= 0 {
@@ -209,13 +198,18 @@ func appendProcess(dst []byte, pid int32, comm string) []byte {
 // the text of what repeats from line to line: the record number (the
 // next one below 1e8 is the last one's digits counted up, in place of a
 // conversion whose chain of multiplications cost a seventh of the line),
-// each event's text (group, name, id) and whether every argument is an
-// unnamed whole u64 (which then prints without a look at its type), the
-// thread (tid= and cpu=), the time's seconds and the process (pid= and
-// comm=). Both the live record path and ptfs decode format through it.
-// For one formatting goroutine; an Event must not change while its
-// records are formatted (events are replaced, never edited). The zero
-// value is ready to use.
+// each event's text (": ", group, name, id) and whether every argument is
+// an unnamed whole u64 (which then prints without a look at its type),
+// and the line's end after the arguments (the thread, the time's seconds
+// and the process, joined into one text whose nine digits of the time's
+// fraction are filled in per line). A line is so "record " and the
+// number as two 8-byte stores, the event's kept text, the argument list,
+// the kept end and the fraction's digits written into it, with the room
+// for all of it made once.
+// Both the live record path and ptfs decode format through it. For one
+// formatting goroutine; an Event must not change while its records are
+// formatted (events are replaced, never edited). The zero value is ready
+// to use.
 type RecordWriter struct {
 	// cache is direct-mapped by event id, checked by pointer: a few
 	// events alternate record by record.
@@ -226,15 +220,23 @@ type RecordWriter struct {
 	// carry running from digit to digit as in binary.
 	seq       uint64
 	seqDigits uint64
-	tid       int32
-	cpu       int32
-	thread    []byte // appendThread of tid and cpu, when threadSet
-	threadSet bool   // (an unknown thread and CPU print nothing: thread is nil)
-	sec       uint64
-	secTxt    []byte // " time=SEC." of sec, when set
-	pid       int32
-	comm      string
-	proc      []byte // appendProcess of pid and comm
+	// end is the text after the arguments for the thread, time and
+	// process below: "]", appendThread, " time=SEC." and nine bytes for
+	// the fraction when timed, appendProcess and "\n"; "" until made.
+	// secBase is the time the seconds' text stands for (SEC * 1e9), so
+	// that a time of the same second is its fraction by a subtraction.
+	end     []byte
+	tid     int32
+	cpu     int32
+	timed   bool
+	secBase uint64
+	pid     int32
+	comm    string
+	// The parts of end, each made again only when what it shows changes.
+	thread   []byte // appendThread of tid and cpu
+	secTxt   []byte // " time=SEC." of secShown (SEC * 1e9)
+	secShown uint64
+	proc     []byte // appendProcess of pid and comm
 }
 
 // biased0 is eight biased zero digits of RecordWriter.seqDigits.
@@ -243,9 +245,13 @@ const biased0 = 0xf6f6f6f6_f6f6f6f6
 // lineEvent is what RecordWriter keeps of one event.
 type lineEvent struct {
 	ev    *Event
-	head  []byte // appendHead's text
+	head  []byte // ": " and appendHead's text
 	plain bool   // every argument an unnamed whole u64
 }
+
+// lineSlack is the room a line needs beyond its text: the last 8-byte
+// store of the number may end 8 bytes past it.
+const lineSlack = 8
 
 // Append appends the line of record number seq, as AppendRecord does (and
 // like it may write scratch bytes into dst's spare capacity).
@@ -254,34 +260,75 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	if e.ev != r.Event {
 		e.set(r.Event)
 	}
-	dst = append(w.appendSeq(dst, seq), e.head...)
+	// Comm by pointer: a source names a run of records with one cached
+	// string (another string of the same name only remakes end).
+	if frac := r.Time - w.secBase; frac >= 1e9 || r.TID != w.tid || r.CPU != w.cpu || (r.Time != 0) != w.timed ||
+		r.PID != w.pid || len(r.Comm) != len(w.comm) || unsafe.StringData(r.Comm) != unsafe.StringData(w.comm) || len(w.end) == 0 {
+		w.setEnd(r)
+	}
+	// One check of the room for the longest line of this event: the
+	// number's 20 digits, the kept texts and the argument list's longest
+	// (other arguments make their own room).
+	need := len("record ") + 20 + len(e.head) + listRoom(r.N) + len(w.end) + lineSlack
+	if !e.plain {
+		need = len("record ") + 20 + len(e.head) + lineSlack
+	}
+	if cap(dst)-len(dst) < need {
+		dst = slices.Grow(dst, need)
+	}
+	dst = w.appendSeq(dst, seq)
+	l := len(dst)
+	l += copy(dst[l:l+len(e.head)], e.head)
 	if e.plain {
-		dst = appendPlainArgs(dst, r)
+		l += putList(dst[l:l+listRoom(r.N)], r.Args[:r.N])
 	} else {
-		dst = appendArgs(dst, r)
-	}
-	dst = append(dst, ']')
-	if r.TID != w.tid || r.CPU != w.cpu || !w.threadSet {
-		w.tid, w.cpu, w.thread, w.threadSet = r.TID, r.CPU, appendThread(w.thread[:0], r.TID, r.CPU), true
-	}
-	dst = append(dst, w.thread...)
-	if r.Time != 0 {
-		if sec := r.Time / 1e9; sec != w.sec || w.secTxt == nil {
-			w.sec = sec
-			w.secTxt = append(appendDec(append(w.secTxt[:0], " time="...), sec), '.')
+		dst = appendArgs(dst[:l], r)
+		l = len(dst)
+		if cap(dst)-l < len(w.end) {
+			dst = slices.Grow(dst, len(w.end))
 		}
-		dst = append(dst, w.secTxt...)
-		dst = appendFrac9(dst, uint32(r.Time%1e9))
 	}
-	if r.PID != w.pid || r.Comm != w.comm {
-		w.pid, w.comm, w.proc = r.PID, r.Comm, appendProcess(w.proc[:0], r.PID, r.Comm)
+	dst = dst[:l+len(w.end)]
+	copy(dst[l:], w.end)
+	if w.timed {
+		// The fraction's nine digits follow the seconds' text.
+		f := uint32(r.Time - w.secBase)
+		b := dst[l+1+len(w.thread)+len(w.secTxt):]
+		b[0] = byte('0' + f/1e8)
+		binary.LittleEndian.PutUint64(b[1:9], digits8(f%1e8)|ascii8)
 	}
-	dst = append(dst, w.proc...)
-	return append(dst, '\n')
+	return dst
 }
 
-// appendSeq appends "record N: " as appendSeq does, counting the next
-// number after the last one (below 1e8) up.
+// setEnd makes w.end the text after r's arguments, remaking only the
+// parts whose fields changed.
+func (w *RecordWriter) setEnd(r *Record) {
+	if r.TID != w.tid || r.CPU != w.cpu || len(w.end) == 0 {
+		w.tid, w.cpu = r.TID, r.CPU
+		w.thread = appendThread(w.thread[:0], r.TID, r.CPU)
+	}
+	w.timed, w.secBase = r.Time != 0, 0
+	if w.timed {
+		sec := r.Time / 1e9
+		if w.secBase = sec * 1e9; w.secBase != w.secShown || len(w.secTxt) == 0 {
+			w.secShown = w.secBase
+			w.secTxt = append(appendDec(append(w.secTxt[:0], " time="...), sec), '.')
+		}
+	}
+	if r.PID != w.pid || r.Comm != w.comm || len(w.end) == 0 {
+		w.proc = appendProcess(w.proc[:0], r.PID, r.Comm)
+	}
+	w.pid, w.comm = r.PID, r.Comm
+	w.end = append(append(w.end[:0], ']'), w.thread...)
+	if w.timed {
+		w.end = append(append(w.end, w.secTxt...), "000000000"...)
+	}
+	w.end = append(append(w.end, w.proc...), '\n')
+}
+
+// appendSeq appends "record N" (AppendRecord's start without its ": ",
+// which the event's kept text begins with), counting the next number
+// after the last one (below 1e8) up. dst has room for 16 bytes.
 func (w *RecordWriter) appendSeq(dst []byte, seq uint64) []byte {
 	if seq != w.seq+1 || seq >= 1e8 || w.seqDigits == 0 {
 		w.seq = seq
@@ -289,7 +336,7 @@ func (w *RecordWriter) appendSeq(dst []byte, seq uint64) []byte {
 		if seq < 1e8 {
 			w.seqDigits = bits.ReverseBytes64(digits8(uint32(seq))) + biased0
 		}
-		return appendSeq(dst, seq)
+		return appendDec(append(dst, "record "...), seq)
 	}
 	w.seq = seq
 	d := w.seqDigits + 1
@@ -299,18 +346,20 @@ func (w *RecordWriter) appendSeq(dst []byte, seq uint64) []byte {
 	w.seqDigits = d
 	v := bits.ReverseBytes64(d) - biased0             // digit values, the first in the low byte
 	z := uint(min(bits.TrailingZeros64(v)>>3, 7)) & 7 // & 7: no shift guard
-	dst = append(dst, "record "...)
 	l := len(dst)
-	if cap(dst)-l < 8 {
-		dst = slices.Grow(dst, 8)
-	}
-	binary.LittleEndian.PutUint64(dst[l:l+8], (v|ascii8)>>(8*z))
-	return append(dst[:l+8-int(z)], ": "...)
+	b := dst[l : l+16]
+	binary.LittleEndian.PutUint64(b[:8], recordPrefix)
+	binary.LittleEndian.PutUint64(b[7:15], (v|ascii8)>>(8*z))
+	return dst[:l+15-int(z)]
 }
+
+// recordPrefix is "record " as a little-endian word (its eighth byte is
+// overwritten by the number).
+const recordPrefix = 0x0020_6472_6f63_6572
 
 // set makes e describe ev.
 func (e *lineEvent) set(ev *Event) {
-	e.ev, e.head, e.plain = ev, appendHead(e.head[:0], ev), true
+	e.ev, e.head, e.plain = ev, appendHead(append(e.head[:0], ": "...), ev), true
 	for _, a := range ev.Args {
 		if a.Name != "" || a.Type != U64 || a.Bits != (Bitfield{}) {
 			e.plain = false

@@ -182,11 +182,24 @@ func BenchmarkAppendRecord(b *testing.B) {
 	b.Run("thread", bench)
 	r.PID, r.Comm = 4711, "target"
 	b.Run("process", bench)
-	b.Run("writer", func(b *testing.B) {
+	writer := func(b *testing.B) {
 		var w RecordWriter
 		buf := make([]byte, 0, 256)
 		b.ReportAllocs()
 		for i := 0; i < b.N; i++ {
+			buf = w.Append(buf[:0], uint64(i), &r)
+		}
+	}
+	b.Run("writer", writer)
+	// Unnamed whole u64 arguments (the record path's hot %di %si) and a
+	// time that advances.
+	r.Event = &Event{ID: 0x6c2, Group: "ptfs_t", Name: "e", Args: make([]Arg, 2)}
+	b.Run("writer-plain", func(b *testing.B) {
+		var w RecordWriter
+		buf := make([]byte, 0, 256)
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			r.Args[0], r.Time = uint64(i)*977, 8061_235912410+uint64(i)*10000
 			buf = w.Append(buf[:0], uint64(i), &r)
 		}
 	})

@@ -141,22 +141,62 @@ func (m *Merger[T]) Release(watermark uint64, out []T) []T {
 
 // ReleaseN is Release of at most n items, for a reader that hands them on
 // in batches of a bounded size; what it leaves goes out with the next.
+// It takes runs: the earliest queue's items up to the head of the next
+// one go out without looking at the other queues again (one CPU's ring
+// has long runs of its own hits).
 func (m *Merger[T]) ReleaseN(watermark uint64, out []T, n int) []T {
-	for ; m.n > 0 && n > 0; n-- {
-		best := m.head()
-		if q := &m.queues[best]; q.items[q.first].time > watermark && m.n <= m.max {
-			break
+	for m.n > 0 && n > 0 {
+		best, until := m.run()
+		q := &m.queues[best]
+		for ; q.n > 0 && n > 0; n-- {
+			t := q.items[q.first].time
+			if t > until {
+				break // another queue's head comes first
+			}
+			if t > watermark && m.n <= m.max {
+				return out // the earliest of all is held back
+			}
+			if len(out) < cap(out) {
+				out = out[:len(out)+1]
+			} else {
+				var zero T
+				out = append(out, zero)
+			}
+			v, o := m.take(best), &out[len(out)-1]
+			*v, *o = *o, *v
 		}
-		if len(out) < cap(out) {
-			out = out[:len(out)+1]
-		} else {
-			var zero T
-			out = append(out, zero)
-		}
-		v, o := m.take(best), &out[len(out)-1]
-		*v, *o = *o, *v
 	}
 	return out
+}
+
+// run returns the queue whose first item is the earliest (head's rule)
+// and the latest time up to which its items go before any other queue's
+// first one: the next earliest head's time, less one for a lower queue
+// (which goes first on equal times). One pass finds both. m.n > 0.
+func (m *Merger[T]) run() (best int, until uint64) {
+	best, second := -1, -1
+	var bt, st uint64
+	for i := range m.queues {
+		q := &m.queues[i]
+		if q.n == 0 {
+			continue
+		}
+		// In queue order: on equal times the lower queue stays ahead.
+		switch t := q.items[q.first].time; {
+		case best < 0 || t < bt:
+			second, st = best, bt
+			best, bt = i, t
+		case second < 0 || t < st:
+			second, st = i, t
+		}
+	}
+	switch {
+	case second < 0:
+		return best, math.MaxUint64
+	case second < best:
+		return best, st - 1 // st > bt: the lower queue would have won a tie
+	}
+	return best, st
 }
 
 // Pop takes out the earliest pending item, whatever its time, and returns

@@ -196,8 +196,19 @@ const taskRingPages = 16
 type classicEvent struct {
 	ev  *decode.Event
 	fds []int
+	// words and wordsEnd are wordOffsets of ev: the release's fill of
+	// an event of 8-byte arguments (fillWords).
+	words    []int
+	wordsEnd int
 	// samples counts its samples read from the rings (LostByHits).
 	samples uint64
+}
+
+// newClassicEvent returns the classicEvent of ev, without fds.
+func newClassicEvent(ev *decode.Event) *classicEvent {
+	ce := &classicEvent{ev: ev}
+	ce.words, ce.wordsEnd = wordOffsets(ev)
+	return ce
 }
 
 // NewClassic opens the per-CPU rings and starts the reader goroutine, which
@@ -345,7 +356,7 @@ func (c *Classic) openLocked(ev *decode.Event) (*classicEvent, error) {
 	if _, ok := c.events[ev.ID]; ok {
 		return nil, fmt.Errorf("%w: id %d (%s/%s)", engine.ErrExists, ev.ID, ev.Group, ev.Name)
 	}
-	ce := &classicEvent{ev: ev}
+	ce := newClassicEvent(ev)
 	var err error
 	if ev.Filter.PID != 0 {
 		err = c.openProcess(ce, ev.Filter.PID)
@@ -888,11 +899,15 @@ func (c *Classic) releaseLocked(watermark uint64, out []decode.Record) (_ []deco
 			c.errs.Add(1)
 			continue
 		}
-		if err := fillRecord(h.ev.ev, &s, r); err != nil {
+		if ce := h.ev; ce.words != nil && len(s.raw) >= ce.wordsEnd {
+			fillWords(ce.ev, ce.words, &s, r)
+		} else if err := fillRecord(ce.ev, &s, r); err != nil {
 			c.errs.Add(1)
 			continue
 		}
-		c.applyTasks(r.Time)
+		if len(c.tasks) > 0 {
+			c.applyTasks(r.Time)
+		}
 		r.Comm = c.comm(r.PID)
 		if f := &r.Event.Filter; f.Active() && !f.Match(r.PID, r.Comm) {
 			c.filtered.Add(1)

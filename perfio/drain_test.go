@@ -92,7 +92,7 @@ func TestDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.cpus[0].task = &taskRing{ring: tr}
-	c.events[pairEvent.ID] = &classicEvent{ev: pairEvent}
+	c.events[pairEvent.ID] = newClassicEvent(pairEvent)
 	c.drainLocked()
 	got := releaseAll(c, 35, nil)
 	want := []decode.Record{
@@ -144,7 +144,7 @@ func TestDrain(t *testing.T) {
 	}
 	// %pid and %comm filters drop records, counted apart from losses.
 	fev := &decode.Event{ID: 9, Group: "g", Name: "f", Args: pairEvent.Args, Filter: decode.Filter{Comm: "later"}}
-	c.events[fev.ID] = &classicEvent{ev: fev}
+	c.events[fev.ID] = newClassicEvent(fev)
 	c.lastEv = nil
 	r0.write(makeSample(7, 7, 300, 0, makeRaw(fev.ID, 7, le(8, 1), le(8, 2))))
 	r0.write(makeSample(8, 8, 310, 0, makeRaw(fev.ID, 8, le(8, 3), le(8, 4))))
@@ -215,7 +215,7 @@ func TestDrainNoAlloc(t *testing.T) {
 	f.reset(1 << 15) // the samples wrap around the end
 	n := fillRing(f)
 	c := fakeClassic(t, f)
-	c.events[pairEvent.ID] = &classicEvent{ev: pairEvent}
+	c.events[pairEvent.ID] = newClassicEvent(pairEvent)
 	var out []decode.Record
 	round := func() {
 		f.page.Data_tail = 1 << 15
@@ -232,23 +232,35 @@ func TestDrainNoAlloc(t *testing.T) {
 }
 
 // BenchmarkDrain measures the sample parse, merge and naming path per
-// record.
+// record: two CPUs' rings whose samples alternate (every record a change
+// of queue), and the samples of one CPU beside an idle one (a traced
+// thread that stays on its CPU: the merge's runs).
 func BenchmarkDrain(b *testing.B) {
-	f0, f1 := newFakeMmap(1<<20, true), newFakeMmap(1<<20, true)
-	n := fillRing(f0) + fillRing(f1)
-	c := fakeClassic(b, f0, f1)
-	c.events[pairEvent.ID] = &classicEvent{ev: pairEvent}
-	var out []decode.Record
-	b.ReportAllocs()
-	b.ResetTimer()
-	for b.Loop() {
-		f0.page.Data_tail, f1.page.Data_tail = 0, 0
-		c.drainLocked()
-		out = releaseAll(c, ^uint64(0), out[:0])
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
-	if len(out) != n {
-		b.Fatalf("%d records, want %d", len(out), n)
+	for _, bc := range []struct {
+		name  string
+		rings int
+	}{{"alternate", 2}, {"one-cpu", 1}} {
+		b.Run(bc.name, func(b *testing.B) {
+			f := []*fakeMmap{newFakeMmap(1<<20, true), newFakeMmap(1<<20, true)}
+			n := 0
+			for _, m := range f[:bc.rings] {
+				n += fillRing(m)
+			}
+			c := fakeClassic(b, f...)
+			c.events[pairEvent.ID] = newClassicEvent(pairEvent)
+			var out []decode.Record
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				f[0].page.Data_tail, f[1].page.Data_tail = 0, 0
+				c.drainLocked()
+				out = releaseAll(c, ^uint64(0), out[:0])
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
+			if len(out) != n {
+				b.Fatalf("%d records, want %d", len(out), n)
+			}
+		})
 	}
 }
 
@@ -307,7 +319,7 @@ func TestRawQueue(t *testing.T) {
 func TestDrainRemoved(t *testing.T) {
 	f := newFakeMmap(1024, true)
 	c := fakeClassic(t, f)
-	c.events[pairEvent.ID] = &classicEvent{ev: pairEvent}
+	c.events[pairEvent.ID] = newClassicEvent(pairEvent)
 	f.write(pairSample(1, 10, 0, 1, 2))
 	c.drainLocked()
 	delete(c.events, pairEvent.ID)
@@ -347,7 +359,7 @@ func TestReleaseBatches(t *testing.T) {
 		t.Fatalf("%d samples, want more than %d", n, maxBatch)
 	}
 	c := fakeClassic(t, f0, f1)
-	c.events[pairEvent.ID] = &classicEvent{ev: pairEvent}
+	c.events[pairEvent.ID] = newClassicEvent(pairEvent)
 	c.tasks = []taskEvent{{time: 1 << 40, pid: 5, comm: "x"}}
 	c.drainLocked()
 	var last uint64

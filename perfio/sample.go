@@ -84,9 +84,12 @@ func fillRecord(ev *decode.Event, s *sample, r *decode.Record) error {
 	r.TID = int32(s.tid)
 	r.CPU = int32(s.cpu)
 	r.Time = s.time
+	// Slots are reused: clear what a longer record left behind (a
+	// slot's Args beyond its N are always zero).
+	if r.N > len(ev.Args) {
+		clear(r.Args[len(ev.Args):r.N])
+	}
 	r.N = len(ev.Args)
-	// Slots are reused: clear what a longer record left behind.
-	clear(r.Args[r.N:])
 	strs := false // r.Data emptied for this record's strings
 	for i := range ev.Args {
 		a := &ev.Args[i]
@@ -128,6 +131,38 @@ func fillRecord(ev *decode.Event, s *sample, r *decode.Record) error {
 		}
 	}
 	return nil
+}
+
+// wordOffsets returns the offsets of ev's arguments in the raw data when
+// every one is an 8-byte value (no string), with the end of the last
+// (the raw bytes a sample needs), for fillWords; nil when one is not.
+func wordOffsets(ev *decode.Event) (offs []int, end int) {
+	for _, a := range ev.Args {
+		if a.Size != 8 || a.Type.IsString() {
+			return nil, 0
+		}
+		offs, end = append(offs, a.Offset), max(end, a.Offset+8)
+	}
+	return offs, end
+}
+
+// fillWords is fillRecord for an event of 8-byte arguments at offs (see
+// wordOffsets), in a sample whose raw data holds them: no type or size to
+// look at per argument, and only the words a longer record left behind
+// cleared (a slot's Args beyond its N are always zero).
+func fillWords(ev *decode.Event, offs []int, s *sample, r *decode.Record) {
+	r.Event = ev
+	r.PID = int32(s.pid)
+	r.TID = int32(s.tid)
+	r.CPU = int32(s.cpu)
+	r.Time = s.time
+	if r.N > len(offs) {
+		clear(r.Args[len(offs):r.N])
+	}
+	r.N = len(offs)
+	for i, off := range offs {
+		r.Args[i] = binary.LittleEndian.Uint64(s.raw[off:])
+	}
 }
 
 // checkEvent verifies that ev's arguments can be read from raw sample data.

@@ -83,7 +83,7 @@ func TestParseSample(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var s sample
-			r := decode.Record{Args: [8]uint64{9, 9, 9, 9, 9, 9, 9, 9}} // a reused slot
+			r := decode.Record{N: 8, Args: [8]uint64{9, 9, 9, 9, 9, 9, 9, 9}} // a reused slot
 			err := parseSample(tc.rec, &s)
 			if err == nil {
 				if id := rawEventID(s.raw); id != typedEvent.ID {
@@ -98,6 +98,37 @@ func TestParseSample(t *testing.T) {
 				t.Errorf("got  %+v\nwant %+v", r, tc.want)
 			}
 		})
+	}
+}
+
+// TestFillWords: an event of 8-byte arguments fills a reused slot with
+// fillWords as fillRecord does, over a longer record and a shorter one;
+// an event with another size or a string has no word offsets.
+func TestFillWords(t *testing.T) {
+	offs, end := wordOffsets(pairEvent)
+	if len(offs) != 2 || end != 32 {
+		t.Fatalf("wordOffsets(pairEvent) = %v, %d; want 2 offsets, end 32", offs, end)
+	}
+	if offs, _ := wordOffsets(typedEvent); offs != nil {
+		t.Errorf("wordOffsets of an event of mixed sizes = %v, want nil", offs)
+	}
+	str := &decode.Event{ID: 3, Args: []decode.Arg{{Type: decode.String, Offset: 16, Size: 8}}}
+	if offs, _ := wordOffsets(str); offs != nil {
+		t.Errorf("wordOffsets of a string argument = %v, want nil", offs)
+	}
+	var s sample
+	if err := parseSample(pairSample(5, 100, 1, 11, 22), &s); err != nil {
+		t.Fatal(err)
+	}
+	for _, prev := range []decode.Record{{N: 8, Args: [8]uint64{9, 9, 9, 9, 9, 9, 9, 9}}, {N: 1, Args: [8]uint64{9}}, {}} {
+		want, got := prev, prev
+		if err := fillRecord(pairEvent, &s, &want); err != nil {
+			t.Fatal(err)
+		}
+		fillWords(pairEvent, offs, &s, &got)
+		if got != want || got.Args != [8]uint64{11, 22} {
+			t.Errorf("over %+v:\n got  %+v\nwant %+v", prev, got, want)
+		}
 	}
 }
 

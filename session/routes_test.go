@@ -68,9 +68,13 @@ func BenchmarkDeliver(b *testing.B) {
 	tg := newTarget(s, "t", "/bin/t", "g", nil)
 	p := &probe{target: tg, name: "e"}
 	s.routes.Store(&map[uint16]*route{5: {p: p}})
+	// The records of one event, one thread and process, the time
+	// advancing by 10 µs: the benchmark of cmd/ptfs (hot %di %si).
 	batch := make([]decode.Record, 256)
+	ev := &decode.Event{ID: 5, Group: "ptfs_t", Name: "e", Args: make([]decode.Arg, 2)}
 	for i := range batch {
-		batch[i] = decode.Record{Event: &decode.Event{ID: 5, Group: "ptfs_t", Name: "e"}, N: 2, Args: [8]uint64{1, 2}, TID: 7, CPU: 1, Time: 12345}
+		batch[i] = decode.Record{Event: ev, N: 2, Args: [8]uint64{uint64(i) * 977, 140728356930600 + uint64(i)}, TID: 4711, CPU: 1,
+			Time: 8061_235912410 + uint64(i)*10000, PID: 4711, Comm: "t"}
 	}
 	b.Run("emit", func(b *testing.B) {
 		b.ReportAllocs()
