@@ -77,6 +77,9 @@ type runCache struct {
 	// targets (ipBlock), allocated on the first miss or when the fast
 	// path first runs.
 	tips *[recentTips]*block
+	// pgds are the recent TIP.PGD walks (fast.go), allocated when the
+	// fast path first runs.
+	pgds *[recentPGDs]pgdWalk
 }
 
 // runRef is a recent entry: the run r of block b.
@@ -107,6 +110,9 @@ func (c *runCache) drop() {
 	}
 	if c.tips != nil {
 		clear(c.tips[:])
+	}
+	if c.pgds != nil {
+		clear(c.pgds[:])
 	}
 }
 
