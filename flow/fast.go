@@ -759,6 +759,17 @@ func pgdHash(b *block, ip uint64) uint64 {
 	return (b.ip ^ ip<<7) * 0x9e3779b97f4a7c15 >> 55 & (recentPGDs - 1)
 }
 
+// dropWalks forgets the kept walks with the blocks they start from. Their
+// edges stay as they are: a batch being handed over may hold them, and a
+// Handler may drop the cache (MemoryChanged) while it reads the batch.
+func (c *runCache) dropWalks() {
+	if c.pgds != nil {
+		for i := range c.pgds {
+			c.pgds[i].b = nil
+		}
+	}
+}
+
 // edge adds a branch to the walk kept; false when it has no room.
 func (w *pgdWalk) edge(from, to uint64, k BranchKind) bool {
 	if int(w.n) == len(w.edges) {

@@ -539,7 +539,7 @@ func TestFastHandsOverBeforeRead(t *testing.T) {
 
 // TestPGDWalkKept: a warm decode replays the TIP.PGD walks a decode kept
 // (a kept walk's edge, changed, shows in the branches of the next one),
-// and MemoryChanged drops them.
+// and MemoryChanged drops them, leaving their edges as they were.
 func TestPGDWalkKept(t *testing.T) {
 	bt := loadBench(t, "mruby")
 	d := New(bt.space, Options{NoInsns: true})
@@ -566,10 +566,19 @@ func TestPGDWalkKept(t *testing.T) {
 		t.Errorf("a warm decode replayed none of the %d walks kept with a branch", len(orig))
 	}
 	t.Logf("%d kept walks with a branch, replayed %d times", len(orig), m.n)
+	// A Handler may drop the cache while it reads a batch that holds a
+	// walk's edges: they stay as they were.
+	edges := map[int]Edge{}
+	for i := range orig {
+		edges[i] = pgds[i].edges[0]
+	}
 	d.MemoryChanged()
 	for i := range pgds {
 		if pgds[i].b != nil {
 			t.Fatalf("walk %d kept after MemoryChanged", i)
+		}
+		if e, ok := edges[i]; ok && pgds[i].edges[0] != e {
+			t.Fatalf("walk %d's edge changed by MemoryChanged: %+v, was %+v", i, pgds[i].edges[0], e)
 		}
 	}
 }

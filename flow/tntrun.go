@@ -111,9 +111,7 @@ func (c *runCache) drop() {
 	if c.tips != nil {
 		clear(c.tips[:])
 	}
-	if c.pgds != nil {
-		clear(c.pgds[:])
-	}
+	c.dropWalks()
 }
 
 // runHash is the index in runCache.recent of block b's run with pat.
