@@ -207,13 +207,21 @@ func (d *Decoder) fastLoop() {
 			}
 			k.last = decode.ApplyIP(c, word(k.buf, k.pos+1), k.last)
 			k.pos += 1 + n
+			if k.pos <= len(k.buf)-8 {
+				// The PADs after it (kAFL's traces have them after
+				// every TIP.PGE): a dispatch of the kernel's less.
+				k.pos = padRun(k.buf, k.pos)
+			}
 			// As read queues it and deliver fires it.
 			d.flush()
 			d.qEv = Event{Kind: EvEnabled, IP: k.last, HasIP: true}
 			d.stamp(&d.qEv)
 			d.fireEv()
-			k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, d.opts.MaxInsns-d.steps
-			continue
+			// Its block at once, before the kernel: no timing packet
+			// passes on the fast path while a clock sees them, so
+			// no side band is due between.
+			k.ip, k.missP, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
+			k.b = d.ipBlock(k.ip)
 		}
 		if k.b == nil {
 			// The block the flow goes to. Nothing is gathered
@@ -245,7 +253,6 @@ func (d *Decoder) fastLoop() {
 				pgd = 0
 			}
 			d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
-			d.flush()
 			// Made where fireEv takes it: no copy when it fires.
 			d.qEv = Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
 			d.stamp(&d.qEv)
@@ -272,6 +279,9 @@ func (d *Decoder) runCaches() {
 	}
 	if c.tips == nil {
 		c.tips = new([recentTips]*block)
+	}
+	if c.pgds == nil {
+		c.pgds = new([recentPGDs]pgdWalk)
 	}
 }
 
@@ -317,7 +327,27 @@ func (d *Decoder) kernel() (why int) {
 				goto out
 			}
 			c := buf[pos]
-			switch fastOps[opsTiming|opsOn][c] {
+			op := fastOps[opsTiming|opsOn][c]
+			// The commonest two, TNT.8 and TIP, are tested first: a
+			// conditional branch follows the flow's history (which
+			// block comes before, which packet after), where a jump
+			// table's single indirect branch mispredicts more. Either
+			// leaves the loop: the step is next.
+			if op == opTNT8 {
+				p := c >> 1
+				nb = uint(bits.Len8(p) - 1)
+				tnt = uint64(p) << ((64 - nb) & 63) // the stop bit shifted out
+				pos++
+				break
+			}
+			if op == opTIP {
+				if decode.IPSize(c) <= 0 {
+					goto out // suppressed or reserved: the slow path's
+				}
+				tnt = tipRaw
+				break
+			}
+			switch op {
 			case opPad:
 				pos = padRun(buf, pos)
 				continue
@@ -336,12 +366,6 @@ func (d *Decoder) kernel() (why int) {
 					pos++
 					continue
 				}
-			case opTNT8:
-				p := c >> 1
-				nb = uint(bits.Len8(p) - 1)
-				tnt = uint64(p) << ((64 - nb) & 63) // the stop bit shifted out
-				pos++
-				continue
 			case opExt:
 				if buf[pos+1] != 0xa3 {
 					break
@@ -353,12 +377,6 @@ func (d *Decoder) kernel() (why int) {
 				nb = uint(bits.Len64(v) - 1)
 				tnt = v << ((64 - nb) & 63)
 				pos += 8
-				continue
-			case opTIP:
-				if decode.IPSize(c) <= 0 {
-					break // suppressed or reserved: the slow path's
-				}
-				tnt = tipRaw
 				continue
 			case opPGD:
 				// run decodes the instruction at the IP before it
@@ -612,20 +630,55 @@ func (d *Decoder) ipMiss(ip uint64) *block {
 // for the branch it binds to, as walk and exec do with it queued: direct
 // branches are taken until one to its IP, or a branch that needs trace,
 // which it binds to. It tells whether it fired; else the walk is left, at
-// a block's start, to the slow path.
+// a block's start, to the slow path. A walk that fired is kept (pgdWalk)
+// and replayed the next time the same block meets a TIP.PGD with the same
+// IP.
 func (d *Decoder) fastDisable(b *block) bool {
 	ev := &d.qEv
+	w := &d.cache.runs.pgds[pgdHash(b, ev.IP)] // made by runCaches before the kernel ran
+	if w.b == b && w.ip == ev.IP && w.hasIP == ev.HasIP && d.steps+int(w.steps) <= d.opts.MaxInsns {
+		// The walk's MaxInsns check at its last block is the one
+		// that binds: the counts only grow along it.
+		f := &d.fp
+		if w.n > 0 {
+			if f.n == edgeBatch {
+				d.flush()
+			}
+			// Its branches in the batch, before the event: a kept walk
+			// reads no memory.
+			f.batch[f.n&(edgeBatch-1)] = w.edges[:w.n:w.n]
+			f.n++
+		}
+		for _, ret := range w.rets[:w.nrets] {
+			d.pushRet(ret)
+		}
+		d.c.Insns += uint64(w.steps)
+		d.sinceRef += w.steps
+		d.steps += int(w.steps)
+		d.errIP, d.ip = w.errIP, w.next
+		d.flush()
+		d.fireEv()
+		return true
+	}
+	// Walked block by block: a successor not known yet reads memory, so
+	// the branches before go first.
+	d.flush()
+	drops := d.cache.drops
+	*w = pgdWalk{b: b, ip: ev.IP, hasIP: ev.HasIP}
+	keep := true
 	for {
 		// The block's header tells all but a direct branch's target,
 		// which it holds too.
 		n, class := b.count()-1, b.class
 		if n < 0 || d.steps+n+1 > d.opts.MaxInsns {
+			w.b = nil
 			return false
 		}
 		switch class {
 		case x86insn.CondJump, x86insn.Ret, x86insn.IndirectJump, x86insn.IndirectCall, x86insn.FarTransfer,
 			x86insn.Jump, x86insn.Call:
 		default:
+			w.b = nil
 			return false
 		}
 		from := b.ip + uint64(b.lastOff)
@@ -635,6 +688,8 @@ func (d *Decoder) fastDisable(b *block) bool {
 		d.steps += n + 1
 		d.errIP = from
 		d.ip = next
+		w.steps += uint32(n + 1)
+		w.errIP = from
 		switch class {
 		case x86insn.Jump, x86insn.Call:
 			target := b.target
@@ -645,18 +700,94 @@ func (d *Decoder) fastDisable(b *block) bool {
 			if class == x86insn.Call {
 				kind = BrCall
 				d.pushCall(target, next)
+				if target != next { // as pushCall
+					keep = keep && w.push(next)
+				}
 			}
 			d.branch(from, target, kind)
+			keep = keep && w.edge(from, target, kind)
 			d.ip = target
 			b = d.fixedSucc(&b.taken, target)
 			continue
 		case x86insn.IndirectCall:
 			d.pushRet(next)
+			keep = keep && w.push(next)
 		}
 		// disabledAt
+		w.next = d.ip
+		if !keep || d.cache.drops != drops {
+			// Too long to keep, or the blocks it went through are
+			// gone.
+			w.b = nil
+		}
 		d.fireEv()
 		return true
 	}
+}
+
+// pgdWalk is a TIP.PGD's walk from block b that fired (fastDisable): the
+// same block and TIP.PGD IP walk the same way every time (direct
+// branches, then the branch the event binds to), which kAFL's traces
+// do thousands of times a pass (a call into a library outside the
+// traced range: a TIP.PGD, a TIP.PGE at the return). Kept in a
+// direct-mapped cache dropped with the block cache, replayed as its
+// edges in the batch, its pushes and its counts.
+type pgdWalk struct {
+	b     *block
+	ip    uint64 // the TIP.PGD's IP (0 without one)
+	errIP uint64 // the last branch walked
+	next  uint64 // the flow's IP after it: the disabling branch's fall-through
+	steps uint32 // instructions walked
+	n     uint8  // edges
+	nrets uint8
+	hasIP bool
+	edges [pgdEdges]Edge
+	// rets are the return addresses the walk pushes, in order.
+	rets [pgdEdges + 1]uint64
+}
+
+// pgdEdges is the most edges a kept walk has (a walk takes 1.1 on
+// average on mruby's trace: a call to a PLT entry).
+const pgdEdges = 3
+
+// recentPGDs is the size of runCache.pgds.
+const recentPGDs = 1 << 9
+
+// pgdHash is the index in runCache.pgds of the walk from b to a TIP.PGD's
+// IP.
+func pgdHash(b *block, ip uint64) uint64 {
+	return (b.ip ^ ip<<7) * 0x9e3779b97f4a7c15 >> 55 & (recentPGDs - 1)
+}
+
+// dropWalks forgets the kept walks with the blocks they start from. Their
+// edges stay as they are: a batch being handed over may hold them, and a
+// Handler may drop the cache (MemoryChanged) while it reads the batch.
+func (c *runCache) dropWalks() {
+	if c.pgds != nil {
+		for i := range c.pgds {
+			c.pgds[i].b = nil
+		}
+	}
+}
+
+// edge adds a branch to the walk kept; false when it has no room.
+func (w *pgdWalk) edge(from, to uint64, k BranchKind) bool {
+	if int(w.n) == len(w.edges) {
+		return false
+	}
+	w.edges[w.n] = Edge{from, to, k}
+	w.n++
+	return true
+}
+
+// push adds a return address the walk pushes; false when it has no room.
+func (w *pgdWalk) push(ret uint64) bool {
+	if int(w.nrets) == len(w.rets) {
+		return false
+	}
+	w.rets[w.nrets] = ret
+	w.nrets++
+	return true
 }
 
 // Packet actions by first byte (fastOps): the fast loop's dispatch.

@@ -536,3 +536,70 @@ func TestFastHandsOverBeforeRead(t *testing.T) {
 		t.Errorf("reads with the fast path: %q; without: %q; want %q", got[1], got[0], want)
 	}
 }
+
+// TestPGDWalkKept: a warm decode replays the TIP.PGD walks a decode kept
+// (a kept walk's edge, changed, shows in the branches of the next one),
+// and MemoryChanged drops them, leaving their edges as they were.
+func TestPGDWalkKept(t *testing.T) {
+	bt := loadBench(t, "mruby")
+	d := New(bt.space, Options{NoInsns: true})
+	var c counter
+	d.Decode(bt.trace, &c)
+	pgds := d.cache.runs.pgds
+	if pgds == nil {
+		t.Fatal("no TIP.PGD walks kept")
+	}
+	// Every kept walk's first branch marked: the replays carry the mark.
+	const mark = 0xdead
+	orig := map[int]uint64{}
+	for i := range pgds {
+		if pgds[i].b != nil && pgds[i].n > 0 {
+			orig[i], pgds[i].edges[0].To = pgds[i].edges[0].To, mark
+		}
+	}
+	m := &markCounter{mark: mark}
+	d.Decode(bt.trace, m)
+	for i, to := range orig {
+		pgds[i].edges[0].To = to
+	}
+	if m.n == 0 {
+		t.Errorf("a warm decode replayed none of the %d walks kept with a branch", len(orig))
+	}
+	t.Logf("%d kept walks with a branch, replayed %d times", len(orig), m.n)
+	// A Handler may drop the cache while it reads a batch that holds a
+	// walk's edges: they stay as they were.
+	edges := map[int]Edge{}
+	for i := range orig {
+		edges[i] = pgds[i].edges[0]
+	}
+	d.MemoryChanged()
+	for i := range pgds {
+		if pgds[i].b != nil {
+			t.Fatalf("walk %d kept after MemoryChanged", i)
+		}
+		if e, ok := edges[i]; ok && pgds[i].edges[0] != e {
+			t.Fatalf("walk %d's edge changed by MemoryChanged: %+v, was %+v", i, pgds[i].edges[0], e)
+		}
+	}
+}
+
+// markCounter counts the branches to mark.
+type markCounter struct {
+	counter
+	mark uint64
+	n    int
+}
+
+func (m *markCounter) Branch(_, to uint64, _ BranchKind) {
+	if to == m.mark {
+		m.n++
+	}
+}
+
+func (m *markCounter) Edges(batch [][]Edge) {
+	for _, e := range batch {
+		for i := range e {
+			m.Branch(e[i].From, e[i].To, e[i].Kind)
+		}
+	}
+}

@@ -77,6 +77,9 @@ type runCache struct {
 	// targets (ipBlock), allocated on the first miss or when the fast
 	// path first runs.
 	tips *[recentTips]*block
+	// pgds are the recent TIP.PGD walks (fast.go), allocated when the
+	// fast path first runs.
+	pgds *[recentPGDs]pgdWalk
 }
 
 // runRef is a recent entry: the run r of block b.
@@ -108,6 +111,7 @@ func (c *runCache) drop() {
 	if c.tips != nil {
 		clear(c.tips[:])
 	}
+	c.dropWalks()
 }
 
 // runHash is the index in runCache.recent of block b's run with pat.
