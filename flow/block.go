@@ -185,14 +185,10 @@ func (c *blockCache) at(s uint64) *block {
 	return &c.chunks[k/blockChunk][k%blockChunk]
 }
 
-// lookup returns the block at ip in mode, or nil and the empty slot where
-// the probe ended: insert puts the block there unless the table changed.
-func (c *blockCache) lookup(ip uint64, mode Mode) (*block, uint64) {
-	return c.probe(c.hash(ip, mode), ip, mode)
-}
-
-// probe is lookup of the block whose hash is h.
-func (c *blockCache) probe(h, ip uint64, mode Mode) (*block, uint64) {
+// lookup returns the block at ip in mode, whose hash is h, or nil and the
+// empty slot where the probe ended: insert puts the block there unless the
+// table changed. The caller hashes once for the lookup and the insert.
+func (c *blockCache) lookup(h, ip uint64, mode Mode) (*block, uint64) {
 	mask := uint64(len(c.slots) - 1)
 	tag := h >> 32 << 32
 	for i := h >> 32 & mask; ; i = (i + 1) & mask {
@@ -312,13 +308,13 @@ func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 func (d *Decoder) block(ip uint64, mode Mode) *block {
 	c := &d.cache
 	h := c.hash(ip, mode)
-	b, slot := c.probe(h, ip, mode)
+	b, slot := c.lookup(h, ip, mode)
 	if b != nil {
 		return b
 	}
 	if c.insns >= maxCached {
 		c.drop()
-		_, slot = c.probe(h, ip, mode)
+		_, slot = c.lookup(h, ip, mode)
 	}
 	for range 3 {
 		drops := c.drops
@@ -331,7 +327,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		// The Memory changed under the decode (a side band applied
 		// when a read missed): the bytes read may be the old ones;
 		// the table was emptied (b is in a chunk it dropped).
-		_, slot = c.probe(h, ip, mode)
+		_, slot = c.lookup(h, ip, mode)
 	}
 	// Still changing: the block is not known, and not kept.
 	return &block{ip: ip, mode: mode, stop: stopNoMap}
