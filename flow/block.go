@@ -341,7 +341,11 @@ func (d *Decoder) decodeBlock(b *block) {
 	ip := b.ip
 	if b.mode == Mode64 {
 		// The common case at once: 64-bit code in place in a view
-		// kept, up to the branch in one Run.
+		// kept, up to the branch in one Run. A Run that ends before
+		// a branch (64 instructions, within MaxLen of the view's
+		// end, an undecodable instruction: rare) is done again from
+		// ip by the general loop, which goes on from there; the
+		// chunk's block is zeroed, so stop is already 0.
 		if v := c.viewHit(ip); v != nil {
 			n, end, in, err := x86insn.Run(v, ip, b.lens[:])
 			if err == nil && in.Class != x86insn.NotBranch {
