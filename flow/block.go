@@ -185,14 +185,10 @@ func (c *blockCache) at(s uint64) *block {
 	return &c.chunks[k/blockChunk][k%blockChunk]
 }
 
-// lookup returns the block at ip in mode, or nil and the empty slot where
-// the probe ended: insert puts the block there unless the table changed.
-func (c *blockCache) lookup(ip uint64, mode Mode) (*block, uint64) {
-	return c.probe(c.hash(ip, mode), ip, mode)
-}
-
-// probe is lookup of the block whose hash is h.
-func (c *blockCache) probe(h, ip uint64, mode Mode) (*block, uint64) {
+// lookup returns the block at ip in mode, whose hash is h, or nil and the
+// empty slot where the probe ended: insert puts the block there unless the
+// table changed. The caller hashes once for the lookup and the insert.
+func (c *blockCache) lookup(h, ip uint64, mode Mode) (*block, uint64) {
 	mask := uint64(len(c.slots) - 1)
 	tag := h >> 32 << 32
 	for i := h >> 32 & mask; ; i = (i + 1) & mask {
@@ -222,8 +218,9 @@ func (c *blockCache) next(ip uint64, mode Mode) *block {
 	return b
 }
 
-// refill is next's rare work (apart: next spills nothing around calls): a
-// new block chunk for block k of it, room for the lengths.
+// refill is next's rare work: a new block chunk for block k of it, room
+// for the lengths. The compiler inlines it; the spills around its
+// allocations stay on its path (next's common path has none).
 func (c *blockCache) refill(k uint) {
 	if k == 0 {
 		c.cur = new([blockChunk]block)
@@ -312,13 +309,13 @@ func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 func (d *Decoder) block(ip uint64, mode Mode) *block {
 	c := &d.cache
 	h := c.hash(ip, mode)
-	b, slot := c.probe(h, ip, mode)
+	b, slot := c.lookup(h, ip, mode)
 	if b != nil {
 		return b
 	}
 	if c.insns >= maxCached {
 		c.drop()
-		_, slot = c.probe(h, ip, mode)
+		_, slot = c.lookup(h, ip, mode)
 	}
 	for range 3 {
 		drops := c.drops
@@ -331,7 +328,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		// The Memory changed under the decode (a side band applied
 		// when a read missed): the bytes read may be the old ones;
 		// the table was emptied (b is in a chunk it dropped).
-		_, slot = c.probe(h, ip, mode)
+		_, slot = c.lookup(h, ip, mode)
 	}
 	// Still changing: the block is not known, and not kept.
 	return &block{ip: ip, mode: mode, stop: stopNoMap}
@@ -345,7 +342,11 @@ func (d *Decoder) decodeBlock(b *block) {
 	ip := b.ip
 	if b.mode == Mode64 {
 		// The common case at once: 64-bit code in place in a view
-		// kept, up to the branch in one Run.
+		// kept, up to the branch in one Run. A Run that ends before
+		// a branch (64 instructions, within MaxLen of the view's
+		// end, an undecodable instruction: rare) is done again from
+		// ip by the general loop, which goes on from there; the
+		// chunk's block is zeroed, so stop is already 0.
 		if v := c.viewHit(ip); v != nil {
 			n, end, in, err := x86insn.Run(v, ip, b.lens[:])
 			if err == nil && in.Class != x86insn.NotBranch {

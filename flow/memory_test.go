@@ -85,17 +85,23 @@ func TestBlockCacheBound(t *testing.T) {
 }
 
 // TestBlockView decodes blocks through images.Space, whose View the decoder
-// steps through in place, and through the same bytes behind ReadAt alone:
-// the blocks are the same, also where instructions straddle adjacent
-// mappings of different sources and where the code runs into a gap.
+// steps through in place (a block in a view kept at once, in one Run),
+// and through the same bytes behind ReadAt alone: the blocks are the same,
+// those that end at a branch and those that end after maxBlock
+// instructions, also where instructions straddle adjacent mappings of
+// different sources and where the code runs into a gap.
 func TestBlockView(t *testing.T) {
-	// movabs (10 bytes), a 5-byte nop and a 15-byte one in turns, a ret at
-	// the end.
+	// movabs (10 bytes), a 5-byte nop and a 15-byte one in turns, a jne
+	// after every 23rd turn (70 instructions: a block from the first
+	// ones ends after maxBlock, a later one at the jne), a ret at the end.
 	var code []byte
-	for len(code) < 3*4096 {
+	for i := 0; len(code) < 3*4096; i++ {
 		code = append(code, 0x48, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8)
 		code = append(code, 0x0f, 0x1f, 0x44, 0x00, 0x00)
 		code = append(code, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0)
+		if i%23 == 22 {
+			code = append(code, 0x0f, 0x85, 0xe2, 0xff, 0xff, 0xff) // jne back over the turn
+		}
 	}
 	code = append(code, 0xc3)
 	const base = 0x400000
@@ -114,18 +120,23 @@ func TestBlockView(t *testing.T) {
 	if viewed.view == nil || read.view != nil {
 		t.Fatal("a Space must be a Viewer, blob must not")
 	}
-	gaps := 0
+	gaps, branches, long := 0, 0, 0
 	for ip := uint64(base); ip < base+uint64(cuts[len(cuts)-1]); ip++ {
 		v, r := viewed.block(ip, Mode64), read.block(ip, Mode64)
 		if vi, ri := v.insns(), r.insns(); !slices.Equal(vi, ri) || !errors.Is(v.err(), r.err()) || !errors.Is(r.err(), v.err()) {
 			t.Fatalf("block at 0x%x: through View %v %v, through ReadAt %v %v", ip, vi, v.err(), ri, r.err())
 		}
-		if errors.Is(v.err(), ErrNoMap) {
+		switch {
+		case v.err() != nil: // cut short by the gap (in an instruction: ErrBadInsn, as libipt)
 			gaps++
+		case v.class == x86insn.CondJump:
+			branches++
+		case v.n == maxBlock:
+			long++
 		}
 	}
-	if gaps == 0 {
-		t.Error("no block ran into the gap")
+	if gaps == 0 || branches == 0 || long == 0 {
+		t.Errorf("%d blocks ran into the gap, %d ended at a branch, %d after maxBlock: want each", gaps, branches, long)
 	}
 }
 
@@ -250,12 +261,13 @@ func TestBlockTableTags(t *testing.T) {
 	c.init()
 	add := func(ip uint64, mode Mode) *block {
 		t.Helper()
-		b, i := c.lookup(ip, mode)
+		h := c.hash(ip, mode)
+		b, i := c.lookup(h, ip, mode)
 		if b != nil {
 			t.Fatalf("%#x %v found before it was added", ip, mode)
 		}
 		b = c.next(ip, mode)
-		c.insert(i, c.hash(ip, mode), b)
+		c.insert(i, h, b)
 		return b
 	}
 	// An IP whose hash is h+1: the same tag and home slot as h's.
@@ -279,11 +291,11 @@ func TestBlockTableTags(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		for k, w := range want {
-			if b, _ := c.lookup(k[0], Mode(k[1])); b != w || b.ip != k[0] || b.mode != Mode(k[1]) {
+			if b, _ := c.lookup(c.hash(k[0], Mode(k[1])), k[0], Mode(k[1])); b != w || b.ip != k[0] || b.mode != Mode(k[1]) {
 				t.Fatalf("%s: %#x %v found %p, want %p", when, k[0], Mode(k[1]), b, w)
 			}
 		}
-		if b, _ := c.lookup(ip3, Mode64); b != nil {
+		if b, _ := c.lookup(c.hash(ip3, Mode64), ip3, Mode64); b != nil {
 			t.Fatalf("%s: %#x (the same tag) found %#x", when, ip3, b.ip)
 		}
 	}
@@ -297,7 +309,7 @@ func TestBlockTableTags(t *testing.T) {
 		t.Fatalf("%d blocks held, %d added", c.n, len(want))
 	}
 	c.drop()
-	if b, _ := c.lookup(ip1, Mode64); b != nil || c.n != 0 {
+	if b, _ := c.lookup(c.hash(ip1, Mode64), ip1, Mode64); b != nil || c.n != 0 {
 		t.Fatalf("after the drop %d blocks, %#x found", c.n, ip1)
 	}
 	old := want[[2]uint64{ip2, uint64(Mode64)}]

@@ -41,12 +41,12 @@ var rexOf = func() (t [256]uint16) {
 // tailLens is the size of what follows an opcode up to its immediate, by
 // whether it takes a ModRM (qModRM), the base field of the byte after the
 // ModRM (a SIB's: base 5 takes a displacement where mod is 0) and the
-// ModRM byte: index (e&qModRM)<<7 | base<<8 | ModRM. Without a ModRM it is
-// 0.
+// ModRM byte: index (e&qModRM)<<7 | base<<8 | ModRM (qModRM<<7 is 1<<11,
+// the half with a ModRM). Without a ModRM it is 0.
 var tailLens = func() (t [2 * 8 * 256]uint8) {
 	for base := range 8 {
 		for m := range 256 {
-			t[1<<11|base<<8|m] = uint8(modrmSize(byte(m), byte(base)))
+			t[int(qModRM)<<7|base<<8|m] = uint8(modrmSize(byte(m), byte(base)))
 		}
 	}
 	return t

@@ -116,3 +116,59 @@ func TestRunAgrees(t *testing.T) {
 	}
 	t.Logf("%d instructions of libc and 200000 random ones agree", insns)
 }
+
+// TestRunTables holds every entry of Run's tables to the general scan:
+// each first byte (rexOf's every entry, quick1's row without a REX), each
+// opcode of the 1-byte and 0F maps behind no REX, a REX and a REX.W, each
+// ModRM byte and each SIB base (tailLens), decoded first in a run, after a
+// quick instruction and after one of the general scan's (quickRun resumed
+// past it): the same lengths, Flow and error as the scan.
+func TestRunTables(t *testing.T) {
+	// The instructions before: none, nop, and 66 nop (a legacy prefix:
+	// the general scan's).
+	leads := [][]byte{nil, {0x90}, {0x66, 0x90}}
+	var buf [2 * MaxLen]byte
+	var lens [2]uint8
+	checked := 0
+	for _, rex := range []int{-1, 0x41, 0x4c} {
+		for _, esc := range []bool{false, true} {
+			for op := range 256 {
+				for m := range 256 {
+					lead := leads[(op+m)%len(leads)]
+					code := append(buf[:0], lead...)
+					if rex >= 0 {
+						code = append(code, byte(rex))
+					}
+					if esc {
+						code = append(code, 0x0f)
+					}
+					// The SIB's base by op and m: each ModRM
+					// meets every base over the opcodes.
+					code = append(code, byte(op), byte(m), byte((op+m)&7|0x18))
+					for len(code) < len(buf) {
+						code = append(code, 0x81)
+					}
+					pc := uint64(0x7f0000001000)
+					k := min(len(lead), 1)
+					n, end, got, err := Run(code, pc, lens[:k+1])
+					want, werr := stepScan(code[len(lead):], pc+uint64(len(lead)))
+					wantN, wantEnd := k+1, len(lead)+want.Len
+					if werr != nil {
+						wantN, wantEnd = k, len(lead)
+					}
+					switch {
+					case n != wantN || end != wantEnd || (err == nil) != (werr == nil) ||
+						errors.Is(err, ErrInvalid) != errors.Is(werr, ErrInvalid):
+						t.Fatalf("% x: Run %d %d %v, scan %+v %v", code[:MaxLen], n, end, err, want, werr)
+					case werr == nil && (got != want || int(lens[n-1]) != want.Len):
+						t.Fatalf("% x: Run %+v, scan %+v", code[:MaxLen], got, want)
+					case k > 0 && int(lens[0]) != len(lead):
+						t.Fatalf("% x: the lead's length %d", code[:MaxLen], lens[0])
+					}
+					checked++
+				}
+			}
+		}
+	}
+	t.Logf("%d instructions agree", checked)
+}
