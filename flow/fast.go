@@ -661,9 +661,12 @@ func (d *Decoder) fastDisable(b *block) bool {
 		return true
 	}
 	// Walked block by block: a successor not known yet reads memory, so
-	// the branches before go first.
-	d.flush()
+	// the branches before go first. Drops are counted from before them:
+	// a Handler that drops the cache as it reads them leaves b a dropped
+	// block, which no walk is kept from (dropWalks cleared the cache
+	// before w is written).
 	drops := d.cache.drops
+	d.flush()
 	*w = pgdWalk{b: b, ip: ev.IP, hasIP: ev.HasIP}
 	keep := true
 	for {
@@ -716,7 +719,7 @@ func (d *Decoder) fastDisable(b *block) bool {
 		// disabledAt
 		w.next = d.ip
 		if !keep || d.cache.drops != drops {
-			// Too long to keep, or the blocks it went through are
+			// Too long to keep, or blocks it went through are
 			// gone.
 			w.b = nil
 		}

@@ -710,3 +710,63 @@ func TestPGDWalkReplay(t *testing.T) {
 		})
 	}
 }
+
+// dropLog is an edgeLog whose Edges drops the decoder's block cache
+// (MemoryChanged) before it reads the batch, as a Handler may.
+type dropLog struct {
+	edgeLog
+	d *Decoder
+}
+
+func (l *dropLog) Edges(batch [][]Edge) {
+	l.d.MemoryChanged()
+	l.edgeLog.Edges(batch)
+}
+
+// TestPGDWalkDropped: a Handler that drops the block cache while it reads
+// the branches handed over before a TIP.PGD's walk still reads them and
+// the walk's as they are (a replayed walk's edges are in that batch), and
+// no walk is kept from the block dropped under it.
+func TestPGDWalkDropped(t *testing.T) {
+	mem := pgdCode()
+	ev := Event{Kind: EvDisabled, IP: 0x5000, HasIP: true}
+	// The branch gathered before the TIP.PGD, then the walk's and its
+	// event.
+	want := []string{"1 2 jump", "1000 1010 call", "1013 1020 jump", fmt.Sprintf("ev %+v", ev)}
+	for _, replay := range []bool{false, true} {
+		d := New(mem, Options{NoInsns: true})
+		h := &dropLog{edgeLog: edgeLog{t: t}, d: d}
+		d.h, d.eh, d.mode = h, h, Mode64
+		d.runCaches()
+		b := d.block(0x1000, d.mode)
+		if replay {
+			d.h, d.eh = &h.fullLog, nil
+			// Kept by a walk whose Handler does not drop.
+			if w := pgdWalkOnce(d, &h.edgeLog, 0x1000, ev, 0, 0); !w.kept {
+				t.Fatal("the walk was not kept")
+			}
+			d.h, d.eh = h, h
+		}
+		h.items, h.events = nil, nil
+		d.enabled, d.steps = true, 0
+		f := &d.fp
+		f.edges[0] = Edge{1, 2, BrJump}
+		f.batch[0], f.n = f.edges[0:1:1], 1
+		d.qEv = ev
+		if !d.fastDisable(b) {
+			t.Fatalf("replay %v: the walk did not fire", replay)
+		}
+		var got []string
+		for i := range h.items {
+			got = append(got, h.line(i))
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("replay %v: %q, want %q", replay, got, want)
+		}
+		for i, w := range d.cache.runs.pgds {
+			if w.b != nil {
+				t.Errorf("replay %v: walk %d from %#x kept, its block dropped under its walk", replay, i, w.b.ip)
+			}
+		}
+	}
+}
