@@ -641,11 +641,9 @@ func (d *Decoder) fastDisable(b *block) bool {
 		// that binds: the counts only grow along it.
 		f := &d.fp
 		if w.n > 0 {
-			if f.n == edgeBatch {
-				d.flush()
-			}
 			// Its branches in the batch, before the event: a kept walk
-			// reads no memory.
+			// reads no memory. The batch has room: the kernel exits
+			// for a full one before it reads a packet.
 			f.batch[f.n&(edgeBatch-1)] = w.edges[:w.n:w.n]
 			f.n++
 		}
