@@ -217,11 +217,8 @@ func (d *Decoder) fastLoop() {
 			d.qEv = Event{Kind: EvEnabled, IP: k.last, HasIP: true}
 			d.stamp(&d.qEv)
 			d.fireEv()
-			// Its block at once, before the kernel: no timing packet
-			// passes on the fast path while a clock sees them, so
-			// no side band is due between.
-			k.ip, k.missP, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
-			k.b = d.ipBlock(k.ip)
+			// Its block is looked up next, as after any IP.
+			k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, d.opts.MaxInsns-d.steps
 		}
 		if k.b == nil {
 			// The block the flow goes to. Nothing is gathered
