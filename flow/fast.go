@@ -748,7 +748,7 @@ type pgdWalk struct {
 // average on mruby's trace: a call to a PLT entry).
 const pgdEdges = 3
 
-// recentPGDs is the size of runCache.pgds.
+// recentPGDs is the size of runCache.pgds (144 bytes an entry).
 const recentPGDs = 1 << 9
 
 // pgdHash is the index in runCache.pgds of the walk from b to a TIP.PGD's
