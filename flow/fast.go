@@ -697,8 +697,7 @@ func (d *Decoder) fastDisable(b *block) bool {
 			kind := BrJump
 			if class == x86insn.Call {
 				kind = BrCall
-				d.pushCall(target, next)
-				if target != next { // as pushCall
+				if d.pushCall(target, next) {
 					keep = keep && w.push(next)
 				}
 			}
