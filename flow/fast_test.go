@@ -605,19 +605,22 @@ func (m *markCounter) Edges(batch [][]Edge) {
 }
 
 // pgdCode is the code the TIP.PGD walk tests walk: a call, a jump and an
-// indirect jump (three edges at most: kept), and five jumps to a return
-// (too many edges to keep).
+// indirect jump (three edges at most: kept), five jumps to a return (too
+// many edges to keep), and a call to the next instruction (no return
+// pushed) before an indirect jump.
 //
 //	1000: call 1010
 //	1010: nop; nop; nop; jmp 1020
 //	1020: nop; jmp *%rax
 //	1100: jmp 1102; jmp 1104; jmp 1106; jmp 1108; jmp 110a; ret
+//	1200: call 1205; jmp *%rax
 func pgdCode() *blob {
-	code := make([]byte, 0x10b)
+	code := make([]byte, 0x207)
 	copy(code, []byte{0xe8, 0x0b, 0, 0, 0})
 	copy(code[0x10:], []byte{0x90, 0x90, 0x90, 0xeb, 0x0b})
 	copy(code[0x20:], []byte{0x90, 0xff, 0xe0})
 	copy(code[0x100:], []byte{0xeb, 0, 0xeb, 0, 0xeb, 0, 0xeb, 0, 0xeb, 0, 0xc3})
+	copy(code[0x200:], []byte{0xe8, 0, 0, 0, 0, 0xff, 0xe0})
 	return &blob{base: 0x1000, code: code}
 }
 
@@ -662,8 +665,8 @@ func pgdWalkOnce(d *Decoder, h *edgeLog, start uint64, ev Event, steps, depth in
 // stands for, block by block from the same state: the MaxInsns limit met
 // before, at and after the walk's last block, the return stack empty and
 // full (its oldest entries overwritten), a TIP.PGD with an IP bound to the
-// indirect jump, one bound to the direct jump to it, one without an IP,
-// and a walk too long to keep.
+// indirect jump, one bound to the direct jump to it, one without an IP, a
+// walk too long to keep, and a call that pushes nothing.
 func TestPGDWalkReplay(t *testing.T) {
 	const maxInsns = 100
 	mem := pgdCode()
@@ -678,6 +681,7 @@ func TestPGDWalkReplay(t *testing.T) {
 		{"direct", 0x1000, Event{Kind: EvDisabled, IP: 0x1020, HasIP: true}, 5, true},
 		{"no IP", 0x1000, Event{Kind: EvDisabled}, 7, true},
 		{"long", 0x1100, Event{Kind: EvDisabled, IP: 0x5000, HasIP: true}, 6, false},
+		{"call next", 0x1200, Event{Kind: EvDisabled, IP: 0x5000, HasIP: true}, 2, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, steps := range []int{0, maxInsns - tc.total - 1, maxInsns - tc.total, maxInsns - tc.total + 1, maxInsns - 2, maxInsns} {
