@@ -217,11 +217,8 @@ func (d *Decoder) fastLoop() {
 			d.qEv = Event{Kind: EvEnabled, IP: k.last, HasIP: true}
 			d.stamp(&d.qEv)
 			d.fireEv()
-			// Its block at once, before the kernel: no timing packet
-			// passes on the fast path while a clock sees them, so
-			// no side band is due between.
-			k.ip, k.missP, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
-			k.b = d.ipBlock(k.ip)
+			// Its block is looked up next, as after any IP.
+			k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, d.opts.MaxInsns-d.steps
 		}
 		if k.b == nil {
 			// The block the flow goes to. Nothing is gathered
@@ -641,11 +638,9 @@ func (d *Decoder) fastDisable(b *block) bool {
 		// that binds: the counts only grow along it.
 		f := &d.fp
 		if w.n > 0 {
-			if f.n == edgeBatch {
-				d.flush()
-			}
 			// Its branches in the batch, before the event: a kept walk
-			// reads no memory.
+			// reads no memory. The batch has room: the kernel exits
+			// for a full one before it reads a packet.
 			f.batch[f.n&(edgeBatch-1)] = w.edges[:w.n:w.n]
 			f.n++
 		}
@@ -661,9 +656,12 @@ func (d *Decoder) fastDisable(b *block) bool {
 		return true
 	}
 	// Walked block by block: a successor not known yet reads memory, so
-	// the branches before go first.
-	d.flush()
+	// the branches before go first. Drops are counted from before them:
+	// a Handler that drops the cache as it reads them leaves b a dropped
+	// block, which no walk is kept from (dropWalks cleared the cache
+	// before w is written).
 	drops := d.cache.drops
+	d.flush()
 	*w = pgdWalk{b: b, ip: ev.IP, hasIP: ev.HasIP}
 	keep := true
 	for {
@@ -699,8 +697,7 @@ func (d *Decoder) fastDisable(b *block) bool {
 			kind := BrJump
 			if class == x86insn.Call {
 				kind = BrCall
-				d.pushCall(target, next)
-				if target != next { // as pushCall
+				if d.pushCall(target, next) {
 					keep = keep && w.push(next)
 				}
 			}
@@ -716,7 +713,7 @@ func (d *Decoder) fastDisable(b *block) bool {
 		// disabledAt
 		w.next = d.ip
 		if !keep || d.cache.drops != drops {
-			// Too long to keep, or the blocks it went through are
+			// Too long to keep, or blocks it went through are
 			// gone.
 			w.b = nil
 		}
@@ -750,7 +747,7 @@ type pgdWalk struct {
 // average on mruby's trace: a call to a PLT entry).
 const pgdEdges = 3
 
-// recentPGDs is the size of runCache.pgds.
+// recentPGDs is the size of runCache.pgds (144 bytes an entry).
 const recentPGDs = 1 << 9
 
 // pgdHash is the index in runCache.pgds of the walk from b to a TIP.PGD's

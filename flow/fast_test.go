@@ -603,3 +603,174 @@ func (m *markCounter) Edges(batch [][]Edge) {
 		}
 	}
 }
+
+// pgdCode is the code the TIP.PGD walk tests walk: a call, a jump and an
+// indirect jump (three edges at most: kept), five jumps to a return (too
+// many edges to keep), and a call to the next instruction (no return
+// pushed) before an indirect jump.
+//
+//	1000: call 1010
+//	1010: nop; nop; nop; jmp 1020
+//	1020: nop; jmp *%rax
+//	1100: jmp 1102; jmp 1104; jmp 1106; jmp 1108; jmp 110a; ret
+//	1200: call 1205; jmp *%rax
+func pgdCode() *blob {
+	code := make([]byte, 0x207)
+	copy(code, []byte{0xe8, 0x0b, 0, 0, 0})
+	copy(code[0x10:], []byte{0x90, 0x90, 0x90, 0xeb, 0x0b})
+	copy(code[0x20:], []byte{0x90, 0xff, 0xe0})
+	copy(code[0x100:], []byte{0xeb, 0, 0xeb, 0, 0xeb, 0, 0xeb, 0, 0xeb, 0, 0xc3})
+	copy(code[0x200:], []byte{0xe8, 0, 0, 0, 0, 0xff, 0xe0})
+	return &blob{base: 0x1000, code: code}
+}
+
+// pgdState is what a TIP.PGD's walk leaves of the decoder's state.
+type pgdState struct {
+	fired               bool
+	ip, errIP, resumeIP uint64
+	steps               int
+	insns               uint64
+	sinceRef            uint32
+	enabled, resumeOK   bool
+	sp, top             int
+	stack               [retStackSize]uint64
+	items               []logItem
+	events              []string
+	kept                bool
+}
+
+// pgdWalkOnce runs fastDisable from the block at start with a TIP.PGD
+// (ev) after steps instructions, the return stack holding depth entries,
+// on d (its Handler h), and returns the state it leaves.
+func pgdWalkOnce(d *Decoder, h *edgeLog, start uint64, ev Event, steps, depth int) pgdState {
+	h.items, h.events = nil, nil
+	d.enabled, d.resumeOK, d.resumeIP, d.ip, d.errIP = true, false, 0, start, 0
+	d.steps, d.sinceRef, d.c = steps, 5, Counters{}
+	d.sp, d.top, d.stack = 0, 0, [retStackSize]uint64{}
+	for i := range depth {
+		d.pushRet(0xf000 + uint64(i))
+	}
+	b := d.block(start, d.mode)
+	d.qEv = ev
+	fired := d.fastDisable(b)
+	w := &d.cache.runs.pgds[pgdHash(b, ev.IP)]
+	return pgdState{
+		fired: fired, ip: d.ip, errIP: d.errIP, resumeIP: d.resumeIP, steps: d.steps, insns: d.c.Insns,
+		sinceRef: d.sinceRef, enabled: d.enabled, resumeOK: d.resumeOK, sp: d.sp, top: d.top, stack: d.stack,
+		items: h.items, events: h.events, kept: w.b == b,
+	}
+}
+
+// TestPGDWalkReplay holds a kept TIP.PGD walk's replay to the walk it
+// stands for, block by block from the same state: the MaxInsns limit met
+// before, at and after the walk's last block, the return stack empty and
+// full (its oldest entries overwritten), a TIP.PGD with an IP bound to the
+// indirect jump, one bound to the direct jump to it, one without an IP, a
+// walk too long to keep, and a call that pushes nothing.
+func TestPGDWalkReplay(t *testing.T) {
+	const maxInsns = 100
+	mem := pgdCode()
+	for _, tc := range []struct {
+		name  string
+		start uint64
+		ev    Event
+		total int // instructions walked
+		keep  bool
+	}{
+		{"indirect", 0x1000, Event{Kind: EvDisabled, IP: 0x5000, HasIP: true}, 7, true},
+		{"direct", 0x1000, Event{Kind: EvDisabled, IP: 0x1020, HasIP: true}, 5, true},
+		{"no IP", 0x1000, Event{Kind: EvDisabled}, 7, true},
+		{"long", 0x1100, Event{Kind: EvDisabled, IP: 0x5000, HasIP: true}, 6, false},
+		{"call next", 0x1200, Event{Kind: EvDisabled, IP: 0x5000, HasIP: true}, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, steps := range []int{0, maxInsns - tc.total - 1, maxInsns - tc.total, maxInsns - tc.total + 1, maxInsns - 2, maxInsns} {
+				for _, depth := range []int{0, 3, retStackSize - 1, retStackSize, retStackSize + 5} {
+					// warm kept the walk from the same block
+					// and IP first; cold walks it block by block.
+					opts := Options{NoInsns: true, MaxInsns: maxInsns}
+					cold, warm := New(mem, opts), New(mem, opts)
+					hc, hw := &edgeLog{t: t}, &edgeLog{t: t}
+					for _, d := range []*Decoder{cold, warm} {
+						d.mode = Mode64
+						d.runCaches()
+					}
+					cold.h, cold.eh = hc, hc
+					warm.h, warm.eh = hw, hw
+					if first := pgdWalkOnce(warm, hw, tc.start, tc.ev, 0, 0); !first.fired || first.kept != tc.keep {
+						t.Fatalf("the first walk fired %v, kept %v; want fired, kept %v", first.fired, first.kept, tc.keep)
+					}
+					want := pgdWalkOnce(cold, hc, tc.start, tc.ev, steps, depth)
+					got := pgdWalkOnce(warm, hw, tc.start, tc.ev, steps, depth)
+					if want.fired != (steps+tc.total <= maxInsns) {
+						t.Errorf("%d steps before: the walk fired %v", steps, want.fired)
+					}
+					got.kept, want.kept = false, false // the cold one kept it now, the warm one before
+					if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
+						t.Errorf("%d steps before, %d returns: replayed\n%+v\nwalked\n%+v", steps, depth, got, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// dropLog is an edgeLog whose Edges drops the decoder's block cache
+// (MemoryChanged) before it reads the batch, as a Handler may.
+type dropLog struct {
+	edgeLog
+	d *Decoder
+}
+
+func (l *dropLog) Edges(batch [][]Edge) {
+	l.d.MemoryChanged()
+	l.edgeLog.Edges(batch)
+}
+
+// TestPGDWalkDropped: a Handler that drops the block cache while it reads
+// the branches handed over before a TIP.PGD's walk still reads them and
+// the walk's as they are (a replayed walk's edges are in that batch), and
+// no walk is kept from the block dropped under it.
+func TestPGDWalkDropped(t *testing.T) {
+	mem := pgdCode()
+	ev := Event{Kind: EvDisabled, IP: 0x5000, HasIP: true}
+	// The branch gathered before the TIP.PGD, then the walk's and its
+	// event.
+	want := []string{"1 2 jump", "1000 1010 call", "1013 1020 jump", fmt.Sprintf("ev %+v", ev)}
+	for _, replay := range []bool{false, true} {
+		d := New(mem, Options{NoInsns: true})
+		h := &dropLog{edgeLog: edgeLog{t: t}, d: d}
+		d.h, d.eh, d.mode = h, h, Mode64
+		d.runCaches()
+		b := d.block(0x1000, d.mode)
+		if replay {
+			d.h, d.eh = &h.fullLog, nil
+			// Kept by a walk whose Handler does not drop.
+			if w := pgdWalkOnce(d, &h.edgeLog, 0x1000, ev, 0, 0); !w.kept {
+				t.Fatal("the walk was not kept")
+			}
+			d.h, d.eh = h, h
+		}
+		h.items, h.events = nil, nil
+		d.enabled, d.steps = true, 0
+		f := &d.fp
+		f.edges[0] = Edge{1, 2, BrJump}
+		f.batch[0], f.n = f.edges[0:1:1], 1
+		d.qEv = ev
+		if !d.fastDisable(b) {
+			t.Fatalf("replay %v: the walk did not fire", replay)
+		}
+		var got []string
+		for i := range h.items {
+			got = append(got, h.line(i))
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("replay %v: %q, want %q", replay, got, want)
+		}
+		for i, w := range d.cache.runs.pgds {
+			if w.b != nil {
+				t.Errorf("replay %v: walk %d from %#x kept, its block dropped under its walk", replay, i, w.b.ip)
+			}
+		}
+	}
+}

@@ -430,11 +430,14 @@ func (d *Decoder) movCR3() {
 
 // pushCall pushes the return address ret of a direct call to target; a
 // call to the next instruction only reads the IP (position-independent
-// code): it pushes no return.
-func (d *Decoder) pushCall(target, ret uint64) {
+// code): it pushes no return. It tells whether it pushed (a kept TIP.PGD
+// walk records what it pushes).
+func (d *Decoder) pushCall(target, ret uint64) bool {
 	if target != ret {
 		d.pushRet(ret)
+		return true
 	}
+	return false
 }
 
 func (d *Decoder) pushRet(ip uint64) {
