@@ -190,8 +190,10 @@ func (s *Stream) refill(err error) error {
 // MemoryChanged drops the decoded code that the block cache holds, for a
 // Memory whose bytes changed under the decoder (a process switch, an
 // mmap or exec from the side band). A Handler may call it from Event
-// (an enable, a disable) or Branch: the walk looks its next block up
-// again; the block being walked when it is called is finished as decoded.
+// (an enable, a disable) or Branch: blocks are looked up again from the
+// next packet with an IP on; until then the walk finishes the block it is
+// in and follows the successors that block links to, as decoded before
+// (perfflow calls it only at an enable, where an IP comes next).
 func (d *Decoder) MemoryChanged() {
 	d.cache.drop()
 	if d.gen != nil {
