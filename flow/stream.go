@@ -193,7 +193,7 @@ func (s *Stream) refill(err error) error {
 // (an enable, a disable) or Branch: blocks are looked up again from the
 // next packet with an IP on; until then the walk finishes the block it is
 // in and follows the successors that block links to, as decoded before
-// (perfflow calls it only at an enable, where an IP comes next).
+// (perfflow calls it only from Event, never from Branch).
 func (d *Decoder) MemoryChanged() {
 	d.cache.drop()
 	if d.gen != nil {
