@@ -12,12 +12,14 @@ import (
 	"time"
 )
 
-// answers runs a command line that must finish within a short deadline:
-// a regression that holds the root lock across a tracer call makes it
-// hang, and the deadline turns that into a failure.
+// answers runs a command line that must finish within a deadline: a
+// regression that holds the root lock across a tracer call makes it hang
+// until the stall ends, and the deadline turns that into a failure. The
+// stall lasts until the test ends, so the deadline can leave a loaded
+// machine its seconds to start bash.
 func answers(t *testing.T, script string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", script)
 	cmd.WaitDelay = time.Second // a child stuck in the mount keeps the pipe open

@@ -245,10 +245,12 @@ func TestClassicRecords(t *testing.T) {
 		t.Errorf("second Add: %v, want engine.ErrExists", err)
 	}
 	const n = 1000
+	delays := testkit.RunDelays()
 	start := monotonicNow()
 	pid := run(t, bin, fmt.Sprint(n), "0")
 	end := monotonicNow()
 	recs := col.wait(2*n, 5*time.Second)
+	wait := testkit.MaxWaitSince(delays)
 	if len(recs) != 2*n {
 		t.Fatalf("%d records, want %d; stats %+v", len(recs), 2*n, c.Stats())
 	}
@@ -285,10 +287,12 @@ func TestClassicRecords(t *testing.T) {
 	if col.bad {
 		t.Error("sink called concurrently")
 	}
-	// Live delivery: the hold-back is Latency plus a poll interval.
-	t.Logf("max delay from hit to sink: %v", col.maxDelay)
-	if col.maxDelay > maxDelay() {
-		t.Errorf("a record took %v to reach the sink", col.maxDelay)
+	// Live delivery: the hold-back is Latency plus a poll interval, and
+	// whatever time the machine's other tenants kept the reader (a thread
+	// of the test) off the CPU, which says nothing about it.
+	t.Logf("max delay from hit to sink: %v; a thread of the test waited %v in all for CPU", col.maxDelay, wait)
+	if col.maxDelay > maxDelay()+wait {
+		t.Errorf("a record took %v to reach the sink (a thread of the test waited %v for CPU)", col.maxDelay, wait)
 	}
 }
 
@@ -693,7 +697,7 @@ func TestClassicRemove(t *testing.T) {
 		t.Errorf("second Remove: %v, want engine.ErrNotFound", err)
 	}
 	run(t, bin, fmt.Sprint(n))
-	if recs := col.wait(n, 3*time.Second); len(recs) != n {
+	if recs := col.wait(n, 10*time.Second); len(recs) != n { // the latency's 1 s, and a loaded machine's
 		t.Errorf("%d records after Remove, want %d", len(recs), n)
 	}
 	if err := c.Close(); err != nil {
@@ -836,10 +840,12 @@ func inPollerWait(p *poller) bool {
 }
 
 // TestClassicCloseWakes checks that Close wakes the idle reader at once
-// rather than leaving it to sleep out idleInterval (100 ms) first.
+// rather than leaving it to sleep out idleInterval (100 ms) first. The
+// time a thread of the test waited for CPU during a Close is not counted:
+// a loaded machine makes it, not the reader.
 func TestClassicCloseWakes(t *testing.T) {
 	needKernel(t)
-	var worst, total time.Duration
+	var worst, total, waited time.Duration
 	const runs = 5
 	for range runs {
 		c, err := NewClassic(ClassicOptions{}, func([]decode.Record) {})
@@ -853,14 +859,18 @@ func TestClassicCloseWakes(t *testing.T) {
 				t.Fatal("the reader never waited in its poller")
 			}
 		}
+		delays := testkit.RunDelays()
 		start := time.Now()
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
 		}
 		d := time.Since(start)
+		wait := testkit.MaxWaitSince(delays)
+		waited += wait
+		d = max(d-wait, 0)
 		worst, total = max(worst, d), total+d
 	}
-	t.Logf("Close: mean %v, worst %v over %d runs", total/runs, worst, runs)
+	t.Logf("Close: mean %v, worst %v over %d runs, less %v in all that a thread of the test waited for CPU", total/runs, worst, runs, waited)
 	if worst >= idleInterval/2 {
 		t.Errorf("Close took %v: the reader was not woken", worst)
 	}

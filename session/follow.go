@@ -137,7 +137,7 @@ func (t *Target) schedule(w *watcher) {
 	go func() {
 		defer w.follows.Done()
 		select {
-		case <-time.After(settle):
+		case <-time.After(w.settle):
 		case <-w.stop:
 			return
 		}
@@ -170,13 +170,15 @@ type watcher struct {
 	stop    chan struct{}
 	done    chan struct{}
 	follows sync.WaitGroup
+	settle  time.Duration // a follow's wait after the first change
 
 	mu   sync.Mutex
 	dirs map[int32]string // by watch descriptor
 }
 
-// newWatcher starts a watcher that looks targets up with targets.
-func newWatcher(targets func() []*Target) (*watcher, error) {
+// newWatcher starts a watcher that looks targets up with targets and
+// follows a path settle after the first change it hears of.
+func newWatcher(targets func() []*Target, settle time.Duration) (*watcher, error) {
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("inotify: %w", err)
@@ -184,6 +186,7 @@ func newWatcher(targets func() []*Target) (*watcher, error) {
 	w := &watcher{
 		f:       os.NewFile(uintptr(fd), "inotify"),
 		targets: targets,
+		settle:  settle,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 		dirs:    map[int32]string{},

@@ -198,7 +198,7 @@ func New(opts Options) (*Session, error) {
 		}
 		return nil, err
 	}
-	if s.watch, err = newWatcher(s.targetList); err != nil {
+	if s.watch, err = newWatcher(s.targetList, settle); err != nil {
 		logrus.WithError(err).Warn("ptfs: target paths are checked on probe writes only")
 	}
 	logrus.WithFields(logrus.Fields{"mode": mode, "why": why, "tracefs": tfs.Dir}).Debug("ptfs: session started")

@@ -156,8 +156,10 @@ func startMountAt(t testing.TB, dir string, args ...string) *mountProc {
 	// Up means serving and past go-fuse's start-up (its poll hack opens a
 	// file on the mount from the server's own process): a SIGKILL during
 	// that open would leave the process unable to exit, waiting on its own
-	// mount. "ptfs: mounted" is logged after it.
-	deadline := time.Now().Add(10 * time.Second)
+	// mount. "ptfs: mounted" is logged after it. The session's start
+	// removes what a dead ptfs of its PID left in uprobe_events: kernel
+	// waits.
+	deadline := time.Now().Add(kernelWait)
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "status")); err == nil && strings.Contains(m.log.String(), "ptfs: mounted") {
 			return m
@@ -184,7 +186,7 @@ func (m *mountProc) stop(sig syscall.Signal) error {
 		select {
 		case err = <-m.done:
 			m.done <- err
-		case <-time.After(15 * time.Second):
+		case <-time.After(kernelWait): // exiting removes the mount's probes
 			m.cmd.Process.Kill()
 			err = <-m.done
 			m.done <- err
@@ -272,19 +274,38 @@ func (m *mountProc) waitLines(n int, parts ...string) []string {
 	}
 }
 
+// kernelWait bounds a wait for probe installs and removals. Each takes the
+// kernel's event_mutex, which another process's uprobe removal holds
+// through RCU grace periods (the tests of other packages, other users of
+// tracefs): seconds each on a loaded machine are normal, half a minute is
+// a hang.
+const kernelWait = 30 * time.Second
+
+// waitUntil polls cond until it holds and fails the test after kernelWait
+// with what and the text cond returned last.
+func (m *mountProc) waitUntil(what string, cond func() (string, bool)) {
+	m.t.Helper()
+	for deadline := time.Now().Add(kernelWait); ; time.Sleep(20 * time.Millisecond) {
+		text, ok := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			m.t.Fatalf("%s: not within %v:\n%s\n%s", what, kernelWait, text, m.log)
+		}
+	}
+}
+
 // waitStatus waits until the status file of target (the root's for "")
 // contains want, and returns it.
 func (m *mountProc) waitStatus(target, want string) string {
 	m.t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		st := m.read(target, "status")
-		if strings.Contains(st, want) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			m.t.Fatalf("status of %q never said %q:\n%s\n%s", target, want, st, m.log)
-		}
-	}
+	var st string
+	m.waitUntil(fmt.Sprintf("status of %q to say %q", target, want), func() (string, bool) {
+		st = m.read(target, "status")
+		return st, strings.Contains(st, want)
+	})
+	return st
 }
 
 func lines(s string) []string {

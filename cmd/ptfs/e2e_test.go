@@ -105,13 +105,17 @@ func TestTailFollows(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tail.Process.Kill(); tail.Wait() })
-	// 50 iterations 40 ms apart: the program runs for 2 s.
-	prog := exec.Command(bin, "50", "40000")
+	// Iterations 40 ms apart for a minute at most: the program still runs
+	// when tail -f shows its first 50 records, however long a loaded
+	// machine takes to start tail or deliver them (a 2 s program could
+	// end first), unless records wait for its exit. It is killed then.
+	prog := exec.Command(bin, "1500", "40000")
 	if err := prog.Start(); err != nil {
 		t.Fatal(err)
 	}
 	progDone := make(chan struct{})
 	go func() { prog.Wait(); close(progDone) }()
+	t.Cleanup(func() { prog.Process.Kill(); <-progDone })
 	sc := bufio.NewScanner(out)
 	got := make(chan string)
 	go func() {
@@ -136,11 +140,10 @@ func TestTailFollows(t *testing.T) {
 				default:
 				}
 			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("tail -f showed %d records, then nothing for 5 s\n%s", i, m.log)
+		case <-time.After(10 * time.Second): // tail polls FUSE once a second
+			t.Fatalf("tail -f showed %d records, then nothing for 10 s\n%s", i, m.log)
 		}
 	}
-	<-progDone
 }
 
 // Test 3: bad specs fail the writer's echo with the right errno, the probe
@@ -298,7 +301,7 @@ func TestProbeLifetime(t *testing.T) {
 			if err != nil {
 				t.Fatalf("ptfs exited with %v\n%s", err, m.log)
 			}
-		case <-time.After(10 * time.Second):
+		case <-time.After(kernelWait): // it removes the probe first
 			t.Fatal("ptfs did not exit after umount")
 		}
 		if l := uprobeLines(t, m.group()); len(l) != 0 {

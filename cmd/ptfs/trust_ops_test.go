@@ -60,7 +60,9 @@ func TestUnmountManyProbes(t *testing.T) {
 	if out, err := exec.Command("umount", m.dir).CombinedOutput(); err != nil {
 		t.Fatalf("umount: %v\n%s", err, out)
 	}
-	if took := time.Since(start); took > 2*time.Second {
+	// Far below the cleanup's seconds, with room for starting umount on
+	// a loaded machine.
+	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("umount(8) took %v", took)
 	}
 	select {
