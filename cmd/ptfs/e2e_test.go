@@ -118,11 +118,16 @@ func TestTailFollows(t *testing.T) {
 	t.Cleanup(func() { prog.Process.Kill(); <-progDone })
 	sc := bufio.NewScanner(out)
 	got := make(chan string)
+	ctx := t.Context() // done when the test ends: the sender does too
 	go func() {
+		defer close(got)
 		for sc.Scan() {
-			got <- sc.Text()
+			select {
+			case got <- sc.Text():
+			case <-ctx.Done():
+				return
+			}
 		}
-		close(got)
 	}()
 	first := true
 	for i := 0; i < 50; i++ {
