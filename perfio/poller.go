@@ -74,6 +74,13 @@ func newPoller() (*poller, error) {
 	if p.rc, err = p.ep.SyscallConn(); err != nil {
 		return nil, errors.Join(fmt.Errorf("epoll raw conn: %w", err), p.close())
 	}
+	// os.NewFile falls back to a plain blocking file when the runtime
+	// cannot register the set (epoll_ctl fails: ENOSPC at the user's
+	// max_user_watches); every wait would then fail, each pass counted as
+	// an error, so refuse it here.
+	if err := p.ep.SetReadDeadline(time.Time{}); err != nil {
+		return nil, errors.Join(fmt.Errorf("epoll set not in the Go netpoller: %w", err), p.close())
+	}
 	p.ready = p.check
 	ev, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
