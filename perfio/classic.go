@@ -716,6 +716,10 @@ func sleepUntil(due uint64) time.Duration {
 func monotonicNow() uint64 { return uint64(nanotime()) }
 
 // nanotime is the runtime's monotonic clock (CLOCK_MONOTONIC on Linux).
+// The linker's linkname check (Go 1.23 on) allows this pull: the runtime
+// marks nanotime with a push linkname and keeps its name and signature for
+// such users (go.dev/issue/67401). Its suggested time.Since(start) gives
+// only the time since start, not the absolute clock the samples carry.
 //
 //go:linkname nanotime runtime.nanotime
 func nanotime() int64
