@@ -48,9 +48,10 @@ type poller struct {
 	epfd  int
 	event *fd
 	evs   []unix.EpollEvent // one per fd in the set
-	// ready is rc.Read's check, made once so that a wait allocates
-	// nothing; errno is its result.
+	// ready and look are rc.Read's and rc.Control's checks, made once so
+	// that a wait allocates nothing; errno is their result.
 	ready func(fd uintptr) bool
+	look  func(fd uintptr)
 	errno syscall.Errno
 
 	// mu orders wake against close: a wake after close does nothing
@@ -82,6 +83,7 @@ func newPoller() (*poller, error) {
 		return nil, errors.Join(fmt.Errorf("epoll set not in the Go netpoller: %w", err), p.close())
 	}
 	p.ready = p.check
+	p.look = func(fd uintptr) { p.check(fd) }
 	ev, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("wake eventfd: %w", err), p.close())
@@ -123,7 +125,7 @@ func (p *poller) wait(d time.Duration) error {
 	var err error
 	if d <= 0 {
 		// A past deadline would fail the read before any look.
-		err = p.rc.Control(func(fd uintptr) { p.check(fd) })
+		err = p.rc.Control(p.look)
 	} else if err = p.ep.SetReadDeadline(time.Now().Add(d)); err == nil {
 		err = p.rc.Read(p.ready)
 	}

@@ -142,3 +142,21 @@ func TestPollerCloseDuringWait(t *testing.T) {
 		t.Errorf("second close: %v", err)
 	}
 }
+
+// TestPollerWaitNoAlloc: a wait allocates nothing, whether an fd is ready,
+// the time is up or it only looks (d <= 0): the reader waits once a pass.
+func TestPollerWaitNoAlloc(t *testing.T) {
+	p, _, _ := pollerWithPipe(t)
+	if err := p.wake(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []time.Duration{time.Second, 0, -time.Second} {
+		if a := testing.AllocsPerRun(50, func() { p.wait(d) }); a != 0 {
+			t.Errorf("wait(%v) with an fd ready: %v allocations", d, a)
+		}
+	}
+	p.reset()
+	if a := testing.AllocsPerRun(5, func() { p.wait(time.Millisecond) }); a != 0 {
+		t.Errorf("wait that times out: %v allocations", a)
+	}
+}
