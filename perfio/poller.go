@@ -53,6 +53,8 @@ type poller struct {
 	ready func(fd uintptr) bool
 	look  func(fd uintptr)
 	errno syscall.Errno
+	// woke: a look saw the eventfd ready since the last woken.
+	woke bool
 
 	// mu orders wake against close: a wake after close does nothing
 	// instead of writing to a closed (or reused) descriptor.
@@ -116,6 +118,11 @@ func (p *poller) check(fd uintptr) bool {
 		errno = 0
 	}
 	p.errno = errno
+	if errno == 0 {
+		for i := range int(n) {
+			p.woke = p.woke || p.evs[i].Fd == int32(p.event.n)
+		}
+	}
 	return n > 0 || errno != 0
 }
 
@@ -152,6 +159,20 @@ func (p *poller) wake() error {
 		return fmt.Errorf("wake reader: %w", err)
 	}
 	return nil
+}
+
+// woken reports whether a wait saw a wake since the last call, and clears
+// it then (reset). A reader that takes its requests after woken returns
+// true misses none: a wake that woken clears was made after its request
+// was queued, and a later one ends the next wait. Only the reader calls
+// it.
+func (p *poller) woken() bool {
+	if !p.woke {
+		return false
+	}
+	p.woke = false
+	p.reset()
+	return true
 }
 
 // reset clears the wake, so that the next wait sleeps.

@@ -160,3 +160,31 @@ func TestPollerWaitNoAlloc(t *testing.T) {
 		t.Errorf("wait that times out: %v allocations", a)
 	}
 }
+
+// TestPollerWoken: woken tells a wait that saw a wake, once, and clears the
+// wake with it; a ring fd that ended the wait is no wake.
+func TestPollerWoken(t *testing.T) {
+	p, rd, wr := pollerWithPipe(t)
+	if _, err := unix.Write(wr, []byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	timedWait(t, p, time.Second)
+	if p.woken() {
+		t.Error("woken after a wait that only a ring fd ended")
+	}
+	var b [1]byte
+	unix.Read(rd, b[:])
+	if err := p.wake(); err != nil {
+		t.Fatal(err)
+	}
+	timedWait(t, p, time.Second)
+	if !p.woken() {
+		t.Error("not woken after a wait that a wake ended")
+	}
+	if p.woken() {
+		t.Error("woken twice for one wake")
+	}
+	if d := timedWait(t, p, 30*time.Millisecond); d < 25*time.Millisecond {
+		t.Errorf("wait after woken ended after %v: the wake was not cleared", d)
+	}
+}
