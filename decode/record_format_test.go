@@ -92,6 +92,26 @@ func TestRecordWriterRuns(t *testing.T) {
 	}
 }
 
+// TestRecordWriterComm: the writer compares a record's comm with the last
+// by pointer and length, so every way a process's name can change behind
+// the same pid must still show: a name of another length in the same
+// bytes (a prefix), one of the same length elsewhere, the first again,
+// and an equal name at another address.
+func TestRecordWriterComm(t *testing.T) {
+	ev := &Event{ID: 1, Group: "g", Name: "e"}
+	full := "target-name"
+	same := string([]byte("tarXet-name")) // same length, other bytes
+	again := string([]byte(full))         // equal, another address
+	var w RecordWriter
+	for i, comm := range []string{full, full[:6], full, same, full, again, full[:0], full} {
+		r := Record{Event: ev, TID: 3, CPU: 1, Time: 5_000_000_001, PID: 42, Comm: comm}
+		want := string(AppendRecord(nil, uint64(i), &r))
+		if got := string(w.Append(nil, uint64(i), &r)); got != want {
+			t.Errorf("comm %d %q:\n got %q\nwant %q", i, comm, got, want)
+		}
+	}
+}
+
 // RecordWriter writes AppendRecord's bytes for random records of events of
 // every kind (unnamed whole u64 ones, which take its own path, named,
 // typed, strings, bitfields), events alternating record by record, ids

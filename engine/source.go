@@ -11,8 +11,10 @@ import (
 // pass of the source releases, split where the source bounds its batches
 // (perfio.Classic: 1,024 records), so that a sink takes its locks once a
 // batch, not once a record. The records and their storage are reused
-// after Sink returns: copy what you keep. A Sink must not call methods of
-// the source that calls it.
+// after Sink returns: copy what you keep, and change none of them (a
+// source refills them in place from what it wrote: perfio.Classic clears
+// only the argument words beyond a new record's count that the last one
+// used). A Sink must not call methods of the source that calls it.
 type Sink func(rs []decode.Record)
 
 // MaxPending is the default bound of the records a source holds back for

@@ -143,8 +143,12 @@ type Classic struct {
 
 	// poll is where the reader sleeps; Remove and Close wake it so that it
 	// flushes or stops at once instead of at its next poll.
-	poll      *poller
-	flushReq  chan chan struct{}
+	poll *poller
+	// flushes are the acks of the flushes Remove asked for, queued before
+	// its wake: the reader takes them all once woken (poller.woken), so
+	// that none waits for its next poll, however many Removes run at once.
+	flushMu   sync.Mutex
+	flushes   []chan struct{}
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
@@ -238,15 +242,14 @@ func NewClassic(opts ClassicOptions, sink engine.Sink) (*Classic, error) {
 		return nil, err
 	}
 	c := &Classic{
-		sink:     sink,
-		latency:  uint64(opts.Latency),
-		events:   make(map[uint16]*classicEvent),
-		comms:    engine.NewComms(ProcComm),
-		side:     sideParser{idSize: classicIDSize},
-		poll:     poll,
-		flushReq: make(chan chan struct{}),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		sink:    sink,
+		latency: uint64(opts.Latency),
+		events:  make(map[uint16]*classicEvent),
+		comms:   engine.NewComms(ProcComm),
+		side:    sideParser{idSize: classicIDSize},
+		poll:    poll,
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 	for _, cpu := range cpus {
 		cr, err := openCPURing(cpu, opts.RingPages)
@@ -521,12 +524,21 @@ func (c *Classic) Remove(id uint16) error {
 	// The reader delivers what is held back: the sink sees records from
 	// one goroutine only.
 	ack := make(chan struct{})
+	c.flushMu.Lock()
+	c.flushes = append(c.flushes, ack)
+	c.flushMu.Unlock()
 	if werr := c.poll.wake(); werr != nil {
+		// Not woken, the reader may never take it: withdrawn (unless
+		// already taken, then it is closed unheard).
+		c.flushMu.Lock()
+		if i := slices.Index(c.flushes, ack); i >= 0 {
+			c.flushes = slices.Delete(c.flushes, i, i+1)
+		}
+		c.flushMu.Unlock()
 		return errors.Join(err, werr)
 	}
 	select {
-	case c.flushReq <- ack:
-		<-ack
+	case <-ack:
 	case <-c.done:
 	}
 	return err
@@ -651,17 +663,17 @@ func (c *Classic) run() {
 				time.Sleep(minPass)
 			}
 		}
-		var ack chan struct{}
-		select {
-		case ack = <-c.flushReq:
-			c.poll.reset()
-		default:
+		var acks []chan struct{}
+		if c.poll.woken() {
+			c.flushMu.Lock()
+			acks, c.flushes = c.flushes, nil
+			c.flushMu.Unlock()
 		}
 		// now is taken before draining: every sample stamped up to now -
 		// latency is either in the rings now or counted Late later. A flush
 		// releases everything.
 		watermark := ^uint64(0)
-		if !final && ack == nil {
+		if !final && len(acks) == 0 {
 			watermark = monotonicNow()
 			watermark -= min(watermark, c.latency)
 		}
@@ -683,7 +695,7 @@ func (c *Classic) run() {
 			}
 			c.mu.Lock()
 		}
-		if ack != nil {
+		for _, ack := range acks {
 			close(ack)
 		}
 		if final {
@@ -716,6 +728,10 @@ func sleepUntil(due uint64) time.Duration {
 func monotonicNow() uint64 { return uint64(nanotime()) }
 
 // nanotime is the runtime's monotonic clock (CLOCK_MONOTONIC on Linux).
+// The linker's linkname check (Go 1.23 on) allows this pull: the runtime
+// marks nanotime with a push linkname and keeps its name and signature for
+// such users (go.dev/issue/67401). Its suggested time.Since(start) gives
+// only the time since start, not the absolute clock the samples carry.
 //
 //go:linkname nanotime runtime.nanotime
 func nanotime() int64

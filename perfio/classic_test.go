@@ -875,3 +875,40 @@ func TestClassicCloseWakes(t *testing.T) {
 		t.Errorf("Close took %v: the reader was not woken", worst)
 	}
 }
+
+// TestClassicConcurrentRemoves: Removes that run at once are each served
+// by the reader's next pass, none left waiting for its idle poll (the
+// reader cleared every wake with the first request's and slept while the
+// others waited: 208 ms for the third of three here). The events have no
+// perf fds: Remove's flush with the reader is what is timed.
+func TestClassicConcurrentRemoves(t *testing.T) {
+	needKernel(t)
+	c := newClassic(t, ClassicOptions{}, &collector{})
+	ids := []uint16{60001, 60002, 60003}
+	var worst time.Duration
+	for range 10 {
+		c.mu.Lock()
+		for _, id := range ids {
+			c.events[id] = newClassicEvent(&decode.Event{ID: id, Group: "g", Name: fmt.Sprint(id)})
+		}
+		c.mu.Unlock()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for _, id := range ids {
+			wg.Go(func() {
+				start := time.Now()
+				if err := c.Remove(id); err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				worst = max(worst, time.Since(start))
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+	}
+	t.Logf("slowest of %d concurrent Removes: %v", len(ids), worst)
+	if worst >= idleInterval/2 {
+		t.Errorf("a Remove took %v: it waited for the reader's idle poll", worst)
+	}
+}

@@ -48,10 +48,13 @@ type poller struct {
 	epfd  int
 	event *fd
 	evs   []unix.EpollEvent // one per fd in the set
-	// ready is rc.Read's check, made once so that a wait allocates
-	// nothing; errno is its result.
+	// ready and look are rc.Read's and rc.Control's checks, made once so
+	// that a wait allocates nothing; errno is their result.
 	ready func(fd uintptr) bool
+	look  func(fd uintptr)
 	errno syscall.Errno
+	// woke: a look saw the eventfd ready since the last woken.
+	woke bool
 
 	// mu orders wake against close: a wake after close does nothing
 	// instead of writing to a closed (or reused) descriptor.
@@ -74,7 +77,15 @@ func newPoller() (*poller, error) {
 	if p.rc, err = p.ep.SyscallConn(); err != nil {
 		return nil, errors.Join(fmt.Errorf("epoll raw conn: %w", err), p.close())
 	}
+	// os.NewFile falls back to a plain blocking file when the runtime
+	// cannot register the set (epoll_ctl fails: ENOSPC at the user's
+	// max_user_watches); every wait would then fail, each pass counted as
+	// an error, so refuse it here.
+	if err := p.ep.SetReadDeadline(time.Time{}); err != nil {
+		return nil, errors.Join(fmt.Errorf("epoll set not in the Go netpoller: %w", err), p.close())
+	}
 	p.ready = p.check
+	p.look = func(fd uintptr) { p.check(fd) }
 	ev, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("wake eventfd: %w", err), p.close())
@@ -107,6 +118,11 @@ func (p *poller) check(fd uintptr) bool {
 		errno = 0
 	}
 	p.errno = errno
+	if errno == 0 {
+		for i := range int(n) {
+			p.woke = p.woke || p.evs[i].Fd == int32(p.event.n)
+		}
+	}
 	return n > 0 || errno != 0
 }
 
@@ -116,7 +132,7 @@ func (p *poller) wait(d time.Duration) error {
 	var err error
 	if d <= 0 {
 		// A past deadline would fail the read before any look.
-		err = p.rc.Control(func(fd uintptr) { p.check(fd) })
+		err = p.rc.Control(p.look)
 	} else if err = p.ep.SetReadDeadline(time.Now().Add(d)); err == nil {
 		err = p.rc.Read(p.ready)
 	}
@@ -143,6 +159,20 @@ func (p *poller) wake() error {
 		return fmt.Errorf("wake reader: %w", err)
 	}
 	return nil
+}
+
+// woken reports whether a wait saw a wake since the last call, and clears
+// it then (reset). A reader that takes its requests after woken returns
+// true misses none: a wake that woken clears was made after its request
+// was queued, and a later one ends the next wait. Only the reader calls
+// it.
+func (p *poller) woken() bool {
+	if !p.woke {
+		return false
+	}
+	p.woke = false
+	p.reset()
+	return true
 }
 
 // reset clears the wake, so that the next wait sleeps.

@@ -79,17 +79,7 @@ func rawEventID(raw []byte) uint16 { return binary.LittleEndian.Uint16(raw) }
 // fillRecord sets r from the sample s of event ev. ev must have passed
 // checkEvent; a raw area too short for its arguments is an error.
 func fillRecord(ev *decode.Event, s *sample, r *decode.Record) error {
-	r.Event = ev
-	r.PID = int32(s.pid)
-	r.TID = int32(s.tid)
-	r.CPU = int32(s.cpu)
-	r.Time = s.time
-	// Slots are reused: clear what a longer record left behind (a
-	// slot's Args beyond its N are always zero).
-	if r.N > len(ev.Args) {
-		clear(r.Args[len(ev.Args):r.N])
-	}
-	r.N = len(ev.Args)
+	fillHead(ev, len(ev.Args), s, r)
 	strs := false // r.Data emptied for this record's strings
 	for i := range ev.Args {
 		a := &ev.Args[i]
@@ -133,6 +123,21 @@ func fillRecord(ev *decode.Event, s *sample, r *decode.Record) error {
 	return nil
 }
 
+// fillHead sets r's event, thread, CPU and time from s, and its count to
+// n. Slots are reused: it clears the arguments a longer record left
+// behind, so that a slot's Args beyond its N are always zero.
+func fillHead(ev *decode.Event, n int, s *sample, r *decode.Record) {
+	r.Event = ev
+	r.PID = int32(s.pid)
+	r.TID = int32(s.tid)
+	r.CPU = int32(s.cpu)
+	r.Time = s.time
+	if r.N > n {
+		clear(r.Args[n:r.N])
+	}
+	r.N = n
+}
+
 // wordOffsets returns the offsets of ev's arguments in the raw data when
 // every one is an 8-byte value (no string), with the end of the last
 // (the raw bytes a sample needs), for fillWords; nil when one is not.
@@ -148,18 +153,9 @@ func wordOffsets(ev *decode.Event) (offs []int, end int) {
 
 // fillWords is fillRecord for an event of 8-byte arguments at offs (see
 // wordOffsets), in a sample whose raw data holds them: no type or size to
-// look at per argument, and only the words a longer record left behind
-// cleared (a slot's Args beyond its N are always zero).
+// look at per argument.
 func fillWords(ev *decode.Event, offs []int, s *sample, r *decode.Record) {
-	r.Event = ev
-	r.PID = int32(s.pid)
-	r.TID = int32(s.tid)
-	r.CPU = int32(s.cpu)
-	r.Time = s.time
-	if r.N > len(offs) {
-		clear(r.Args[len(offs):r.N])
-	}
-	r.N = len(offs)
+	fillHead(ev, len(offs), s, r)
 	for i, off := range offs {
 		r.Args[i] = binary.LittleEndian.Uint64(s.raw[off:])
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -1115,4 +1116,94 @@ func countFDs(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// TestSpanConcurrent lends spans to readers while an appender fills, and
+// so discards and truncates, a stream over its hard bound, and releases
+// them later from another goroutine, as FUSE does once the reply is
+// written: a span's bytes stay what they were when lent (its slot is not
+// reused, its file not closed), and every file is closed at the end.
+func TestSpanConcurrent(t *testing.T) {
+	fds := countFDs(t)
+	s := New(Options{Limit: 1 << 12, HardLimit: 1 << 15, Dir: t.TempDir()})
+	stop := make(chan struct{})
+	var appender sync.WaitGroup
+	appender.Add(1)
+	go func() {
+		defer appender.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			s.Append(fmt.Appendf(nil, "line %d\n", i))
+			if i%20000 == 19999 {
+				s.Truncate()
+			}
+		}
+	}()
+	type lentSpan struct {
+		sp   Span
+		when []byte // its bytes when lent
+	}
+	lentCh := make(chan lentSpan, 16)
+	var releaser sync.WaitGroup
+	releaser.Add(1)
+	spans := 0
+	go func() {
+		defer releaser.Done()
+		for l := range lentCh {
+			spans++
+			time.Sleep(200 * time.Microsecond) // the appender goes on meanwhile
+			now := make([]byte, l.sp.N)
+			if _, err := l.sp.ReadAt(now); err != nil {
+				t.Error(err)
+			} else if !bytes.Equal(now, l.when) {
+				t.Errorf("a span's bytes changed while lent: %.20q..., lent as %.20q...", now, l.when)
+			}
+			l.sp.Release()
+		}
+	}()
+	var readers sync.WaitGroup
+	for range 3 {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			r := s.NewReader()
+			defer r.Close()
+			buf := make([]byte, 1<<20)
+			var off int64
+			for end := time.Now().Add(time.Second); time.Now().Before(end); {
+				n, sp, lent, err := r.ReadSpan(buf, off)
+				if err != nil && !errors.Is(err, io.EOF) {
+					t.Error(err)
+					return
+				}
+				if lent {
+					when := make([]byte, sp.N)
+					if _, err := sp.ReadAt(when); err != nil {
+						t.Error(err)
+					}
+					lentCh <- lentSpan{sp, when}
+				}
+				off += int64(n)
+			}
+		}()
+	}
+	readers.Wait()
+	close(lentCh)
+	releaser.Wait()
+	close(stop)
+	appender.Wait()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if spans == 0 {
+		t.Error("no read was lent")
+	}
+	t.Logf("%d spans lent", spans)
+	if got := countFDs(t); got != fds {
+		t.Errorf("%d fds after Close, %d before", got, fds)
+	}
 }

@@ -1,0 +1,190 @@
+package perfio
+
+import (
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// pollerWithPipe returns a poller whose set holds the read end of a pipe
+// (level-triggered, as a ring fd is added) besides its eventfd, and the
+// pipe's write end.
+func pollerWithPipe(t *testing.T) (*poller, int, int) {
+	t.Helper()
+	p, err := newPoller()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.close() })
+	var pfd [2]int
+	if err := unix.Pipe2(pfd[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(pfd[0]); unix.Close(pfd[1]) })
+	if err := p.add(pfd[0]); err != nil {
+		t.Fatal(err)
+	}
+	return p, pfd[0], pfd[1]
+}
+
+// timedWait runs p.wait(d) and returns how long it took.
+func timedWait(t *testing.T, p *poller, d time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if err := p.wait(d); err != nil {
+		t.Fatalf("wait(%v): %v", d, err)
+	}
+	return time.Since(start)
+}
+
+// TestPollerWait checks the wait in the netpoller over the level-triggered
+// set: it sleeps its whole time when nothing is ready; an fd made ready
+// while it sleeps, or before it starts (while the reader drains), ends it
+// at once; an fd left ready keeps ending every wait (the netpoller's edge
+// is only a hint, the raw look decides); a wake does the same until reset.
+func TestPollerWait(t *testing.T) {
+	p, rd, wr := pollerWithPipe(t)
+	const long = 5 * time.Second
+	write := func() {
+		if _, err := unix.Write(wr, []byte{1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	consume := func() {
+		var b [16]byte
+		unix.Read(rd, b[:])
+	}
+
+	if d := timedWait(t, p, 30*time.Millisecond); d < 25*time.Millisecond || d > 2*time.Second {
+		t.Errorf("idle wait of 30ms took %v", d)
+	}
+	if d := timedWait(t, p, 0); d > time.Second {
+		t.Errorf("wait(0) took %v", d)
+	}
+
+	// Ready while the wait sleeps.
+	go func() { time.Sleep(20 * time.Millisecond); write() }()
+	if d := timedWait(t, p, long); d > 2*time.Second {
+		t.Errorf("a pipe made ready during the wait ended it after %v", d)
+	}
+	// Left ready: every later wait returns at once.
+	for i := range 3 {
+		if d := timedWait(t, p, long); d > 2*time.Second {
+			t.Errorf("wait %d over an fd left ready took %v", i, d)
+		}
+	}
+	consume()
+	if d := timedWait(t, p, 30*time.Millisecond); d < 25*time.Millisecond {
+		t.Errorf("wait over a drained pipe ended after %v", d)
+	}
+
+	// Ready between two waits: the netpoller's readiness came while no
+	// one waited; the next wait sees the fd.
+	write()
+	time.Sleep(10 * time.Millisecond)
+	if d := timedWait(t, p, long); d > 2*time.Second {
+		t.Errorf("a pipe made ready before the wait ended it after %v", d)
+	}
+	consume()
+
+	// Many rounds of ready-during-wait: none missed.
+	for i := range 50 {
+		go func() { time.Sleep(time.Millisecond); write() }()
+		if d := timedWait(t, p, long); d > 2*time.Second {
+			t.Fatalf("round %d: wakeup missed, wait took %v", i, d)
+		}
+		consume()
+	}
+
+	// A wake ends every wait until reset.
+	if err := p.wake(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if d := timedWait(t, p, long); d > 2*time.Second {
+			t.Errorf("wait %d after a wake took %v", i, d)
+		}
+	}
+	p.reset()
+	if d := timedWait(t, p, 30*time.Millisecond); d < 25*time.Millisecond {
+		t.Errorf("wait after reset ended after %v", d)
+	}
+}
+
+// TestPollerCloseDuringWait: closing the poller while a wait sleeps ends
+// the wait at once with an error (never a hang, never a look at a closed or
+// reused fd), and a wake after close does nothing.
+func TestPollerCloseDuringWait(t *testing.T) {
+	p, _, _ := pollerWithPipe(t)
+	done := make(chan error, 1)
+	go func() { done <- p.wait(10 * time.Second) }()
+	for start := time.Now(); !inPollerWait(p); time.Sleep(time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("the wait never parked in the netpoller")
+		}
+	}
+	if err := p.close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a wait ended by close returned no error")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("close did not end the wait")
+	}
+	if err := p.wake(); err != nil {
+		t.Errorf("wake after close: %v", err)
+	}
+	if err := p.close(); err != nil {
+		t.Errorf("second close: %v", err)
+	}
+}
+
+// TestPollerWaitNoAlloc: a wait allocates nothing, whether an fd is ready,
+// the time is up or it only looks (d <= 0): the reader waits once a pass.
+func TestPollerWaitNoAlloc(t *testing.T) {
+	p, _, _ := pollerWithPipe(t)
+	if err := p.wake(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []time.Duration{time.Second, 0, -time.Second} {
+		if a := testing.AllocsPerRun(50, func() { p.wait(d) }); a != 0 {
+			t.Errorf("wait(%v) with an fd ready: %v allocations", d, a)
+		}
+	}
+	p.reset()
+	if a := testing.AllocsPerRun(5, func() { p.wait(time.Millisecond) }); a != 0 {
+		t.Errorf("wait that times out: %v allocations", a)
+	}
+}
+
+// TestPollerWoken: woken tells a wait that saw a wake, once, and clears the
+// wake with it; a ring fd that ended the wait is no wake.
+func TestPollerWoken(t *testing.T) {
+	p, rd, wr := pollerWithPipe(t)
+	if _, err := unix.Write(wr, []byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	timedWait(t, p, time.Second)
+	if p.woken() {
+		t.Error("woken after a wait that only a ring fd ended")
+	}
+	var b [1]byte
+	unix.Read(rd, b[:])
+	if err := p.wake(); err != nil {
+		t.Fatal(err)
+	}
+	timedWait(t, p, time.Second)
+	if !p.woken() {
+		t.Error("not woken after a wait that a wake ended")
+	}
+	if p.woken() {
+		t.Error("woken twice for one wake")
+	}
+	if d := timedWait(t, p, 30*time.Millisecond); d < 25*time.Millisecond {
+		t.Errorf("wait after woken ended after %v: the wake was not cleared", d)
+	}
+}
