@@ -316,7 +316,7 @@ func (d *Decoder) kernel() (why int) {
 		for nb == 0 && tnt == tipNone {
 			// Nothing pending: the next packet, as chain's and run's
 			// read-ahead takes it; what to do with it from its first
-			// byte, one load (fastOps).
+			// byte, one load (onOps).
 			if pos > len(buf)-16 {
 				// Packets are read from 16-byte windows, as the
 				// packet decoder's fast loop reads them; the last
@@ -324,7 +324,7 @@ func (d *Decoder) kernel() (why int) {
 				goto out
 			}
 			c := buf[pos]
-			op := fastOps[opsTiming|opsOn][c]
+			op := onOps[c]
 			// The commonest two, TNT.8 and TIP, are tested first: a
 			// conditional branch follows the flow's history (which
 			// block comes before, which packet after), where a jump
@@ -787,7 +787,7 @@ func (w *pgdWalk) push(ret uint64) bool {
 	return true
 }
 
-// Packet actions by first byte (fastOps): the fast loop's dispatch.
+// Packet actions by first byte (opsTable): the fast loop's dispatch.
 const (
 	opOther uint8 = iota // the slow path's
 	opPad
@@ -801,56 +801,55 @@ const (
 	opPGE
 )
 
-// fastOps' index bits: timing packets are skipped (no clock sees them),
-// tracing is on.
-const (
-	opsTiming = 1
-	opsOn     = 2
-)
-
-// fastOps maps a packet's first byte to its action, by whether tracing is
-// on (opsOn) and no clock sees timing packets (opsTiming): off, only a
-// TIP.PGE is the fast path's; on, a TIP.PGE is not.
-var fastOps = func() (t [4][256]uint8) {
-	for k := range t {
-		timing, on := k&opsTiming != 0, k&opsOn != 0
-		for i := range 256 {
-			c, op := uint8(i), opOther
-			switch {
-			case c == 0:
-				op = opPad
-			case timing && c == 0x59:
-				op = opMTC
-			case timing && c == 0x19:
-				op = opTSC
-			case timing && c&7 == 3:
-				op = opCYC
-			case !on:
-				if c&0x1f == 0x11 {
-					op = opPGE
-				}
-			case c&1 == 0 && c != 2:
-				op = opTNT8
-			case c == 2:
-				op = opExt
-			case c&0x1f == 0x0d:
-				op = opTIP
-			case c&0x1f == 0x01:
-				op = opPGD
+// opsTable maps a packet's first byte to its action. With timing, MTC,
+// TSC and a one-byte CYC have their own actions (skipped when no clock
+// sees them), else they are the slow path's; off, only a TIP.PGE is the
+// fast path's, on, a TIP.PGE is not.
+func opsTable(timing, on bool) (t [256]uint8) {
+	for i := range 256 {
+		c, op := uint8(i), opOther
+		switch {
+		case c == 0:
+			op = opPad
+		case timing && c == 0x59:
+			op = opMTC
+		case timing && c == 0x19:
+			op = opTSC
+		case timing && c&7 == 3:
+			op = opCYC
+		case !on:
+			if c&0x1f == 0x11 {
+				op = opPGE
 			}
-			t[k][i] = op
+		case c&1 == 0 && c != 2:
+			op = opTNT8
+		case c == 2:
+			op = opExt
+		case c&0x1f == 0x0d:
+			op = opTIP
+		case c&0x1f == 0x01:
+			op = opPGD
 		}
+		t[i] = op
 	}
 	return t
-}()
+}
 
-// offOps returns the fast loop's table of packet actions (fastOps) while
-// tracing is off (the kernel, tracing on, tests the clock itself).
+// onOps is the kernel's table (tracing on): it tests the clock itself
+// before it skips a timing packet.
+var onOps = opsTable(true, true)
+
+// offTables are fastLoop's tables while tracing is off, by whether timing
+// packets are skipped (no clock sees them).
+var offTables = [2][256]uint8{opsTable(false, false), opsTable(true, false)}
+
+// offOps returns the fast loop's table of packet actions while tracing is
+// off.
 func (d *Decoder) offOps() *[256]uint8 {
 	if d.clock == nil {
-		return &fastOps[opsTiming]
+		return &offTables[1]
 	}
-	return &fastOps[0]
+	return &offTables[0]
 }
 
 // skipPad returns the position of the first packet at or after pos that is
