@@ -225,7 +225,10 @@ type RecordWriter struct {
 	// the fraction when timed, appendProcess and "\n"; "" until made.
 	// secBase is the time the seconds' text stands for (SEC * 1e9), so
 	// that a time of the same second is its fraction by a subtraction.
-	end     []byte
+	end []byte
+	// fracAt is where in end the fraction's nine digits are (0 when
+	// untimed), kept so that a line does not add the parts' lengths.
+	fracAt  int
 	tid     int32
 	cpu     int32
 	timed   bool
@@ -269,7 +272,8 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	// One check of the room for the longest line of this event: the
 	// number's 20 digits, the kept texts and the argument list's longest
 	// (other arguments make their own room).
-	need := len("record ") + 20 + len(e.head) + listRoom(r.N) + len(w.end) + lineSlack
+	room := listRoom(r.N) // once: each use is a max and its branch
+	need := len("record ") + 20 + len(e.head) + room + len(w.end) + lineSlack
 	if !e.plain {
 		need = len("record ") + 20 + len(e.head) + lineSlack
 	}
@@ -280,7 +284,7 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	l := len(dst)
 	l += copy(dst[l:l+len(e.head)], e.head)
 	if e.plain {
-		l += putList(dst[l:l+listRoom(r.N)], r.Args[:r.N])
+		l += putList(dst[l:l+room], r.Args[:r.N])
 	} else {
 		dst = appendArgs(dst[:l], r)
 		l = len(dst)
@@ -290,10 +294,9 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	}
 	dst = dst[:l+len(w.end)]
 	copy(dst[l:], w.end)
-	if w.timed {
-		// The fraction's nine digits follow the seconds' text.
+	if w.fracAt != 0 {
 		f := uint32(r.Time - w.secBase)
-		b := dst[l+1+len(w.thread)+len(w.secTxt):]
+		b := dst[l+w.fracAt:]
 		b[0] = byte('0' + f/1e8)
 		binary.LittleEndian.PutUint64(b[1:9], digits8(f%1e8)|ascii8)
 	}
@@ -320,8 +323,11 @@ func (w *RecordWriter) setEnd(r *Record) {
 	}
 	w.pid, w.comm = r.PID, r.Comm
 	w.end = append(append(w.end[:0], ']'), w.thread...)
+	w.fracAt = 0
 	if w.timed {
-		w.end = append(append(w.end, w.secTxt...), "000000000"...)
+		w.end = append(w.end, w.secTxt...)
+		w.fracAt = len(w.end)
+		w.end = append(w.end, "000000000"...)
 	}
 	w.end = append(append(w.end, w.proc...), '\n')
 }
