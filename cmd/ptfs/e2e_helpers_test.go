@@ -30,17 +30,24 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// needKernel skips unless the test can mount FUSE and install uprobes.
+// needKernel skips unless the test can mount FUSE, install uprobes and
+// build the traced programs.
 func needKernel(t testing.TB) {
+	t.Helper()
+	needFUSE(t)
+	if _, err := exec.LookPath("gcc"); err != nil {
+		testkit.Unavailable(t, "needs gcc to build the traced programs")
+	}
+}
+
+// needFUSE skips unless the test can mount FUSE and install uprobes.
+func needFUSE(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		testkit.Unavailable(t, "needs root for FUSE mounts and uprobes")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		testkit.Unavailable(t, "needs /dev/fuse")
-	}
-	if _, err := exec.LookPath("gcc"); err != nil {
-		testkit.Unavailable(t, "needs gcc to build the traced programs")
 	}
 }
 
