@@ -660,17 +660,10 @@ func TestBranches(t *testing.T) {
 	}
 	// Release reaches the engine after close; the kernel sends it
 	// asynchronously, late on a loaded machine.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.WaitFor(t, 10*time.Second, "branches opened and closed once", func() (string, bool) {
 		opened, closed := pt.branchCounts()
-		if opened == 1 && closed == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("branches opened %d closed %d times, want 1 and 1", opened, closed)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Sprintf("opened %d, closed %d times", opened, closed), opened == 1 && closed == 1
+	})
 }
 
 // readPos returns the file position of process pid in path, or -1 while

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"ptfs/internal/testkit"
 	"ptfs/stream"
 )
 
@@ -135,15 +136,10 @@ func TestReadSpliced(t *testing.T) {
 	if err := tg.records.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for start := time.Now(); ; time.Sleep(time.Millisecond) {
+	testkit.WaitFor(t, 5*time.Second, "spill files closed after Close (a span never released)", func() (string, bool) {
 		open := fdsUnder(t, dir)
-		if len(open) == 0 {
-			break
-		}
-		if time.Since(start) > 5*time.Second {
-			t.Fatalf("spill files still open after Close: %v (a span never released)", open)
-		}
-	}
+		return fmt.Sprint(open), len(open) == 0
+	})
 }
 
 // fdsUnder returns this process's descriptors open on files in dir.

@@ -518,24 +518,17 @@ func waitAccounted(t *testing.T, c *Classic, col *collector, n uint64) ClassicSt
 // wrote into c's rings.
 func waitRingsEmpty(t *testing.T, c *Classic) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		empty := true
+	testkit.WaitFor(t, 5*time.Second, "the rings emptied", func() (string, bool) {
 		c.mu.Lock()
+		defer c.mu.Unlock()
 		for _, cr := range c.cpus {
 			p := (*unix.PerfEventMmapPage)(unsafe.Pointer(&cr.mem[0]))
-			if atomic.LoadUint64(&p.Data_head) != atomic.LoadUint64(&p.Data_tail) {
-				empty = false
+			if head, tail := atomic.LoadUint64(&p.Data_head), atomic.LoadUint64(&p.Data_tail); head != tail {
+				return fmt.Sprintf("a ring holds %d bytes", head-tail), false
 			}
 		}
-		c.mu.Unlock()
-		if empty {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("rings not emptied within 5s")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return "", true
+	})
 }
 
 // TestClassicRate checks that the default ring loses nothing with a steady
@@ -825,18 +818,21 @@ func TestClassicErrors(t *testing.T) {
 	}
 }
 
-// inPollerWait tells whether a goroutine is parked in p's wait: in the
-// netpoller ("IO wait") under (*poller).wait with p as its receiver.
-func inPollerWait(p *poller) bool {
+// waitInPollerWait waits (at most 5 s) until a goroutine is parked in p's
+// wait: in the netpoller ("IO wait") under (*poller).wait with p as its
+// receiver.
+func waitInPollerWait(t *testing.T, p *poller) {
+	t.Helper()
 	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
 	frame := []byte(fmt.Sprintf("perfio.(*poller).wait(%p", p))
-	for _, g := range bytes.Split(buf, []byte("\n\n")) {
-		if bytes.Contains(g, []byte("[IO wait")) && bytes.Contains(g, frame) {
-			return true
+	testkit.WaitFor(t, 5*time.Second, "a wait parked in the netpoller", func() (string, bool) {
+		for _, g := range bytes.Split(buf[:runtime.Stack(buf, true)], []byte("\n\n")) {
+			if bytes.Contains(g, []byte("[IO wait")) && bytes.Contains(g, frame) {
+				return "", true
+			}
 		}
-	}
-	return false
+		return "", false
+	})
 }
 
 // TestClassicCloseWakes checks that Close wakes the idle reader at once
@@ -854,11 +850,7 @@ func TestClassicCloseWakes(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 		// Close once the reader is asleep in its idle wait.
-		for wait := time.Now(); !inPollerWait(c.poll); time.Sleep(time.Millisecond) {
-			if time.Since(wait) > 5*time.Second {
-				t.Fatal("the reader never waited in its poller")
-			}
-		}
+		waitInPollerWait(t, c.poll)
 		delays := testkit.RunDelays()
 		start := time.Now()
 		if err := c.Close(); err != nil {

@@ -38,21 +38,10 @@ func copyFile(t *testing.T, src, dst string) {
 	}
 }
 
-// waitFor polls cond until it holds, failing the test after 5 s with what
-// and the last text cond saw.
+// waitFor waits (at most 5 s) until cond holds (testkit.WaitFor).
 func waitFor(t *testing.T, what string, cond func() (string, bool)) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		text, ok := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last seen:\n%s", what, text)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 5*time.Second, what, cond)
 }
 
 // fileLine is the probe file's line naming the file at path.

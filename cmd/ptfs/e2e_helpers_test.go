@@ -30,17 +30,24 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// needKernel skips unless the test can mount FUSE and install uprobes.
+// needKernel skips unless the test can mount FUSE, install uprobes and
+// build the traced programs.
 func needKernel(t testing.TB) {
+	t.Helper()
+	needFUSE(t)
+	if _, err := exec.LookPath("gcc"); err != nil {
+		testkit.Unavailable(t, "needs gcc to build the traced programs")
+	}
+}
+
+// needFUSE skips unless the test can mount FUSE and install uprobes.
+func needFUSE(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		testkit.Unavailable(t, "needs root for FUSE mounts and uprobes")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		testkit.Unavailable(t, "needs /dev/fuse")
-	}
-	if _, err := exec.LookPath("gcc"); err != nil {
-		testkit.Unavailable(t, "needs gcc to build the traced programs")
 	}
 }
 
@@ -281,19 +288,18 @@ func (m *mountProc) waitLines(n int, parts ...string) []string {
 // a hang.
 const kernelWait = 30 * time.Second
 
-// waitUntil polls cond until it holds and fails the test after kernelWait
-// with what and the text cond returned last.
+// waitUntil waits (at most kernelWait) until cond holds; a failure shows
+// the mount's log too.
 func (m *mountProc) waitUntil(what string, cond func() (string, bool)) {
 	m.t.Helper()
-	for deadline := time.Now().Add(kernelWait); ; time.Sleep(20 * time.Millisecond) {
-		text, ok := cond()
-		if ok {
-			return
+	held := false
+	defer func() {
+		if !held { // Fatalf ends the goroutine through here
+			m.t.Logf("the mount's log:\n%s", m.log)
 		}
-		if time.Now().After(deadline) {
-			m.t.Fatalf("%s: not within %v:\n%s\n%s", what, kernelWait, text, m.log)
-		}
-	}
+	}()
+	testkit.WaitFor(m.t, kernelWait, what, cond)
+	held = true
 }
 
 // waitStatus waits until the status file of target (the root's for "")

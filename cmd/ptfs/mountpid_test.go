@@ -13,7 +13,6 @@ import (
 
 	"ptfs/bind"
 	ptfsfs "ptfs/fs"
-	"ptfs/internal/testkit"
 	"ptfs/session"
 	"ptfs/tracefs"
 )
@@ -76,12 +75,7 @@ func ptfsMountAt(t *testing.T, dir string) (ptfsMount, bool) {
 // PID's owner is alive (its claim): a new mount detaches it and may mount
 // over its directory, and leaves this process's own mount alone.
 func TestDeadMountOfOwnPID(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testkit.Unavailable(t, "needs root for FUSE mounts and uprobes")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		testkit.Unavailable(t, "needs /dev/fuse")
-	}
+	needFUSE(t)
 	// The session claims this PID, as a ptfs's does: OwnerAlive(self) is
 	// true, which alone kept the dead mount before.
 	s, err := session.New(session.Options{})

@@ -296,3 +296,18 @@ func MaxWaitSince(before map[string]time.Duration) time.Duration {
 	}
 	return longest
 }
+
+// WaitFor polls cond until it holds and fails the test after limit with
+// what and the text cond returned last.
+func WaitFor(t testing.TB, limit time.Duration, what string, cond func() (string, bool)) {
+	t.Helper()
+	for deadline := time.Now().Add(limit); ; time.Sleep(10 * time.Millisecond) {
+		text, ok := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v; last seen:\n%s", what, limit, text)
+		}
+	}
+}
