@@ -273,9 +273,9 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	// number's 20 digits, the kept texts and the argument list's longest
 	// (other arguments make their own room).
 	room := listRoom(r.N) // once: each use is a max and its branch
-	need := len("record ") + 20 + len(e.head) + room + len(w.end) + lineSlack
-	if !e.plain {
-		need = len("record ") + 20 + len(e.head) + lineSlack
+	need := len("record ") + 20 + len(e.head) + lineSlack
+	if e.plain {
+		need += room + len(w.end)
 	}
 	if cap(dst)-len(dst) < need {
 		dst = slices.Grow(dst, need)
