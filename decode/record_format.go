@@ -227,11 +227,11 @@ type RecordWriter struct {
 	// that a time of the same second is its fraction by a subtraction.
 	end []byte
 	// fracAt is where in end the fraction's nine digits are (0 when
-	// untimed), kept so that a line does not add the parts' lengths.
+	// untimed, so it also tells whether end is timed), kept so that a
+	// line does not add the parts' lengths.
 	fracAt  int
 	tid     int32
 	cpu     int32
-	timed   bool
 	secBase uint64
 	pid     int32
 	comm    string
@@ -265,7 +265,7 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	}
 	// Comm by pointer: a source names a run of records with one cached
 	// string (another string of the same name only remakes end).
-	if frac := r.Time - w.secBase; frac >= 1e9 || r.TID != w.tid || r.CPU != w.cpu || (r.Time != 0) != w.timed ||
+	if frac := r.Time - w.secBase; frac >= 1e9 || r.TID != w.tid || r.CPU != w.cpu || (r.Time != 0) != (w.fracAt != 0) ||
 		r.PID != w.pid || len(r.Comm) != len(w.comm) || unsafe.StringData(r.Comm) != unsafe.StringData(w.comm) || len(w.end) == 0 {
 		w.setEnd(r)
 	}
@@ -273,9 +273,9 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	// number's 20 digits, the kept texts and the argument list's longest
 	// (other arguments make their own room).
 	room := listRoom(r.N) // once: each use is a max and its branch
-	need := len("record ") + 20 + len(e.head) + room + len(w.end) + lineSlack
-	if !e.plain {
-		need = len("record ") + 20 + len(e.head) + lineSlack
+	need := len("record ") + 20 + len(e.head) + lineSlack
+	if e.plain {
+		need += room + len(w.end)
 	}
 	if cap(dst)-len(dst) < need {
 		dst = slices.Grow(dst, need)
@@ -310,8 +310,9 @@ func (w *RecordWriter) setEnd(r *Record) {
 		w.tid, w.cpu = r.TID, r.CPU
 		w.thread = appendThread(w.thread[:0], r.TID, r.CPU)
 	}
-	w.timed, w.secBase = r.Time != 0, 0
-	if w.timed {
+	timed := r.Time != 0
+	w.secBase = 0
+	if timed {
 		sec := r.Time / 1e9
 		if w.secBase = sec * 1e9; w.secBase != w.secShown || len(w.secTxt) == 0 {
 			w.secShown = w.secBase
@@ -324,7 +325,7 @@ func (w *RecordWriter) setEnd(r *Record) {
 	w.pid, w.comm = r.PID, r.Comm
 	w.end = append(append(w.end[:0], ']'), w.thread...)
 	w.fracAt = 0
-	if w.timed {
+	if timed {
 		w.end = append(w.end, w.secTxt...)
 		w.fracAt = len(w.end)
 		w.end = append(w.end, "000000000"...)

@@ -152,7 +152,7 @@ func (r *Reader) read(p []byte, off int64, span *Span) (int, error) {
 		k := int(min(int64(len(p)), c.end()-r.pos))
 		if span != nil && int64(k) == c.end()-r.pos {
 			// To the chunk's end, a line end: lent, not copied.
-			*span = Span{Fd: s.file.Fd(), Off: int64(c.slot)*int64(s.chunkSize) + r.pos - c.off, N: k,
+			*span = Span{Fd: s.file.Fd(), Off: s.fileOff(&c, r.pos), N: k,
 				s: s, l: s.lend(c.slot), slot: c.slot}
 			r.pos, r.line, r.midLine = c.end(), c.line+c.lines, false
 			r.trimPast()
@@ -164,7 +164,7 @@ func (r *Reader) read(p []byte, off int64, span *Span) (int, error) {
 		// then make sure it was not discarded (its slot reused) meanwhile.
 		at, gen, f := r.pos, s.gen, s.file
 		s.mu.Unlock()
-		n, err := f.ReadAt(p[:k], int64(c.slot)*int64(s.chunkSize)+at-c.off)
+		n, err := f.ReadAt(p[:k], s.fileOff(&c, at))
 		s.mu.Lock()
 		if s.gen != gen || s.start > at || r.closed || s.closed {
 			s.mu.Unlock()
@@ -301,7 +301,7 @@ func (s *Stream) copyAt(p []byte, off int64) int {
 	}
 	c := s.chunks[s.chunkAt(off)]
 	k := int(min(int64(len(p)), c.end()-off))
-	n, _ := s.file.ReadAt(p[:k], int64(c.slot)*int64(s.chunkSize)+off-c.off)
+	n, _ := s.file.ReadAt(p[:k], s.fileOff(&c, off))
 	return n
 }
 

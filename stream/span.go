@@ -25,9 +25,10 @@ type Span struct {
 
 // lent counts the spans of one spill file that are not yet released.
 type lent struct {
-	file  *os.File
-	slots map[int]int // slot: spans of it
-	n     int         // spans in all
+	file *os.File
+	// slots counts the spans of each slot lent; a slot none holds is
+	// deleted, so that the spans in all are none when it is empty.
+	slots map[int]int
 	// held are slots discarded while lent: freed at their last release.
 	held []int
 	// gone: the Stream let go of the file (Truncate, Close); it is closed
@@ -42,7 +43,6 @@ func (s *Stream) lend(slot int) *lent {
 		s.lent = &lent{file: s.file, slots: map[int]int{}}
 	}
 	s.lent.slots[slot]++
-	s.lent.n++
 	return s.lent
 }
 
@@ -62,7 +62,7 @@ func (s *Stream) lentSlot(slot int) bool {
 // it stays open until the last span is released, and the next spill makes
 // a new file. Called with mu held.
 func (s *Stream) letGo() bool {
-	if s.lent == nil || s.lent.n == 0 {
+	if s.lent == nil || len(s.lent.slots) == 0 {
 		s.lent = nil
 		return true
 	}
@@ -94,7 +94,6 @@ func (sp *Span) Release() {
 	sp.l = nil
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l.n--
 	if l.slots[sp.slot]--; l.slots[sp.slot] == 0 {
 		delete(l.slots, sp.slot)
 		if i := slices.Index(l.held, sp.slot); i >= 0 {
@@ -104,7 +103,7 @@ func (sp *Span) Release() {
 			}
 		}
 	}
-	if l.gone && l.n == 0 {
+	if l.gone && len(l.slots) == 0 {
 		// Only read since the Stream let go of it: nothing to lose.
 		_ = l.file.Close()
 	}

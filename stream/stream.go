@@ -119,6 +119,11 @@ type chunk struct {
 
 func (c *chunk) end() int64 { return c.off + int64(c.n) }
 
+// fileOff returns where stream offset off of chunk c is in the spill file.
+func (s *Stream) fileOff(c *chunk, off int64) int64 {
+	return int64(c.slot)*int64(s.chunkSize) + off - c.off
+}
+
 // New returns an empty Stream. It makes no file until the first chunk is
 // full.
 func New(o Options) *Stream {
@@ -398,7 +403,7 @@ func (s *Stream) discard(unspilled bool) {
 			// A reader that stopped just before a line's '\n' has read
 			// the line: it is owed the '\n', not told it lost the line.
 			var nl [1]byte
-			if n, _ := s.file.ReadAt(nl[:], int64(c.slot)*int64(s.chunkSize)+r.pos-c.off); n == 1 && nl[0] == '\n' {
+			if n, _ := s.file.ReadAt(nl[:], s.fileOff(&c, r.pos)); n == 1 && nl[0] == '\n' {
 				r.pos++
 				r.line++
 				r.owedNL = true
