@@ -34,8 +34,7 @@ func (s *slab[T]) take(lo, hi int) *T {
 // copy returns a copy of src in the next elements.
 func (s *slab[T]) copy(src []T, lo, hi int) []T {
 	out := s.room(len(src), lo, hi)[:len(src):len(src)]
-	copy(out, src)
-	s.off += len(src)
+	s.used(copy(out, src))
 	return out
 }
 
