@@ -75,17 +75,26 @@ func tracefsDir(t testing.TB) string {
 	return "/sys/kernel/tracing"
 }
 
-// uprobeLines returns the lines of uprobe_events that contain substr.
+// uprobeLines returns the lines of uprobe_events that contain substr. The
+// kernel hands the file out a page per read, each page from the line at
+// its index, so a line that another process removes meanwhile moves the
+// rest up and one read misses a line (or, with one added, shows one
+// twice): as tracefs.AddProbe does, the file is read more than once, and
+// the lines any read showed are returned once each, in order.
 func uprobeLines(t testing.TB, substr string) []string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(tracefsDir(t), "uprobe_events"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []string
-	for _, l := range strings.Split(string(data), "\n") {
-		if l != "" && strings.Contains(l, substr) {
-			out = append(out, l)
+	seen := map[string]bool{}
+	for range 3 {
+		data, err := os.ReadFile(filepath.Join(tracefsDir(t), "uprobe_events"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(data), "\n") {
+			if l != "" && strings.Contains(l, substr) && !seen[l] {
+				seen[l] = true
+				out = append(out, l)
+			}
 		}
 	}
 	return out
