@@ -130,7 +130,6 @@ type Classic struct {
 	// in its CPU's raw queue, decoded only as it is released (held).
 	merge  engine.Merger[held]
 	raw    []rawQueue
-	hs     []held // the batch being released
 	closed bool
 	// comms names the processes of the records: the task rings' COMM and
 	// EXIT records keep it current, applied in time order as records are
@@ -897,46 +896,56 @@ const maxBatch = 1024
 // that watermark releases, up to maxBatch (more: there may be others):
 // each decoded from its bytes into out's slot (whose string storage is
 // reused), named after its process and dropped when its event's Filter
-// rejects it (counted, not a loss). The task events up to each record's
-// time are applied first, and after the last record those up to
-// watermark: every record stamped before it has been released.
+// rejects it (counted, not a loss). The merge's runs are read where they
+// are held (engine.Merger.TakeRun), not copied into a batch first. The
+// task events up to each record's time are applied first, and after the
+// last record those up to watermark: every record stamped before it has
+// been released.
 func (c *Classic) releaseLocked(watermark uint64, out []decode.Record) (_ []decode.Record, more bool) {
-	c.hs = c.merge.ReleaseN(watermark, c.hs[:0], maxBatch)
-	more = len(c.hs) == maxBatch
-	n := len(out)
-	out = slices.Grow(out, len(c.hs))[:n+len(c.hs)]
+	n, taken := len(out), 0
+	// Room for a whole batch once, not per run: the storage is reused.
+	out = slices.Grow(out, maxBatch)
 	var s sample
-	for i := range c.hs {
-		h := &c.hs[i]
-		r := &out[n]
-		// Both checked when the sample was queued; only an argument
-		// beyond the raw data fails here.
-		if err := parseSample(c.raw[h.q].take(h.n), &s); err != nil {
-			c.errs.Add(1)
-			continue
+	for taken < maxBatch {
+		run := c.merge.TakeRun(watermark, maxBatch-taken)
+		if len(run) == 0 {
+			break
 		}
-		if ce := h.ev; ce.words != nil && len(s.raw) >= ce.wordsEnd {
-			fillWords(ce.ev, ce.words, &s, r)
-		} else if err := fillRecord(ce.ev, &s, r); err != nil {
-			c.errs.Add(1)
-			continue
+		taken += len(run)
+		out = out[:n+len(run)]
+		for i := range run {
+			h := &run[i].V
+			r := &out[n]
+			// Both checked when the sample was queued; only an argument
+			// beyond the raw data fails here.
+			if err := parseSample(c.raw[h.q].take(h.n), &s); err != nil {
+				c.errs.Add(1)
+				continue
+			}
+			if ce := h.ev; ce.words != nil && len(s.raw) >= ce.wordsEnd {
+				fillWords(ce.ev, ce.words, &s, r)
+			} else if err := fillRecord(ce.ev, &s, r); err != nil {
+				c.errs.Add(1)
+				continue
+			}
+			if len(c.tasks) > 0 {
+				c.applyTasks(r.Time)
+			}
+			// The cache's answer inline (a call per record cost a fifth
+			// of the naming); commMiss only when it has none.
+			comm, ok := c.comms.Cached(r.PID)
+			if !ok {
+				comm = c.commMiss(r.PID)
+			}
+			r.Comm = comm
+			if f := &r.Event.Filter; f.Active() && !f.Match(r.PID, r.Comm) {
+				c.filtered.Add(1)
+				continue
+			}
+			n++
 		}
-		if len(c.tasks) > 0 {
-			c.applyTasks(r.Time)
-		}
-		// The cache's answer inline (a call per record cost a fifth
-		// of the naming); commMiss only when it has none.
-		comm, ok := c.comms.Cached(r.PID)
-		if !ok {
-			comm = c.commMiss(r.PID)
-		}
-		r.Comm = comm
-		if f := &r.Event.Filter; f.Active() && !f.Match(r.PID, r.Comm) {
-			c.filtered.Add(1)
-			continue
-		}
-		n++
 	}
+	more = taken == maxBatch
 	if !more {
 		c.applyTasks(watermark)
 	}
