@@ -290,4 +290,13 @@ func TestDeliverLineCount(t *testing.T) {
 	if n := uint64(bytes.Count(got, []byte("\nrecord "))) + 1; n+st.Discarded != batches*perBatch || !bytes.HasPrefix(got, []byte("record ")) {
 		t.Errorf("%d record lines readable + %d discarded, want %d records; the window after the gap: %.80q", n, st.Discarded, batches*perBatch, got)
 	}
+	// The lines kept are AppendRecord's, numbered on from the discarded.
+	var want []byte
+	for k := st.Discarded; k < batches*perBatch; k++ {
+		r := decode.Record{Event: ev, N: 2, Args: [8]uint64{k, k * k * k}, TID: 7, CPU: 1, Time: k * 1e3, PID: 7, Comm: "t"}
+		want = decode.AppendRecord(want, k+1, &r)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("the window's %d bytes differ from the %d of its records' lines", len(got), len(want))
+	}
 }

@@ -203,6 +203,37 @@ func (t *Target) emit(r *decode.Record) {
 	}
 }
 
+// emitRun formats rs, the next records, all of one event, as emit does
+// each, but as many at once as the chunk's free space holds
+// (RecordWriter.AppendRun, up to maxEmit between commits); a record it
+// leaves (no room, an event whose line's length is not known before, the
+// spare buffer, or branches being traced in ptw mode) goes through emit.
+func (t *Target) emitRun(rs []decode.Record) {
+	for len(rs) > 0 {
+		k := 0
+		if t.inPlace && !t.brRecs {
+			// The capacity bounded so that a commit comes every maxEmit
+			// bytes: the run stops short of it by less than a line.
+			line := t.line[:len(t.line):min(cap(t.line), maxEmit+minInPlace)]
+			line, k = t.fmt.AppendRun(line, t.seq+1, rs)
+			t.line = t.line[:len(line)]
+		}
+		if k == 0 {
+			t.emit(&rs[0])
+			rs = rs[1:]
+			continue
+		}
+		t.seq += uint64(k)
+		t.cnt.Records += uint64(k)
+		t.lines += k
+		rs = rs[k:]
+		if len(t.line) >= maxEmit || cap(t.line)-len(t.line) < minInPlace {
+			t.recs.Commit(t.line, t.lines)
+			t.nextLines()
+		}
+	}
+}
+
 // nextLines makes line the buffer of the next lines: the free space of
 // the records stream's chunk, unless it is under minInPlace.
 func (t *Target) nextLines() {
