@@ -855,9 +855,10 @@ type held struct {
 // ring of bytes in which each batch copied in stays contiguous: one that
 // does not fit before the end of the buffer starts again at its front
 // (the bytes left at the end are skipped, up to wrap), so that a sample
-// is copied in once and never moved (a buffer compacted by moving what
-// is held moved as many bytes again as it took in). It grows by
-// doubling, copying what is held to the front of the new buffer.
+// held is never moved (a buffer compacted by moving what is held moved
+// as many bytes again as it took in; drainSamples moves a sample only
+// over a record of its batch that is not held). It grows by doubling,
+// copying what is held to the front of the new buffer.
 type rawQueue struct {
 	buf []byte
 	// The bytes held are [r, w) while wrap is 0; once the writes started
