@@ -303,6 +303,47 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	return dst
 }
 
+// AppendRun appends the lines of rs, numbered from seq on, as Append does
+// each, while dst's capacity holds them: it never grows dst, so that lines
+// formatted in place stay there. It returns dst and how many records it
+// appended: fewer than len(rs) when the next one may not fit (its room
+// bounded before its end is made: endRoom), or is of an event whose
+// arguments are not all unnamed whole u64 (whose line's length is not
+// known before it is written); the caller appends that one with Append.
+// A run of one event's records looks the event up once for the room.
+func (w *RecordWriter) AppendRun(dst []byte, seq uint64, rs []Record) ([]byte, int) {
+	var (
+		ev   *Event
+		base int // the line's room but for its arguments and end
+	)
+	for i := range rs {
+		r := &rs[i]
+		if r.Event != ev {
+			e := &w.cache[r.Event.ID&uint16(len(w.cache)-1)]
+			if e.ev != r.Event {
+				e.set(r.Event)
+			}
+			if !e.plain {
+				return dst, i
+			}
+			ev, base = r.Event, len("record ")+20+len(e.head)+lineSlack
+		}
+		if cap(dst)-len(dst) < base+listRoom(r.N)+endRoom(r) {
+			return dst, i
+		}
+		dst = w.Append(dst, seq+uint64(i), r)
+	}
+	return dst, len(rs)
+}
+
+// endRoom bounds the length of the text after r's arguments (setEnd): "]",
+// " tid=" and " cpu=" with ten digits each, " time=" with the seconds'
+// eleven and the fraction's nine, " pid=" with ten, " comm=" with each
+// byte of the name escaped to four, and the newline.
+func endRoom(r *Record) int {
+	return len("] tid= cpu= time=. pid= comm=\n") + 10 + 10 + 11 + 9 + 10 + 4*len(r.Comm)
+}
+
 // setEnd makes w.end the text after r's arguments, remaking only the
 // parts whose fields changed.
 func (w *RecordWriter) setEnd(r *Record) {

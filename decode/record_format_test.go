@@ -1,12 +1,15 @@
 package decode
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 func TestAppendRecord(t *testing.T) {
@@ -169,6 +172,69 @@ func TestRecordWriterRandom(t *testing.T) {
 	}
 	if string(buf[:7]) != "prefix " {
 		t.Errorf("the line before was overwritten: %q", buf[:7])
+	}
+}
+
+// TestAppendRun: runs of records of plain and other events, threads,
+// processes (names that escape to four bytes a byte) and extreme values,
+// into buffers of random free space: AppendRun writes AppendRecord's lines
+// of a prefix of each run, numbered on, never grows its buffer (lines
+// formatted in place stay there), stops only at an event that is not
+// plain or where the next line's bound does not fit, and a run whose
+// lines fit in full goes out whole. endRoom bounds every line's end.
+func TestAppendRun(t *testing.T) {
+	plainEv := &Event{ID: 0x101, Group: "ptfs_t", Name: "e", Args: make([]Arg, 8)}
+	other := &Event{ID: 0x6c2, Group: "ptfs_t", Name: "n", Args: []Arg{{Name: "a"}, {Type: S32}}}
+	rng := rand.New(rand.NewPCG(7, 8))
+	var w RecordWriter
+	seq := uint64(1)
+	for round := range 3000 {
+		rs := make([]Record, 1+rng.IntN(20))
+		for i := range rs {
+			ev := plainEv
+			if rng.IntN(30) == 0 {
+				ev = other
+			}
+			r := Record{Event: ev, N: rng.IntN(len(ev.Args) + 1), TID: rng.Int32N(3) - 1, CPU: rng.Int32N(3) - 1, Time: rng.Uint64() >> rng.IntN(64)}
+			switch rng.IntN(4) {
+			case 0:
+				r.TID, r.CPU, r.PID, r.Time = math.MaxInt32, math.MaxInt32, math.MaxInt32, math.MaxUint64
+				r.Comm = strings.Repeat("\x01", 16)
+			case 1:
+				r.PID, r.Comm = 4711, "t"
+			}
+			for k := range r.N {
+				r.Args[k] = rng.Uint64() >> rng.IntN(64)
+			}
+			rs[i] = r
+			if end := AppendRecord(nil, 1, &r); len(end)-bytes.LastIndexByte(end, ']') > endRoom(&r) {
+				t.Fatalf("record %+v: end %q longer than endRoom %d", r, end[bytes.LastIndexByte(end, ']'):], endRoom(&r))
+			}
+		}
+		buf := make([]byte, 5, 5+rng.IntN(3000))
+		copy(buf, "head ")
+		at, c := unsafe.SliceData(buf), cap(buf)
+		out, k := w.AppendRun(buf, seq, rs)
+		if unsafe.SliceData(out) != at || cap(out) != c {
+			t.Fatalf("round %d: the buffer grew", round)
+		}
+		var want []byte
+		for i := range rs[:k] {
+			want = AppendRecord(want, seq+uint64(i), &rs[i])
+		}
+		if string(out[5:]) != string(want) || string(out[:5]) != "head " {
+			t.Fatalf("round %d: %d lines\n got %q\nwant %q", round, k, out, want)
+		}
+		if k < len(rs) {
+			line := AppendRecord(nil, seq+uint64(k), &rs[k])
+			if rs[k].Event == plainEv && c-len(out) >= len("record ")+20+len(": event=ptfs_t/e id=0x101 args=[")+listRoom(rs[k].N)+endRoom(&rs[k])+lineSlack {
+				t.Fatalf("round %d: stopped at record %d with %d bytes free for a line of %d", round, k, c-len(out), len(line))
+			}
+		}
+		if big, n := w.AppendRun(make([]byte, 0, 1<<16), seq, rs); n != len(rs) && rs[n].Event == plainEv {
+			t.Fatalf("round %d: %d of %d plain lines in a buffer of %d bytes", round, n, len(rs), cap(big))
+		}
+		seq += uint64(len(rs))
 	}
 }
 

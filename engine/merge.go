@@ -23,18 +23,18 @@ type Merger[T any] struct {
 // writes after the last item and a take reads the first, so neither moves
 // the items held back (thousands in the classic reader's hold-back).
 type queue[T any] struct {
-	items []item[T] // the ring; its length is a power of two
+	items []Item[T] // the ring; its length is a power of two
 	first int       // index of the first pending item
 	n     int       // pending items
 }
 
 // at returns the i-th pending item of q.
-func (q *queue[T]) at(i int) *item[T] { return &q.items[(q.first+i)&(len(q.items)-1)] }
+func (q *queue[T]) at(i int) *Item[T] { return &q.items[(q.first+i)&(len(q.items)-1)] }
 
 // grow doubles the ring, keeping the pending items in order. The old
 // ring's slots (and the storage they own) are dropped with it.
 func (q *queue[T]) grow() {
-	items := make([]item[T], max(minQueue, 2*len(q.items)))
+	items := make([]Item[T], max(minQueue, 2*len(q.items)))
 	for i := range q.n {
 		items[i] = *q.at(i)
 	}
@@ -44,10 +44,10 @@ func (q *queue[T]) grow() {
 // minQueue is the first ring size of a queue.
 const minQueue = 64
 
-// item is one queued value and the time it is merged by.
-type item[T any] struct {
-	time uint64
-	v    T
+// Item is one queued value and the time it is merged by.
+type Item[T any] struct {
+	Time uint64
+	V    T
 }
 
 // NewMerger returns a merger of n queues holding at most max items for
@@ -73,8 +73,8 @@ func (m *Merger[T]) Push(q int, time uint64) *T {
 	it := qu.at(qu.n)
 	qu.n++
 	m.n++
-	it.time = time
-	return &it.v
+	it.Time = time
+	return &it.V
 }
 
 // Pending returns the number of items in all queues.
@@ -92,7 +92,7 @@ func (m *Merger[T]) Oldest() (time uint64, ok bool) {
 	if q < 0 {
 		return 0, false
 	}
-	return m.queues[q].items[m.queues[q].first].time, true
+	return m.queues[q].items[m.queues[q].first].Time, true
 }
 
 // Late returns how many items were taken out after a later one.
@@ -107,8 +107,8 @@ func (m *Merger[T]) head() int {
 	var bt uint64
 	for i := range m.queues {
 		q := &m.queues[i]
-		if q.n > 0 && (best < 0 || q.items[q.first].time < bt) {
-			best, bt = i, q.items[q.first].time
+		if q.n > 0 && (best < 0 || q.items[q.first].Time < bt) {
+			best, bt = i, q.items[q.first].Time
 		}
 	}
 	return best
@@ -119,15 +119,15 @@ func (m *Merger[T]) head() int {
 func (m *Merger[T]) take(qi int) *T {
 	q := &m.queues[qi]
 	it := &q.items[q.first]
-	if it.time < m.last {
+	if it.Time < m.last {
 		m.late++
 	} else {
-		m.last = it.time
+		m.last = it.Time
 	}
 	m.n--
 	q.n--
 	q.first = (q.first + 1) & (len(q.items) - 1)
-	return &it.v
+	return &it.V
 }
 
 // Release appends to out, in time order, the pending items whose time is
@@ -136,37 +136,58 @@ func (m *Merger[T]) take(qi int) *T {
 // position beyond its length, so storage that an item owns (a record's
 // Data) moves with it and is reused, never shared between a slot and out.
 func (m *Merger[T]) Release(watermark uint64, out []T) []T {
-	return m.ReleaseN(watermark, out, math.MaxInt)
-}
-
-// ReleaseN is Release of at most n items, for a reader that hands them on
-// in batches of a bounded size; what it leaves goes out with the next.
-// It takes runs: the earliest queue's items up to the head of the next
-// one go out without looking at the other queues again (one CPU's ring
-// has long runs of its own hits).
-func (m *Merger[T]) ReleaseN(watermark uint64, out []T, n int) []T {
-	for m.n > 0 && n > 0 {
-		best, until := m.run()
-		q := &m.queues[best]
-		for ; q.n > 0 && n > 0; n-- {
-			t := q.items[q.first].time
-			if t > until {
-				break // another queue's head comes first
-			}
-			if t > watermark && m.n <= m.max {
-				return out // the earliest of all is held back
-			}
+	for {
+		run := m.TakeRun(watermark, math.MaxInt)
+		if len(run) == 0 {
+			return out
+		}
+		for i := range run {
 			if len(out) < cap(out) {
 				out = out[:len(out)+1]
 			} else {
 				var zero T
 				out = append(out, zero)
 			}
-			v, o := m.take(best), &out[len(out)-1]
+			v, o := &run[i].V, &out[len(out)-1]
 			*v, *o = *o, *v
 		}
 	}
-	return out
+}
+
+// TakeRun takes out the next items that Release would, up to n, as long
+// as they lie together in one queue's ring: the earliest queue's items up
+// to the head of the next one (one CPU's ring has long runs of its own
+// hits) and up to the end of the ring's storage. They are returned in
+// place, valid until the next Push to their queue: a reader that hands
+// them on reads them there, with no copy and no call per item. An empty
+// run means that nothing more is due; a reader takes runs until then (or
+// until it has taken the n of a bounded batch).
+func (m *Merger[T]) TakeRun(watermark uint64, n int) []Item[T] {
+	if m.n == 0 || n <= 0 {
+		return nil
+	}
+	best, until := m.run()
+	q := &m.queues[best]
+	items := q.items[q.first : q.first+min(q.n, n, len(q.items)-q.first)]
+	// The items' times and the order check in registers, written back
+	// once a run.
+	last, late, k := m.last, m.late, 0
+	for ; k < len(items); k++ {
+		t := items[k].Time
+		if t > until || t > watermark && m.n-k <= m.max {
+			break // another queue's head comes first, or held back
+		}
+		if t < last {
+			late++
+		} else {
+			last = t
+		}
+	}
+	m.last, m.late = last, late
+	m.n -= k
+	q.n -= k
+	q.first = (q.first + k) & (len(q.items) - 1)
+	return items[:k]
 }
 
 // run returns the queue whose first item is the earliest (head's rule)
@@ -182,7 +203,7 @@ func (m *Merger[T]) run() (best int, until uint64) {
 			continue
 		}
 		// In queue order: on equal times the lower queue stays ahead.
-		switch t := q.items[q.first].time; {
+		switch t := q.items[q.first].Time; {
 		case best < 0 || t < bt:
 			second, st = best, bt
 			best, bt = i, t

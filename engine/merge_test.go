@@ -178,10 +178,10 @@ func TestMergerOwnedStorage(t *testing.T) {
 			qu := &m.queues[q]
 			for i := range qu.n {
 				it := qu.at(i)
-				if seen[it.v.Data] || (*it.v.Data)[0] != byte(it.v.Time) {
-					t.Fatalf("time %d: pending record %d shares a buffer with a released one or lost its data", tm, it.v.Time)
+				if seen[it.V.Data] || (*it.V.Data)[0] != byte(it.V.Time) {
+					t.Fatalf("time %d: pending record %d shares a buffer with a released one or lost its data", tm, it.V.Time)
 				}
-				seen[it.v.Data] = true
+				seen[it.V.Data] = true
 			}
 		}
 	}
@@ -235,15 +235,38 @@ func TestMergerRingWraps(t *testing.T) {
 	}
 }
 
-// TestMergerReleaseN checks that ReleaseN takes at most n items, the
-// earliest, and leaves the rest, in order, to the next call.
-func TestMergerReleaseN(t *testing.T) {
+// takeN takes runs of m (TakeRun) up to n items in all, as a bounded
+// batch of the classic reader does, checking that each run holds the
+// items of one queue (pushTimes: the record's CPU), and returns copies.
+func takeN(t *testing.T, m *Merger[decode.Record], watermark uint64, n int) []decode.Record {
+	t.Helper()
+	var out []decode.Record
+	for len(out) < n {
+		run := m.TakeRun(watermark, n-len(out))
+		if len(run) == 0 {
+			break
+		}
+		for i := range run {
+			if run[i].V.CPU != run[0].V.CPU || run[i].Time != run[i].V.Time {
+				t.Fatalf("run of queue %d holds %+v", run[0].V.CPU, run[i])
+			}
+			out = append(out, run[i].V)
+		}
+	}
+	return out
+}
+
+// TestMergerTakeRun checks that runs taken up to n items give the
+// earliest, and leave the rest, in order, to the next call; that a run
+// ends at another queue's head (the lower queue first on equal times)
+// and at the end of a queue's ring, and counts what goes out of order.
+func TestMergerTakeRun(t *testing.T) {
 	m := NewMerger[decode.Record](2, 1000)
 	pushTimes(&m, 0, 1, 4, 5)
 	pushTimes(&m, 1, 2, 3, 9)
 	var got [][]uint64
 	for _, n := range []int{2, 0, 2, 5} {
-		got = append(got, times(m.ReleaseN(5, nil, n)))
+		got = append(got, times(takeN(t, &m, 5, n)))
 	}
 	want := "[[1 2] [] [3 4] [5]]"
 	if s := fmt.Sprint(got); s != want {
@@ -252,12 +275,53 @@ func TestMergerReleaseN(t *testing.T) {
 	if m.Pending() != 1 {
 		t.Errorf("%d pending, want the one past the watermark", m.Pending())
 	}
+	var runs [][]uint64
+	run := func(w uint64) {
+		var ts []uint64
+		for _, it := range m.TakeRun(w, 100) {
+			ts = append(ts, it.Time)
+		}
+		runs = append(runs, ts)
+	}
+	// Ties: queue 0 goes first, its run ends before queue 1's equal head.
+	pushTimes(&m, 0, 9, 9, 12)
+	run(100)
+	run(100)
+	run(100)
+	run(100)
+	if s := fmt.Sprint(runs); s != "[[9 9] [9] [12] []]" {
+		t.Errorf("runs %s, want [[9 9] [9] [12] []]", s)
+	}
+	// A ring that wrapped: the run ends at its storage's end, the next
+	// one goes on from its front.
+	m = NewMerger[decode.Record](1, 1000)
+	for tm := range uint64(minQueue / 2) {
+		pushTimes(&m, 0, tm)
+	}
+	takeN(t, &m, ^uint64(0), minQueue/2)
+	for tm := range uint64(minQueue) {
+		pushTimes(&m, 0, 100+tm)
+	}
+	if n := len(m.TakeRun(^uint64(0), 1000)); n != minQueue/2 {
+		t.Errorf("run of %d items up to the ring's end, want %d", n, minQueue/2)
+	}
+	if n := len(m.TakeRun(^uint64(0), 1000)); n != minQueue/2 || m.Pending() != 0 {
+		t.Errorf("run of %d items from the ring's front, want %d; %d pending", n, minQueue/2, m.Pending())
+	}
+	m = NewMerger[decode.Record](1, 1000)
+	pushTimes(&m, 0, 50, 40, 60, 30)
+	takeN(t, &m, ^uint64(0), 10)
+	if m.Late() != 2 {
+		t.Errorf("late %d, want 2 (40 and 30 after 50)", m.Late())
+	}
 }
 
-// TestMergerRunsRandom checks ReleaseN's runs against the merge's rule
-// taken item by item (the earliest head, the lower queue on equal times,
-// up to the watermark or beyond max): random queues with long runs, ties
-// across queues and bounded batches give the same items in the same order.
+// TestMergerRunsRandom checks the runs (TakeRun, in batches of at most n
+// as the classic reader takes them) against the merge's rule taken item
+// by item (the earliest head, the lower queue on equal times, up to the
+// watermark or beyond max): random queues with long runs, ties across
+// queues and bounded batches give the same items in the same order, and
+// the same count of late ones.
 func TestMergerRunsRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for trial := range 100 {
@@ -268,29 +332,37 @@ func TestMergerRunsRandom(t *testing.T) {
 		var now uint64
 		for round := range 20 {
 			for range rng.IntN(100) {
-				// Runs of one queue; times that often tie across queues.
+				// Runs of one queue; times that often tie across queues,
+				// now and then one out of order.
 				q := int32(rng.IntN(nq))
 				for range 1 + rng.IntN(8) {
 					last[q] = max(last[q], now) + uint64(rng.IntN(3))
-					pushTimes(&m, q, last[q])
-					pushTimes(&ref, q, last[q])
+					tm := last[q]
+					if rng.IntN(50) == 0 {
+						tm -= min(tm, 5)
+					}
+					pushTimes(&m, q, tm)
+					pushTimes(&ref, q, tm)
 				}
 			}
 			now += uint64(rng.IntN(40))
 			watermark := now - min(now, uint64(rng.IntN(60)))
 			for {
 				n := 1 + rng.IntN(50)
-				got := m.ReleaseN(watermark, nil, n)
+				got := takeN(t, &m, watermark, n)
 				var want []decode.Record
 				for ref.n > 0 && len(want) < n {
 					best := ref.head()
-					if q := &ref.queues[best]; q.items[q.first].time > watermark && ref.n <= ref.max {
+					if q := &ref.queues[best]; q.items[q.first].Time > watermark && ref.n <= ref.max {
 						break
 					}
 					want = append(want, *ref.take(best))
 				}
 				if !slices.Equal(got, want) {
 					t.Fatalf("trial %d round %d: released %v, want %v", trial, round, got, want)
+				}
+				if m.Late() != ref.Late() {
+					t.Fatalf("trial %d round %d: late %d, want %d", trial, round, m.Late(), ref.Late())
 				}
 				if len(got) < n {
 					break

@@ -130,7 +130,6 @@ type Classic struct {
 	// in its CPU's raw queue, decoded only as it is released (held).
 	merge  engine.Merger[held]
 	raw    []rawQueue
-	hs     []held // the batch being released
 	closed bool
 	// comms names the processes of the records: the task rings' COMM and
 	// EXIT records keep it current, applied in time order as records are
@@ -746,27 +745,55 @@ func (c *Classic) drainLocked() {
 		}
 		r := cr.ring
 		r.Begin()
-		for {
-			typ, _, rec, ok := r.Next()
-			if !ok {
-				break
-			}
-			switch typ {
-			case recordSample:
-				c.addSample(q, rec)
-			case recordLost:
-				// Counted by the events (eventLost), also on kernels
-				// without PERF_FORMAT_LOST; a record that does not
-				// parse is an error.
-				c.lostCount(rec)
-			}
-		}
+		c.drainSamples(q, r)
 		c.endRing(r, &cr.ringErrs)
 	}
 	// Each task ring is in time order; several CPUs' events interleave.
 	if len(c.tasks) > tasks {
 		slices.SortStableFunc(c.tasks, func(a, b taskEvent) int { return cmp.Compare(a.time, b.time) })
 	}
+}
+
+// drainSamples moves the records of ring r, CPU q's, into the merge. The
+// batch is copied at once into the CPU's raw queue (one or two copies,
+// not one a sample) and its records are walked there: each sample queued
+// stays where it landed, and only after a record that is not (a LOST
+// record, a sample of an unknown event or a malformed one) do the next
+// ones move down over it, so that the held samples stay contiguous.
+func (c *Classic) drainSamples(q int, r *Ring) {
+	n := r.left()
+	if n == 0 {
+		return
+	}
+	rq := &c.raw[q]
+	buf := rq.room(n)
+	r.readRest(buf)
+	kept := 0
+	for off := 0; off < len(buf); {
+		typ, rec, ok := nextRecord(buf[off:])
+		if !ok {
+			// As Ring.Next: the rest of the batch is dropped, and the
+			// next batch starts at the head the kernel writes from.
+			c.errs.Add(1)
+			break
+		}
+		off += len(rec)
+		switch typ {
+		case recordSample:
+			if c.addSample(q, rec) {
+				if at := off - len(rec); at != kept {
+					copy(buf[kept:], rec)
+				}
+				kept += len(rec)
+			}
+		case recordLost:
+			// Counted by the events (eventLost), also on kernels
+			// without PERF_FORMAT_LOST; a record that does not parse
+			// is an error.
+			c.lostCount(rec)
+		}
+	}
+	rq.commit(kept)
 }
 
 // lostCount returns the count of a LOST record (struct { header; u64 id;
@@ -790,14 +817,15 @@ func (c *Classic) endRing(r *Ring, seen *uint64) {
 }
 
 // addSample queues one sample record of ring q for the merge, counting
-// what it cannot use. Its bytes are copied as they are (the ring is
-// reused): a held sample takes its size in a byte queue instead of a
-// decoded record's slot, and the merge's ring holds a small held.
-func (c *Classic) addSample(q int, rec []byte) {
+// what it cannot use, and tells whether it did: its bytes, where
+// drainSamples copied them, are then held in q's raw queue (a held sample
+// takes its size there instead of a decoded record's slot, and the
+// merge's ring holds a small held).
+func (c *Classic) addSample(q int, rec []byte) bool {
 	var s sample
 	if err := parseSample(rec, &s); err != nil {
 		c.errs.Add(1)
-		return
+		return false
 	}
 	id := rawEventID(s.raw)
 	// Hits come in runs of one event: skip the map lookup for those.
@@ -805,12 +833,12 @@ func (c *Classic) addSample(q int, rec []byte) {
 		c.lastEv = c.events[id]
 		if c.lastEv == nil {
 			c.unknown.Add(1)
-			return
+			return false
 		}
 	}
 	c.lastEv.samples++
 	*c.merge.Push(q, s.time) = held{ev: c.lastEv, q: int32(q), n: uint32(len(rec))}
-	c.raw[q].push(rec)
+	return true
 }
 
 // held is a sample the merge holds back: its event (which Remove may
@@ -824,37 +852,55 @@ type held struct {
 
 // rawQueue holds the bytes of one CPU's held-back samples, in the order
 // the merge takes them (a CPU's samples go out in ring order). It is a
-// ring of bytes in which each sample stays contiguous: one that does not
-// fit before the end of the buffer starts again at its front (the bytes
-// left at the end are skipped, up to wrap), so that a sample is copied in
-// once and never moved (a buffer compacted by moving what is held moved
-// as many bytes again as it took in). It grows by doubling, copying what
-// is held to the front of the new buffer.
+// ring of bytes in which each batch copied in stays contiguous: one that
+// does not fit before the end of the buffer starts again at its front
+// (the bytes left at the end are skipped, up to wrap), so that a sample
+// held is never moved (a buffer compacted by moving what is held moved
+// as many bytes again as it took in; drainSamples moves a sample only
+// over a record of its batch that is not held). It grows by doubling,
+// copying what is held to the front of the new buffer.
 type rawQueue struct {
 	buf []byte
 	// The bytes held are [r, w) while wrap is 0; once the writes started
 	// again at the front, [r, wrap) then [0, w) (wrap >= r > 0 then).
 	r, w, wrap int
+	// front tells that the last room is at the buffer's front, not at w.
+	front bool
 }
 
 // minRawQueue is the first buffer size of a rawQueue: about 900 samples.
 const minRawQueue = 64 << 10
 
-// push appends the bytes of a sample.
-func (b *rawQueue) push(rec []byte) {
-	n := len(rec)
+// room returns contiguous space for the next n bytes: after those held,
+// else at the buffer's front when they fit before the first one held,
+// else in a grown buffer. commit keeps what was written there.
+func (b *rawQueue) room(n int) []byte {
+	at := b.w
+	b.front = false
 	switch {
 	case b.wrap == 0 && b.w+n <= len(b.buf):
 	case b.wrap == 0 && n < b.r:
 		// Room at the front, before the first sample held (strictly:
 		// w == r means empty).
-		b.wrap, b.w = b.w, 0
+		at, b.front = 0, true
 	case b.wrap > 0 && b.w+n < b.r:
 	default:
 		b.grow(n)
+		at = b.w
 	}
-	copy(b.buf[b.w:], rec)
-	b.w += n
+	return b.buf[at : at+n]
+}
+
+// commit holds the first k bytes of the last room, after those held
+// before.
+func (b *rawQueue) commit(k int) {
+	if k == 0 {
+		return
+	}
+	if b.front {
+		b.wrap, b.w = b.w, 0
+	}
+	b.w += k
 }
 
 // grow makes room for n bytes more: a buffer of twice the size, at least
@@ -897,46 +943,56 @@ const maxBatch = 1024
 // that watermark releases, up to maxBatch (more: there may be others):
 // each decoded from its bytes into out's slot (whose string storage is
 // reused), named after its process and dropped when its event's Filter
-// rejects it (counted, not a loss). The task events up to each record's
-// time are applied first, and after the last record those up to
-// watermark: every record stamped before it has been released.
+// rejects it (counted, not a loss). The merge's runs are read where they
+// are held (engine.Merger.TakeRun), not copied into a batch first. The
+// task events up to each record's time are applied first, and after the
+// last record those up to watermark: every record stamped before it has
+// been released.
 func (c *Classic) releaseLocked(watermark uint64, out []decode.Record) (_ []decode.Record, more bool) {
-	c.hs = c.merge.ReleaseN(watermark, c.hs[:0], maxBatch)
-	more = len(c.hs) == maxBatch
-	n := len(out)
-	out = slices.Grow(out, len(c.hs))[:n+len(c.hs)]
+	n, taken := len(out), 0
+	// Room for a whole batch once, not per run: the storage is reused.
+	out = slices.Grow(out, maxBatch)
 	var s sample
-	for i := range c.hs {
-		h := &c.hs[i]
-		r := &out[n]
-		// Both checked when the sample was queued; only an argument
-		// beyond the raw data fails here.
-		if err := parseSample(c.raw[h.q].take(h.n), &s); err != nil {
-			c.errs.Add(1)
-			continue
+	for taken < maxBatch {
+		run := c.merge.TakeRun(watermark, maxBatch-taken)
+		if len(run) == 0 {
+			break
 		}
-		if ce := h.ev; ce.words != nil && len(s.raw) >= ce.wordsEnd {
-			fillWords(ce.ev, ce.words, &s, r)
-		} else if err := fillRecord(ce.ev, &s, r); err != nil {
-			c.errs.Add(1)
-			continue
+		taken += len(run)
+		out = out[:n+len(run)]
+		for i := range run {
+			h := &run[i].V
+			r := &out[n]
+			// Both checked when the sample was queued; only an argument
+			// beyond the raw data fails here.
+			if err := parseSample(c.raw[h.q].take(h.n), &s); err != nil {
+				c.errs.Add(1)
+				continue
+			}
+			if ce := h.ev; ce.words != nil && len(s.raw) >= ce.wordsEnd {
+				fillWords(ce.ev, ce.words, &s, r)
+			} else if err := fillRecord(ce.ev, &s, r); err != nil {
+				c.errs.Add(1)
+				continue
+			}
+			if len(c.tasks) > 0 {
+				c.applyTasks(r.Time)
+			}
+			// The cache's answer inline (a call per record cost a fifth
+			// of the naming); commMiss only when it has none.
+			comm, ok := c.comms.Cached(r.PID)
+			if !ok {
+				comm = c.commMiss(r.PID)
+			}
+			r.Comm = comm
+			if f := &r.Event.Filter; f.Active() && !f.Match(r.PID, r.Comm) {
+				c.filtered.Add(1)
+				continue
+			}
+			n++
 		}
-		if len(c.tasks) > 0 {
-			c.applyTasks(r.Time)
-		}
-		// The cache's answer inline (a call per record cost a fifth
-		// of the naming); commMiss only when it has none.
-		comm, ok := c.comms.Cached(r.PID)
-		if !ok {
-			comm = c.commMiss(r.PID)
-		}
-		r.Comm = comm
-		if f := &r.Event.Filter; f.Active() && !f.Match(r.PID, r.Comm) {
-			c.filtered.Add(1)
-			continue
-		}
-		n++
 	}
+	more = taken == maxBatch
 	if !more {
 		c.applyTasks(watermark)
 	}

@@ -2,7 +2,10 @@ package perfio
 
 import (
 	"bytes"
+	"cmp"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -167,6 +170,96 @@ func TestDrain(t *testing.T) {
 	}
 }
 
+// TestDrainRandom drives the batch copy of the drain (drainSamples: a
+// batch copied at once into the raw queue, the samples moved down over
+// what is not queued) and the release of the merge's runs through random
+// passes: two rings that wrap, samples of the event mixed with LOST
+// records, samples of an unknown event and malformed ones, arguments of
+// varied lengths (a string: samples of varied sizes), released in
+// batches up to a watermark that lags. Every sample comes out once, in
+// time order across the rings, with its own arguments, and every other
+// record is counted as it was.
+func TestDrainRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	strEv := &decode.Event{ID: 7, Group: "g", Name: "s", Args: []decode.Arg{
+		{Offset: 16, Size: 8}, {Offset: 24, Size: 4, Type: decode.String},
+	}}
+	rings := []*fakeMmap{newFakeMmap(1<<15, true), newFakeMmap(1<<15, true)}
+	rings[1].reset(1<<15 - 200) // wraps early
+	c := fakeClassic(t, rings...)
+	c.events[strEv.ID] = newClassicEvent(strEv)
+	type want struct {
+		time, arg uint64
+		str       string
+	}
+	var pending []want // queued, not released yet
+	var unknown, errs uint64
+	var out []decode.Record
+	now := uint64(1000)
+	for round := range 300 {
+		for q, f := range rings {
+			for range rng.IntN(60) {
+				now++
+				tm := 2*now + uint64(q) // unique across rings
+				switch k := rng.IntN(20); {
+				case k == 0:
+					f.write(lostRecord(3))
+				case k == 1:
+					f.write(makeSample(1, 1, tm, uint32(q), makeRaw(8, 1, le(8, 0))))
+					unknown++
+				case k == 2:
+					bad := makeSample(1, 1, tm, uint32(q), makeRaw(strEv.ID, 1, le(8, 0), le(4, 0)))
+					bad[sampleRawOff] = 0xff // raw size beyond the record
+					f.write(bad)
+					errs++
+				default:
+					str := strings.Repeat("x", rng.IntN(30))
+					data := append([]byte(str), 0)
+					// __data_loc: offset 28 (after the word and the loc),
+					// length with the NUL.
+					raw := makeRaw(strEv.ID, 1, le(8, tm), le(4, uint64(28|len(data)<<16)), data)
+					f.write(makeSample(1, 1, tm, uint32(q), raw))
+					pending = append(pending, want{tm, tm, str + "\x00"})
+				}
+			}
+		}
+		c.drainLocked()
+		slices.SortFunc(pending, func(a, b want) int { return cmp.Compare(a.time, b.time) })
+		watermark := 2*now - min(2*now, uint64(rng.IntN(200)))
+		if round == 299 {
+			watermark = ^uint64(0)
+		}
+		for more := true; more; {
+			out, more = c.releaseLocked(watermark, out[:0])
+			for i := range out {
+				r := &out[i]
+				if len(pending) == 0 {
+					t.Fatalf("round %d: released %+v, none pending", round, r)
+				}
+				w := pending[0]
+				pending = pending[1:]
+				if r.Time != w.time || r.Args[0] != w.arg || r.CPU != int32(w.time%2) {
+					t.Fatalf("round %d: released time %d arg %d cpu %d, want time %d arg %d", round, r.Time, r.Args[0], r.CPU, w.time, w.arg)
+				}
+				// The string's bytes, copied from the sample into the
+				// record's own storage: the one string of the record.
+				if r.Data == nil || string(*r.Data) != w.str {
+					t.Fatalf("round %d: time %d: string %q, want %q", round, w.time, *r.Data, w.str)
+				}
+			}
+		}
+		if len(pending) > 0 && pending[0].time <= watermark {
+			t.Fatalf("round %d: time %d held past watermark %d", round, pending[0].time, watermark)
+		}
+	}
+	if len(pending) != 0 {
+		t.Errorf("%d samples never released", len(pending))
+	}
+	if s := c.Stats(); s.Unknown != unknown || s.Errors != errs || s.Late != 0 {
+		t.Errorf("unknown %d errors %d late %d, want %d %d 0", s.Unknown, s.Errors, s.Late, unknown, errs)
+	}
+}
+
 // fillRing fills a ring with samples of pairEvent and returns how many.
 func fillRing(f *fakeMmap) int {
 	n := 0
@@ -264,10 +357,24 @@ func BenchmarkDrain(b *testing.B) {
 	}
 }
 
+// pushRaw puts rec into b as drainSamples puts a batch's samples: in a
+// room with extra bytes (a LOST record after it, say) that commit leaves
+// out.
+func pushRaw(b *rawQueue, rec []byte, extra int) {
+	room := b.room(len(rec) + 8*extra)
+	for i := range room {
+		room[i] = 0xee // what commit leaves out must not come out
+	}
+	copy(room, rec)
+	b.commit(len(rec))
+	b.commit(0) // a batch of nothing kept
+}
+
 // TestRawQueue checks the held samples' byte queue: samples come out in
 // the order they went in, byte for byte, and under a steady backlog the
-// buffer stays within four times what is held (compaction at half taken,
-// growth by doubling).
+// buffer stays within four times what is held (growth by doubling, the
+// front reused once taken); a room's bytes beyond what is committed are
+// not held.
 func TestRawQueue(t *testing.T) {
 	var b rawQueue
 	const backlog = 2000 // beyond minRawQueue
@@ -279,7 +386,7 @@ func TestRawQueue(t *testing.T) {
 	}
 	for i := range 20000 {
 		r := rec(i)
-		b.push(r)
+		pushRaw(&b, r, i%3)
 		sizes = append(sizes, uint32(len(r)))
 		if i < backlog {
 			continue
@@ -303,7 +410,7 @@ func TestRawQueue(t *testing.T) {
 	// A steady flow reuses the buffer: no new one, no byte moved.
 	buf := unsafe.SliceData(b.buf)
 	for i := range 20000 {
-		b.push(rec(i))
+		pushRaw(&b, rec(i), 0)
 		if i >= backlog {
 			b.take(sizes[i-backlog])
 		}

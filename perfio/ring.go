@@ -117,10 +117,8 @@ func (r *Ring) Next() (typ uint32, misc uint16, rec []byte, ok bool) {
 		r.copyOut(buf[:], r.pos)
 		hdr = buf[:]
 	}
-	typ = binary.LittleEndian.Uint32(hdr[0:])
-	misc = binary.LittleEndian.Uint16(hdr[4:])
-	size := uint64(binary.LittleEndian.Uint16(hdr[6:]))
-	if size < headerSize || size > avail {
+	typ, misc, size, ok := parseHeader(hdr, avail)
+	if !ok {
 		r.errors++
 		r.pos = r.end
 		return 0, 0, nil, false
@@ -136,6 +134,43 @@ func (r *Ring) Next() (typ uint32, misc uint16, rec []byte, ok bool) {
 	}
 	r.pos += size
 	return typ, misc, rec, true
+}
+
+// parseHeader returns the type, misc field and size of the record whose
+// header is hdr (headerSize bytes), ok false when the size is below a
+// header's or beyond the avail bytes left: malformed.
+func parseHeader(hdr []byte, avail uint64) (typ uint32, misc uint16, size uint64, ok bool) {
+	typ = binary.LittleEndian.Uint32(hdr[0:])
+	misc = binary.LittleEndian.Uint16(hdr[4:])
+	size = uint64(binary.LittleEndian.Uint16(hdr[6:]))
+	return typ, misc, size, size >= headerSize && size <= avail
+}
+
+// nextRecord returns the type and whole bytes of the record at the start
+// of b, records laid out as in a ring but in linear memory (a batch
+// copied out with readRest), ok false when b is empty or its header
+// malformed (as Next).
+func nextRecord(b []byte) (typ uint32, rec []byte, ok bool) {
+	if len(b) < headerSize {
+		return 0, nil, false
+	}
+	typ, _, size, ok := parseHeader(b[:headerSize], uint64(len(b)))
+	if !ok {
+		return 0, nil, false
+	}
+	return typ, b[:size:size], true
+}
+
+// left returns the bytes of the batch not read yet.
+func (r *Ring) left() int { return int(r.end - r.pos) }
+
+// readRest copies the rest of the batch, left bytes, into dst and reads
+// past it: a reader that walks the records in its own copy of them
+// (Classic's held samples) copies a batch at once, in one or two
+// copies, instead of each record by itself.
+func (r *Ring) readRest(dst []byte) {
+	r.copyOut(dst, r.pos)
+	r.pos += uint64(len(dst))
 }
 
 // copyOut copies len(dst) bytes starting at ring position pos into dst,

@@ -250,3 +250,53 @@ func TestSwapSettles(t *testing.T) {
 		t.Errorf("replacement at another site: source calls %q, want %q", src.calls, want)
 	}
 }
+
+// TestDeliverLineCount: the records stream counts the lines that emit
+// committed in place as emit counted them (stream.Commit's lines, one a
+// record, not counted again from the bytes): with no reader and a small
+// bound, whole chunks are discarded, and the lines counted discarded and
+// the lines still readable add up to the records delivered.
+func TestDeliverLineCount(t *testing.T) {
+	// Chunks of 64 KiB (the limit's), so that a few MiB of lines fill
+	// many.
+	s := &Session{opts: Options{Stream: stream.Options{Limit: 64 << 10, Dir: t.TempDir()}}}
+	tg := newTarget(s, "t", "/bin/t", "g", nil)
+	t.Cleanup(func() { tg.recs.Close(); tg.brs.Close() })
+	s.routes.Store(&map[uint16]*route{5: {p: &probe{target: tg, name: "e"}}})
+	ev := &decode.Event{ID: 5, Group: "ptfs_t", Name: "e", Args: make([]decode.Arg, 2)}
+	const batches, perBatch = 30, 1000
+	batch := make([]decode.Record, perBatch)
+	for b := range batches {
+		for i := range batch {
+			// Lengths that vary, so that chunks end at every place in
+			// a line and the spare buffer takes some.
+			k := uint64(b*perBatch + i)
+			batch[i] = decode.Record{Event: ev, N: 2, Args: [8]uint64{k, k * k * k}, TID: 7, CPU: 1, Time: k * 1e3, PID: 7, Comm: "t"}
+		}
+		s.deliver(batch)
+	}
+	st := tg.recs.Stats()
+	if st.Discarded == 0 {
+		t.Fatalf("nothing discarded from %d bytes of lines: %+v", st.Size, st)
+	}
+	// A reader that opens now reads the window after a gap line that
+	// counts what went before it.
+	got := readStream(t, tg.recs)
+	gap := fmt.Sprintf("lost: records=%d reason=bound\n", st.Discarded)
+	if !bytes.HasPrefix(got, []byte(gap)) {
+		t.Fatalf("the window starts with %.80q, want %q", got, gap)
+	}
+	got = got[len(gap):]
+	if n := uint64(bytes.Count(got, []byte("\nrecord "))) + 1; n+st.Discarded != batches*perBatch || !bytes.HasPrefix(got, []byte("record ")) {
+		t.Errorf("%d record lines readable + %d discarded, want %d records; the window after the gap: %.80q", n, st.Discarded, batches*perBatch, got)
+	}
+	// The lines kept are AppendRecord's, numbered on from the discarded.
+	var want []byte
+	for k := st.Discarded; k < batches*perBatch; k++ {
+		r := decode.Record{Event: ev, N: 2, Args: [8]uint64{k, k * k * k}, TID: 7, CPU: 1, Time: k * 1e3, PID: 7, Comm: "t"}
+		want = decode.AppendRecord(want, k+1, &r)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("the window's %d bytes differ from the %d of its records' lines", len(got), len(want))
+	}
+}

@@ -270,7 +270,7 @@ func (s *Session) deliver(rs []decode.Record) {
 		lastID = -1 // hits come in runs of one event: one lookup a run
 		t      *Target
 	)
-	for i := range rs {
+	for i := 0; i < len(rs); i++ {
 		r := &rs[i]
 		if int(r.Event.ID) != lastID {
 			rt, lastID = routes[r.Event.ID], int(r.Event.ID)
@@ -285,11 +285,6 @@ func (s *Session) deliver(rs []decode.Record) {
 			s.dups.Add(1)
 			continue
 		}
-		if rt.ev != nil {
-			named := *r
-			named.Event = rt.ev
-			r = &named
-		}
 		if to := rt.p.target; to != t {
 			if t != nil {
 				t.endEmit()
@@ -297,7 +292,24 @@ func (s *Session) deliver(rs []decode.Record) {
 			t = to
 			t.beginEmit()
 		}
-		t.emit(r)
+		if rt.ev != nil {
+			named := *r
+			named.Event = rt.ev
+			t.emit(&named)
+			continue
+		}
+		if rt.swap != nil {
+			t.emit(r)
+			continue
+		}
+		// A run of the event's records, each neither renamed nor
+		// checked against a replacement: formatted at once.
+		j := i + 1
+		for j < len(rs) && rs[j].Event == r.Event {
+			j++
+		}
+		t.emitRun(rs[i:j])
+		i = j - 1
 	}
 	if t != nil {
 		t.endEmit()

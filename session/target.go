@@ -53,13 +53,15 @@ type Target struct {
 	pathState string // "" while the path names bin, else what is wrong
 	closed    bool
 
-	out sync.Mutex // guards seq, cnt, fmt, line, spare, inPlace and brRecs: the record path
+	out sync.Mutex // guards seq, cnt, fmt, line, spare, lines, inPlace and brRecs: the record path
 	seq uint64
 	cnt decode.Counters
 	fmt decode.RecordWriter
 	// line holds the lines formatted and not yet committed (see emit):
-	// in place in the records stream's chunk (inPlace), else in spare.
+	// in place in the records stream's chunk (inPlace), else in spare;
+	// lines counts them (one a record), so that Commit need not.
 	line, spare []byte
+	lines       int
 	inPlace     bool
 	// brRecs: the records of this run go to the branches too.
 	brRecs bool
@@ -181,6 +183,7 @@ func (t *Target) emit(r *decode.Record) {
 	t.cnt.Records++
 	buf, n := t.line, len(t.line)
 	t.line = t.fmt.Append(t.line, t.seq, r)
+	t.lines++
 	if t.brRecs {
 		// ptw records come with the branches, from the same trace.
 		t.s.br.record(t, r, t.line[n:])
@@ -188,22 +191,53 @@ func (t *Target) emit(r *decode.Record) {
 	if t.inPlace && cap(t.line) != cap(buf) {
 		// The line did not fit the chunk's free space: append moved
 		// the lines to a new array. Those before it are in place.
-		t.recs.Commit(buf[:n])
-		t.line, t.inPlace = append(t.spare[:0], t.line[n:]...), false
+		t.recs.Commit(buf[:n], t.lines-1)
+		t.line, t.inPlace, t.lines = append(t.spare[:0], t.line[n:]...), false, 1
 	}
 	if !t.inPlace {
 		t.spare = t.line[:0] // keep what append grew
 	}
 	if len(t.line) >= maxEmit || t.inPlace && cap(t.line)-len(t.line) < minInPlace {
-		t.recs.Commit(t.line)
+		t.recs.Commit(t.line, t.lines)
 		t.nextLines()
+	}
+}
+
+// emitRun formats rs, the next records, all of one event, as emit does
+// each, but as many at once as the chunk's free space holds
+// (RecordWriter.AppendRun, up to maxEmit between commits); a record it
+// leaves (no room, an event whose line's length is not known before, the
+// spare buffer, or branches being traced in ptw mode) goes through emit.
+func (t *Target) emitRun(rs []decode.Record) {
+	for len(rs) > 0 {
+		k := 0
+		if t.inPlace && !t.brRecs {
+			// The capacity bounded so that a commit comes every maxEmit
+			// bytes: the run stops short of it by less than a line.
+			line := t.line[:len(t.line):min(cap(t.line), maxEmit+minInPlace)]
+			line, k = t.fmt.AppendRun(line, t.seq+1, rs)
+			t.line = t.line[:len(line)]
+		}
+		if k == 0 {
+			t.emit(&rs[0])
+			rs = rs[1:]
+			continue
+		}
+		t.seq += uint64(k)
+		t.cnt.Records += uint64(k)
+		t.lines += k
+		rs = rs[k:]
+		if len(t.line) >= maxEmit || cap(t.line)-len(t.line) < minInPlace {
+			t.recs.Commit(t.line, t.lines)
+			t.nextLines()
+		}
 	}
 }
 
 // nextLines makes line the buffer of the next lines: the free space of
 // the records stream's chunk, unless it is under minInPlace.
 func (t *Target) nextLines() {
-	t.line, t.inPlace = t.recs.Tail(), true
+	t.line, t.inPlace, t.lines = t.recs.Tail(), true, 0
 	if cap(t.line) < minInPlace {
 		t.line, t.inPlace = t.spare[:0], false
 	}
@@ -211,10 +245,10 @@ func (t *Target) nextLines() {
 
 // endEmit commits the lines emitted since beginEmit.
 func (t *Target) endEmit() {
-	t.recs.Commit(t.line)
+	t.recs.Commit(t.line, t.lines)
 	// Not kept across runs: only the record path appends, but the
 	// stream may be emptied meanwhile.
-	t.line = nil
+	t.line, t.lines = nil, 0
 	t.out.Unlock()
 }
 

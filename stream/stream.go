@@ -184,18 +184,21 @@ func (s *Stream) Tail() []byte {
 	return s.cur[len(s.cur):len(s.cur)]
 }
 
-// Commit appends p, whole lines, as Append does. When p is what Tail
-// returned, grown within its capacity, its bytes are in place already:
-// Commit only takes them, without a copy (unless Truncate emptied the
-// stream since: then they are copied to its start).
-func (s *Stream) Commit(p []byte) {
+// Commit appends p, whole lines, as Append does; lines is how many, as
+// the appender counted them while it wrote them (its count feeds the
+// stream's line numbers and loss counts). When p is what Tail returned,
+// grown within its capacity, its bytes are in place already: Commit only
+// takes them, without a copy and without a pass over them to count the
+// lines (unless Truncate emptied the stream since: then they are copied
+// to its start, and counted, as Append does).
+func (s *Stream) Commit(p []byte, lines int) {
 	if len(p) == 0 {
 		return
 	}
 	s.mu.Lock()
 	if n := len(s.cur); n < cap(s.cur) && unsafe.SliceData(p) == &s.cur[:n+1][n] && p[len(p)-1] == '\n' {
 		s.cur = s.cur[:n+len(p)]
-		s.lines += uint64(bytes.Count(p, newline))
+		s.lines += uint64(lines)
 		s.size.Store(s.curOff + int64(len(s.cur)))
 		s.mu.Unlock()
 		return

@@ -644,11 +644,12 @@ func TestConcurrent(t *testing.T) {
 	// record path does, while the readers read.
 	for i := 0; i < total; {
 		if b := s.Tail(); i%2 == 0 && cap(b) >= 16 {
-			for k := 0; k < 5 && i < total && cap(b)-len(b) >= 16; k++ {
+			k := 0
+			for ; k < 5 && i < total && cap(b)-len(b) >= 16; k++ {
 				b = fmt.Appendf(b, "line %d\n", i)
 				i++
 			}
-			s.Commit(b)
+			s.Commit(b, k)
 			continue
 		}
 		s.Append(fmt.Appendf(nil, "line %d\n", i))
@@ -818,7 +819,7 @@ func fuzzStream(t *testing.T, dir string, limit, hard uint8, ops []byte) {
 					all = append(all, l)
 				}
 				if arg%2 == 1 {
-					s.Commit(b)
+					s.Commit(b, int(arg%5))
 				} else {
 					s.Append(b)
 				}
@@ -938,7 +939,7 @@ func TestTailCommit(t *testing.T) {
 	defer r.Close()
 	b := fmt.Appendf(s.Tail(), "line %d\n", 0)
 	at := unsafe.SliceData(b)
-	s.Commit(b)
+	s.Commit(b, 1)
 	if unsafe.SliceData(s.cur) != at {
 		t.Errorf("Commit copied lines formatted in place")
 	}
@@ -948,7 +949,7 @@ func TestTailCommit(t *testing.T) {
 	// Emptied meanwhile: copied to the start.
 	b = s.Tail()
 	s.Truncate()
-	s.Commit(append(b, "after\n"...))
+	s.Commit(append(b, "after\n"...), 1)
 	if got, _ := readAll(t, r, 0, 1<<20); got != "after\n" {
 		t.Errorf("after Truncate read %q, want %q", got, "after\n")
 	}
@@ -967,13 +968,19 @@ func TestTailCommitContent(t *testing.T) {
 			i++
 			continue
 		}
-		for ; i < 2000 && cap(b)-len(b) >= 16; i++ {
+		k := 0
+		for ; i < 2000 && cap(b)-len(b) >= 16; i, k = i+1, k+1 {
 			b = fmt.Appendf(b, "line %d\n", i)
 		}
-		s.Commit(b)
+		s.Commit(b, k)
 	}
 	if got, _ := readAll(t, r, 0, 1<<20); got != lines("line", 0, 2000) {
 		t.Errorf("read %d bytes, want the %d of the lines", len(got), len(lines("line", 0, 2000)))
+	}
+	// The lines as Commit was told them, in place, and as Append counted
+	// them: the line numbers that the loss counts are taken from.
+	if s.lines != 2000 {
+		t.Errorf("%d lines counted, want 2000", s.lines)
 	}
 	allocs := testing.AllocsPerRun(1000, func() {
 		b := s.Tail()
@@ -981,7 +988,7 @@ func TestTailCommitContent(t *testing.T) {
 			s.Append([]byte("line x\n"))
 			return
 		}
-		s.Commit(append(b, "line x\n"...))
+		s.Commit(append(b, "line x\n"...), 1)
 	})
 	if allocs != 0 {
 		t.Errorf("Tail and Commit allocate %.1f times a line", allocs)
