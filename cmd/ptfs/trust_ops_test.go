@@ -57,10 +57,13 @@ func TestUnmountManyProbes(t *testing.T) {
 	perSmall := (unmountCPU(t, bin, small) - base) / small
 	perLarge := (unmountCPU(t, bin, large) - base) / large
 	t.Logf("CPU time of the mount's cleanup a probe: %v with %d probes, %v with %d (%v without probes)", perSmall, small, perLarge, large, base)
-	// Half as much again a probe allows for the noise of a loaded
-	// machine; a cleanup quadratic in the probes shows up to four times
-	// (with 20 us more CPU a removal for each probe still there: twice).
-	if perLarge > max(perSmall, 50*time.Microsecond)*3/2 {
+	// Twice as much a probe allows for the kernel's own growth and the
+	// noise of a loaded machine (1.1-1.2 times idle, 0.9-1.4 beside two
+	// busy loops); a cleanup quadratic in the probes shows up to four
+	// times, and fails here once its quadratic part at 200 probes is about
+	// twice the rest (40 us more CPU a removal for each probe still there:
+	// 2.1 times).
+	if perLarge > 2*max(perSmall, 50*time.Microsecond) {
 		t.Errorf("the cleanup cost %v of CPU a probe with %d probes, %v with %d: it grows with the number of probes", perLarge, large, perSmall, small)
 	}
 }
