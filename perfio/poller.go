@@ -42,6 +42,14 @@ func (f *fd) Close() error {
 // and restart that polling, and after 10 ms in the syscall it retook the
 // P and started again. Parked in the netpoller the reader holds no P and
 // makes no syscall to sleep or wake, so sysmon stays asleep.
+//
+// A perf ring's readiness is read once: perf_poll clears it. The
+// netpoller's epoll learns that the set is readable by polling the set,
+// which polls the ring's fd and so takes that readiness: the raw look
+// after the netpoller's wake-up then finds nothing (the reader slept
+// through every wake-up at its ring's watermark, to the end of its sleep).
+// A look that follows the netpoller's wake-up therefore ends the wait
+// whatever it finds.
 type poller struct {
 	ep    *os.File // the epoll set, registered in the netpoller
 	rc    syscall.RawConn
@@ -49,10 +57,13 @@ type poller struct {
 	event *fd
 	evs   []unix.EpollEvent // one per fd in the set
 	// ready and look are rc.Read's and rc.Control's checks, made once so
-	// that a wait allocates nothing; errno is their result.
+	// that a wait allocates nothing; errno is their result. looks counts
+	// ready's calls in a wait: rc.Read calls it again only after the
+	// netpoller's wake-up.
 	ready func(fd uintptr) bool
 	look  func(fd uintptr)
 	errno syscall.Errno
+	looks int
 	// woke: a look saw the eventfd ready since the last woken.
 	woke bool
 
@@ -84,7 +95,10 @@ func newPoller() (*poller, error) {
 	if err := p.ep.SetReadDeadline(time.Time{}); err != nil {
 		return nil, errors.Join(fmt.Errorf("epoll set not in the Go netpoller: %w", err), p.close())
 	}
-	p.ready = p.check
+	p.ready = func(fd uintptr) bool {
+		p.looks++
+		return p.check(fd) || p.looks > 1
+	}
 	p.look = func(fd uintptr) { p.check(fd) }
 	ev, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
@@ -134,6 +148,7 @@ func (p *poller) wait(d time.Duration) error {
 		// A past deadline would fail the read before any look.
 		err = p.rc.Control(p.look)
 	} else if err = p.ep.SetReadDeadline(time.Now().Add(d)); err == nil {
+		p.looks = 0
 		err = p.rc.Read(p.ready)
 	}
 	switch {

@@ -101,7 +101,7 @@ func countLines(b *testing.B, m *mountProc, f *os.File, n int, limit time.Durati
 }
 
 // taskCPU returns the CPU time in ns that all threads of pid have used.
-func taskCPU(b *testing.B, pid int) int64 {
+func taskCPU(b testing.TB, pid int) int64 {
 	dirs, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
 	if err != nil || len(dirs) == 0 {
 		b.Fatalf("schedstat of %d: %v", pid, err)

@@ -35,54 +35,94 @@ func manyFuncs(t *testing.T, n int) string {
 	return testkit.BuildC(t, src)
 }
 
-// Unmounting removes every probe of the mount: 200 of them here. The
-// kernel makes this slow and nothing in ptfs can overlap it: closing the
-// last perf event of a uprobe event unregisters the uprobe and waits for
-// about five RCU grace periods (~80 ms measured here) while holding the
-// kernel-wide event_mutex, so removals are serial whoever asks for them.
-// The test bounds the cleanup by that cost with a margin, and checks that
-// umount itself answers at once and that no line of the mount is left.
+// Unmounting removes every probe of the mount. The kernel makes this slow
+// and nothing in ptfs can overlap it: closing the last perf event of a
+// uprobe event unregisters the uprobe and waits for about five RCU grace
+// periods (~80 ms measured here) while holding the kernel-wide
+// event_mutex, so removals are serial whoever asks for them. The cleanup's
+// wall time is thus the machine's (other tenants' removals queue on that
+// mutex, the load delays the process), not ptfs's, and is not bounded.
+// What ptfs controls is: umount itself answers at once (well before the
+// cleanup ends), the cleanup keeps going (a line goes within kernelWait of
+// the one before), none is left, and ptfs's own work a probe (the CPU time
+// of the mount process, beyond that of a mount without probes) does not
+// grow with the number of probes: measured for 50 and 200 in the same run,
+// a cleanup that is quadratic in them spends four times as much a probe
+// on the second.
 func TestUnmountManyProbes(t *testing.T) {
 	needKernel(t)
-	const n = 200
-	bin := manyFuncs(t, n)
+	const small, large = 50, 200
+	bin := manyFuncs(t, large)
+	base := unmountCPU(t, bin, 0)
+	perSmall := (unmountCPU(t, bin, small) - base) / small
+	perLarge := (unmountCPU(t, bin, large) - base) / large
+	t.Logf("CPU time of the mount's cleanup a probe: %v with %d probes, %v with %d (%v without probes)", perSmall, small, perLarge, large, base)
+	// Twice as much a probe allows for the kernel's own growth and the
+	// noise of a loaded machine (1.1-1.2 times idle, 0.9-1.4 beside two
+	// busy loops); a cleanup quadratic in the probes shows up to four
+	// times, and fails here once its quadratic part at 200 probes is about
+	// twice the rest (40 us more CPU a removal for each probe still there:
+	// 2.1 times).
+	if perLarge > 2*max(perSmall, 50*time.Microsecond) {
+		t.Errorf("the cleanup cost %v of CPU a probe with %d probes, %v with %d: it grows with the number of probes", perLarge, large, perSmall, small)
+	}
+}
+
+// unmountCPU mounts bin with n probes (f0..f(n-1)), unmounts it and returns
+// the CPU time the mount process used from umount until it exited. It
+// fails the test if umount(8) waits for the cleanup, if the cleanup stops
+// making progress or if a line of the mount is left.
+func unmountCPU(t *testing.T, bin string, n int) time.Duration {
+	t.Helper()
 	m := startMount(t, "t="+bin)
 	start := time.Now()
-	script := fmt.Sprintf("for i in $(seq 0 %d); do echo \"f$i %%di\" > %s/p$i || exit 1; done", n-1, m.path("t", "probes"))
-	if out, err := shell(script); err != nil {
-		t.Fatalf("installing %d probes: %v\n%s\n%s", n, err, out, m.log)
+	if n > 0 {
+		script := fmt.Sprintf("for i in $(seq 0 %d); do echo \"f$i %%di\" > %s/p$i || exit 1; done", n-1, m.path("t", "probes"))
+		if out, err := shell(script); err != nil {
+			t.Fatalf("installing %d probes: %v\n%s\n%s", n, err, out, m.log)
+		}
 	}
 	t.Logf("%d probes installed in %v", n, time.Since(start))
 	if got := len(uprobeLines(t, m.group()+"t/")); got != n {
 		t.Fatalf("%d lines of the mount in uprobe_events, want %d", got, n)
 	}
+	cpu0 := taskCPU(t, m.cmd.Process.Pid)
 	start = time.Now()
 	if out, err := exec.Command("umount", m.dir).CombinedOutput(); err != nil {
 		t.Fatalf("umount: %v\n%s", err, out)
 	}
-	// Far below the cleanup's seconds, with room for starting umount on
-	// a loaded machine.
-	if took := time.Since(start); took > 5*time.Second {
-		t.Errorf("umount(8) took %v", took)
-	}
-	select {
-	case err := <-m.done:
-		m.done <- err
-		if err != nil {
-			t.Fatalf("ptfs mount: %v\n%s", err, m.log)
+	umount := time.Since(start)
+	// The cleanup must keep removing: kernelWait without a line gone is a
+	// hang, however long the whole takes on a loaded machine.
+	left, moved := n, time.Now()
+	for done := false; !done; {
+		select {
+		case err := <-m.done:
+			m.done <- err
+			if err != nil {
+				t.Fatalf("ptfs mount: %v\n%s", err, m.log)
+			}
+			done = true
+		case <-time.After(250 * time.Millisecond):
+			if now := len(uprobeLines(t, m.group())); now < left {
+				left, moved = now, time.Now()
+			} else if time.Since(moved) > kernelWait {
+				t.Fatalf("ptfs mount removed no probe in %v, %d of %d left\n%s", kernelWait, left, n, m.log)
+			}
 		}
-	case <-time.After(60 * time.Second):
-		t.Fatalf("ptfs mount did not exit within 60 s of umount\n%s", m.log)
 	}
 	took := time.Since(start)
-	t.Logf("umount with %d probes: %v until ptfs exited", n, took)
+	ru := m.cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano() - cpu0)
+	t.Logf("umount with %d probes: umount(8) returned in %v, ptfs exited after %v, using %v of CPU", n, umount, took, cpu)
 	if left := uprobeLines(t, m.group()); len(left) > 0 {
 		t.Fatalf("%d probes of the mount left in uprobe_events", len(left))
 	}
-	// Measured here: ~80 ms a probe, 16-17 s for 200.
-	if limit := n * 250 * time.Millisecond; took > limit {
-		t.Errorf("cleanup after umount with %d probes took %v, want under %v", n, took, limit)
+	// umount(8) waiting for the cleanup would take as long as it.
+	if n > 0 && umount > took/2 {
+		t.Errorf("umount(8) took %v of the %v until ptfs exited: it waited for the cleanup", umount, took)
 	}
+	return cpu
 }
 
 // A refused `ln -s` says why in the root status and in the log at the

@@ -176,7 +176,7 @@ func TestFIFOTarget(t *testing.T) {
 		t.Errorf("the root status gives no reason:\n%s", st)
 	}
 	// The log reaches the test through a pipe: wait for it, not a sleep.
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(m.log.String(), "not a regular file"); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(m.log.String(), "not a regular file"); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Errorf("the mount's log gives no reason:\n%s", m.log)
 			break

@@ -297,6 +297,17 @@ func MaxWaitSince(before map[string]time.Duration) time.Duration {
 	return longest
 }
 
+// TotalWait returns how long the threads of this process waited on a run
+// queue, added up, from before to after (two RunDelays): a goroutine moves
+// between threads, so its waits may be any of theirs.
+func TotalWait(before, after map[string]time.Duration) time.Duration {
+	var total time.Duration
+	for tid, d := range after {
+		total += d - before[tid]
+	}
+	return total
+}
+
 // WaitFor polls cond until it holds and fails the test after limit with
 // what and the text cond returned last.
 func WaitFor(t testing.TB, limit time.Duration, what string, cond func() (string, bool)) {

@@ -1,7 +1,9 @@
 // Test program for the capture package: calls target(i, i+1) and
 // target2(-i, &pair) and target_nop(i, i+1) n times, optionally pinned to one CPU.
 // Usage: target N [CPU [RATE]]: CPU -1 runs anywhere; RATE > 0 paces the
-// iterations to RATE per second.
+// iterations to RATE per second, steadily: a program kept off the CPU goes
+// on at RATE from where it is instead of catching up in a burst (which,
+// at several times RATE, was a faster stream than the one claimed).
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdio.h>
@@ -56,13 +58,18 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	double behind = 0; // seconds the schedule moved on after a delay
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (long i = 0; i < n; i++) {
 		if (rate > 0) {
-			double due = (double)i / rate;
-			do
+			double due = (double)i / rate + behind, at;
+			do {
 				clock_gettime(CLOCK_MONOTONIC, &now);
-			while ((now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) / 1e9 < due);
+				at = (now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) / 1e9;
+			} while (at < due);
+			// Over a millisecond late: start again from now.
+			if (at - due > 1e-3)
+				behind += at - due;
 		}
 		struct pair p = {(int)(i * 7), 0xdead0000u + (unsigned int)i};
 		sink += target(i, i + 1);
