@@ -10,7 +10,7 @@ import (
 // while tracing is off, a MODE.Exec right before a TIP.PGE (kAFL's traces
 // have one after each PSB+ that found tracing off). Each is taken whole or
 // not at all: the group is read first, with the packet decoder's own
-// checks (fastState.pd), and the state is changed only when it is the
+// checks (fastState.pd, RawNext), and the state is changed only when it is the
 // slow path's common case; anything else (an error, OVF, MNT, a timing
 // packet a clock sees, a window's end, a status the walk would not reach
 // in the current block) is left to the slow path where it stands.
@@ -30,8 +30,13 @@ func (d *Decoder) fastPSB(k *kern) bool {
 	}
 	pd, p := &d.fp.pd, &d.fp.pk
 	pd.Reset(buf)
+	// The PSB (or bad bytes), then the group up to its PSBEND.
+	pos, last, err := pd.RawNext(pos, last, p)
+	if err != nil {
+		return false
+	}
 	s := psbState{mode: ModeUnknown}
-	for psb := true; ; psb = false {
+	for {
 		if pos > end {
 			return false
 		}
@@ -39,16 +44,8 @@ func (d *Decoder) fastPSB(k *kern) bool {
 			pos = padRun(buf, pos)
 			continue
 		}
-		pd.SetRaw(pos, last)
-		if pd.Next(p) != nil {
+		if pos, last, err = pd.RawNext(pos, last, p); err != nil {
 			return false
-		}
-		_, pos, last, _ = pd.Raw()
-		if psb {
-			if p.Kind != decode.PSB {
-				return false
-			}
-			continue
 		}
 		if p.Kind == decode.PSBEnd {
 			break
@@ -158,14 +155,13 @@ func (d *Decoder) fastExecOff(k *kern) bool {
 	}
 	pd, p := &d.fp.pd, &d.fp.pk
 	pd.Reset(buf)
-	pd.SetRaw(pos, k.last)
-	if pd.Next(p) != nil || p.Kind != decode.ModeExec {
+	pos, _, err := pd.RawNext(pos, k.last, p)
+	if err != nil || p.Kind != decode.ModeExec {
 		return false
 	}
 	if m, f := execMode(p), p.Has(decode.FlagIF); m != d.mode || d.opts.Iflags && f != (d.iflag == 1) {
 		return false
 	}
-	_, pos, _, _ = pd.Raw()
 	ops := d.offOps()
 	pos = skipPad(buf, pos, end, ops)
 	if pos > end || ops[buf[pos]] != opPGE || decode.IPSize(buf[pos]) <= 0 {
