@@ -54,11 +54,31 @@ func TestFastPSB(t *testing.T) {
 			loop(e, 4)
 		}
 	}
+	// off turns tracing off (a TIP.PGD), then has a PSB+ group with a
+	// FUP at fup, if any, then the MODE.Exec bytes mode and a TIP.PGE, if
+	// any.
+	off := func(fup uint64, mode []byte) func(e *ptenc.Encoder) {
+		return func(e *ptenc.Encoder) {
+			start(e, 0x1000)
+			loop(e, 2)
+			e.IPC(ptenc.TIPPGD, 0, 0)
+			group(e, func() {
+				if fup != 0 {
+					e.IP(ptenc.FUP, fup)
+				}
+			})
+			if mode != nil {
+				e.Raw(mode...)
+				e.IP(ptenc.TIPPGE, 0x1000)
+			}
+			loop(e, 2)
+		}
+	}
 	for _, tc := range []struct {
 		name  string
 		trace func(e *ptenc.Encoder)
 		opts  Options
-		fast  bool // the fast path takes the group
+		fast  bool // the fast path takes the group and all after it
 	}{
 		{"status at the block", on(0x1000, nil), Options{}, true},
 		{"status within the block", on(0x1002, nil), Options{}, true},
@@ -77,6 +97,14 @@ func TestFastPSB(t *testing.T) {
 			e.TNT(0b01, 2) // jz not taken, the return compressed
 			loop(e, 2)
 		}, Options{}, true},
+		{"status, then a TRIG counting from it", func(e *ptenc.Encoder) {
+			// The TRIG is the slow path's: not all is the fast path's.
+			start(e, 0x1000)
+			loop(e, 2)
+			group(e, func() { e.IP(ptenc.FUP, 0x1011) })
+			e.Raw(0xd9, 0x40, 0x01, 0x01, 0x00) // TRIG, icnt 1
+			loop(e, 2)
+		}, Options{}, false},
 		{"status past the jz", on(0x1014, nil), Options{}, false},
 		{"status nowhere on the way", on(0x1008, nil), Options{}, false},
 		{"status with a timing packet", on(0x1002, func(e *ptenc.Encoder) { e.MTC(3) }), Options{}, true},
@@ -100,34 +128,16 @@ func TestFastPSB(t *testing.T) {
 			e.IP(ptenc.TIPPGE, 0x1010)
 			loop(e, 2)
 		}, Options{}, true},
-		{"tracing off, on at the FUP", func(e *ptenc.Encoder) {
-			start(e, 0x1000)
-			loop(e, 2)
-			e.IPC(ptenc.TIPPGD, 0, 0)
-			group(e, func() { e.IP(ptenc.FUP, 0x1010) })
-			loop(e, 2)
-		}, Options{}, true},
-		{"tracing off, a mode change at the TIP.PGE", func(e *ptenc.Encoder) {
-			start(e, 0x1000)
-			loop(e, 2)
-			e.IPC(ptenc.TIPPGD, 0, 0)
-			group(e, func() {})
-			e.ModeExec(false, true)
-			e.IP(ptenc.TIPPGE, 0x1000)
-		}, Options{}, true},
-		{"tracing off, IF at the TIP.PGE", func(e *ptenc.Encoder) {
-			start(e, 0x1000)
-			loop(e, 2)
-			e.IPC(ptenc.TIPPGD, 0, 0)
-			group(e, func() {})
-			e.Raw(0x99, 0x05) // MODE.Exec: 64-bit, IF
-			e.IP(ptenc.TIPPGE, 0x1000)
-			loop(e, 2)
-		}, Options{Iflags: true}, true},
+		{"tracing off, on at the FUP", off(0x1010, nil), Options{}, true},
+		{"tracing off, the TIP.PGE", off(0, []byte{0x99, 0x01}), Options{}, true},
+		{"tracing off, a mode change at the TIP.PGE", off(0, []byte{0x99, 0x02}), Options{}, false},
+		{"tracing off, IF at the TIP.PGE", off(0, []byte{0x99, 0x05}), Options{Iflags: true}, false},
+		{"tracing off, IF at the TIP.PGE not told", off(0, []byte{0x99, 0x05}), Options{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := ptenc.New()
 			tc.trace(e)
+			body := e.Len()
 			for range 32 {
 				e.Pad()
 			}
@@ -136,9 +146,21 @@ func TestFastPSB(t *testing.T) {
 			opts.NoInsns = true
 			d := New(mem, opts)
 			d.Decode(e.Bytes(), &counter{})
+			d.fp.bytes, d.fp.groups = 0, 0
 			d.Decode(e.Bytes(), &counter{}) // warm: the call's successor known
-			if got := d.fp.groups > 0; got != tc.fast {
-				t.Errorf("the fast path took %d groups, want some: %v", d.fp.groups, tc.fast)
+			// Taken, every byte after the sync is the fast path's up to
+			// its window's end: the PADs at the end a word at a time
+			// while one starts 16 bytes or more before the end.
+			sync := ptenc.New()
+			start(sync, 0x1000)
+			stop := body
+			for stop <= e.Len()-16 {
+				stop += 8
+			}
+			want := uint64(stop - sync.Len())
+			if got := d.fp.groups > 0 && d.fp.bytes == want; got != tc.fast {
+				t.Errorf("the fast path took %d groups and %d bytes after the sync (all: %d); want all: %v",
+					d.fp.groups, d.fp.bytes, want, tc.fast)
 			}
 		})
 	}
