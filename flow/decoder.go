@@ -357,11 +357,7 @@ func (d *Decoder) unread() { d.back, d.hasBack = d.pk, true }
 
 // setMode takes a MODE.Exec's mode and IF bit as the current state.
 func (d *Decoder) setMode(m Mode, ifl bool) {
-	d.mode = m
-	d.iflag = 0
-	if ifl {
-		d.iflag = 1
-	}
+	d.mode, d.iflag = m, iflagOf(ifl)
 }
 
 func execMode(p *decode.Packet) Mode {
@@ -391,14 +387,17 @@ func (d *Decoder) modeEvents(m Mode, f bool, ip uint64, b bind) {
 	if m != d.mode {
 		d.push(Event{Kind: EvExecMode, Mode: m, IP: ip, HasIP: true}, b)
 	}
-	if fl := int8(0); d.opts.Iflags {
-		if f {
-			fl = 1
-		}
-		if fl != d.iflag {
-			d.push(Event{Kind: EvIflags, Payload: uint64(fl), IP: ip, HasIP: true}, b)
-		}
+	if fl := iflagOf(f); d.opts.Iflags && fl != d.iflag {
+		d.push(Event{Kind: EvIflags, Payload: uint64(fl), IP: ip, HasIP: true}, b)
 	}
+}
+
+// iflagOf is the iflag state of a MODE.Exec's IF bit.
+func iflagOf(f bool) int8 {
+	if f {
+		return 1
+	}
+	return 0
 }
 
 func (d *Decoder) push(e Event, b bind) {

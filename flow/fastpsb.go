@@ -10,10 +10,11 @@ import (
 // while tracing is off, a MODE.Exec right before a TIP.PGE (kAFL's traces
 // have one after each PSB+ that found tracing off). Each is taken whole or
 // not at all: the group is read first, with the packet decoder's own
-// checks (fastState.pd, RawNext), and the state is changed only when it is the
-// slow path's common case; anything else (an error, OVF, MNT, a timing
+// checks (fastState.pd, RawNext), and the state is changed only when it
+// is the slow path's common case; anything else (an error, OVF, MNT, a timing
 // packet a clock sees, a window's end, a status the walk would not reach
-// in the current block) is left to the slow path where it stands.
+// from the current block by plain instructions and direct branches) is
+// left to the slow path where it stands.
 
 // fastPSB takes the PSB+ at k.pos (nothing pending, nothing queued, no
 // clock) as read and psb do, and, with tracing on, the walk to its status
@@ -159,7 +160,7 @@ func (d *Decoder) fastExecOff(k *kern) bool {
 	if err != nil || p.Kind != decode.ModeExec {
 		return false
 	}
-	if m, f := execMode(p), p.Has(decode.FlagIF); m != d.mode || d.opts.Iflags && f != (d.iflag == 1) {
+	if execMode(p) != d.mode || d.opts.Iflags && iflagOf(p.Has(decode.FlagIF)) != d.iflag {
 		return false
 	}
 	ops := d.offOps()

@@ -133,6 +133,17 @@ func TestFastPSB(t *testing.T) {
 		{"tracing off, a mode change at the TIP.PGE", off(0, []byte{0x99, 0x02}), Options{}, false},
 		{"tracing off, IF at the TIP.PGE", off(0, []byte{0x99, 0x05}), Options{Iflags: true}, false},
 		{"tracing off, IF at the TIP.PGE not told", off(0, []byte{0x99, 0x05}), Options{}, true},
+		{"IF unknown after a resync, told at the TIP.PGE", func(e *ptenc.Encoder) {
+			// The sync after the bad bytes forgets IF, not the mode.
+			start(e, 0x1000)
+			loop(e, 2)
+			e.Raw(0x02, 0xff)
+			e.PSB()
+			e.PSBEnd()
+			e.Raw(0x99, 0x01) // MODE.Exec: 64-bit, no IF
+			e.IP(ptenc.TIPPGE, 0x1000)
+			loop(e, 2)
+		}, Options{Iflags: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := ptenc.New()
