@@ -165,13 +165,17 @@ func (d *Decoder) fast() error {
 		k.tip = tipBack
 		d.hasBack = false
 	}
+	drops := d.cache.drops
 	for {
 		d.fastLoop()
 		d.flush()
 		// A PSB+ group, or tracing's MODE.Exec before a TIP.PGE, is
 		// taken here (fastpsb.go) and the loop goes on: no hand-over
-		// to the slow path and back for each.
-		if k.nb != 0 || k.tip != tipNone || len(d.q) > 0 || d.clock != nil || !d.fastPSB(k) && !d.fastExecOff(k) {
+		// to the slow path and back for each. Not after a Handler
+		// dropped the block cache (MemoryChanged) while it read a
+		// batch: the slow path's walk looks the block up again.
+		if k.nb != 0 || k.tip != tipNone || len(d.q) > 0 || d.clock != nil || d.cache.drops != drops ||
+			!d.fastPSB(k) && !d.fastExecOff(k) {
 			break
 		}
 		k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, maxInsns-d.steps
