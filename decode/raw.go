@@ -30,3 +30,14 @@ func ApplyIP(b byte, word, last uint64) uint64 {
 	c := &ipCompressions[b>>5]
 	return c.apply(last, word&lowMask[uint8(c.size)&15])
 }
+
+// RawNext decodes the one packet at pos, a packet boundary outside a PEBS
+// block where the last IP is lastIP, into p, as SetRaw(pos, lastIP) and
+// Next would (without Next's batch loop, which costs more than it saves
+// for one packet), and returns the position after it and the last IP
+// there. An error leaves d as Next leaves it.
+func (d *PacketDecoder) RawNext(pos int, lastIP uint64, p *Packet) (next int, last uint64, err error) {
+	d.SetRaw(pos, lastIP)
+	err = d.one(p)
+	return d.pos, d.lastIP, err
+}

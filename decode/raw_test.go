@@ -89,3 +89,44 @@ func TestSetRaw(t *testing.T) {
 		t.Error("the bad opcode decodes after SetRaw")
 	}
 }
+
+// TestRawNext holds RawNext to SetRaw and Next: the same packet, position,
+// last IP and error at each packet of a PSB+ group and at bad bytes.
+func TestRawNext(t *testing.T) {
+	e := ptenc.New()
+	e.PSB()
+	e.Pad()
+	e.ModeTSX(true, false)
+	e.ModeExec(true, false)
+	e.IP(ptenc.FUP, 0x4000_1234)
+	e.PIP(0x1234000, true)
+	e.VMCS(0x5000)
+	e.CBR(25)
+	e.MNT(7)
+	e.PSBEnd()
+	e.IPC(ptenc.TIP, 1, 0x4000_5678)
+	e.Raw(0x99, 0xc0)       // MODE with a bad leaf
+	e.Raw(0x02, 0x82, 0x02) // a PSB cut short
+	e.Raw(0x02, 0xff)       // no such opcode
+	buf := append(e.Bytes(), make([]byte, 16)...)
+	var want, got Packet
+	ref, raw := NewPacketDecoder(buf), NewPacketDecoder(buf)
+	for pos, last := 0, uint64(0); pos < len(e.Bytes()); {
+		ref.SetRaw(pos, last)
+		werr := ref.Next(&want)
+		_, wpos, wlast, _ := ref.Raw()
+		next, glast, gerr := raw.RawNext(pos, last, &got)
+		if (werr == nil) != (gerr == nil) || werr != nil && werr.Error() != gerr.Error() {
+			t.Fatalf("at %d: RawNext's error %v, Next's %v", pos, gerr, werr)
+		}
+		if werr != nil {
+			// Past the bad bytes: the next opcode's byte.
+			pos++
+			continue
+		}
+		if got != want || next != wpos || glast != wlast {
+			t.Fatalf("at %d: RawNext gives %+v, %d, %#x; Next %+v, %d, %#x", pos, got, next, glast, want, wpos, wlast)
+		}
+		pos, last = next, glast
+	}
+}

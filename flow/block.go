@@ -305,6 +305,13 @@ func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 	return v, err
 }
 
+// known returns the block at ip in mode when the cache holds it, else nil:
+// it reads no memory.
+func (c *blockCache) known(ip uint64, mode Mode) *block {
+	b, _ := c.lookup(c.hash(ip, mode), ip, mode)
+	return b
+}
+
 // block returns the block at ip in mode, decoding it on a miss.
 func (d *Decoder) block(ip uint64, mode Mode) *block {
 	c := &d.cache

@@ -355,13 +355,9 @@ func (d *Decoder) next() error {
 // unread pushes d.pk back.
 func (d *Decoder) unread() { d.back, d.hasBack = d.pk, true }
 
-// setMode takes a MODE.Exec (d.pk) as the current state.
-func (d *Decoder) setMode() {
-	d.mode = execMode(&d.pk)
-	d.iflag = 0
-	if d.pk.Has(decode.FlagIF) {
-		d.iflag = 1
-	}
+// setMode takes a MODE.Exec's mode and IF bit as the current state.
+func (d *Decoder) setMode(m Mode, ifl bool) {
+	d.mode, d.iflag = m, iflagOf(ifl)
 }
 
 func execMode(p *decode.Packet) Mode {
@@ -391,14 +387,17 @@ func (d *Decoder) modeEvents(m Mode, f bool, ip uint64, b bind) {
 	if m != d.mode {
 		d.push(Event{Kind: EvExecMode, Mode: m, IP: ip, HasIP: true}, b)
 	}
-	if fl := int8(0); d.opts.Iflags {
-		if f {
-			fl = 1
-		}
-		if fl != d.iflag {
-			d.push(Event{Kind: EvIflags, Payload: uint64(fl), IP: ip, HasIP: true}, b)
-		}
+	if fl := iflagOf(f); d.opts.Iflags && fl != d.iflag {
+		d.push(Event{Kind: EvIflags, Payload: uint64(fl), IP: ip, HasIP: true}, b)
 	}
+}
+
+// iflagOf is the iflag state of a MODE.Exec's IF bit.
+func iflagOf(f bool) int8 {
+	if f {
+		return 1
+	}
+	return 0
 }
 
 func (d *Decoder) push(e Event, b bind) {
@@ -410,78 +409,93 @@ func (d *Decoder) push(e Event, b bind) {
 // last (queued.look).
 func (d *Decoder) completedBy(off uint64) { d.q[len(d.q)-1].look = off + 1 }
 
+// psbState is what the packets of a PSB+ told so far: the last FUP's IP
+// and the last MODE.Exec.
+type psbState struct {
+	ip     uint64
+	hasIP  bool
+	mode   Mode
+	modeIF bool
+}
+
 // psb reads a PSB+ (d.pk is the PSB). At a sync (first) it sets the state;
 // later its IP binds silently as a status update.
 func (d *Decoder) psb(first bool) error {
-	var (
-		ip    uint64
-		hasIP bool
-		mode  = ModeUnknown
-		modeP decode.Packet
-		ovf   bool
-	)
+	s := psbState{mode: ModeUnknown}
 	for {
 		if err := d.next(); err != nil {
 			return err
 		}
 		switch d.pk.Kind {
 		case decode.PSBEnd:
-			if ovf {
-				return nil
+			if d.psbEnd(&s, first) {
+				d.push(Event{Kind: evStatus, IP: s.ip, HasIP: true}, bindStatus)
+				d.completedBy(d.pk.Offset)
 			}
-			end := d.pk.Offset
-			if mode != ModeUnknown {
-				d.pk = modeP
-				d.setMode()
-			}
-			if first || !d.enabled {
-				d.enabled, d.ip = hasIP, ip
-				d.entered()
-				return nil
-			}
-			if !hasIP {
-				// Tracing went off without a TIP.PGD we saw.
-				d.enabled = false
-				return nil
-			}
-			d.push(Event{Kind: evStatus, IP: ip, HasIP: true}, bindStatus)
-			d.completedBy(end)
 			return nil
-		case decode.FUP:
-			ip, hasIP = d.pk.IP, !d.pk.Suppressed()
-		case decode.ModeExec:
-			mode, modeP = execMode(&d.pk), d.pk
-			if !first && d.enabled && d.mode != ModeUnknown && mode != d.mode {
+		case decode.OVF:
+			// An overflow inside PSB+: what follows it decides.
+			if s.mode != ModeUnknown {
+				d.setMode(s.mode, s.modeIF)
+			}
+			return d.overflow()
+		case decode.MNT:
+			// Maintenance is an event even in PSB+.
+			d.push(Event{Kind: EvMNT, Payload: d.pk.Payload}, bindNow)
+		default:
+			if ok, err := d.psbPacket(&s, &d.pk, first); err != nil {
 				// The status contradicts the flow (libipt
 				// reports it at the MODE.Exec).
 				d.unread()
 				d.errIP = d.ip
-				return ErrBadStatus
-			}
-		case decode.ModeTSX:
-			d.inTX = d.pk.Has(decode.FlagInTX)
-		case decode.OVF:
-			// An overflow inside PSB+: what follows it decides.
-			if mode != ModeUnknown {
-				pk := d.pk
-				d.pk = modeP
-				d.setMode()
-				d.pk = pk
-			}
-			ovf = true
-			if err := d.overflow(); err != nil {
 				return err
+			} else if !ok {
+				return ErrBadContext
 			}
-			return nil
-		case decode.MNT:
-			// Maintenance is an event even in PSB+.
-			d.push(Event{Kind: EvMNT, Payload: d.pk.Payload}, bindNow)
-		case decode.PIP, decode.VMCS, decode.CBR:
-			// Status; ptxed does not print status updates.
-		default:
-			return ErrBadContext
 		}
 	}
+}
+
+// psbPacket takes p, a packet inside a PSB+ other than its PSBEND, OVF and
+// MNT, into s; it tells whether a PSB+ may hold p. A MODE.Exec that
+// contradicts the flow later than the sync is ErrBadStatus.
+func (d *Decoder) psbPacket(s *psbState, p *decode.Packet, first bool) (bool, error) {
+	switch p.Kind {
+	case decode.FUP:
+		s.ip, s.hasIP = p.IP, !p.Suppressed()
+	case decode.ModeExec:
+		s.mode, s.modeIF = execMode(p), p.Has(decode.FlagIF)
+		if !first && d.enabled && d.mode != ModeUnknown && s.mode != d.mode {
+			return false, ErrBadStatus
+		}
+	case decode.ModeTSX:
+		d.inTX = p.Has(decode.FlagInTX)
+	case decode.PIP, decode.VMCS, decode.CBR:
+		// Status; ptxed does not print status updates.
+	default:
+		return false, nil
+	}
+	return true, nil
+}
+
+// psbEnd takes the state of a PSB+ at its PSBEND: the mode, and tracing on
+// at its IP at a sync or where tracing was off, off where it has none. It
+// tells whether its IP remains, as a status update binding at s.ip.
+func (d *Decoder) psbEnd(s *psbState, first bool) (status bool) {
+	if s.mode != ModeUnknown {
+		d.setMode(s.mode, s.modeIF)
+	}
+	if first || !d.enabled {
+		d.enabled, d.ip = s.hasIP, s.ip
+		d.entered()
+		return false
+	}
+	if !s.hasIP {
+		// Tracing went off without a TIP.PGD we saw.
+		d.enabled = false
+		return false
+	}
+	return true
 }
 
 // overflow handles OVF (d.pk): decoding resumes at the next FUP (or

@@ -30,6 +30,9 @@ type fastState struct {
 	// bytes counts the trace bytes it took: tests check that it takes
 	// the bulk of a trace.
 	bytes uint64
+	// groups counts the PSB+ groups it took (fastPSB): tests check that
+	// it takes them.
+	groups uint64
 	// The branches taken and not yet handed to the Handler, in order:
 	// batch[:n], each a run's edges as they are (their capacity cut to
 	// their length: a run keeps its return addresses after its edges)
@@ -42,6 +45,10 @@ type fastState struct {
 	edges [edgeBatch]Edge
 	// k is the kernel's state between its runs.
 	k kern
+	// pd and pk read the packets fastPSB and fastExecOff take (the
+	// slow path's decoder stays where it is until the hand-over).
+	pd decode.PacketDecoder
+	pk decode.Packet
 }
 
 // edgeBatch is the most entries (runs or single branches) the fast path
@@ -158,8 +165,21 @@ func (d *Decoder) fast() error {
 		k.tip = tipBack
 		d.hasBack = false
 	}
-	d.fastLoop()
-	d.flush()
+	drops := d.cache.drops
+	for {
+		d.fastLoop()
+		d.flush()
+		// A PSB+ group, or tracing's MODE.Exec before a TIP.PGE, is
+		// taken here (fastpsb.go) and the loop goes on: no hand-over
+		// to the slow path and back for each. Not after a Handler
+		// dropped the block cache (MemoryChanged) while it read a
+		// batch: the slow path's walk looks the block up again.
+		if k.nb != 0 || k.tip != tipNone || len(d.q) > 0 || d.clock != nil || d.cache.drops != drops ||
+			!d.fastPSB(k) && !d.fastExecOff(k) {
+			break
+		}
+		k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, maxInsns-d.steps
+	}
 	// Nothing kept past the call: the runs' slabs may be dropped.
 	k.buf, k.b, k.missP = nil, nil, nil
 	clear(d.fp.batch[:])

@@ -47,8 +47,7 @@ func (d *Decoder) nextPacket() error {
 				// The clock sees every packet, timing ones included.
 				d.clock.Packet(p)
 			}
-			switch p.Kind {
-			case decode.Pad, decode.TSC, decode.MTC, decode.CYC, decode.TMA:
+			if skipped(p.Kind) {
 				continue
 			}
 			d.pk = *p
@@ -73,6 +72,16 @@ func (d *Decoder) nextPacket() error {
 			return err
 		}
 	}
+}
+
+// skipped tells whether the flow skips packets of kind k: padding, and
+// timing packets, which only the clock (if any) sees.
+func skipped(k decode.Kind) bool {
+	switch k {
+	case decode.Pad, decode.TSC, decode.MTC, decode.CYC, decode.TMA:
+		return true
+	}
+	return false
 }
 
 // pos is the stream offset of the next packet not read (by nextPacket), or
