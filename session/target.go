@@ -212,9 +212,11 @@ func (t *Target) emitRun(rs []decode.Record) {
 	for len(rs) > 0 {
 		k := 0
 		if t.inPlace && !t.brRecs {
-			// The capacity bounded so that a commit comes every maxEmit
-			// bytes: the run stops short of it by less than a line.
-			line := t.line[:len(t.line):min(cap(t.line), maxEmit+minInPlace)]
+			// The capacity bounded at maxEmit: the run stops short of it
+			// by less than a line's bound, and emit takes the lines up to
+			// it, so that a commit comes where emit's would (every
+			// maxEmit bytes, not a chunk's free space later).
+			line := t.line[:len(t.line):min(cap(t.line), maxEmit)]
 			line, k = t.fmt.AppendRun(line, t.seq+1, rs)
 			t.line = t.line[:len(line)]
 		}
