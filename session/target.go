@@ -207,7 +207,8 @@ func (t *Target) emit(r *decode.Record) {
 // each, but as many at once as the chunk's free space holds
 // (RecordWriter.AppendRun, up to maxEmit between commits); a record it
 // leaves (no room, an event whose line's length is not known before, the
-// spare buffer, or branches being traced in ptw mode) goes through emit.
+// spare buffer, or a classic record that the branches being read get
+// too) goes through emit.
 func (t *Target) emitRun(rs []decode.Record) {
 	for len(rs) > 0 {
 		k := 0
