@@ -313,7 +313,7 @@ func readStream(t *testing.T, s *stream.Stream) []byte {
 // TestBranchesClassicRecordsByTime: a classic session on a simulated
 // kernel whose branch tracing replays a hand-made trace of ptsim's
 // flow-static (side band of its recording) while the target's classic
-// records come from the record path (Target.emit): in branches each record
+// records come from the record path (deliver, one batch): in branches each record
 // stands among the branch lines by time (converted from CLOCK_MONOTONIC by
 // the measured offset), the one later than all trace after the flush.
 func TestBranchesClassicRecordsByTime(t *testing.T) {
@@ -360,10 +360,15 @@ func TestBranchesClassicRecordsByTime(t *testing.T) {
 	if err := rep.Sync(); err != nil {
 		t.Fatal(err)
 	}
+	// One batch through the routes: a run of one event's records, which
+	// emitRun leaves to emit while the branches are read.
 	ev := &decode.Event{ID: 1, Group: "ptfs_t", Name: "e"}
+	s.setRoute(ev.ID, &probe{target: tg, name: "e"})
+	var batch []decode.Record
 	for _, perf := range []uint64{500, 2000, 9000} {
-		emitOne(tg, &decode.Record{Event: ev, TID: 42, CPU: 0, Time: perf + 1_000_000})
+		batch = append(batch, decode.Record{Event: ev, TID: 42, CPU: 0, Time: perf + 1_000_000})
 	}
+	s.deliver(batch)
 	trace, _ := enginetest.StartStops(0x4016d0, 0x402aa0, 1000, 3000)
 	if err := rep.Queue(enginetest.Batch{0: {enginetest.Trace(trace)}}); err != nil {
 		t.Fatal(err)

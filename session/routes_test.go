@@ -300,3 +300,73 @@ func TestDeliverLineCount(t *testing.T) {
 		t.Errorf("the window's %d bytes differ from the %d of its records' lines", len(got), len(want))
 	}
 }
+
+// TestEmitRunCommits: a run formatted at once (emitRun) commits its lines
+// where emit, record by record, does: as soon as maxEmit bytes are
+// gathered, so that readers see a long run as it goes. The same records
+// through both leave the same bytes committed mid-run, and the same
+// stream.
+func TestEmitRunCommits(t *testing.T) {
+	s := &Session{opts: Options{Stream: stream.Options{Dir: t.TempDir()}}}
+	ev := &decode.Event{ID: 5, Group: "ptfs_t", Name: "e", Args: make([]decode.Arg, 2)}
+	rs := make([]decode.Record, 3000)
+	for i := range rs {
+		k := uint64(i)
+		rs[i] = decode.Record{Event: ev, N: 2, Args: [8]uint64{k, k * k * k}, TID: 7, CPU: 1, Time: k * 1e3, PID: 7, Comm: "t"}
+	}
+	var (
+		committed [2]int64
+		content   [2][]byte
+	)
+	for i, run := range []bool{true, false} {
+		tg := newTarget(s, "t", "/bin/t", "g", nil)
+		t.Cleanup(func() { tg.recs.Close(); tg.brs.Close() })
+		tg.beginEmit()
+		if run {
+			tg.emitRun(rs)
+		} else {
+			for k := range rs {
+				tg.emit(&rs[k])
+			}
+		}
+		committed[i] = tg.recs.Size()
+		tg.endEmit()
+		content[i] = readStream(t, tg.recs)
+	}
+	if committed[0] != committed[1] || committed[1] < maxEmit {
+		t.Errorf("mid-run commits of a run: %d bytes, of the records one by one %d (every %d bytes)", committed[0], committed[1], maxEmit)
+	}
+	if !bytes.Equal(content[0], content[1]) || len(content[0]) == 0 {
+		t.Errorf("the run's stream (%d bytes) differs from the records' one by one (%d)", len(content[0]), len(content[1]))
+	}
+}
+
+// TestDeliverSwapRuns delivers a replacement's records (TestSwapDrop's
+// two threads interleaved) as one batch: runs of one event, each record
+// still paired through the swap, so that the old event's second records
+// of the new one's hits are dropped however the batch runs.
+func TestDeliverSwapRuns(t *testing.T) {
+	s := &Session{opts: Options{Stream: stream.Options{Dir: t.TempDir()}}}
+	tg := newTarget(s, "t", "/bin/t", "g", nil)
+	t.Cleanup(func() { tg.recs.Close(); tg.brs.Close() })
+	p := &probe{target: tg, name: "e"}
+	s.routes.Store(&map[uint16]*route{1: {p: p}})
+	s.beginSwap(p, 1, 2)
+	old := &decode.Event{ID: 1, Group: "ptfs_t", Name: "e", Args: make([]decode.Arg, 1)}
+	nu := &decode.Event{ID: 2, Group: "ptfs_t", Name: "e", Args: make([]decode.Arg, 1)}
+	batch := []decode.Record{
+		{Event: nu, N: 1, Args: [8]uint64{1}, TID: 7, CPU: 0},
+		{Event: nu, N: 1, Args: [8]uint64{2}, TID: 8, CPU: 0},
+		{Event: old, N: 1, Args: [8]uint64{3}, TID: 8, CPU: 0},
+		{Event: old, N: 1, Args: [8]uint64{4}, TID: 7, CPU: 0},
+		{Event: old, N: 1, Args: [8]uint64{5}, TID: 9, CPU: 0},
+	}
+	s.deliver(batch)
+	var want []byte
+	for i, k := range []int{0, 1, 4} {
+		want = decode.AppendRecord(want, uint64(i+1), &batch[k])
+	}
+	if got := readStream(t, tg.recs); !bytes.Equal(got, want) || s.dups.Load() != 2 {
+		t.Errorf("%d dropped, records:\n%s\nwant\n%s", s.dups.Load(), got, want)
+	}
+}

@@ -207,14 +207,17 @@ func (t *Target) emit(r *decode.Record) {
 // each, but as many at once as the chunk's free space holds
 // (RecordWriter.AppendRun, up to maxEmit between commits); a record it
 // leaves (no room, an event whose line's length is not known before, the
-// spare buffer, or branches being traced in ptw mode) goes through emit.
+// spare buffer, or a classic record that the branches being read get
+// too) goes through emit.
 func (t *Target) emitRun(rs []decode.Record) {
 	for len(rs) > 0 {
 		k := 0
 		if t.inPlace && !t.brRecs {
-			// The capacity bounded so that a commit comes every maxEmit
-			// bytes: the run stops short of it by less than a line.
-			line := t.line[:len(t.line):min(cap(t.line), maxEmit+minInPlace)]
+			// The capacity bounded at maxEmit: the run stops short of it
+			// by less than a line's bound, and emit takes the lines up to
+			// it, so that a commit comes where emit's would (every
+			// maxEmit bytes, not a chunk's free space later).
+			line := t.line[:len(t.line):min(cap(t.line), maxEmit)]
 			line, k = t.fmt.AppendRun(line, t.seq+1, rs)
 			t.line = t.line[:len(line)]
 		}
