@@ -141,7 +141,10 @@ func (p *poller) check(fd uintptr) bool {
 }
 
 // wait sleeps until a ring reaches its wakeup watermark, a wake, or d has
-// passed. An interrupted sleep is no error. Only the reader calls it.
+// passed. An interrupted sleep is no error. Only the reader calls it. A
+// wake-up the netpoller took while the reader was not parked (for an fd
+// that the reader's own look then saw) ends the next wait at once, with
+// nothing found: one stale pass, then the wait sleeps again.
 func (p *poller) wait(d time.Duration) error {
 	var err error
 	if d <= 0 {
