@@ -2,14 +2,17 @@ package session
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"ptfs/internal/testkit"
+	"ptfs/tracefs"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,17 +38,42 @@ func newSession(t *testing.T) *Session {
 // groupLines returns the uprobe_events lines of tracefs group g.
 func groupLines(t *testing.T, s *Session, g string) []string {
 	t.Helper()
-	lines, err := s.tfs.Events()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, l := range lines {
-		if strings.Contains(l, ":"+g+"/") {
-			out = append(out, l)
+	// The kernel hands uprobe_events out a page per read, each from the
+	// line at its index: a removal elsewhere between two reads (other
+	// packages' tests remove probes all the time) moves the rest up and a
+	// read misses a line. The group's directory under events is exact:
+	// a listing is taken once it names the same events.
+	for try := 0; ; try++ {
+		lines, err := s.tfs.Events()
+		if err != nil {
+			t.Fatal(err)
 		}
+		var out []string
+		listed := map[string]bool{}
+		for _, l := range lines {
+			if pl, err := tracefs.ParseLine(l); err == nil && pl.Group == g {
+				out = append(out, l)
+				listed[pl.Event] = true
+			}
+		}
+		dirs, err := os.ReadDir(filepath.Join(s.tfs.Dir, "events", g))
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+		events := 0
+		same := true
+		for _, d := range dirs {
+			if d.IsDir() { // besides the group's enable and filter files
+				events++
+				same = same && listed[d.Name()]
+			}
+		}
+		same = same && events == len(listed)
+		if same || try == 50 {
+			return out
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return out
 }
 
 // Names that sanitising and the 63-byte tracefs limit make equal still get
