@@ -236,3 +236,38 @@ func TestStatusWalk(t *testing.T) {
 		t.Error("a walk without a block went on")
 	}
 }
+
+// TestFastPSBSinceRef: a status update is an IP reference, as its event is
+// on the slow path (fireEv): a TRIG after the group counts its instructions
+// from the status IP, not from before the group, whether the walk to the
+// status executed instructions or none.
+func TestFastPSBSinceRef(t *testing.T) {
+	// 2000: jmp 2010; 2010: ret
+	code := []byte{0xeb, 0x0e, 16: 0xc3}
+	mem := &blob{base: 0x2000, code: code}
+	for _, status := range []uint64{0x2000, 0x2010} {
+		e := ptenc.New()
+		start(e, 0x2000)
+		// Each round's jump is executed with no TNT bit to reset
+		// the count: the kernel stops at 2000 with it at 8.
+		for range 8 {
+			e.IP(ptenc.TIP, 0x2000)
+		}
+		e.PSB()
+		e.IP(ptenc.FUP, status)
+		e.PSBEnd()
+		e.Raw(0xd9, 0x40, 0x02, 0x01, 0x00) // TRIG, icnt 2
+		for range 4 {
+			e.IP(ptenc.TIP, 0x2000)
+		}
+		for range 32 {
+			e.Pad()
+		}
+		sameFast(t, mem, e.Bytes(), Options{})
+		d := New(mem, Options{NoInsns: true})
+		d.Decode(e.Bytes(), &counter{})
+		if d.fp.groups == 0 {
+			t.Errorf("status at %#x: the fast path took no PSB+ group", status)
+		}
+	}
+}
