@@ -210,17 +210,10 @@ func FuzzRealImages(f *testing.F) {
 		var lines lineChecker
 		b := NewBranches(&lines, mem, mem, nil)
 		d := New(mem, Options{MaxInsns: 1 << 10, ResyncOnError: img&2 != 0})
-		done := make(chan struct{})
-		go func() {
+		testkit.Bounded(t, 3*time.Second, fmt.Sprintf("decode of %d bytes", len(trace)), func() {
 			d.Decode(trace, b)
 			b.Finish()
-			close(done)
-		}()
-		select {
-		case <-done:
-		case <-time.After(3 * time.Second):
-			t.Fatalf("decode of %d bytes did not end within 3 s", len(trace))
-		}
+		})
 		if err := b.Flush(); err != nil {
 			t.Fatal(err)
 		}

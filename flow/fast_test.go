@@ -93,20 +93,27 @@ func sameFast(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
 		} else {
 			df.Decode(trace, &fast)
 		}
-		if ds.Counters() != df.Counters() {
-			t.Errorf("pass %d: counters %+v with the fast path, %+v without", pass, df.Counters(), ds.Counters())
-		}
-		if len(slow.items) != len(fast.items) {
-			t.Errorf("pass %d: %d branches and events with the fast path, %d without", pass, len(fast.items), len(slow.items))
-		}
-		for i := range min(len(slow.items), len(fast.items)) {
-			a, b := slow.items[i], fast.items[i]
-			if a != b || a.ev > 0 && slow.events[a.ev-1] != fast.events[b.ev-1] {
-				t.Fatalf("pass %d: line %d: %q with the fast path, %q without", pass, i, fast.line(i), slow.line(i))
-			}
-		}
+		sameLogs(t, pass, ds, df, &slow, &fast.fullLog)
 	}
 	return ds.Counters()
+}
+
+// sameLogs fails t unless df (the fast path) gave the branches, events and
+// counters that ds (the slow path) gave.
+func sameLogs(t *testing.T, pass int, ds, df *Decoder, slow, fast *fullLog) {
+	t.Helper()
+	if ds.Counters() != df.Counters() {
+		t.Errorf("pass %d: counters %+v with the fast path, %+v without", pass, df.Counters(), ds.Counters())
+	}
+	if len(slow.items) != len(fast.items) {
+		t.Errorf("pass %d: %d branches and events with the fast path, %d without", pass, len(fast.items), len(slow.items))
+	}
+	for i := range min(len(slow.items), len(fast.items)) {
+		a, b := slow.items[i], fast.items[i]
+		if a != b || a.ev > 0 && slow.events[a.ev-1] != fast.events[b.ev-1] {
+			t.Fatalf("pass %d: line %d: %q with the fast path, %q without", pass, i, fast.line(i), slow.line(i))
+		}
+	}
 }
 
 // fastBytes counts the trace bytes sameFast's decoders took on the fast

@@ -236,3 +236,161 @@ func TestStatusWalk(t *testing.T) {
 		t.Error("a walk without a block went on")
 	}
 }
+
+// TestFastPSBSinceRef: a status update is an IP reference, as its event is
+// on the slow path (fireEv): a TRIG after the group counts its instructions
+// from the status IP, not from before the group, whether the walk to the
+// status executed instructions or none.
+func TestFastPSBSinceRef(t *testing.T) {
+	// 2000: jmp 2010; 2010: ret
+	code := []byte{0xeb, 0x0e, 16: 0xc3}
+	mem := &blob{base: 0x2000, code: code}
+	for _, status := range []uint64{0x2000, 0x2010} {
+		e := ptenc.New()
+		start(e, 0x2000)
+		// Each round's jump is executed with no TNT bit to reset
+		// the count: the kernel stops at 2000 with it at 8.
+		for range 8 {
+			e.IP(ptenc.TIP, 0x2000)
+		}
+		e.PSB()
+		e.IP(ptenc.FUP, status)
+		e.PSBEnd()
+		e.Raw(0xd9, 0x40, 0x02, 0x01, 0x00) // TRIG, icnt 2
+		for range 4 {
+			e.IP(ptenc.TIP, 0x2000)
+		}
+		for range 32 {
+			e.Pad()
+		}
+		sameFast(t, mem, e.Bytes(), Options{})
+		d := New(mem, Options{NoInsns: true})
+		d.Decode(e.Bytes(), &counter{})
+		if d.fp.groups == 0 {
+			t.Errorf("status at %#x: the fast path took no PSB+ group", status)
+		}
+	}
+}
+
+// swapBlob is code memory that a Handler changes (swapped), as perfflow's
+// side band does.
+type swapBlob struct {
+	old, new *blob
+	swapped  bool
+}
+
+func (m *swapBlob) ReadAt(dst []byte, addr uint64) (int, error) {
+	if m.swapped {
+		return m.new.ReadAt(dst, addr)
+	}
+	return m.old.ReadAt(dst, addr)
+}
+
+// swapLog is an edgeLog that changes its decoder's memory and drops its
+// block cache (MemoryChanged) at the at-th return it reads (in Branch or
+// in a batch of Edges), or at the at-th enable (an Event).
+type swapLog struct {
+	edgeLog
+	d      *Decoder
+	mem    *swapBlob
+	enable bool // at an enable, else at a return
+	at, n  int
+}
+
+func (l *swapLog) Branch(from, to uint64, k BranchKind) {
+	l.edgeLog.Branch(from, to, k)
+	l.saw(k == BrReturn && !l.enable)
+}
+
+func (l *swapLog) Edges(batch [][]Edge) {
+	l.edgeLog.Edges(batch)
+	for _, e := range batch {
+		for i := range e {
+			l.saw(e[i].Kind == BrReturn && !l.enable)
+		}
+	}
+}
+
+func (l *swapLog) Event(e *Event) {
+	l.edgeLog.Event(e)
+	l.saw(e.Kind == EvEnabled && l.enable)
+}
+
+func (l *swapLog) saw(counted bool) {
+	if counted {
+		if l.n++; l.n == l.at {
+			l.mem.swapped = true
+			l.d.MemoryChanged()
+		}
+	}
+}
+
+// TestFastPSBMemoryChanged: a Handler that changes the memory and drops the
+// block cache right before a PSB+ group gets from the fast path the slow
+// path's flow: after a drop in the batch handed over before the group (the
+// kernel's block is the old code's) the group is the slow path's, whose
+// walk to the status looks its blocks up again; after a drop at an enable
+// (an Event) too, the status walk going through the new code's blocks.
+func TestFastPSBMemoryChanged(t *testing.T) {
+	// Old: 3000: jmp 3010; 3010: nop; ret
+	// New: 3000: jmp 3020; 3010: ret; 3020: nop; ret
+	old := &blob{base: 0x3000, code: []byte{0xeb, 0x0e, 16: 0x90, 0xc3}}
+	new := &blob{base: 0x3000, code: []byte{0xeb, 0x1e, 16: 0xc3, 32: 0x90, 0xc3}}
+	const rounds = 8
+	for _, tc := range []struct {
+		name   string
+		enable bool // the Handler changes the memory at an enable
+		status uint64
+		trace  func(e *ptenc.Encoder)
+		group  bool // the fast path takes the group
+	}{
+		{"at the return before the group", false, 0x3010, func(e *ptenc.Encoder) {
+			start(e, 0x3000)
+			for range rounds {
+				e.IP(ptenc.TIP, 0x3000)
+			}
+		}, false},
+		{"at the enable before the group", true, 0x3020, func(e *ptenc.Encoder) {
+			start(e, 0x3000)
+			for range rounds - 1 {
+				e.IP(ptenc.TIP, 0x3000)
+			}
+			e.IPC(ptenc.TIPPGD, 0, 0)
+			e.IP(ptenc.TIPPGE, 0x3000)
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := ptenc.New()
+			tc.trace(e)
+			e.PSB()
+			e.IP(ptenc.FUP, tc.status)
+			e.PSBEnd()
+			for range 4 {
+				e.IP(ptenc.TIP, 0x3000)
+			}
+			for range 32 {
+				e.Pad()
+			}
+			at := rounds
+			if tc.enable {
+				at = 1
+			}
+			var logs [2]*swapLog
+			var decs [2]*Decoder
+			for i := range logs {
+				mem := &swapBlob{old: old, new: new}
+				decs[i] = New(mem, Options{NoInsns: true})
+				decs[i].fp.off = i == 0
+				logs[i] = &swapLog{edgeLog: edgeLog{t: t}, d: decs[i], mem: mem, enable: tc.enable, at: at}
+				decs[i].Decode(e.Bytes(), logs[i])
+				if !mem.swapped {
+					t.Fatal("the memory did not change")
+				}
+			}
+			sameLogs(t, 0, decs[0], decs[1], &logs[0].fullLog, &logs[1].fullLog)
+			if got := decs[1].fp.groups > 0; got != tc.group {
+				t.Errorf("the fast path took %d groups; want some: %v", decs[1].fp.groups, tc.group)
+			}
+		})
+	}
+}

@@ -207,13 +207,7 @@ func FuzzDecode(f *testing.F) {
 			stubs = []Stub{{Start: end, End: end + 0x1000, Site: base + 1, Next: base + 2, Kind: StubKind(len(trace) / 2 % 3)}}
 		}
 		d := New(&blob{base: base, code: code}, Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1, Stubs: stubs})
-		done := make(chan struct{})
-		go func() { d.Decode(trace, &r); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(3 * time.Second):
-			t.Fatalf("decode of %d bytes did not end within 3 s", len(trace))
-		}
+		testkit.Bounded(t, 3*time.Second, fmt.Sprintf("decode of %d bytes", len(trace)), func() { d.Decode(trace, &r) })
 		c := d.Counters()
 		if c.Insns != r.n {
 			t.Fatalf("counted %d instructions, reported %d", c.Insns, r.n)

@@ -2,6 +2,7 @@ package perfflow
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -132,15 +133,12 @@ func FuzzDecodeBuffer(f *testing.F) {
 		d := New(Config{Processes: p, Timeline: tl, CPU: 0, Options: flow.Options{MaxInsns: 1 << 10}}, func(mem flow.Memory, sym flow.Symbolizer) *flow.Branches {
 			return flow.NewBranches(&out, mem, sym, nil)
 		})
-		done := make(chan error, 1)
-		go func() { done <- d.DecodeBuffer(&perfdata.Buffer{Chunks: l.chunks}, l.auxes) }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(3 * time.Second):
-			t.Fatalf("DecodeBuffer of %d bytes, %d records did not end within 3 s", len(trace), len(l.auxes))
+		var err error
+		testkit.Bounded(t, 3*time.Second, fmt.Sprintf("DecodeBuffer of %d bytes, %d records", len(trace), len(l.auxes)), func() {
+			err = d.DecodeBuffer(&perfdata.Buffer{Chunks: l.chunks}, l.auxes)
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 		if err := d.Branches().Flush(); err != nil {
 			t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -265,6 +266,60 @@ func Repeat(f func()) (stop func()) {
 		close(quit)
 		<-done
 	}
+}
+
+// Bounded runs f on a goroutine locked to a thread of its own and fails t
+// when f has not returned once that thread used cpu of CPU time (schedstat's
+// first field), or after a minute in all: code that cannot block hangs by
+// spinning, which shows as CPU time, where a wall-clock bound measures the
+// machine's load too (a fuzz worker beside other work waits on a run queue
+// for seconds). f keeps running after a failure.
+func Bounded(t testing.TB, cpu time.Duration, what string, f func()) {
+	t.Helper()
+	type thread struct {
+		stat string
+		base time.Duration // the thread's CPU time before f
+	}
+	began := make(chan thread, 1)
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		th := thread{stat: "/proc/self/task/" + strconv.Itoa(syscall.Gettid()) + "/schedstat"}
+		th.base = threadCPU(th.stat)
+		began <- th
+		f()
+		close(done)
+	}()
+	th := <-began
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for start := time.Now(); ; {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+		}
+		if used := threadCPU(th.stat) - th.base; used > cpu || time.Since(start) > time.Minute {
+			t.Fatalf("%s did not end within %v of CPU time (%v used, %v since it began)",
+				what, cpu, used, time.Since(start).Round(time.Millisecond))
+		}
+	}
+}
+
+// threadCPU is the CPU time of the thread whose schedstat file is at path
+// (its first field); 0 when it cannot be read.
+func threadCPU(path string) time.Duration {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return 0
+	}
+	ns, _ := strconv.ParseInt(f[0], 10, 64)
+	return time.Duration(ns)
 }
 
 // RunDelays returns how long each thread of this process has waited on a
