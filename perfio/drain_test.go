@@ -243,7 +243,10 @@ func TestDrainRandom(t *testing.T) {
 				}
 				// The string's bytes, copied from the sample into the
 				// record's own storage: the one string of the record.
-				if r.Data == nil || string(*r.Data) != w.str {
+				if r.Data == nil {
+					t.Fatalf("round %d: time %d: no string, want %q", round, w.time, w.str)
+				}
+				if string(*r.Data) != w.str {
 					t.Fatalf("round %d: time %d: string %q, want %q", round, w.time, *r.Data, w.str)
 				}
 			}

@@ -270,6 +270,9 @@ func TestOverwriteRecordsOnce(t *testing.T) {
 func overwriteRun(t *testing.T, bin string, rate int) (lost, paired bool) {
 	const overwrites = 60
 	m := startMount(t, "--max-stream=1000000000", "t="+bin)
+	// Ended with the run: a run again would otherwise have this mount's
+	// probe at the same site record every one of its hits too.
+	defer m.stop(syscall.SIGTERM)
 	specs := []string{"hot %di", "hot i=%di"}
 	m.setProbe("t", "e", specs[0])
 	// The program runs until the overwrites are done (SIGTERM), however
