@@ -921,7 +921,7 @@ func (b *rawQueue) grow(n int) {
 	b.buf, b.r, b.w, b.wrap = buf, 0, k, 0
 }
 
-// take returns the next n bytes, valid until the next push.
+// take returns the next n bytes, valid until the next room.
 func (b *rawQueue) take(n uint32) []byte {
 	if b.wrap > 0 && b.r == b.wrap {
 		b.r, b.wrap = 0, 0
