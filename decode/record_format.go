@@ -295,10 +295,7 @@ func (w *RecordWriter) Append(dst []byte, seq uint64, r *Record) []byte {
 	dst = dst[:l+len(w.end)]
 	copy(dst[l:], w.end)
 	if w.fracAt != 0 {
-		f := uint32(r.Time - w.secBase)
-		b := dst[l+w.fracAt:]
-		b[0] = byte('0' + f/1e8)
-		binary.LittleEndian.PutUint64(b[1:9], digits8(f%1e8)|ascii8)
+		putFrac9(dst[l+w.fracAt:], uint32(r.Time-w.secBase))
 	}
 	return dst
 }
@@ -468,9 +465,16 @@ func AppendTime(dst []byte, ns uint64) []byte {
 
 // appendFrac9 appends f (< 1e9) as nine digits, zero-padded.
 func appendFrac9(dst []byte, f uint32) []byte {
-	dst = append(dst, byte('0'+f/1e8), 0, 0, 0, 0, 0, 0, 0, 0)
-	binary.LittleEndian.PutUint64(dst[len(dst)-8:], digits8(f%1e8)|ascii8)
+	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	putFrac9(dst[len(dst)-9:], f)
 	return dst
+}
+
+// putFrac9 writes f (< 1e9) as nine digits, zero-padded, into b[:9]
+// (RecordWriter fills a kept line end's fraction in place).
+func putFrac9(b []byte, f uint32) {
+	b[0] = byte('0' + f/1e8)
+	binary.LittleEndian.PutUint64(b[1:9], digits8(f%1e8)|ascii8)
 }
 
 // AppendManual appends a manual ptwrite line. ip is printed only when hasIP.

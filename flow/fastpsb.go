@@ -64,15 +64,14 @@ func (d *Decoder) fastPSB(k *kern) bool {
 	// path walks to it.
 	var walked, left int
 	var at uint64
-	steps := d.opts.MaxInsns - k.budget
 	if d.enabled && s.hasIP {
 		var ok bool
-		walked, left, at, ok = d.statusWalk(k.b, k.ip, s.ip, d.opts.MaxInsns-steps)
+		walked, left, at, ok = d.statusWalk(k.b, k.ip, s.ip, k.budget)
 		if !ok || s.mode != ModeUnknown && s.mode != d.mode {
 			return false
 		}
 	}
-	d.ip, d.steps = k.ip, steps
+	d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
 	if d.psbEnd(&s, false) {
 		// As walk executes the instructions before it (exec's direct
 		// branches: a Branch each) and deliver fires it (fireEv's

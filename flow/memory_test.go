@@ -291,11 +291,11 @@ func TestBlockTableTags(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		for k, w := range want {
-			if b, _ := c.lookup(c.hash(k[0], Mode(k[1])), k[0], Mode(k[1])); b != w || b.ip != k[0] || b.mode != Mode(k[1]) {
+			if b := c.known(k[0], Mode(k[1])); b != w || b.ip != k[0] || b.mode != Mode(k[1]) {
 				t.Fatalf("%s: %#x %v found %p, want %p", when, k[0], Mode(k[1]), b, w)
 			}
 		}
-		if b, _ := c.lookup(c.hash(ip3, Mode64), ip3, Mode64); b != nil {
+		if b := c.known(ip3, Mode64); b != nil {
 			t.Fatalf("%s: %#x (the same tag) found %#x", when, ip3, b.ip)
 		}
 	}
@@ -309,7 +309,7 @@ func TestBlockTableTags(t *testing.T) {
 		t.Fatalf("%d blocks held, %d added", c.n, len(want))
 	}
 	c.drop()
-	if b, _ := c.lookup(c.hash(ip1, Mode64), ip1, Mode64); b != nil || c.n != 0 {
+	if b := c.known(ip1, Mode64); b != nil || c.n != 0 {
 		t.Fatalf("after the drop %d blocks, %#x found", c.n, ip1)
 	}
 	old := want[[2]uint64{ip2, uint64(Mode64)}]
