@@ -155,6 +155,7 @@ func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 	tmp := &c.tmp
 	ne, nr := 0, maxRunEdges
 	steps, jumps := 0, 0
+	rest := uint64(pat) << (64 - k) // the bits to take, the next at the top
 	for uint(r.used) < k && jumps <= runJumps {
 		n := int(b.n) - 1
 		class := b.class
@@ -172,13 +173,14 @@ func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 		if class == x86insn.CondJump {
 			r.used++
 			r.bit, steps, jumps = true, 0, 0
-			if pat>>(k-uint(r.used))&1 == 1 {
+			if rest>>63 == 1 {
 				tmp[ne] = Edge{From: from, To: target, Kind: BrCond}
 				ne++
 				next = target
 			} else {
 				succ = &b.fall
 			}
+			rest <<= 1
 		} else {
 			steps += n + 1
 			jumps++
@@ -205,9 +207,11 @@ func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 	nrets := nr - maxRunEdges
 	r.end, r.steps, r.nrets = b, uint16(steps), uint8(nrets)
 	d.cache.insns += 2 + ne + nrets
-	// The return addresses after the edges (copy moves overlapping
-	// elements as memmove does).
-	copy(tmp[ne:], tmp[maxRunEdges:nr])
+	if nrets > 0 {
+		// The return addresses after the edges (copy moves
+		// overlapping elements as memmove does).
+		copy(tmp[ne:], tmp[maxRunEdges:nr])
+	}
 	kept := c.add(start, &r, tmp[:ne+nrets])
 	*ref = runRef{start, kept}
 	return kept
