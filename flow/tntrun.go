@@ -148,60 +148,71 @@ func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 	}
 	start := b
 	r := tntRun{pat: pat}
-	// The edges (at most maxRunEdges) from tmp's start, the return
-	// addresses from its middle: appended to the edges in the end.
-	edges, rets := c.tmp[:0:len(c.tmp)], c.tmp[maxRunEdges:maxRunEdges]
+	// The edges from tmp's start (at most maxRunEdges), the return
+	// addresses from its middle, by index: no slice is kept across the
+	// successor's lookup (a call, around which the compiler spills what
+	// is live), and a known successor is taken without it.
+	tmp := &c.tmp
+	ne, nr := 0, maxRunEdges
 	steps, jumps := 0, 0
-walk:
-	for uint(r.used) < k {
-		n := b.count() - 1
-		if n < 0 || jumps > runJumps {
+	rest := uint64(pat) << (64 - k) // the bits to take, the next at the top
+	for uint(r.used) < k && jumps <= runJumps {
+		n := int(b.n) - 1
+		class := b.class
+		if n < 0 || class == x86insn.NotBranch || class > x86insn.Call {
 			break
 		}
-		lst := b.last()
-		next, succ := lst.ip+uint64(lst.len), &b.taken
-		switch lst.class {
-		case x86insn.CondJump, x86insn.Jump, x86insn.Call:
-		default:
-			break walk
-		}
+		from, target := b.ip+uint64(b.lastOff), b.target
+		next, succ := from+uint64(b.lastLen), &b.taken
 		// The walk's MaxInsns check before the block.
 		if need := uint16(steps + n + 1); r.bit {
 			r.post = max(r.post, need)
 		} else {
 			r.pre = max(r.pre, need)
 		}
-		if lst.class == x86insn.CondJump {
+		if class == x86insn.CondJump {
 			r.used++
 			r.bit, steps, jumps = true, 0, 0
-			if pat>>(k-uint(r.used))&1 == 1 {
-				edges = append(edges, Edge{From: lst.ip, To: lst.target, Kind: BrCond})
-				next = lst.target
+			if rest>>63 == 1 {
+				tmp[ne] = Edge{From: from, To: target, Kind: BrCond}
+				ne++
+				next = target
 			} else {
 				succ = &b.fall
 			}
+			rest <<= 1
 		} else {
 			steps += n + 1
 			jumps++
-			e := Edge{From: lst.ip, To: lst.target, Kind: BrJump}
-			if lst.class == x86insn.Call {
-				e.Kind = BrCall
+			kind := BrJump
+			if class == x86insn.Call {
+				kind = BrCall
 				// As pushCall: a call to the next instruction
 				// pushes nothing.
-				if lst.target != next {
-					rets = append(rets, Edge{From: next})
+				if target != next {
+					tmp[nr] = Edge{From: next}
+					nr++
 				}
 			}
-			edges = append(edges, e)
-			next = lst.target
+			tmp[ne] = Edge{From: from, To: target, Kind: kind}
+			ne++
+			next = target
 		}
 		r.insns += uint16(n + 1)
-		r.errIP = lst.ip
-		b = d.fixedSucc(succ, next)
+		r.errIP = from
+		if b = *succ; b == nil {
+			b = d.fixedSucc(succ, next)
+		}
 	}
-	r.end, r.steps, r.nrets = b, uint16(steps), uint8(len(rets))
-	d.cache.insns += 2 + len(edges) + len(rets)
-	kept := c.add(start, &r, append(edges, rets...))
+	nrets := nr - maxRunEdges
+	r.end, r.steps, r.nrets = b, uint16(steps), uint8(nrets)
+	d.cache.insns += 2 + ne + nrets
+	if nrets > 0 {
+		// The return addresses after the edges (copy moves
+		// overlapping elements as memmove does).
+		copy(tmp[ne:], tmp[maxRunEdges:nr])
+	}
+	kept := c.add(start, &r, tmp[:ne+nrets])
 	*ref = runRef{start, kept}
 	return kept
 }

@@ -3,6 +3,8 @@ package flow
 import (
 	"reflect"
 	"testing"
+
+	"ptfs/decode/ptenc"
 )
 
 // TestRunAddKeepsEveryField holds runCache.add, which copies a run field by
@@ -38,5 +40,62 @@ func TestRunAddKeepsEveryField(t *testing.T) {
 	second := c.add(b, &r, edges)
 	if b.runs != second || second.next != kept {
 		t.Error("second run not listed first, before the first")
+	}
+}
+
+// TestRunLongest holds the runs of the most edges and return addresses,
+// which tntRun writes into tmp by index, to the slow path's flow and to
+// being kept whole: each bit behind runJumps calls that push (102 edges,
+// 96 return addresses), and the last bit behind more calls than a run goes
+// through without a bit (5 bits, then runJumps+1 calls: 102 and 97).
+func TestRunLongest(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		calls       [runBits]int // before each bit's je
+		edges, rets int
+		used        uint8
+	}{
+		{"bits", [runBits]int{16, 16, 16, 16, 16, 16}, 102, 96, runBits},
+		{"jumps", [runBits]int{16, 16, 16, 16, 16, 18}, 102, 97, runBits - 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var code []byte
+			for _, n := range tc.calls {
+				for range n {
+					code = append(code, 0xe8, 2, 0, 0, 0, 0x66, 0x90) // call over a nop: pushes
+				}
+				code = append(code, 0x74, 2, 0x66, 0x90) // je over a nop
+			}
+			code = append(code, 0xc3) // ret: the flow waits for trace
+			mem := &blob{base: 0x1000, code: code}
+			e := ptenc.New()
+			start(e, 0x1000)
+			e.TNT(1<<runBits-1, runBits)
+			sameFast(t, mem, e.Bytes(), Options{})
+			d := New(mem, Options{NoInsns: true})
+			d.Decode(e.Bytes(), &counter{})
+			b := d.cache.known(0x1000, Mode64)
+			if b == nil || b.runs == nil {
+				t.Fatal("no run kept from the first block")
+			}
+			r := b.runs
+			if len(r.edges) != tc.edges || int(r.nrets) != tc.rets || r.used != tc.used {
+				t.Errorf("run of %d edges, %d return addresses, %d bits; want %d, %d, %d",
+					len(r.edges), r.nrets, r.used, tc.edges, tc.rets, tc.used)
+			}
+			// Each return address follows its call.
+			rets := r.rets()
+			for _, e := range r.edges {
+				if e.Kind == BrCall {
+					if len(rets) == 0 || rets[0].From != e.From+5 {
+						t.Fatalf("call at %#x, return addresses %v", e.From, rets)
+					}
+					rets = rets[1:]
+				}
+			}
+			if len(rets) != 0 {
+				t.Errorf("%d return addresses without a call", len(rets))
+			}
+		})
 	}
 }

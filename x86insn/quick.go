@@ -25,45 +25,49 @@ const (
 	qEnd     quickEntry = 1 << 15 // quickRun's: the lengths or the bytes ended
 )
 
-// quick1 is the entry of each 1-byte opcode, by REX.W: index REX.W<<8 |
-// opcode.
-var quick1 [2 * 256]quickEntry
+// quickTables are the quick path's tables, in one object that quickRun
+// addresses from one register (a table of its own is a global whose
+// address the compiler makes again at each use: five instructions an
+// instruction decoded).
+type quickTables struct {
+	// quick1 is the entry of each 1-byte opcode, by REX.W: index
+	// REX.W<<8 | opcode.
+	quick1 [2 * 256]quickEntry
+	// rexOf is, by an instruction's first byte, 1 for a REX prefix, with
+	// REX.W<<9 (quick1's row, shifted by one: rexOf[b]>>1 is its index
+	// base).
+	rexOf [256]uint16
+	// tailLens is the size of what follows an opcode up to its
+	// immediate, by whether it takes a ModRM (qModRM), the base field of
+	// the byte after the ModRM (a SIB's: base 5 takes a displacement
+	// where mod is 0) and the ModRM byte: index (e&qModRM)<<7 | base<<8 |
+	// ModRM (qModRM<<7 is 1<<11, the half with a ModRM). Without a ModRM
+	// it is 0.
+	tailLens [2 * 8 * 256]uint8
+	// quick0F is the entry of each 0F opcode (REX.W changes none of
+	// them).
+	quick0F [256]quickEntry
+	// byModRM is, for the group opcodes whose immediate or class depend
+	// on the ModRM byte (F6, F7, C7, FF), the entry by ModRM: its
+	// immediate size, class and slow flag (xbegin, invalid members).
+	byModRM [4][256]quickEntry
+}
 
-// rexOf is, by an instruction's first byte, 1 for a REX prefix, with
-// REX.W<<9 (quick1's row, shifted by one: rexOf[b]>>1 is its index base).
-var rexOf = func() (t [256]uint16) {
-	for b := 0x40; b < 0x50; b++ {
-		t[b] = 1 | uint16(b>>3&1)<<9
-	}
-	return t
-}()
-
-// tailLens is the size of what follows an opcode up to its immediate, by
-// whether it takes a ModRM (qModRM), the base field of the byte after the
-// ModRM (a SIB's: base 5 takes a displacement where mod is 0) and the
-// ModRM byte: index (e&qModRM)<<7 | base<<8 | ModRM (qModRM<<7 is 1<<11,
-// the half with a ModRM). Without a ModRM it is 0.
-var tailLens = func() (t [2 * 8 * 256]uint8) {
-	for base := range 8 {
-		for m := range 256 {
-			t[int(qModRM)<<7|base<<8|m] = uint8(modrmSize(byte(m), byte(base)))
-		}
-	}
-	return t
-}()
-
-// quick0F is the entry of each 0F opcode (REX.W changes none of them).
-var quick0F [256]quickEntry
-
-// byModRM is, for the group opcodes whose immediate or class depend on
-// the ModRM byte (F6, F7, C7, FF), the entry by ModRM: its immediate size,
-// class and slow flag (xbegin, invalid members).
-var byModRM [4][256]quickEntry
+// qt are the quick path's tables, made at init.
+var qt = new(quickTables)
 
 // byModRMOps are the opcodes of byModRM's tables, in order.
-var byModRMOps = [len(byModRM)]byte{0xf6, 0xf7, 0xc7, 0xff}
+var byModRMOps = [len(qt.byModRM)]byte{0xf6, 0xf7, 0xc7, 0xff}
 
 func init() {
+	for b := 0x40; b < 0x50; b++ {
+		qt.rexOf[b] = 1 | uint16(b>>3&1)<<9
+	}
+	for base := range 8 {
+		for m := range 256 {
+			qt.tailLens[int(qModRM)<<7|base<<8|m] = uint8(modrmSize(byte(m), byte(base)))
+		}
+	}
 	entry := func(kind uint8, pfx uint16, class Class) quickEntry {
 		if kind == opInvalid || kind == opPrefix || kindModRM[kind] == modrmReg || class == byOperand {
 			return qSlow
@@ -83,24 +87,24 @@ func init() {
 			case 0xfe, 0x8f:
 				e = qSlow // members invalid by ModRM; 8F may be XOP
 			}
-			quick1[w<<8|op] = e
+			qt.quick1[w<<8|op] = e
 		}
-		quick0F[op] = entry(twoByte[op], 0, classes[map0F][op])
+		qt.quick0F[op] = entry(twoByte[op], 0, classes[map0F][op])
 	}
 	// The group opcodes by ModRM, as the general scan shapes them
 	// (SIB and displacement bytes are zero: only the immediate's size
 	// and the class are taken).
 	for k, op := range byModRMOps {
-		quick1[op], quick1[1<<8|int(op)] = qModRM|qByModRM|quickEntry(k), qModRM|qByModRM|quickEntry(k)
+		qt.quick1[op], qt.quick1[1<<8|int(op)] = qModRM|qByModRM|quickEntry(k), qModRM|qByModRM|quickEntry(k)
 		for m := range 256 {
 			var code [MaxLen]byte
 			code[0], code[1] = op, byte(m)
 			var s shape
 			if err := s.scan(code[:]); err != nil || s.rel {
-				byModRM[k][m] = qSlow
+				qt.byModRM[k][m] = qSlow
 				continue
 			}
-			byModRM[k][m] = qModRM | quickEntry(s.immLen) | quickEntry(s.class)<<8
+			qt.byModRM[k][m] = qModRM | quickEntry(s.immLen) | quickEntry(s.class)<<8
 		}
 	}
 }
@@ -179,6 +183,8 @@ func tableBranch(code []byte, pc uint64, e quickEntry, i int) Flow {
 // immediate's offset; or qSlow) or where the lengths or the bytes ended
 // (qEnd).
 func quickRun(code []byte, off int, lens []uint8, n int) (int, int, quickEntry, int) {
+	t := qt
+	_ = t.rexOf[0] // its nil check here, not in the loop
 	for end := len(code) - MaxLen; n < len(lens) && off <= end; n++ {
 		c := (*[MaxLen]byte)(code[off:])
 		// An optional REX, and whether there is a ModRM, without a
@@ -188,19 +194,19 @@ func quickRun(code []byte, off int, lens []uint8, n int) (int, int, quickEntry, 
 		// the tail's up to the immediate.
 		// i is at most 2 before the ModRM: the masks only tell the
 		// compiler so (no bounds checks).
-		r := int(rexOf[c[0]])
+		r := int(t.rexOf[c[0]])
 		i := r & 1
-		e := quick1[(r>>1|int(c[i&7]))&(2*256-1)]
+		e := t.quick1[(r>>1|int(c[i&7]))&(2*256-1)]
 		if e&qEscape != 0 {
 			i++
-			e = quick0F[c[i&7]]
+			e = t.quick0F[c[i&7]]
 		}
 		m := c[(i+1)&7]
 		if e&qByModRM != 0 {
-			e = byModRM[e&3][m]
+			e = t.byModRM[e&3][m]
 		}
 		base := int(c[(i+2)&7] & 7)
-		i += 1 + int(tailLens[(int(e&qModRM)<<7|base<<8|int(m))&(2*8*256-1)]) // past the opcode and ModRM
+		i += 1 + int(t.tailLens[(int(e&qModRM)<<7|base<<8|int(m))&(2*8*256-1)]) // past the opcode and ModRM
 		if e&(qSlow|0xff00) != 0 {
 			return n, off, e, i
 		}
