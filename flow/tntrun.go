@@ -159,6 +159,8 @@ func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 	for uint(r.used) < k && jumps <= runJumps {
 		n := int(b.n) - 1
 		class := b.class
+		// A run goes through the direct branches only (a range of
+		// classes: CondJump, Jump, Call).
 		if n < 0 || class == x86insn.NotBranch || class > x86insn.Call {
 			break
 		}

@@ -10,7 +10,8 @@ import (
 // site check refuses and what a control-flow decoder follows.
 type Class uint8
 
-// Classes.
+// Classes. The direct branches (CondJump, Jump, Call) are consecutive,
+// right after NotBranch: a decoder may test them as a range.
 const (
 	// NotBranch falls through to the next instruction (also xbegin,
 	// whose target is reached only by an abort).
