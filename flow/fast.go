@@ -414,11 +414,14 @@ func (d *Decoder) kernel() (why int) {
 				// The next bits' run, worked out once (tntrun.go).
 				kb := min(nb, runBits)
 				pat := uint8(1<<kb | tnt>>((64-kb)&63))
-				ref := &d.cache.runs.recent[runHash(b, pat)]
-				r := ref.r
-				if ref.b != b || r.pat != pat {
-					k.pat, k.bits, why = pat, kb, exitRun
-					goto out
+				r := b.runs
+				if r == nil || r.pat != pat {
+					ref := &d.cache.runs.recent[runHash(b, pat)]
+					r = ref.r
+					if ref.b != b || r.pat != pat {
+						k.pat, k.bits, why = pat, kb, exitRun
+						goto out
+					}
 				}
 				if int(r.pre) <= budget && int(r.post) <= d.opts.MaxInsns {
 					// The run's edges as they are, after the
