@@ -351,9 +351,7 @@ func (d *Decoder) kernel() (why int) {
 			// table's single indirect branch mispredicts more. Either
 			// leaves the loop: the step is next.
 			if op == opTNT8 {
-				p := c >> 1
-				nb = uint(bits.Len8(p) - 1)
-				tnt = uint64(p) << ((64 - nb) & 63) // the stop bit shifted out
+				nb, tnt = uint(tnt8Lens[c]), tnt8Words[c]
 				pos++
 				break
 			}
@@ -856,6 +854,24 @@ func opsTable(timing, on bool) (t [256]uint8) {
 		t[i] = op
 	}
 	return t
+}
+
+// tnt8Words and tnt8Lens are a TNT.8's pending bits by its byte, as the
+// kernel holds them (from the word's top down, the stop bit shifted out),
+// and their count: two loads where a bit scan and shifts were.
+var tnt8Words, tnt8Lens = tnt8Tables()
+
+func tnt8Tables() (words [256]uint64, lens [256]uint8) {
+	for i := range 256 {
+		c := uint8(i)
+		if c&1 != 0 || c < 4 {
+			continue // not a TNT.8, or one without bits
+		}
+		p := c >> 1
+		nb := bits.Len8(p) - 1
+		words[i], lens[i] = uint64(p)<<(64-nb), uint8(nb)
+	}
+	return words, lens
 }
 
 // onOps is the kernel's table (tracing on): it tests the clock itself

@@ -490,6 +490,29 @@ func TestFastOps(t *testing.T) {
 	}
 }
 
+// TestTNT8Tables holds the kernel's TNT.8 tables, byte by byte, to the
+// packet decoder's bits and count (as the kernel holds them: the oldest in
+// bit 63).
+func TestTNT8Tables(t *testing.T) {
+	for i := range 256 {
+		c := uint8(i)
+		if onOps[c] != opTNT8 {
+			if tnt8Lens[c] != 0 || tnt8Words[c] != 0 {
+				t.Errorf("first byte %#02x: not a TNT.8, but %d bits %#x", c, tnt8Lens[c], tnt8Words[c])
+			}
+			continue
+		}
+		var p decode.Packet
+		if err := decode.NewPacketDecoder([]byte{c, 0, 0, 0, 0, 0, 0, 0}).Next(&p); err != nil || p.Kind != decode.TNT8 {
+			t.Fatalf("first byte %#02x: %v, %v", c, p.Kind, err)
+		}
+		nb, word := uint(tnt8Lens[c]), tnt8Words[c]
+		if nb != uint(p.Bits) || nb == 0 || word>>(64-nb) != p.Payload || word<<nb != 0 {
+			t.Errorf("first byte %#02x: %d bits %#x, want %d bits %#x from bit 63 down", c, nb, word, p.Bits, p.Payload)
+		}
+	}
+}
+
 // readMarks is a Memory that notes, at the first read of each address in
 // watch, how many branches its log has been handed by then.
 type readMarks struct {
