@@ -220,11 +220,10 @@ func (d *Decoder) fastLoop() {
 			if k.pos > len(k.buf)-16 || ops[k.buf[k.pos]] != opPGE {
 				return
 			}
+			// With an IP (the table's opPGE): a suppressed or a
+			// reserved one is the slow path's.
 			c := k.buf[k.pos]
 			n := decode.IPSize(c)
-			if n <= 0 {
-				return // suppressed (ErrNoIP) or reserved
-			}
 			k.last = decode.ApplyIP(c, word(k.buf, k.pos+1), k.last)
 			k.pos += 1 + n
 			if k.pos <= len(k.buf)-8 {
@@ -356,9 +355,8 @@ func (d *Decoder) kernel() (why int) {
 				break
 			}
 			if op == opTIP {
-				if decode.IPSize(c) <= 0 {
-					goto out // suppressed or reserved: the slow path's
-				}
+				// With an IP: a suppressed or reserved one is
+				// opOther, the slow path's.
 				tnt = tipRaw
 				break
 			}
@@ -396,8 +394,9 @@ func (d *Decoder) kernel() (why int) {
 			case opPGD:
 				// run decodes the instruction at the IP before it
 				// reads an event packet: code that is not there is
-				// the error.
-				if decode.IPSize(c) >= 0 && b.count() > 0 {
+				// the error. (A reserved IP compression is
+				// opOther, the slow path's.)
+				if b.count() > 0 {
 					why = exitPGD
 				}
 			}
@@ -825,7 +824,10 @@ const (
 // opsTable maps a packet's first byte to its action. With timing, MTC,
 // TSC and a one-byte CYC have their own actions (skipped when no clock
 // sees them), else they are the slow path's; off, only a TIP.PGE is the
-// fast path's, on, a TIP.PGE is not.
+// fast path's, on, a TIP.PGE is not. The IP's compression is in the
+// byte too: a TIP or TIP.PGE without an IP (suppressed) and an IP packet
+// of a reserved compression are the slow path's (a TIP.PGD without an
+// IP is the fast path's), so that taking one tests nothing more.
 func opsTable(timing, on bool) (t [256]uint8) {
 	for i := range 256 {
 		c, op := uint8(i), opOther
@@ -839,16 +841,16 @@ func opsTable(timing, on bool) (t [256]uint8) {
 		case timing && c&7 == 3:
 			op = opCYC
 		case !on:
-			if c&0x1f == 0x11 {
+			if c&0x1f == 0x11 && decode.IPSize(c) > 0 {
 				op = opPGE
 			}
 		case c&1 == 0 && c != 2:
 			op = opTNT8
 		case c == 2:
 			op = opExt
-		case c&0x1f == 0x0d:
+		case c&0x1f == 0x0d && decode.IPSize(c) > 0:
 			op = opTIP
-		case c&0x1f == 0x01:
+		case c&0x1f == 0x01 && decode.IPSize(c) >= 0:
 			op = opPGD
 		}
 		t[i] = op
