@@ -332,75 +332,80 @@ func (d *Decoder) kernel() (why int) {
 	f := &d.fp
 	nf := f.n
 	for {
-		for nb == 0 && tnt == tipNone {
+		if nb == 0 && tnt == tipNone {
 			// Nothing pending: the next packet, as chain's and run's
 			// read-ahead takes it; what to do with it from its first
-			// byte, one load (onOps).
-			if pos > len(buf)-16 {
-				// Packets are read from 16-byte windows, as the
-				// packet decoder's fast loop reads them; the last
-				// ones are the slow path's.
-				goto out
-			}
-			c := buf[pos]
-			op := onOps[c]
-			// The commonest two, TNT.8 and TIP, are tested first: a
-			// conditional branch follows the flow's history (which
-			// block comes before, which packet after), where a jump
-			// table's single indirect branch mispredicts more. Either
-			// leaves the loop: the step is next.
-			if op == opTNT8 {
-				nb, tnt = uint(tnt8Lens[c]), tnt8Words[c]
-				pos++
-				break
-			}
-			if op == opTIP {
-				// With an IP: a suppressed or reserved one is
-				// opOther, the slow path's.
-				tnt = tipRaw
-				break
-			}
-			switch op {
-			case opPad:
-				pos = padRun(buf, pos)
-				continue
-			case opMTC:
-				if d.clock == nil {
-					pos += 2
-					continue
+			// byte, one load (onOps). Tested once: a packet that
+			// leaves nothing pending (a PAD, a timing packet) goes on
+			// to the next without the test, one that does leaves.
+		read:
+			for {
+				if pos > len(buf)-16 {
+					// Packets are read from 16-byte windows, as the
+					// packet decoder's fast loop reads them; the last
+					// ones are the slow path's.
+					goto out
 				}
-			case opTSC:
-				if d.clock == nil {
-					pos += 8
-					continue
-				}
-			case opCYC:
-				if d.clock == nil {
+				c := buf[pos]
+				op := onOps[c]
+				// The commonest two, TNT.8 and TIP, are tested first: a
+				// conditional branch follows the flow's history (which
+				// block comes before, which packet after), where a jump
+				// table's single indirect branch mispredicts more. Either
+				// leaves the loop: the step is next.
+				if op == opTNT8 {
+					nb, tnt = uint(tnt8Lens[c]), tnt8Words[c]
 					pos++
-					continue
-				}
-			case opExt:
-				if buf[pos+1] != 0xa3 {
 					break
 				}
-				v := word(buf, pos+2) & (1<<48 - 1)
-				if v <= 1 {
-					break // no stop bit, or no bits: the slow path's
+				if op == opTIP {
+					// With an IP: a suppressed or reserved one is
+					// opOther, the slow path's.
+					tnt = tipRaw
+					break
 				}
-				nb = uint(bits.Len64(v) - 1)
-				tnt = v << ((64 - nb) & 63)
-				pos += 8
-				continue
-			case opPGD:
-				// run decodes the instruction at the IP before it
-				// reads an event packet: code that is not there is
-				// the error. (A reserved IP compression is
-				// opOther, the slow path's.)
-				if b.count() > 0 {
-					why = exitPGD
+				switch op {
+				case opPad:
+					pos = padRun(buf, pos)
+					continue
+				case opMTC:
+					if d.clock == nil {
+						pos += 2
+						continue
+					}
+				case opTSC:
+					if d.clock == nil {
+						pos += 8
+						continue
+					}
+				case opCYC:
+					if d.clock == nil {
+						pos++
+						continue
+					}
+				case opExt:
+					if buf[pos+1] != 0xa3 {
+						break
+					}
+					v := word(buf, pos+2) & (1<<48 - 1)
+					if v <= 1 {
+						break // no stop bit, or no bits: the slow path's
+					}
+					nb = uint(bits.Len64(v) - 1)
+					tnt = v << ((64 - nb) & 63)
+					pos += 8
+					break read
+				case opPGD:
+					// run decodes the instruction at the IP before it
+					// reads an event packet: code that is not there is
+					// the error. (A reserved IP compression is
+					// opOther, the slow path's.)
+					if b.count() > 0 {
+						why = exitPGD
+					}
 				}
+				goto out
 			}
-			goto out
 		}
 		{
 			// The last instruction's class, from the block's header: a
