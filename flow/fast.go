@@ -425,7 +425,10 @@ func (d *Decoder) kernel() (why int) {
 						goto out
 					}
 				}
-				if int(r.pre) <= budget && int(r.post) <= d.opts.MaxInsns {
+				// A budget of a run's largest count or more (the
+				// counts are 16 bits) passes both checks unread:
+				// MaxInsns is at least the budget.
+				if budget >= 1<<16-1 || int(r.pre) <= budget && int(r.post) <= d.opts.MaxInsns {
 					// The run's edges as they are, after the
 					// branches before them.
 					if e := r.edges; len(e) > 0 {
