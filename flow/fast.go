@@ -421,7 +421,9 @@ func (d *Decoder) kernel() (why int) {
 					ref := &d.cache.runs.recent[runHash(b, pat)]
 					r = ref.r
 					if ref.b != b || r.pat != pat {
-						k.pat, k.bits, why = pat, kb, exitRun
+						// The bits from the pattern's stop bit: kb is
+						// not kept live to here.
+						k.pat, k.bits, why = pat, uint(bits.Len8(pat)-1), exitRun
 						goto out
 					}
 				}
