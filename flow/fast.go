@@ -220,11 +220,10 @@ func (d *Decoder) fastLoop() {
 			if k.pos > len(k.buf)-16 || ops[k.buf[k.pos]] != opPGE {
 				return
 			}
+			// With an IP (the table's opPGE): a suppressed or a
+			// reserved one is the slow path's.
 			c := k.buf[k.pos]
 			n := decode.IPSize(c)
-			if n <= 0 {
-				return // suppressed (ErrNoIP) or reserved
-			}
 			k.last = decode.ApplyIP(c, word(k.buf, k.pos+1), k.last)
 			k.pos += 1 + n
 			if k.pos <= len(k.buf)-8 {
@@ -333,77 +332,80 @@ func (d *Decoder) kernel() (why int) {
 	f := &d.fp
 	nf := f.n
 	for {
-		for nb == 0 && tnt == tipNone {
+		if nb == 0 && tnt == tipNone {
 			// Nothing pending: the next packet, as chain's and run's
 			// read-ahead takes it; what to do with it from its first
-			// byte, one load (onOps).
-			if pos > len(buf)-16 {
-				// Packets are read from 16-byte windows, as the
-				// packet decoder's fast loop reads them; the last
-				// ones are the slow path's.
-				goto out
-			}
-			c := buf[pos]
-			op := onOps[c]
-			// The commonest two, TNT.8 and TIP, are tested first: a
-			// conditional branch follows the flow's history (which
-			// block comes before, which packet after), where a jump
-			// table's single indirect branch mispredicts more. Either
-			// leaves the loop: the step is next.
-			if op == opTNT8 {
-				p := c >> 1
-				nb = uint(bits.Len8(p) - 1)
-				tnt = uint64(p) << ((64 - nb) & 63) // the stop bit shifted out
-				pos++
-				break
-			}
-			if op == opTIP {
-				if decode.IPSize(c) <= 0 {
-					goto out // suppressed or reserved: the slow path's
+			// byte, one load (onOps). Tested once: a packet that
+			// leaves nothing pending (a PAD, a timing packet) goes on
+			// to the next without the test, one that does leaves.
+		read:
+			for {
+				if pos > len(buf)-16 {
+					// Packets are read from 16-byte windows, as the
+					// packet decoder's fast loop reads them; the last
+					// ones are the slow path's.
+					goto out
 				}
-				tnt = tipRaw
-				break
-			}
-			switch op {
-			case opPad:
-				pos = padRun(buf, pos)
-				continue
-			case opMTC:
-				if d.clock == nil {
-					pos += 2
-					continue
-				}
-			case opTSC:
-				if d.clock == nil {
-					pos += 8
-					continue
-				}
-			case opCYC:
-				if d.clock == nil {
+				c := buf[pos]
+				op := onOps[c]
+				// The commonest two, TNT.8 and TIP, are tested first: a
+				// conditional branch follows the flow's history (which
+				// block comes before, which packet after), where a jump
+				// table's single indirect branch mispredicts more. Either
+				// leaves the loop: the step is next.
+				if op == opTNT8 {
+					nb, tnt = uint(tnt8Lens[c]), tnt8Words[c]
 					pos++
-					continue
-				}
-			case opExt:
-				if buf[pos+1] != 0xa3 {
 					break
 				}
-				v := word(buf, pos+2) & (1<<48 - 1)
-				if v <= 1 {
-					break // no stop bit, or no bits: the slow path's
+				if op == opTIP {
+					// With an IP: a suppressed or reserved one is
+					// opOther, the slow path's.
+					tnt = tipRaw
+					break
 				}
-				nb = uint(bits.Len64(v) - 1)
-				tnt = v << ((64 - nb) & 63)
-				pos += 8
-				continue
-			case opPGD:
-				// run decodes the instruction at the IP before it
-				// reads an event packet: code that is not there is
-				// the error.
-				if decode.IPSize(c) >= 0 && b.count() > 0 {
-					why = exitPGD
+				switch op {
+				case opPad:
+					pos = padRun(buf, pos)
+					continue
+				case opMTC:
+					if d.clock == nil {
+						pos += 2
+						continue
+					}
+				case opTSC:
+					if d.clock == nil {
+						pos += 8
+						continue
+					}
+				case opCYC:
+					if d.clock == nil {
+						pos++
+						continue
+					}
+				case opExt:
+					if buf[pos+1] != 0xa3 {
+						break
+					}
+					v := word(buf, pos+2) & (1<<48 - 1)
+					if v <= 1 {
+						break // no stop bit, or no bits: the slow path's
+					}
+					nb = uint(bits.Len64(v) - 1)
+					tnt = v << ((64 - nb) & 63)
+					pos += 8
+					break read
+				case opPGD:
+					// run decodes the instruction at the IP before it
+					// reads an event packet: code that is not there is
+					// the error. (A reserved IP compression is
+					// opOther, the slow path's.)
+					if b.count() > 0 {
+						why = exitPGD
+					}
 				}
+				goto out
 			}
-			goto out
 		}
 		{
 			// The last instruction's class, from the block's header: a
@@ -414,13 +416,21 @@ func (d *Decoder) kernel() (why int) {
 				// The next bits' run, worked out once (tntrun.go).
 				kb := min(nb, runBits)
 				pat := uint8(1<<kb | tnt>>((64-kb)&63))
-				ref := &d.cache.runs.recent[runHash(b, pat)]
-				r := ref.r
-				if ref.b != b || r.pat != pat {
-					k.pat, k.bits, why = pat, kb, exitRun
-					goto out
+				r := b.runs
+				if r == nil || r.pat != pat {
+					ref := &d.cache.runs.recent[runHash(b, pat)]
+					r = ref.r
+					if ref.b != b || r.pat != pat {
+						// The bits from the pattern's stop bit: kb is
+						// not kept live to here.
+						k.pat, k.bits, why = pat, uint(bits.Len8(pat)-1), exitRun
+						goto out
+					}
 				}
-				if int(r.pre) <= budget && int(r.post) <= d.opts.MaxInsns {
+				// A budget of a run's largest count or more (the
+				// counts are 16 bits) passes both checks unread:
+				// MaxInsns is at least the budget.
+				if budget >= 1<<16-1 || int(r.pre) <= budget && int(r.post) <= d.opts.MaxInsns {
 					// The run's edges as they are, after the
 					// branches before them.
 					if e := r.edges; len(e) > 0 {
@@ -824,7 +834,10 @@ const (
 // opsTable maps a packet's first byte to its action. With timing, MTC,
 // TSC and a one-byte CYC have their own actions (skipped when no clock
 // sees them), else they are the slow path's; off, only a TIP.PGE is the
-// fast path's, on, a TIP.PGE is not.
+// fast path's, on, a TIP.PGE is not. The IP's compression is in the
+// byte too: a TIP or TIP.PGE without an IP (suppressed) and an IP packet
+// of a reserved compression are the slow path's (a TIP.PGD without an
+// IP is the fast path's), so that taking one tests nothing more.
 func opsTable(timing, on bool) (t [256]uint8) {
 	for i := range 256 {
 		c, op := uint8(i), opOther
@@ -838,21 +851,39 @@ func opsTable(timing, on bool) (t [256]uint8) {
 		case timing && c&7 == 3:
 			op = opCYC
 		case !on:
-			if c&0x1f == 0x11 {
+			if c&0x1f == 0x11 && decode.IPSize(c) > 0 {
 				op = opPGE
 			}
 		case c&1 == 0 && c != 2:
 			op = opTNT8
 		case c == 2:
 			op = opExt
-		case c&0x1f == 0x0d:
+		case c&0x1f == 0x0d && decode.IPSize(c) > 0:
 			op = opTIP
-		case c&0x1f == 0x01:
+		case c&0x1f == 0x01 && decode.IPSize(c) >= 0:
 			op = opPGD
 		}
 		t[i] = op
 	}
 	return t
+}
+
+// tnt8Words and tnt8Lens are a TNT.8's pending bits by its byte, as the
+// kernel holds them (from the word's top down, the stop bit shifted out),
+// and their count: two loads where a bit scan and shifts were.
+var tnt8Words, tnt8Lens = tnt8Tables()
+
+func tnt8Tables() (words [256]uint64, lens [256]uint8) {
+	for i := range 256 {
+		c := uint8(i)
+		if c&1 != 0 || c < 4 {
+			continue // not a TNT.8, or one without bits
+		}
+		p := c >> 1
+		nb := bits.Len8(p) - 1
+		words[i], lens[i] = uint64(p)<<(64-nb), uint8(nb)
+	}
+	return words, lens
 }
 
 // onOps is the kernel's table (tracing on): it tests the clock itself

@@ -164,7 +164,7 @@ func (d *Decoder) fastExecOff(k *kern) bool {
 	}
 	ops := d.offOps()
 	pos = skipPad(buf, pos, end, ops)
-	if pos > end || ops[buf[pos]] != opPGE || decode.IPSize(buf[pos]) <= 0 {
+	if pos > end || ops[buf[pos]] != opPGE {
 		return false
 	}
 	k.pos = pos

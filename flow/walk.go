@@ -440,14 +440,19 @@ func (d *Decoder) pushCall(target, ret uint64) bool {
 	return false
 }
 
+// pushRet and popRet wrap the ring's index by a mask (retStackSize is a
+// power of two): the kernel pushes a return for most calls, and a signed
+// remainder costs a correction and an index its bounds test.
 func (d *Decoder) pushRet(ip uint64) {
-	d.stack[d.top] = ip
-	d.top = (d.top + 1) % retStackSize
+	t := d.top & (retStackSize - 1)
+	d.stack[t] = ip
+	d.top = (t + 1) & (retStackSize - 1)
 	d.sp = min(d.sp+1, retStackSize)
 }
 
 func (d *Decoder) popRet() uint64 {
-	d.top = (d.top + retStackSize - 1) % retStackSize
+	t := (d.top - 1) & (retStackSize - 1)
+	d.top = t
 	d.sp--
-	return d.stack[d.top]
+	return d.stack[t]
 }
