@@ -96,6 +96,15 @@ func TestRunLongest(t *testing.T) {
 			if len(rets) != 0 {
 				t.Errorf("%d return addresses without a call", len(rets))
 			}
+			// Worked out again over known blocks, the run alone
+			// counts toward the cache's bound: 2, and one an edge
+			// or a return address.
+			b.runs = nil
+			before := d.cache.insns
+			d.tntRun(b, r.pat, runBits)
+			if got, want := d.cache.insns-before, 2+tc.edges+tc.rets; got != want {
+				t.Errorf("run counted as %d toward the cache's bound, want %d", got, want)
+			}
 		})
 	}
 }
