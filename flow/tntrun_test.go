@@ -96,6 +96,54 @@ func TestRunLongest(t *testing.T) {
 			if len(rets) != 0 {
 				t.Errorf("%d return addresses without a call", len(rets))
 			}
+			// Worked out again over known blocks, the run alone
+			// counts toward the cache's bound: 2, and one an edge
+			// or a return address.
+			b.runs = nil
+			before := d.cache.insns
+			d.tntRun(b, r.pat, runBits)
+			if got, want := d.cache.insns-before, 2+tc.edges+tc.rets; got != want {
+				t.Errorf("run counted as %d toward the cache's bound, want %d", got, want)
+			}
+		})
+	}
+}
+
+// TestRunMaxInsnsBound holds a run's MaxInsns counts (pre, post),
+// which let the fast path take a run whole, to the walk's check at each
+// block: with MaxInsns at every count around a run's, the fast path stops
+// where the walk stops. A block is a nop and a jump, or a nop and a je,
+// both to the next instruction (two instructions: a count off by one
+// stops at another block).
+func TestRunMaxInsnsBound(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		jumps []int // before each bit's je
+		limit int   // the least MaxInsns without an error
+	}{
+		{"pre", []int{5, 3, 1}, 12},  // pre 12, post 8 and 4
+		{"post", []int{3, 5, 1}, 12}, // pre 8, post 12 and 4
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var code []byte
+			for _, n := range tc.jumps {
+				for range n {
+					code = append(code, 0x90, 0xeb, 0) // nop; jmp .+2
+				}
+				code = append(code, 0x90, 0x74, 0) // nop; je .+2
+			}
+			code = append(code, 0x90, 0xc3) // nop; ret: the flow waits for trace
+			mem := &blob{base: 0x1000, code: code}
+			e := ptenc.New()
+			start(e, 0x1000)
+			e.TNT(0b101, 3)
+			// MaxInsns from below the smallest count to past the largest.
+			for m := 1; m <= tc.limit+2; m++ {
+				c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: m})
+				if want := m < tc.limit; (c.Errors == 1) != want {
+					t.Errorf("MaxInsns %d: counters %+v, want an error %v", m, c, want)
+				}
+			}
 		})
 	}
 }
