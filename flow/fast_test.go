@@ -296,7 +296,8 @@ func TestCacheLines(t *testing.T) {
 
 // TestFastBoundedLoop: a jump to itself while TNT bits wait (a run takes
 // no bit there) ends in the walk's MaxInsns error, as without the fast
-// path.
+// path; also from a budget where the kernel skips a run's checks (65,535
+// or more) down past it.
 func TestFastBoundedLoop(t *testing.T) {
 	mem := &blob{base: 0x1000, code: []byte{0xeb, 0xfe}} // jmp .
 	e := ptenc.New()
@@ -305,14 +306,73 @@ func TestFastBoundedLoop(t *testing.T) {
 	for range 32 {
 		e.Pad()
 	}
-	c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: 100})
-	if c.Errors != 1 || c.Insns != 100 {
-		t.Errorf("counters %+v, want 1 error after 100 instructions", c)
+	for _, maxInsns := range []int{100, 1<<16 - 1, 1<<16 + 100} {
+		c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: maxInsns})
+		if c.Errors != 1 || c.Insns != uint64(maxInsns) {
+			t.Errorf("counters %+v, want 1 error after %d instructions", c, maxInsns)
+		}
+		d := New(mem, Options{MaxInsns: maxInsns, NoInsns: true})
+		d.Decode(e.Bytes(), &counter{})
+		if d.fp.bytes == 0 {
+			t.Errorf("MaxInsns %d: the fast path took no byte of the loop's trace", maxInsns)
+		}
 	}
-	d := New(mem, Options{MaxInsns: 100, NoInsns: true})
-	d.Decode(e.Bytes(), &counter{})
-	if d.fp.bytes == 0 {
-		t.Error("the fast path took no byte of the loop's trace")
+}
+
+// TestFastRunBudget holds a run's MaxInsns checks to the walk's where they
+// bind: runs whose count before their first bit (pre) or after it (post)
+// is a run's most (runJumps jumps through blocks of maxBlock
+// instructions, then the conditional branch's block), decoded with
+// MaxInsns one below, at and one above it. The kernel skips the checks
+// for a budget of 65,535 or more; one that skipped them for a budget a
+// run's counts pass ends without the walk's MaxInsns error.
+func TestFastRunBudget(t *testing.T) {
+	// jumps returns n blocks of maxBlock-1 NOPs and a jump to the
+	// next, then one of maxBlock-1 NOPs and a je to the next.
+	jumps := func(n int) []byte {
+		var code []byte
+		for i := range n + 1 {
+			code = append(code, bytes.Repeat([]byte{0x90}, maxBlock-1)...)
+			if i < n {
+				code = append(code, 0xeb, 0) // jmp .+2
+			} else {
+				code = append(code, 0x74, 0) // je .+2
+			}
+		}
+		return code
+	}
+	const most = (runJumps + 1) * maxBlock // the blocks' instructions
+	for _, tc := range []struct {
+		name string
+		code []byte
+		bits int
+	}{
+		{"pre", append(jumps(runJumps), 0xc3), 1},
+		{"post", append(append([]byte{0x74, 0}, jumps(runJumps)...), 0xc3), 2},
+	} {
+		for _, maxInsns := range []int{most - 1, most, most + 1} {
+			t.Run(fmt.Sprintf("%s/%d", tc.name, maxInsns), func(t *testing.T) {
+				mem := &blob{base: 0x1000, code: tc.code}
+				e := ptenc.New()
+				start(e, 0x1000)
+				e.TNT(1<<tc.bits-1, tc.bits)
+				for range 32 {
+					e.Pad()
+				}
+				c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: maxInsns})
+				if want := maxInsns < most; (c.Errors == 1) != want || c.Errors > 1 {
+					t.Errorf("counters %+v, want the MaxInsns error %v", c, want)
+				}
+				d := New(mem, Options{MaxInsns: maxInsns, NoInsns: true})
+				d.Decode(e.Bytes(), &counter{})
+				d.Decode(e.Bytes(), &counter{})
+				if b := d.cache.known(0x1000, Mode64); b == nil || b.runs == nil {
+					t.Fatal("no run kept from the first block")
+				} else if r := b.runs; int(max(r.pre, r.post)) != most {
+					t.Errorf("the run's counts are %d before its first bit, %d after, want %d", r.pre, r.post, most)
+				}
+			})
+		}
 	}
 }
 
