@@ -138,6 +138,9 @@ const (
 	exitRun
 	// exitPGD: a TIP.PGD at kern.pos, with instructions at kern.b.
 	exitPGD
+	// exitTime: a timing packet a clock sees at kern.pos; the step
+	// before it is done.
+	exitTime
 )
 
 // fast runs the flow from the trace bytes until it meets what it leaves to
@@ -174,7 +177,7 @@ func (d *Decoder) fast() error {
 		// to the slow path and back for each. Not after a Handler
 		// dropped the block cache (MemoryChanged) while it read a
 		// batch: the slow path's walk looks the block up again.
-		if k.nb != 0 || k.tip != tipNone || len(d.q) > 0 || d.clock != nil || d.cache.drops != drops ||
+		if k.nb != 0 || k.tip != tipNone || len(d.q) > 0 || d.cache.drops != drops ||
 			!d.fastPSB(k) && !d.fastExecOff(k) {
 			break
 		}
@@ -217,8 +220,16 @@ func (d *Decoder) fastLoop() {
 			// Tracing is off: only a TIP.PGE is the fast path's.
 			ops := d.offOps()
 			k.pos = skipPad(k.buf, k.pos, len(k.buf)-16, ops)
-			if k.pos > len(k.buf)-16 || ops[k.buf[k.pos]] != opPGE {
+			if k.pos > len(k.buf)-16 {
 				return
+			}
+			if ops[k.buf[k.pos]] != opPGE {
+				// Timing packets a clock sees come while tracing
+				// is off too.
+				if d.clock == nil || !d.fastTime(k) {
+					return
+				}
+				continue
 			}
 			// With an IP (the table's opPGE): a suppressed or a
 			// reserved one is the slow path's.
@@ -278,6 +289,10 @@ func (d *Decoder) fastLoop() {
 				// Queued as read queues it; the walk goes on
 				// at a block's start.
 				d.q = append(d.q, queued{ev: d.qEv, bind: bindBranch})
+				return
+			}
+		case exitTime:
+			if !d.fastTime(k) {
 				return
 			}
 		case exitStop:
@@ -373,15 +388,22 @@ func (d *Decoder) kernel() (why int) {
 						pos += 2
 						continue
 					}
+					why = exitTime
 				case opTSC:
 					if d.clock == nil {
 						pos += 8
 						continue
 					}
+					why = exitTime
 				case opCYC:
 					if d.clock == nil {
 						pos++
 						continue
+					}
+					why = exitTime
+				case opCYCX:
+					if d.clock != nil {
+						why = exitTime
 					}
 				case opExt:
 					if buf[pos+1] != 0xa3 {
@@ -824,6 +846,7 @@ const (
 	opMTC // MTC, TSC and a one-byte CYC: skipped when no clock sees them
 	opTSC
 	opCYC
+	opCYCX // a CYC of more bytes: the slow path's when no clock sees it
 	opTNT8
 	opExt // a TNT.64 if the second byte says so, else the slow path's
 	opTIP
@@ -832,8 +855,9 @@ const (
 )
 
 // opsTable maps a packet's first byte to its action. With timing, MTC,
-// TSC and a one-byte CYC have their own actions (skipped when no clock
-// sees them), else they are the slow path's; off, only a TIP.PGE is the
+// TSC and a CYC have their own actions (skipped when no clock sees them,
+// but a CYC of more bytes; taken by fastTime when one does), else they
+// are the slow path's; off, only a TIP.PGE is the
 // fast path's, on, a TIP.PGE is not. The IP's compression is in the
 // byte too: a TIP or TIP.PGE without an IP (suppressed) and an IP packet
 // of a reserved compression are the slow path's (a TIP.PGD without an
@@ -850,6 +874,8 @@ func opsTable(timing, on bool) (t [256]uint8) {
 			op = opTSC
 		case timing && c&7 == 3:
 			op = opCYC
+		case timing && c&7 == 7:
+			op = opCYCX
 		case !on:
 			if c&0x1f == 0x11 && decode.IPSize(c) > 0 {
 				op = opPGE

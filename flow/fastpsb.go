@@ -11,17 +11,33 @@ import (
 // have one after each PSB+ that found tracing off). Each is taken whole or
 // not at all: the group is read first, with the packet decoder's own
 // checks (fastState.pd, RawNext), and the state is changed only when it
-// is the slow path's common case; anything else (an error, OVF, MNT, a timing
-// packet a clock sees, a window's end, a status the walk would not reach
-// from the current block by plain instructions and direct branches) is
-// left to the slow path where it stands.
+// is the slow path's common case; anything else (an error, OVF, MNT, a
+// window's end, a status the walk would not reach from the current block
+// by plain instructions and direct branches) is left to the slow path
+// where it stands.
 
-// fastPSB takes the PSB+ at k.pos (nothing pending, nothing queued, no
-// clock) as read and psb do, and, with tracing on, the walk to its status
-// IP as walk and deliver do: it tells whether it did. The flow's IP and
-// steps are k's (d's are set from them when it takes the group); k.pos and
-// k.last move past the group.
+// fastPSB takes the PSB+ at k.pos (nothing pending, nothing queued) as
+// read and psb do, and, with tracing on, the walk to its status IP as walk
+// and deliver do: it tells whether it did. The flow's IP and steps are k's
+// (d's are set from them when it takes the group); k.pos and k.last move
+// past the group. A clock sees each of the group's packets as it is read,
+// as nextPacket hands them over (the PSB, TSC, TMA, CBR, ..., PSBEND), and
+// is set back when the group is left to the slow path, which hands them
+// over again.
 func (d *Decoder) fastPSB(k *kern) bool {
+	if d.clock == nil {
+		return d.psbGroup(k)
+	}
+	saved := *d.clock
+	if d.psbGroup(k) {
+		return true
+	}
+	*d.clock = saved
+	return false
+}
+
+// psbGroup is fastPSB's work.
+func (d *Decoder) psbGroup(k *kern) bool {
 	buf, pos, last := k.buf, k.pos, k.last
 	end := len(buf) - 16
 	// A PSB starts with the escape and its second byte (the packet
@@ -36,6 +52,10 @@ func (d *Decoder) fastPSB(k *kern) bool {
 	if err != nil {
 		return false
 	}
+	clock := d.clock
+	if clock != nil {
+		clock.Packet(p)
+	}
 	s := psbState{mode: ModeUnknown}
 	for {
 		if pos > end {
@@ -47,6 +67,9 @@ func (d *Decoder) fastPSB(k *kern) bool {
 		}
 		if pos, last, err = pd.RawNext(pos, last, p); err != nil {
 			return false
+		}
+		if clock != nil {
+			clock.Packet(p)
 		}
 		if p.Kind == decode.PSBEnd {
 			break

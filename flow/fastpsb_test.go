@@ -13,8 +13,9 @@ import (
 // status IP at the start of the current block, within it, at its last
 // instruction, past its direct call, in the callee, and the groups while
 // tracing is off; the others (a status past a conditional branch, a mode
-// that contradicts the flow, an OVF or MNT inside, a timing packet a clock
-// sees) stay the slow path's.
+// that contradicts the flow, an OVF or MNT inside) stay the slow path's;
+// a clock changes nothing of that (TestFastTime has groups with timing
+// packets a clock sees).
 func TestFastPSB(t *testing.T) {
 	// 1000: nop; nop; nop; call 1010; 1008: jmp 1000
 	// 1010: nop; nop; 1012: jz 1000; 1014: ret
@@ -108,7 +109,7 @@ func TestFastPSB(t *testing.T) {
 		{"status past the jz", on(0x1014, nil), Options{}, false},
 		{"status nowhere on the way", on(0x1008, nil), Options{}, false},
 		{"status with a timing packet", on(0x1002, func(e *ptenc.Encoder) { e.MTC(3) }), Options{}, true},
-		{"status with a clock", on(0x1002, nil), Options{Time: &decode.ClockConfig{CPUID15EAX: 1, CPUID15EBX: 2}}, false},
+		{"status with a clock", on(0x1002, nil), Options{Time: &decode.ClockConfig{CPUID15EAX: 1, CPUID15EBX: 2}}, true},
 		{"status with MNT", on(0x1002, func(e *ptenc.Encoder) { e.MNT(7) }), Options{}, false},
 		{"status with OVF", on(0x1002, func(e *ptenc.Encoder) { e.OVF() }), Options{}, false},
 		{"mode contradicts", func(e *ptenc.Encoder) {
