@@ -12,7 +12,8 @@ import (
 // tracing plainly on or off, nothing queued, held or stashed, no stubs, no
 // ticks), the flow is driven from the trace bytes themselves instead of
 // decoded packets: PAD, TNT.8, TNT.64, TIP, TIP.PGD and TIP.PGE (and the
-// timing packets without a clock, which the slow path skips too), with
+// timing packets: skipped without a clock, as the slow path skips them,
+// handed to the clock between the kernel's runs with one, fastTime), with
 // the packet decoder's last-IP rule (decode.ApplyIP). It does what chain,
 // walk and run do for them, in their order, and hands anything else over to
 // them in exactly the state they would have reached: pending TNT bits in
@@ -138,9 +139,6 @@ const (
 	exitRun
 	// exitPGD: a TIP.PGD at kern.pos, with instructions at kern.b.
 	exitPGD
-	// exitTime: a timing packet a clock sees at kern.pos; the step
-	// before it is done.
-	exitTime
 )
 
 // fast runs the flow from the trace bytes until it meets what it leaves to
@@ -164,6 +162,7 @@ func (d *Decoder) fast() error {
 	maxInsns := d.opts.MaxInsns
 	k := &d.fp.k
 	*k = kern{buf: buf, pos: pos, last: last, tnt: d.tnt, nb: uint(d.tntN), ip: d.ip, budget: maxInsns - d.steps}
+	d.fp.pd.Reset(buf) // fastTime's (fastPSB and fastExecOff reset it too)
 	if d.hasBack {
 		k.tip = tipBack
 		d.hasBack = false
@@ -177,8 +176,19 @@ func (d *Decoder) fast() error {
 		// to the slow path and back for each. Not after a Handler
 		// dropped the block cache (MemoryChanged) while it read a
 		// batch: the slow path's walk looks the block up again.
-		if k.nb != 0 || k.tip != tipNone || len(d.q) > 0 || d.cache.drops != drops ||
-			!d.fastPSB(k) && !d.fastExecOff(k) {
+		if k.nb != 0 || k.tip != tipNone || len(d.q) > 0 || d.cache.drops != drops {
+			break
+		}
+		// Timing packets a clock sees, with nothing pending (bits
+		// or a TIP pending: the kernel stopped in a step, the slow
+		// path's, before them), are taken here too, after the
+		// branches before them went (flush); the flow goes on from
+		// the same block (here, not in fastLoop: its code is as
+		// without a clock).
+		if d.clock != nil && d.fastTime(k) {
+			continue
+		}
+		if !d.fastPSB(k) && !d.fastExecOff(k) {
 			break
 		}
 		k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, maxInsns-d.steps
@@ -220,16 +230,8 @@ func (d *Decoder) fastLoop() {
 			// Tracing is off: only a TIP.PGE is the fast path's.
 			ops := d.offOps()
 			k.pos = skipPad(k.buf, k.pos, len(k.buf)-16, ops)
-			if k.pos > len(k.buf)-16 {
+			if k.pos > len(k.buf)-16 || ops[k.buf[k.pos]] != opPGE {
 				return
-			}
-			if ops[k.buf[k.pos]] != opPGE {
-				// Timing packets a clock sees come while tracing
-				// is off too.
-				if d.clock == nil || !d.fastTime(k) {
-					return
-				}
-				continue
 			}
 			// With an IP (the table's opPGE): a suppressed or a
 			// reserved one is the slow path's.
@@ -289,10 +291,6 @@ func (d *Decoder) fastLoop() {
 				// Queued as read queues it; the walk goes on
 				// at a block's start.
 				d.q = append(d.q, queued{ev: d.qEv, bind: bindBranch})
-				return
-			}
-		case exitTime:
-			if !d.fastTime(k) {
 				return
 			}
 		case exitStop:
@@ -388,22 +386,15 @@ func (d *Decoder) kernel() (why int) {
 						pos += 2
 						continue
 					}
-					why = exitTime
 				case opTSC:
 					if d.clock == nil {
 						pos += 8
 						continue
 					}
-					why = exitTime
 				case opCYC:
 					if d.clock == nil {
 						pos++
 						continue
-					}
-					why = exitTime
-				case opCYCX:
-					if d.clock != nil {
-						why = exitTime
 					}
 				case opExt:
 					if buf[pos+1] != 0xa3 {
@@ -847,6 +838,8 @@ const (
 	opTSC
 	opCYC
 	opCYCX // a CYC of more bytes: the slow path's when no clock sees it
+	// (opMTC to opCYCX are the timing packets' actions: fastTime tests
+	// the range.)
 	opTNT8
 	opExt // a TNT.64 if the second byte says so, else the slow path's
 	opTIP

@@ -76,7 +76,10 @@ func (l *fullLog) line(i int) string {
 		return l.events[it.ev-1]
 	}
 	it := l.items[i]
-	return fmt.Sprintf("%x %x %v tsc %#x", it.from, it.to, it.kind, it.tsc)
+	if l.clock != nil {
+		return fmt.Sprintf("%x %x %v tsc %#x", it.from, it.to, it.kind, it.tsc)
+	}
+	return fmt.Sprintf("%x %x %v", it.from, it.to, it.kind)
 }
 
 // sameFast decodes trace for a reader of branches with the fast path off

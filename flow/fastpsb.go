@@ -20,24 +20,10 @@ import (
 // read and psb do, and, with tracing on, the walk to its status IP as walk
 // and deliver do: it tells whether it did. The flow's IP and steps are k's
 // (d's are set from them when it takes the group); k.pos and k.last move
-// past the group. A clock sees each of the group's packets as it is read,
-// as nextPacket hands them over (the PSB, TSC, TMA, CBR, ..., PSBEND), and
-// is set back when the group is left to the slow path, which hands them
-// over again.
+// past the group. A clock sees the group's packets once it is taken
+// (clockPackets), before anything is told: a group left to the slow path
+// is handed to the clock there.
 func (d *Decoder) fastPSB(k *kern) bool {
-	if d.clock == nil {
-		return d.psbGroup(k)
-	}
-	saved := *d.clock
-	if d.psbGroup(k) {
-		return true
-	}
-	*d.clock = saved
-	return false
-}
-
-// psbGroup is fastPSB's work.
-func (d *Decoder) psbGroup(k *kern) bool {
 	buf, pos, last := k.buf, k.pos, k.last
 	end := len(buf) - 16
 	// A PSB starts with the escape and its second byte (the packet
@@ -52,10 +38,6 @@ func (d *Decoder) psbGroup(k *kern) bool {
 	if err != nil {
 		return false
 	}
-	clock := d.clock
-	if clock != nil {
-		clock.Packet(p)
-	}
 	s := psbState{mode: ModeUnknown}
 	for {
 		if pos > end {
@@ -67,9 +49,6 @@ func (d *Decoder) psbGroup(k *kern) bool {
 		}
 		if pos, last, err = pd.RawNext(pos, last, p); err != nil {
 			return false
-		}
-		if clock != nil {
-			clock.Packet(p)
 		}
 		if p.Kind == decode.PSBEnd {
 			break
@@ -93,6 +72,9 @@ func (d *Decoder) psbGroup(k *kern) bool {
 		if !ok || s.mode != ModeUnknown && s.mode != d.mode {
 			return false
 		}
+	}
+	if d.clock != nil {
+		d.clockPackets(buf, k.pos, pos, k.last)
 	}
 	d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
 	if d.psbEnd(&s, false) {

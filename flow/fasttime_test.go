@@ -276,6 +276,16 @@ func TestFastTime(t *testing.T) {
 			e.Raw(0x07)
 			e.Raw(bytes.Repeat([]byte{1}, 20)...) // its bytes never end
 		}), clock, false},
+		{"an MTC after bits the slow path takes", func(e *ptenc.Encoder) {
+			// The return at 1014 with a bit not taken: the kernel
+			// stops before it, a bit pending and the MTC next; the
+			// error is the slow path's, at the time before the MTC.
+			group(e, 0x1000, nil)
+			loop(e, 2)
+			e.TNT(0b00, 2)
+			e.MTC(2)
+			loop(e, 2)
+		}, clock, false},
 		{"a group", flow(func(e *ptenc.Encoder) { group(e, 0x1002, func() { e.MTC(5) }) }), clock, true},
 		{"a group left to the slow path", flow(func(e *ptenc.Encoder) {
 			// Read up to the MNT, then left: its CYC is not to be
@@ -287,32 +297,23 @@ func TestFastTime(t *testing.T) {
 			e.IP(ptenc.FUP, 0x1000)
 			e.PSBEnd()
 		}), clock, false},
+		{"a group whose status the walk does not reach", flow(func(e *ptenc.Encoder) {
+			// Read whole, then left at the status past the jz
+			// (the slow path's error, at the time after the CYC
+			// counted once).
+			e.PSB()
+			e.ModeExec(true, false)
+			e.CYC(20)
+			e.IP(ptenc.FUP, 0x1014)
+			e.PSBEnd()
+		}), clock, false},
 		{"a group with OVF", flow(func(e *ptenc.Encoder) { group(e, 0x1002, func() { e.MTC(5); e.OVF() }) }), clock, false},
 		{"ticks", flow(func(e *ptenc.Encoder) { e.MTC(2) }), Options{Time: &timeConfig, Ticks: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := ptenc.New()
-			tc.trace(e)
-			body := e.Len()
-			for range 32 {
-				e.Pad()
-			}
-			sameFast(t, mem, e.Bytes(), tc.opts)
-			opts := tc.opts
-			opts.NoInsns = true
-			d := New(mem, opts)
-			d.Decode(e.Bytes(), &counter{})
-			d.fp.bytes = 0
-			d.Decode(e.Bytes(), &counter{}) // warm
-			// Taken, every byte after the sync is the fast path's up
-			// to its window's end (the PADs a word at a time).
 			sync := ptenc.New()
 			group(sync, 0x1000, nil)
-			stop := body
-			for stop <= e.Len()-16 {
-				stop += 8
-			}
-			want := uint64(stop - sync.Len())
+			d, want := fastAfterSync(t, mem, tc.trace, sync.Len(), tc.opts)
 			if got := d.fp.bytes == want; got != tc.fast {
 				t.Errorf("the fast path took %d bytes after the sync (all: %d); want all: %v", d.fp.bytes, want, tc.fast)
 			}
