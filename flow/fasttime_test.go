@@ -151,7 +151,7 @@ func TestFastTimeSameFlow(t *testing.T) {
 
 // TestFastTimeBranches holds the branch lines with times (Branches, the
 // live mount's output) of mruby with MTCs to the slow path's, and the warm
-// fast path to taking nearly all of its bytes.
+// fast path to taking nearly all of its bytes and allocating nothing.
 func TestFastTimeBranches(t *testing.T) {
 	bt := loadBench(t, "mruby")
 	tr := timed(bt.trace, 64, false)
@@ -171,6 +171,12 @@ func TestFastTimeBranches(t *testing.T) {
 		if i == 1 && d.fp.bytes < uint64(len(tr))*99/100 {
 			t.Errorf("the fast path took %d of %d bytes warm", d.fp.bytes, len(tr))
 		}
+	}
+	d := New(bt.space, Options{Time: &timeConfig, NoInsns: true})
+	var c counter
+	d.Decode(tr, &c)
+	if a := testing.AllocsPerRun(3, func() { d.Decode(tr, &c) }); a != 0 {
+		t.Errorf("%v allocations per warm decode with a clock, want 0", a)
 	}
 	if out[0].Len() == 0 || !bytes.Contains(out[0].Bytes(), []byte(" time=")) {
 		t.Fatalf("no branch lines with times: %.200q", out[0].String())
