@@ -19,14 +19,15 @@ type benchTrace struct {
 }
 
 // loadBench returns one of the benchmark traces: mruby (libxdc's kAFL
-// trace with its page dump) or ptsim (run-static, flow-static and its vDSO).
+// trace with its page dump), mruby-mtc (mruby with timing packets, timed)
+// or ptsim (run-static, flow-static and its vDSO).
 func loadBench(t testing.TB, name string) benchTrace {
 	t.Helper()
 	corpus := testkit.Corpus(t)
 	s := images.NewSpace()
 	var path string
 	switch name {
-	case "mruby":
+	case "mruby", "mruby-mtc":
 		dir := filepath.Join(corpus, "libxdc", "mruby")
 		path = filepath.Join(dir, "trace")
 		if err := images.MapPageDump(s, filepath.Join(dir, "data.addr"), filepath.Join(dir, "data.dump")); err != nil {
@@ -49,6 +50,9 @@ func loadBench(t testing.TB, name string) benchTrace {
 	trace, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if name == "mruby-mtc" {
+		trace = timed(trace, 64, false)
 	}
 	return benchTrace{trace: trace, path: path, space: s}
 }
@@ -109,13 +113,18 @@ var benchNames = []string{"mruby", "ptsim"}
 // branches (NoInsns): cold (a new decoder, empty block cache, every pass)
 // and warm (one decoder, the cache kept across passes, as a live mount
 // decodes the same images); warm-slow is warm without the fast path
-// (fast.go), warm-insns also reports every instruction.
+// (fast.go), warm-insns also reports every instruction. mruby-mtc is mruby
+// with an MTC every 64 bytes (timed), decoded with a clock, as a live
+// mount decodes its traces (MTC on, Options.Time).
 func BenchmarkFlow(b *testing.B) {
-	for _, name := range benchNames {
+	for _, name := range append(benchNames, "mruby-mtc") {
 		bt := loadBench(b, name)
 		for _, mode := range []string{"cold", "warm", "warm-slow", "warm-insns"} {
 			b.Run(name+"/"+mode, func(b *testing.B) {
 				opts := Options{NoInsns: mode != "warm-insns"}
+				if name == "mruby-mtc" {
+					opts.Time = &timeConfig
+				}
 				d := New(bt.space, opts)
 				d.fp.off = mode == "warm-slow"
 				var c counter

@@ -93,6 +93,11 @@ func FuzzNoInsns(f *testing.F) {
 		}
 		mem, opts := &blob{base: base, code: code}, Options{MaxInsns: 1 << 12, ResyncOnError: len(code)%2 == 1}
 		sameFlow(t, mem, trace, opts)
+		if len(trace)%2 == 1 {
+			// A clock: the fast path's timing packets, and the
+			// branches' times compared too.
+			opts.Time = &timeConfig
+		}
 		sameFast(t, mem, trace, opts)
 	})
 }

@@ -12,7 +12,8 @@ import (
 // tracing plainly on or off, nothing queued, held or stashed, no stubs, no
 // ticks), the flow is driven from the trace bytes themselves instead of
 // decoded packets: PAD, TNT.8, TNT.64, TIP, TIP.PGD and TIP.PGE (and the
-// timing packets without a clock, which the slow path skips too), with
+// timing packets: skipped without a clock, as the slow path skips them,
+// handed to the clock between the kernel's runs with one, fastTime), with
 // the packet decoder's last-IP rule (decode.ApplyIP). It does what chain,
 // walk and run do for them, in their order, and hands anything else over to
 // them in exactly the state they would have reached: pending TNT bits in
@@ -161,6 +162,7 @@ func (d *Decoder) fast() error {
 	maxInsns := d.opts.MaxInsns
 	k := &d.fp.k
 	*k = kern{buf: buf, pos: pos, last: last, tnt: d.tnt, nb: uint(d.tntN), ip: d.ip, budget: maxInsns - d.steps}
+	d.fp.pd.Reset(buf) // fastTime's (fastPSB and fastExecOff reset it too)
 	if d.hasBack {
 		k.tip = tipBack
 		d.hasBack = false
@@ -174,8 +176,19 @@ func (d *Decoder) fast() error {
 		// to the slow path and back for each. Not after a Handler
 		// dropped the block cache (MemoryChanged) while it read a
 		// batch: the slow path's walk looks the block up again.
-		if k.nb != 0 || k.tip != tipNone || len(d.q) > 0 || d.clock != nil || d.cache.drops != drops ||
-			!d.fastPSB(k) && !d.fastExecOff(k) {
+		if k.nb != 0 || k.tip != tipNone || len(d.q) > 0 || d.cache.drops != drops {
+			break
+		}
+		// Timing packets a clock sees, with nothing pending (bits
+		// or a TIP pending: the kernel stopped in a step, the slow
+		// path's, before them), are taken here too, after the
+		// branches before them went (flush); the flow goes on from
+		// the same block (here, not in fastLoop: its code is as
+		// without a clock).
+		if d.clock != nil && d.fastTime(k) {
+			continue
+		}
+		if !d.fastPSB(k) && !d.fastExecOff(k) {
 			break
 		}
 		k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, maxInsns-d.steps
@@ -824,6 +837,9 @@ const (
 	opMTC // MTC, TSC and a one-byte CYC: skipped when no clock sees them
 	opTSC
 	opCYC
+	opCYCX // a CYC of more bytes: the slow path's when no clock sees it
+	// (opMTC to opCYCX are the timing packets' actions: fastTime tests
+	// the range.)
 	opTNT8
 	opExt // a TNT.64 if the second byte says so, else the slow path's
 	opTIP
@@ -832,8 +848,9 @@ const (
 )
 
 // opsTable maps a packet's first byte to its action. With timing, MTC,
-// TSC and a one-byte CYC have their own actions (skipped when no clock
-// sees them), else they are the slow path's; off, only a TIP.PGE is the
+// TSC and a CYC have their own actions (skipped when no clock sees them,
+// but a CYC of more bytes; taken by fastTime when one does), else they
+// are the slow path's; off, only a TIP.PGE is the
 // fast path's, on, a TIP.PGE is not. The IP's compression is in the
 // byte too: a TIP or TIP.PGE without an IP (suppressed) and an IP packet
 // of a reserved compression are the slow path's (a TIP.PGD without an
@@ -850,6 +867,8 @@ func opsTable(timing, on bool) (t [256]uint8) {
 			op = opTSC
 		case timing && c&7 == 3:
 			op = opCYC
+		case timing && c&7 == 7:
+			op = opCYCX
 		case !on:
 			if c&0x1f == 0x11 && decode.IPSize(c) > 0 {
 				op = opPGE

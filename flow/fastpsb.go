@@ -11,16 +11,18 @@ import (
 // have one after each PSB+ that found tracing off). Each is taken whole or
 // not at all: the group is read first, with the packet decoder's own
 // checks (fastState.pd, RawNext), and the state is changed only when it
-// is the slow path's common case; anything else (an error, OVF, MNT, a timing
-// packet a clock sees, a window's end, a status the walk would not reach
-// from the current block by plain instructions and direct branches) is
-// left to the slow path where it stands.
+// is the slow path's common case; anything else (an error, OVF, MNT, a
+// window's end, a status the walk would not reach from the current block
+// by plain instructions and direct branches) is left to the slow path
+// where it stands.
 
-// fastPSB takes the PSB+ at k.pos (nothing pending, nothing queued, no
-// clock) as read and psb do, and, with tracing on, the walk to its status
-// IP as walk and deliver do: it tells whether it did. The flow's IP and
-// steps are k's (d's are set from them when it takes the group); k.pos and
-// k.last move past the group.
+// fastPSB takes the PSB+ at k.pos (nothing pending, nothing queued) as
+// read and psb do, and, with tracing on, the walk to its status IP as walk
+// and deliver do: it tells whether it did. The flow's IP and steps are k's
+// (d's are set from them when it takes the group); k.pos and k.last move
+// past the group. A clock sees the group's packets once it is taken
+// (clockPackets), before anything is told: a group left to the slow path
+// is handed to the clock there.
 func (d *Decoder) fastPSB(k *kern) bool {
 	buf, pos, last := k.buf, k.pos, k.last
 	end := len(buf) - 16
@@ -70,6 +72,9 @@ func (d *Decoder) fastPSB(k *kern) bool {
 		if !ok || s.mode != ModeUnknown && s.mode != d.mode {
 			return false
 		}
+	}
+	if d.clock != nil {
+		d.clockPackets(buf, k.pos, pos, k.last)
 	}
 	d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
 	if d.psbEnd(&s, false) {

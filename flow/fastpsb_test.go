@@ -13,8 +13,9 @@ import (
 // status IP at the start of the current block, within it, at its last
 // instruction, past its direct call, in the callee, and the groups while
 // tracing is off; the others (a status past a conditional branch, a mode
-// that contradicts the flow, an OVF or MNT inside, a timing packet a clock
-// sees) stay the slow path's.
+// that contradicts the flow, an OVF or MNT inside) stay the slow path's;
+// a clock changes nothing of that (TestFastTime has groups with timing
+// packets a clock sees).
 func TestFastPSB(t *testing.T) {
 	// 1000: nop; nop; nop; call 1010; 1008: jmp 1000
 	// 1010: nop; nop; 1012: jz 1000; 1014: ret
@@ -108,7 +109,7 @@ func TestFastPSB(t *testing.T) {
 		{"status past the jz", on(0x1014, nil), Options{}, false},
 		{"status nowhere on the way", on(0x1008, nil), Options{}, false},
 		{"status with a timing packet", on(0x1002, func(e *ptenc.Encoder) { e.MTC(3) }), Options{}, true},
-		{"status with a clock", on(0x1002, nil), Options{Time: &decode.ClockConfig{CPUID15EAX: 1, CPUID15EBX: 2}}, false},
+		{"status with a clock", on(0x1002, nil), Options{Time: &decode.ClockConfig{CPUID15EAX: 1, CPUID15EBX: 2}}, true},
 		{"status with MNT", on(0x1002, func(e *ptenc.Encoder) { e.MNT(7) }), Options{}, false},
 		{"status with OVF", on(0x1002, func(e *ptenc.Encoder) { e.OVF() }), Options{}, false},
 		{"mode contradicts", func(e *ptenc.Encoder) {
@@ -146,35 +147,43 @@ func TestFastPSB(t *testing.T) {
 		}, Options{Iflags: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := ptenc.New()
-			tc.trace(e)
-			body := e.Len()
-			for range 32 {
-				e.Pad()
-			}
-			sameFast(t, mem, e.Bytes(), tc.opts)
-			opts := tc.opts
-			opts.NoInsns = true
-			d := New(mem, opts)
-			d.Decode(e.Bytes(), &counter{})
-			d.fp.bytes, d.fp.groups = 0, 0
-			d.Decode(e.Bytes(), &counter{}) // warm: the call's successor known
-			// Taken, every byte after the sync is the fast path's up to
-			// its window's end: the PADs at the end a word at a time
-			// while one starts 16 bytes or more before the end.
 			sync := ptenc.New()
 			start(sync, 0x1000)
-			stop := body
-			for stop <= e.Len()-16 {
-				stop += 8
-			}
-			want := uint64(stop - sync.Len())
+			d, want := fastAfterSync(t, mem, tc.trace, sync.Len(), tc.opts)
 			if got := d.fp.groups > 0 && d.fp.bytes == want; got != tc.fast {
 				t.Errorf("the fast path took %d groups and %d bytes after the sync (all: %d); want all: %v",
 					d.fp.groups, d.fp.bytes, want, tc.fast)
 			}
 		})
 	}
+}
+
+// fastAfterSync encodes trace with PADs after it, holds the fast path to
+// the slow path on it (sameFast), decodes it twice with the fast path (the
+// second time warm: the call's successor known) and returns the decoder
+// with its counts of the second time, and the bytes the fast path takes
+// when it takes every byte after the sync (sync bytes long) up to its
+// window's end: the PADs at the end a word at a time while one starts 16
+// bytes or more before the end.
+func fastAfterSync(t *testing.T, mem Memory, trace func(e *ptenc.Encoder), sync int, opts Options) (*Decoder, uint64) {
+	t.Helper()
+	e := ptenc.New()
+	trace(e)
+	body := e.Len()
+	for range 32 {
+		e.Pad()
+	}
+	sameFast(t, mem, e.Bytes(), opts)
+	opts.NoInsns = true
+	d := New(mem, opts)
+	d.Decode(e.Bytes(), &counter{})
+	d.fp.bytes, d.fp.groups = 0, 0
+	d.Decode(e.Bytes(), &counter{})
+	stop := body
+	for stop <= e.Len()-16 {
+		stop += 8
+	}
+	return d, uint64(stop - sync)
 }
 
 // TestFastPSBMruby: the fast path takes all of mruby's 349 PSB+ groups
