@@ -85,3 +85,90 @@ func TestNewEvClearsEveryField(t *testing.T) {
 		t.Errorf("newEv made %+v, want %+v", got, want)
 	}
 }
+
+// churnLog is an edgeLog whose Handler, in every Edges and Event call,
+// drops the decoder's block cache (MemoryChanged) and, every few calls,
+// collects and then allocates garbage of the slabs' and chunks' sizes
+// before it reads the batch: were a batch entry's edges the edgeRef's
+// alone, the collection frees them and the garbage (or, under
+// GODEBUG=clobberfree=1, the collector) writes over them.
+type churnLog struct {
+	edgeLog
+	d     *Decoder
+	calls int
+	// drops counts the drops made while a batch was being handed over.
+	drops int
+	// maxOld is the most chunk lists the cache kept for the batch.
+	maxOld int
+	junk   [][]Edge
+}
+
+func (l *churnLog) churn() {
+	l.d.MemoryChanged()
+	l.maxOld = max(l.maxOld, len(l.d.cache.old))
+	l.calls++
+	if l.calls%64 != 0 {
+		return
+	}
+	runtime.GC()
+	l.junk = l.junk[:0]
+	for _, n := range []int{edgeSlabLo, edgeSlab, 1, 3, 8} {
+		for range 8 {
+			e := make([]Edge, n)
+			for i := range e {
+				e[i] = Edge{^uint64(0), ^uint64(0), BrInterrupt}
+			}
+			l.junk = append(l.junk, e)
+		}
+	}
+	// A block chunk's size class too: the blocks list the runs.
+	runtime.KeepAlive(new([blockChunk]block))
+}
+
+func (l *churnLog) Edges(batch [][]Edge) {
+	l.churn()
+	l.drops++
+	l.edgeLog.Edges(batch)
+}
+
+func (l *churnLog) Event(e *Event) {
+	l.churn()
+	l.edgeLog.Event(e)
+}
+
+// TestBatchSurvivesHandlerDrops decodes the corpus with a Handler that
+// drops the block cache, collects and allocates in every call, and holds
+// the fast path's branches and events to the slow path's: the batch's
+// edges (runs', kept walks', the batch's own) must outlive drops made
+// while the fast path runs, as blockCache.pinned keeps them. Run it with
+// GODEBUG=clobberfree=1 (and -race) to have freed memory overwritten.
+func TestBatchSurvivesHandlerDrops(t *testing.T) {
+	var drops, maxOld int
+	for _, ft := range fastCorpus(t) {
+		t.Run(ft.name, func(t *testing.T) {
+			// A large trace's start: every call drops the cache,
+			// so that the decode is a cold one throughout.
+			trace := ft.trace[:min(len(ft.trace), 1<<17)]
+			opts := Options{NoInsns: true}
+			ds, df := New(ft.mem, opts), New(ft.mem, opts)
+			ds.fp.off = true
+			for pass := range 2 {
+				var slow fullLog
+				fast := churnLog{edgeLog: edgeLog{t: t}, d: df}
+				ds.c, df.c = Counters{}, Counters{}
+				ds.Decode(trace, &slow)
+				df.Decode(trace, &fast)
+				if df.cache.pinned || len(df.cache.old) != 0 {
+					t.Errorf("pass %d: the cache is left pinned (%v) with %d chunk lists kept", pass, df.cache.pinned, len(df.cache.old))
+				}
+				maxOld = max(maxOld, fast.maxOld)
+				drops += fast.drops
+				sameLogs(t, pass, ds, df, &slow, &fast.fullLog)
+			}
+		})
+	}
+	if drops == 0 {
+		t.Errorf("no batch was handed over: the drops went untested")
+	}
+	t.Logf("%d drops while a batch was handed over; old held at most %d chunk lists", drops, maxOld)
+}
