@@ -174,8 +174,13 @@ func (c *blockCache) drop() {
 	clear(c.slots)
 	c.n, c.insns = 0, 0
 	if c.pinned {
-		c.old = append(c.old, c.chunks)
-		c.chunks = nil
+		// Only lists with chunks: a Handler may drop the cache in
+		// every call while the kernel goes on in the old blocks,
+		// decoding none.
+		if len(c.chunks) > 0 {
+			c.old = append(c.old, c.chunks)
+			c.chunks = nil
+		}
 	} else {
 		clear(c.chunks)
 		c.chunks = c.chunks[:0]

@@ -172,3 +172,39 @@ func TestBatchSurvivesHandlerDrops(t *testing.T) {
 	}
 	t.Logf("%d drops while a batch was handed over; old held at most %d chunk lists", drops, maxOld)
 }
+
+// oldLog is an edgeLog whose Edges drops the block cache and notes how
+// many chunk lists the cache keeps for the batch.
+type oldLog struct {
+	edgeLog
+	d      *Decoder
+	calls  int
+	maxOld int
+}
+
+func (l *oldLog) Edges(batch [][]Edge) {
+	l.d.MemoryChanged()
+	l.calls++
+	l.maxOld = max(l.maxOld, len(l.d.cache.old))
+	l.edgeLog.Edges(batch)
+}
+
+// TestPinnedDropsBounded: a Handler that drops the block cache in every
+// Edges call while the fast path goes round a loop it already decoded
+// (its blocks kept, no block decoded again) has the cache keep no more for
+// the batch: a drop keeps only chunks, not a list for each drop.
+func TestPinnedDropsBounded(t *testing.T) {
+	mem, trace := loopTrace(20000)
+	d := New(mem, Options{NoInsns: true})
+	h := oldLog{edgeLog: edgeLog{t: t}, d: d}
+	d.Decode(trace, &h)
+	if h.calls < 100 {
+		t.Fatalf("%d batches handed over: the drops went untested", h.calls)
+	}
+	if h.maxOld > 2 {
+		t.Errorf("the cache kept %d chunk lists over %d drops of a loop decoded once", h.maxOld, h.calls)
+	}
+	if d.Counters().Errors != 0 {
+		t.Errorf("counters %+v", d.Counters())
+	}
+}
