@@ -148,7 +148,7 @@ func TestBatchSurvivesHandlerDrops(t *testing.T) {
 		t.Run(ft.name, func(t *testing.T) {
 			// A large trace's start: every call drops the cache,
 			// so that the decode is a cold one throughout.
-			trace := ft.trace[:min(len(ft.trace), 1<<17)]
+			trace := ft.trace[:min(len(ft.trace), 1<<16)]
 			opts := Options{NoInsns: true}
 			ds, df := New(ft.mem, opts), New(ft.mem, opts)
 			ds.fp.off = true
