@@ -106,7 +106,14 @@ type blockCache struct {
 	// of the block.
 	chunks []*[blockChunk]block
 	cur    *[blockChunk]block // the last chunk, next's
-	lens   slab[uint8]        // the next blocks' instruction lengths
+	// pinned is set while the fast path runs: its batch refers to runs'
+	// edges by words the collector does not see (edgeRef), and the
+	// kernel may go on from blocks a drop forgot. A drop then keeps the
+	// chunks it forgets in old (their blocks hold the runs, which hold
+	// the edges) until unpin.
+	pinned bool
+	old    [][]*[blockChunk]block
+	lens   slab[uint8] // the next blocks' instruction lengths
 
 	// view is the Memory's bytes from vpc on (Viewer), kept from block
 	// to block: the next block is often in the same mapping. It is
@@ -166,13 +173,31 @@ func (c *blockCache) check(gen uint64) {
 func (c *blockCache) drop() {
 	clear(c.slots)
 	c.n, c.insns = 0, 0
-	clear(c.chunks)
-	c.chunks, c.cur = c.chunks[:0], nil
+	if c.pinned {
+		// Only lists with chunks: a Handler may drop the cache in
+		// every call while the kernel goes on in the old blocks,
+		// decoding none.
+		if len(c.chunks) > 0 {
+			c.old = append(c.old, c.chunks)
+			c.chunks = nil
+		}
+	} else {
+		clear(c.chunks)
+		c.chunks = c.chunks[:0]
+	}
+	c.cur = nil
 	c.lens.drop()
 	c.view = nil
 	clear(c.views)
 	c.runs.drop()
 	c.drops++
+}
+
+// unpin lets the collector have the chunks drops forgot while pinned,
+// when no batch entry or kernel state can refer to them.
+func (c *blockCache) unpin() {
+	clear(c.old)
+	c.old = c.old[:0]
 }
 
 func (c *blockCache) hash(ip uint64, mode Mode) uint64 {

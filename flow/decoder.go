@@ -1091,6 +1091,22 @@ func (d *Decoder) emit(e *Event) {
 	d.h.Event(e)
 }
 
+// newEv makes d.qEv a new event: kind at ip (hasIP), stamped, every other
+// field zero. Field by field, and Err only when set: an Event written whole
+// zeroes Err with a bulk write barrier while the collector marks, twice a
+// TIP.PGE..TIP.PGD segment on the fast path.
+func (d *Decoder) newEv(kind EventKind, ip uint64, hasIP bool) *Event {
+	e := &d.qEv
+	if e.Err != nil {
+		e.Err = nil
+	}
+	e.Kind, e.HasIP, e.Mode, e.Flags, e.Aux = kind, hasIP, 0, 0, 0
+	e.IP, e.At, e.Offset, e.Payload, e.TSC = ip, 0, 0, 0, 0
+	e.Type, e.Has, e.Data = 0, 0, [3]uint64{}
+	d.stamp(e)
+	return e
+}
+
 // stamp gives e the time now (Options.Time).
 func (d *Decoder) stamp(e *Event) {
 	if d.clock != nil {
@@ -1116,6 +1132,5 @@ func (d *Decoder) tick(ip uint64) {
 	if !d.opts.Ticks || d.clock == nil || d.clock.TSC() == d.lastTSC {
 		return
 	}
-	d.qEv = Event{Kind: EvTick, IP: ip, HasIP: true, TSC: d.clock.TSC()}
-	d.emit(&d.qEv)
+	d.emit(d.newEv(EvTick, ip, true))
 }

@@ -3,6 +3,7 @@ package flow
 import (
 	"encoding/binary"
 	"math/bits"
+	"unsafe"
 
 	"ptfs/decode"
 	"ptfs/x86insn"
@@ -37,12 +38,12 @@ type fastState struct {
 	// The branches taken and not yet handed to the Handler, in order:
 	// batch[:n], each a run's edges as they are (their capacity cut to
 	// their length: a run keeps its return addresses after its edges)
-	// or the one branch edges[i] of entry i. The kernel only writes them
+	// or the one branch edges[i] of entry i, as plain words (edgeRef). The kernel only writes them
 	// (stores, no call); they are handed over, in one call, before a
 	// block or run is worked out, an event, and when the fast path stops
 	// (flush).
 	n     int
-	batch [edgeBatch][]Edge
+	batch [edgeBatch]edgeRef
 	edges [edgeBatch]Edge
 	// k is the kernel's state between its runs.
 	k kern
@@ -50,6 +51,27 @@ type fastState struct {
 	// slow path's decoder stays where it is until the hand-over).
 	pd decode.PacketDecoder
 	pk decode.Packet
+}
+
+// edgeRef is a batch entry: a []Edge's header as plain words, which the
+// collector neither scans nor write-barriers (a pointer store a run or
+// branch while it marks cost a cold pass more than its share). It keeps
+// nothing alive: its edges are a run's (listed by a block in the cache's
+// chunks, kept across drops while the fast path runs: blockCache.pinned),
+// a kept walk's or the batch's own buffer's, none of which moves.
+type edgeRef struct {
+	p    uintptr
+	n, c int
+}
+
+// refOf returns e's header as an edgeRef, its capacity cut to its length.
+func refOf(e []Edge) edgeRef {
+	return edgeRef{uintptr(unsafe.Pointer(unsafe.SliceData(e))), len(e), len(e)}
+}
+
+// slices returns the batch as the slices it holds (the same layout).
+func (f *fastState) slices() *[edgeBatch][]Edge {
+	return (*[edgeBatch][]Edge)(unsafe.Pointer(&f.batch))
 }
 
 // edgeBatch is the most entries (runs or single branches) the fast path
@@ -65,7 +87,7 @@ func (d *Decoder) flush() {
 		return
 	}
 	f.n = 0
-	batch := f.batch[:n]
+	batch := f.slices()[:n]
 	if d.eh != nil {
 		d.eh.Edges(batch)
 		return
@@ -158,6 +180,7 @@ func (d *Decoder) fast() error {
 		return nil
 	}
 	d.runCaches()
+	d.cache.pinned = true
 	pos0, insns0 := pos, d.c.Insns
 	maxInsns := d.opts.MaxInsns
 	k := &d.fp.k
@@ -195,7 +218,8 @@ func (d *Decoder) fast() error {
 	}
 	// Nothing kept past the call: the runs' slabs may be dropped.
 	k.buf, k.b, k.missP = nil, nil, nil
-	clear(d.fp.batch[:])
+	d.cache.pinned = false
+	d.cache.unpin()
 	pos = k.pos
 	if pos == pos0 && d.c.Insns == insns0 {
 		// Nothing done: the state is as it was.
@@ -246,8 +270,7 @@ func (d *Decoder) fastLoop() {
 			}
 			// As read queues it and deliver fires it.
 			d.flush()
-			d.qEv = Event{Kind: EvEnabled, IP: k.last, HasIP: true}
-			d.stamp(&d.qEv)
+			d.newEv(EvEnabled, k.last, true)
 			d.fireEv()
 			// Its block is looked up next, as after any IP.
 			k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, d.opts.MaxInsns-d.steps
@@ -256,7 +279,11 @@ func (d *Decoder) fastLoop() {
 			// The block the flow goes to. Nothing is gathered
 			// here (a miss, an event or the start handed it
 			// over): looking it up may read memory, which a
-			// Memory may apply side band at (perfflow).
+			// Memory may apply side band at (perfflow). No old
+			// block is held either (k.missP keeps its own).
+			if len(d.cache.old) > 0 && d.fp.n == 0 {
+				d.cache.unpin()
+			}
 			if k.missP != nil {
 				k.b = d.fixedSucc(k.missP, k.ip)
 				k.missP = nil
@@ -283,8 +310,7 @@ func (d *Decoder) fastLoop() {
 			}
 			d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
 			// Made where fireEv takes it: no copy when it fires.
-			d.qEv = Event{Kind: EvDisabled, IP: pgd, HasIP: n > 0}
-			d.stamp(&d.qEv)
+			d.newEv(EvDisabled, pgd, n > 0)
 			fired := d.fastDisable(k.b)
 			k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
 			if !fired {
@@ -447,7 +473,7 @@ func (d *Decoder) kernel() (why int) {
 					// The run's edges as they are, after the
 					// branches before them.
 					if e := r.edges; len(e) > 0 {
-						f.batch[nf&(edgeBatch-1)] = e[:len(e):len(e)]
+						f.batch[nf&(edgeBatch-1)] = refOf(e)
 						nf++
 					}
 					if r.nrets > 0 {
@@ -500,7 +526,7 @@ func (d *Decoder) kernel() (why int) {
 					to, p = b.target, &b.taken
 					i := nf & (edgeBatch - 1) // nf < edgeBatch: masked, Go tests no bounds
 					f.edges[i] = Edge{from, to, BrCond}
-					f.batch[i] = f.edges[i : i+1 : i+1]
+					f.batch[i] = refOf(f.edges[i : i+1])
 					nf++
 				}
 			case x86insn.Jump, x86insn.Call:
@@ -518,7 +544,7 @@ func (d *Decoder) kernel() (why int) {
 				}
 				i := nf & (edgeBatch - 1)
 				f.edges[i] = Edge{from, to, kind}
-				f.batch[i] = f.edges[i : i+1 : i+1]
+				f.batch[i] = refOf(f.edges[i : i+1])
 				nf++
 			case x86insn.Ret:
 				if nb > 0 {
@@ -543,7 +569,7 @@ func (d *Decoder) kernel() (why int) {
 				}
 				i := nf & (edgeBatch - 1)
 				f.edges[i] = Edge{from, to, BrReturn}
-				f.batch[i] = f.edges[i : i+1 : i+1]
+				f.batch[i] = refOf(f.edges[i : i+1])
 				nf++
 			case x86insn.IndirectJump, x86insn.IndirectCall:
 				if nb > 0 {
@@ -562,7 +588,7 @@ func (d *Decoder) kernel() (why int) {
 				}
 				i := nf & (edgeBatch - 1)
 				f.edges[i] = Edge{from, to, kind}
-				f.batch[i] = f.edges[i : i+1 : i+1]
+				f.batch[i] = refOf(f.edges[i : i+1])
 				nf++
 			default:
 				goto out
@@ -684,7 +710,7 @@ func (d *Decoder) fastDisable(b *block) bool {
 			// Its branches in the batch, before the event: a kept walk
 			// reads no memory. The batch has room: the kernel exits
 			// for a full one before it reads a packet.
-			f.batch[f.n&(edgeBatch-1)] = w.edges[:w.n:w.n]
+			f.batch[f.n&(edgeBatch-1)] = refOf(w.edges[:w.n])
 			f.n++
 		}
 		for _, ret := range w.rets[:w.nrets] {

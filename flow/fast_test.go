@@ -869,7 +869,7 @@ func TestPGDWalkDropped(t *testing.T) {
 		d.enabled, d.steps = true, 0
 		f := &d.fp
 		f.edges[0] = Edge{1, 2, BrJump}
-		f.batch[0], f.n = f.edges[0:1:1], 1
+		f.batch[0], f.n = refOf(f.edges[0:1]), 1
 		d.qEv = ev
 		if !d.fastDisable(b) {
 			t.Fatalf("replay %v: the walk did not fire", replay)

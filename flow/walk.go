@@ -69,9 +69,7 @@ func (d *Decoder) run() error {
 				return err
 			}
 			if d.eos {
-				d.qEv = Event{Kind: EvEnd, IP: d.ip, HasIP: true}
-				d.stamp(&d.qEv)
-				d.emit(&d.qEv)
+				d.emit(d.newEv(EvEnd, d.ip, true))
 				return io.EOF
 			}
 			if !d.flowNext() {
