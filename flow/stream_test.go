@@ -140,6 +140,62 @@ func TestStreamSameFlow(t *testing.T) {
 	}
 }
 
+// timedHash is a flowHash that mixes in each branch's time when its
+// Handler gets it (a branch line's time=), taking batches as they come.
+type timedHash struct {
+	flowHash
+	d *Decoder
+}
+
+func (f *timedHash) Branch(from, to uint64, k BranchKind) {
+	f.flowHash.Branch(from, to, k)
+	tsc, _ := f.d.TSC()
+	f.mix(tsc)
+}
+
+func (f *timedHash) Edges(batch [][]Edge) {
+	for _, e := range batch {
+		for i := range e {
+			f.Branch(e[i].From, e[i].To, e[i].Kind)
+		}
+	}
+}
+
+// TestStreamTimed: mruby with timing packets put in (timed: MTCs and CYCs,
+// some of more bytes), whole, truncated and corrupted, decoded with a
+// clock for a reader of branches (a live mount's case) through a Stream
+// cut every way gives the branches with their times and the events of
+// the slow path's Decode; the fast path takes the bulk of the bytes where
+// the chunks leave it 16 bytes ahead.
+func TestStreamTimed(t *testing.T) {
+	bt := loadBench(t, "mruby")
+	opts := Options{NoInsns: true, Time: &timeConfig}
+	for _, tc := range variants(timed(bt.trace, 24, true)) {
+		t.Run(tc.name, func(t *testing.T) {
+			d := New(bt.space, opts)
+			d.fp.off = true
+			want := timedHash{d: d}
+			d.Decode(tc.trace, &want)
+			wantC := d.Counters()
+			for _, ck := range chunkings {
+				d := New(bt.space, opts)
+				got := timedHash{d: d}
+				feed(t, NewStream(d, &got), tc.trace, ck.next)
+				if got.h != want.h || got.branches != want.branches || d.Counters() != wantC {
+					t.Errorf("chunks of %s: %d branches %d errors (%q...), the slow path's Decode %d, %d (%q...)",
+						ck.name, got.branches, got.errors_, got.first, want.branches, want.errors_, want.first)
+				}
+				if ck.name != "1" && ck.name != "7" && d.fp.bytes < uint64(len(tc.trace))/2 {
+					t.Errorf("chunks of %s: the fast path took %d of %d bytes", ck.name, d.fp.bytes, len(tc.trace))
+				}
+			}
+			if want.branches == 0 || (tc.name == "corrupted") != (want.errors_ > 0) {
+				t.Fatalf("%d branches, %d errors", want.branches, want.errors_)
+			}
+		})
+	}
+}
+
 // TestStreamBranchLines: the branch: lines (symbols, gap and trace lines)
 // of libxdc's four traces with their page dumps and the corpus's ptsim
 // runs with their ELF are the same for every chunking as for Decode.
