@@ -38,17 +38,18 @@ type fastState struct {
 	// The branches taken and not yet handed to the Handler, in order:
 	// batch[:n], each a run's edges as they are (their capacity cut to
 	// their length: a run keeps its return addresses after its edges)
-	// or the one branch edges[i] of entry i, as plain words (edgeRef). The kernel only writes them
-	// (stores, no call); they are handed over, in one call, before a
-	// block or run is worked out, an event, and when the fast path stops
-	// (flush).
+	// or the one branch edges[i] of entry i, as plain words (edgeRef).
+	// The kernel only writes them (stores, no call); they are handed
+	// over, in one call, before a block or run is worked out, an event,
+	// and when the fast path stops (flush).
 	n     int
 	batch [edgeBatch]edgeRef
 	edges [edgeBatch]Edge
 	// k is the kernel's state between its runs.
 	k kern
-	// pd and pk read the packets fastPSB and fastExecOff take (the
-	// slow path's decoder stays where it is until the hand-over).
+	// pd and pk read the packets fastPSB, fastExecOff and fastTime take
+	// and clockPackets hands to the clock (the slow path's decoder stays
+	// where it is until the hand-over).
 	pd decode.PacketDecoder
 	pk decode.Packet
 }
@@ -165,9 +166,11 @@ const (
 
 // fast runs the flow from the trace bytes until it meets what it leaves to
 // the slow path; it returns an error only where the slow path would have
-// (none it finds itself). The common steps are the kernel's; fast handles
-// what the kernel exits for (a miss, a full batch, TIP.PGD and TIP.PGE,
-// tracing off) and goes back in.
+// (none it finds itself). The common steps are the kernel's; fastLoop
+// handles what the kernel exits for (a miss, a full batch, TIP.PGD and
+// TIP.PGE, tracing off) and goes back in, and fast, between fastLoop's
+// runs, takes PSB+ groups, a MODE.Exec before a TIP.PGE and the timing
+// packets a clock sees.
 func (d *Decoder) fast() error {
 	buf, pos, last, ok := d.rawCursor()
 	if !ok || pos == d.fp.noPos && d.ip == d.fp.noIP {
@@ -876,9 +879,8 @@ const (
 // opsTable maps a packet's first byte to its action. With timing, MTC,
 // TSC and a CYC have their own actions (skipped when no clock sees them,
 // but a CYC of more bytes; taken by fastTime when one does), else they
-// are the slow path's; off, only a TIP.PGE is the
-// fast path's, on, a TIP.PGE is not. The IP's compression is in the
-// byte too: a TIP or TIP.PGE without an IP (suppressed) and an IP packet
+// are the slow path's; off, only a TIP.PGE is the fast path's, on, a
+// TIP.PGE is not. The IP's compression is in the byte too: a TIP or TIP.PGE without an IP (suppressed) and an IP packet
 // of a reserved compression are the slow path's (a TIP.PGD without an
 // IP is the fast path's), so that taking one tests nothing more.
 func opsTable(timing, on bool) (t [256]uint8) {
