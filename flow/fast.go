@@ -38,10 +38,10 @@ type fastState struct {
 	// The branches taken and not yet handed to the Handler, in order:
 	// batch[:n], each a run's edges as they are (their capacity cut to
 	// their length: a run keeps its return addresses after its edges)
-	// or the one branch edges[i] of entry i, as plain words (edgeRef). The kernel only writes them
-	// (stores, no call); they are handed over, in one call, before a
-	// block or run is worked out, an event, and when the fast path stops
-	// (flush).
+	// or the one branch edges[i] of entry i, as plain words (edgeRef).
+	// The kernel only writes them (stores, no call); they are handed
+	// over, in one call, before a block or run is worked out, an event,
+	// and when the fast path stops (flush).
 	n     int
 	batch [edgeBatch]edgeRef
 	edges [edgeBatch]Edge
