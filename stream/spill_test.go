@@ -59,7 +59,7 @@ func recordBlock() ([]byte, int) {
 // through Tail and Commit, as the record path does, and spills it; the
 // others write a chunk's bytes, from a buffer in the cache as the
 // formatter's output is, into a slot of a spill file made as the stream
-// makes it, each way tried for the spill (DESIGN §2, §7): "pwrite" copies
+// makes it, each way tried for the spill (DESIGN §2, §4): "pwrite" copies
 // them into a chunk buffer and writes that (seal's way); "map-slot"
 // copies them into a MAP_SHARED mapping of the slot populated at once
 // with MADV_POPULATE_WRITE, unmapped after (a chunk formatted in the page
