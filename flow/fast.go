@@ -65,6 +65,10 @@ type edgeRef struct {
 	n, c int
 }
 
+// An edgeRef is a slice header's size (slices casts the batch): the
+// index below is a compile-time constant 0 only then.
+var _ = [1]struct{}{}[unsafe.Sizeof(edgeRef{})-unsafe.Sizeof([]Edge(nil))]
+
 // refOf returns e's header as an edgeRef, its capacity cut to its length.
 func refOf(e []Edge) edgeRef {
 	return edgeRef{uintptr(unsafe.Pointer(unsafe.SliceData(e))), len(e), len(e)}
