@@ -137,11 +137,12 @@ func (l *churnLog) Event(e *Event) {
 }
 
 // TestBatchSurvivesHandlerDrops decodes the corpus with a Handler that
-// drops the block cache, collects and allocates in every call, and holds
-// the fast path's branches and events to the slow path's: the batch's
-// edges (runs', kept walks', the batch's own) must outlive drops made
-// while the fast path runs, as blockCache.pinned keeps them. Run it with
-// GODEBUG=clobberfree=1 (and -race) to have freed memory overwritten.
+// drops the block cache in every call and collects and allocates in every
+// 64th (churnLog), and holds the fast path's branches and events to the
+// slow path's: the batch's edges (runs', kept walks', the batch's own)
+// must outlive drops made while the fast path runs, as blockCache.pinned
+// keeps them. Run it with GODEBUG=clobberfree=1 (and -race) to have freed
+// memory overwritten.
 func TestBatchSurvivesHandlerDrops(t *testing.T) {
 	var drops, maxOld int
 	for _, ft := range fastCorpus(t) {
