@@ -66,7 +66,8 @@ func timed(trace []byte, every int, cyc bool) []byte {
 }
 
 // TestTimed: timed keeps the trace's own packets and puts in the timing
-// packets, which a clock turns into times that move.
+// packets (a CBR, a TMA each group, an MTC and a CYC every 64 bytes or
+// so); that a clock's times move with them is TestFastTimeSameFlow's.
 func TestTimed(t *testing.T) {
 	bt := loadBench(t, "mruby")
 	tr := timed(bt.trace, 64, true)

@@ -86,27 +86,21 @@ func TestNewEvClearsEveryField(t *testing.T) {
 	}
 }
 
-// churnLog is an edgeLog whose Handler, in every Edges and Event call,
+// churnLog is an oldLog whose Handler, in every Edges and Event call,
 // drops the decoder's block cache (MemoryChanged) and, every few calls,
 // collects and then allocates garbage of the slabs' and chunks' sizes
 // before it reads the batch: were a batch entry's edges the edgeRef's
 // alone, the collection frees them and the garbage (or, under
 // GODEBUG=clobberfree=1, the collector) writes over them.
 type churnLog struct {
-	edgeLog
-	d     *Decoder
-	calls int
+	oldLog
 	// drops counts the drops made while a batch was being handed over.
 	drops int
-	// maxOld is the most chunk lists the cache kept for the batch.
-	maxOld int
-	junk   [][]Edge
+	junk  [][]Edge
 }
 
 func (l *churnLog) churn() {
-	l.d.MemoryChanged()
-	l.maxOld = max(l.maxOld, len(l.d.cache.old))
-	l.calls++
+	l.drop()
 	if l.calls%64 != 0 {
 		return
 	}
@@ -137,11 +131,12 @@ func (l *churnLog) Event(e *Event) {
 }
 
 // TestBatchSurvivesHandlerDrops decodes the corpus with a Handler that
-// drops the block cache, collects and allocates in every call, and holds
-// the fast path's branches and events to the slow path's: the batch's
-// edges (runs', kept walks', the batch's own) must outlive drops made
-// while the fast path runs, as blockCache.pinned keeps them. Run it with
-// GODEBUG=clobberfree=1 (and -race) to have freed memory overwritten.
+// drops the block cache in every call and collects and allocates in every
+// 64th (churnLog), and holds the fast path's branches and events to the
+// slow path's: the batch's edges (runs', kept walks', the batch's own)
+// must outlive drops made while the fast path runs, as blockCache.pinned
+// keeps them. Run it with GODEBUG=clobberfree=1 (and -race) to have freed
+// memory overwritten.
 func TestBatchSurvivesHandlerDrops(t *testing.T) {
 	var drops, maxOld int
 	for _, ft := range fastCorpus(t) {
@@ -154,7 +149,7 @@ func TestBatchSurvivesHandlerDrops(t *testing.T) {
 			ds.fp.off = true
 			for pass := range 2 {
 				var slow fullLog
-				fast := churnLog{edgeLog: edgeLog{t: t}, d: df}
+				fast := churnLog{oldLog: oldLog{edgeLog: edgeLog{t: t}, d: df}}
 				ds.c, df.c = Counters{}, Counters{}
 				ds.Decode(trace, &slow)
 				df.Decode(trace, &fast)
@@ -182,10 +177,15 @@ type oldLog struct {
 	maxOld int
 }
 
-func (l *oldLog) Edges(batch [][]Edge) {
+// drop drops the block cache as a Handler's MemoryChanged does.
+func (l *oldLog) drop() {
 	l.d.MemoryChanged()
 	l.calls++
 	l.maxOld = max(l.maxOld, len(l.d.cache.old))
+}
+
+func (l *oldLog) Edges(batch [][]Edge) {
+	l.drop()
 	l.edgeLog.Edges(batch)
 }
 

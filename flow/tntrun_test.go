@@ -117,12 +117,13 @@ func TestRunLongest(t *testing.T) {
 // stops at another block).
 func TestRunMaxInsnsBound(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		jumps []int // before each bit's je
-		limit int   // the least MaxInsns without an error
+		name      string
+		jumps     []int // before each bit's je
+		limit     int   // the least MaxInsns without an error
+		pre, post uint16
 	}{
-		{"pre", []int{5, 3, 1}, 12},  // pre 12, post 8 and 4
-		{"post", []int{3, 5, 1}, 12}, // pre 8, post 12 and 4
+		{"pre", []int{5, 3, 1}, 12, 12, 8},  // pre 12, post 8 and 4
+		{"post", []int{3, 5, 1}, 12, 8, 12}, // pre 8, post 12 and 4
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var code []byte
@@ -143,6 +144,14 @@ func TestRunMaxInsnsBound(t *testing.T) {
 				if want := m < tc.limit; (c.Errors == 1) != want {
 					t.Errorf("MaxInsns %d: counters %+v, want an error %v", m, c, want)
 				}
+			}
+			// The counts above are a run's, not the walk's alone.
+			d := New(mem, Options{MaxInsns: tc.limit, NoInsns: true})
+			d.Decode(e.Bytes(), &counter{})
+			if b := d.cache.known(0x1000, Mode64); b == nil || b.runs == nil {
+				t.Fatal("no run kept from the first block")
+			} else if r := b.runs; r.pre != tc.pre || r.post != tc.post || r.used != 3 {
+				t.Errorf("run of %d bits, pre %d, post %d; want 3, %d, %d", r.used, r.pre, r.post, tc.pre, tc.post)
 			}
 		})
 	}

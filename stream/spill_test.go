@@ -7,22 +7,15 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"ptfs/internal/testkit"
 )
 
-// cpuTime returns the CPU time the process has used, the kernel's on its
-// behalf included: a spill costs mostly the kernel's copy into the page
-// cache, which wall time on a shared machine does not isolate.
-func cpuTime(b *testing.B) time.Duration {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// spillMeter counts the CPU of a benchmark's timed sections only: the
-// set-up between them (punching a file, truncating a stream) is not the
-// spill's.
+// spillMeter counts the CPU of a benchmark's timed sections only
+// (testkit.CPUTime, the kernel's on the process's behalf included: a spill
+// costs mostly the kernel's copy into the page cache, which wall time on a
+// shared machine does not isolate): the set-up between them (punching a
+// file, truncating a stream) is not the spill's.
 type spillMeter struct {
 	b     *testing.B
 	cpu   time.Duration
@@ -32,8 +25,8 @@ type spillMeter struct {
 
 // start and stop read the CPU time inside the timer's: StartTimer and
 // StopTimer read the runtime's memory statistics, which stops the world.
-func (m *spillMeter) start() { m.b.StartTimer(); m.from = cpuTime(m.b) }
-func (m *spillMeter) stop()  { m.cpu += cpuTime(m.b) - m.from; m.b.StopTimer() }
+func (m *spillMeter) start() { m.b.StartTimer(); m.from = testkit.CPUTime() }
+func (m *spillMeter) stop()  { m.cpu += testkit.CPUTime() - m.from; m.b.StopTimer() }
 
 func (m *spillMeter) report() {
 	if m.bytes > 0 {
