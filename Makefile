@@ -30,7 +30,7 @@ race:
 bench:
 	$(GO) test -run '^$$' -bench 'Packets|Records|Libipt' -benchmem -benchtime 3x ./decode
 	$(GO) test -run '^$$' -bench AppendRecord -benchmem ./decode
-	$(GO) test -run '^$$' -bench 'Flow|LibiptBlock' -benchmem -benchtime 10x ./flow
+	$(GO) test -run '^$$' -bench 'Flow|LibiptBlock|Libxdc' -benchmem -benchtime 10x ./flow
 	$(GO) test -run '^$$' -bench . -benchmem ./stream ./perfio ./engine
 	$(GO) test -run '^$$' -bench Live -benchtime 5x ./live
 	$(GO) test -run '^$$' -bench Route -benchmem ./live

@@ -3,7 +3,9 @@ package flow
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,5 +238,121 @@ func TestLibiptBlockSame(t *testing.T) {
 				t.Errorf("ptfs decodes %d instructions with %d errors, libipt %d with %d", got.Insns, got.Errors, insns, errors)
 			}
 		})
+	}
+}
+
+// libxdcHarness builds testdata/xdcbench.c against the libxdc in
+// $PTFS_LIBXDC (libxdc.h, and libxdc.so there or in its build/ as
+// libxdc's Makefiles leave it) and returns the binary and its arguments
+// for mruby: the trace, its page dump and libxdc's filter for it (the
+// corpus README's range). Without PTFS_LIBXDC the test is skipped, also
+// under CI: nothing packages libxdc.
+func libxdcHarness(t testing.TB) (bin string, args []string) {
+	t.Helper()
+	dir := os.Getenv("PTFS_LIBXDC")
+	if dir == "" {
+		t.Skip("PTFS_LIBXDC not set: libxdc is not packaged; see docs/DESIGN.md §7")
+	}
+	lib := filepath.Join(dir, "build")
+	bin = testkit.BuildC(t, filepath.Join("testdata", "xdcbench.c"), "-Wall",
+		"-I"+dir, "-L"+dir, "-L"+lib, "-lxdc", "-Wl,-rpath,"+dir, "-Wl,-rpath,"+lib)
+	mruby := filepath.Join(testkit.Corpus(t), "libxdc", "mruby")
+	return bin, []string{filepath.Join(mruby, "trace"), filepath.Join(mruby, "data.addr"),
+		filepath.Join(mruby, "data.dump"), "400000", "4b6000"}
+}
+
+// xdcPass is what the libxdc harness answers for one pass.
+type xdcPass struct {
+	result int    // libxdc's decoder_result_t
+	hash   string // of the coverage bitmap the pass filled
+	edges  int    // reported to the edge callback (warm-edges)
+	cpu    time.Duration
+}
+
+// libxdcPasses starts the libxdc harness on mruby; each call of the
+// returned function decodes the whole trace once in mode (warm, cold or
+// warm-edges: testdata/xdcbench.c says what each keeps) and fails the test
+// unless libxdc reports success (with or without mruby's overflow).
+func libxdcPasses(t testing.TB) func(mode string) xdcPass {
+	t.Helper()
+	bin, args := libxdcHarness(t)
+	ask := testkit.Harness(t, bin, args...)
+	return func(mode string) xdcPass {
+		line := ask(mode)
+		var p xdcPass
+		if _, err := fmt.Sscan(line, &p.result, &p.hash, &p.edges, &p.cpu); err != nil {
+			t.Fatalf("libxdc harness answered %q: %v", line, err)
+		}
+		// decoder_success, decoder_success_pt_overflow.
+		if p.result != 0 && p.result != 1 {
+			t.Fatalf("libxdc %s pass: decoder result %d", mode, p.result)
+		}
+		return p
+	}
+}
+
+// BenchmarkLibxdc times libxdc (github.com/nyx-fuzz/libxdc, kAFL's
+// decoder; built apart, see docs/DESIGN.md §7) on mruby, the trace and
+// memory of BenchmarkFlow's mruby: warm is one decoder decoding the trace
+// again and again, as libxdc's own benchmark does, its trace cache
+// replaying runs of TNT bits into kAFL's coverage bitmap (the work
+// libxdc's 429-455 MB/s of issue 10 measures; it reports no edges); cold
+// a fresh decoder each pass; warm-edges warm in libxdc's trace mode, every
+// edge to a callback as ptfs hands edges to its Handler. Compare with
+// BenchmarkFlow/mruby/warm and cold of the same run.
+func BenchmarkLibxdc(b *testing.B) {
+	run := libxdcPasses(b)
+	bt := loadBench(b, "mruby")
+	for _, mode := range []string{"warm", "cold", "warm-edges"} {
+		b.Run("mruby/"+mode, func(b *testing.B) {
+			// Untimed: fills the warm decoders' caches, as
+			// BenchmarkFlow's warm fills ptfs's.
+			first := run(mode)
+			b.SetBytes(int64(len(bt.trace)))
+			b.ResetTimer()
+			var cpu time.Duration
+			for i := 0; i < b.N; i++ {
+				p := run(mode)
+				if p.hash != first.hash || p.edges != first.edges {
+					b.Fatalf("pass %d: bitmap %s, %d edges; first pass %s, %d", i, p.hash, p.edges, first.hash, first.edges)
+				}
+				cpu += p.cpu
+			}
+			reportCPU(b, len(bt.trace), cpu)
+			if mode == "warm-edges" {
+				b.ReportMetric(float64(first.edges), "edges/op")
+			}
+		})
+	}
+}
+
+// TestLibxdcEdges holds the libxdc harness to the corpus: the edges its
+// edge callback reports for mruby are ref.edges.gz line for line (libxdc's
+// own output; the libxdc of commit 31347a8 gives them, newer ones differ,
+// see docs/DESIGN.md §7), and a warm pass (trace cache) fills the same
+// coverage bitmap as a cold one.
+func TestLibxdcEdges(t *testing.T) {
+	bin, args := libxdcHarness(t)
+	out, err := exec.Command(bin, append([]string{"-edges"}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("%s -edges: %v", bin, err)
+	}
+	got := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	want := testkit.GzipLines(t, filepath.Join(testkit.Corpus(t), "libxdc", "mruby", "ref.edges.gz"))
+	for i := 0; i < len(got) && i < len(want); i++ {
+		if got[i] != want[i] {
+			t.Fatalf("edge %d: libxdc reports %s, ref.edges.gz %s (%d edges against %d)", i+1, got[i], want[i], len(got), len(want))
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("libxdc reports %d edges, ref.edges.gz %d", len(got), len(want))
+	}
+
+	run := libxdcPasses(t)
+	cold := run("cold")
+	for i := 0; i < 3; i++ {
+		if warm := run("warm"); warm.hash != cold.hash {
+			t.Errorf("warm pass %d fills bitmap %s, a cold one %s", i, warm.hash, cold.hash)
+		}
 	}
 }
