@@ -345,13 +345,28 @@ func (d *Decoder) fastPGD(k *kern) bool {
 	d.c.Insns += uint64(w.steps)
 	if !hasIP {
 		// An event with an IP resets it, and any event the steps
-		// (fireDisabled).
+		// (fireEv).
 		d.sinceRef += w.steps
 	}
 	d.errIP, d.ip = w.errIP, w.next
-	d.flush()
-	d.fireDisabled(pgd, hasIP)
+	if n := f.n; n > 0 && d.eh != nil {
+		f.n = 0
+		d.eh.Edges(f.slices()[:n])
+	} else {
+		d.flush()
+	}
+	// The event, made and fired: fireEv's and emit's work for an
+	// EvDisabled with tracing on, less what fastOK rules out (unnamed
+	// PTWRITEs). d.ip is the fall-through of the branch that disabled.
+	e := d.newEv(EvDisabled, pgd, hasIP)
+	d.steps, d.enabled, d.resumeIP, d.resumeOK = 0, false, d.ip, true
+	if hasIP {
+		d.sinceRef, d.resumeIP = 0, pgd
+	}
+	d.c.Events++
+	d.lastTSC = e.TSC
 	k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns
+	d.h.Event(e)
 	return true
 }
 
@@ -387,38 +402,11 @@ func (d *Decoder) fastPGE(k *kern) bool {
 		pos = padRun(buf, pos)
 	}
 	k.pos, k.last = pos, ip
-	// As read queues it and deliver fires it; the batch is empty: a
-	// TIP.PGD's event (fastPGD) or the fast path's start handed it
-	// over.
-	d.fireEnabled(ip)
-	// Its block, as after any IP, from the recent IP blocks here; a miss
-	// is fastLoop's (ipBlock). No old block is held: the batch is empty.
-	if len(d.cache.old) > 0 {
-		d.cache.unpin()
-	}
-	k.ip, k.b, k.missP, k.budget = ip, d.ipHit(ip), nil, d.opts.MaxInsns
-	return true
-}
-
-// fireDisabled makes and fires the fast path's EvDisabled: fireEv's and
-// emit's work for it, less what the fast path rules out (fastOK: no
-// unnamed PTWRITEs), with tracing on.
-func (d *Decoder) fireDisabled(ip uint64, hasIP bool) {
-	e := d.newEv(EvDisabled, ip, hasIP)
-	// d.ip is the fall-through of the branch that disabled.
-	d.steps, d.enabled, d.resumeIP, d.resumeOK = 0, false, d.ip, true
-	if hasIP {
-		d.sinceRef, d.resumeIP = 0, ip
-	}
-	d.c.Events++
-	d.lastTSC = e.TSC
-	d.h.Event(e)
-}
-
-// fireEnabled makes and fires the fast path's EvEnabled: fireEv's and
-// emit's work for it, less what the fast path rules out (fastOK: no stubs,
-// no MODE.Exec stashed, no unnamed PTWRITEs).
-func (d *Decoder) fireEnabled(ip uint64) {
+	// As read queues it and deliver fires it (the batch is empty: a
+	// TIP.PGD's event or the fast path's start handed it over), made
+	// and fired here: fireEv's and emit's work for an EvEnabled, less
+	// what fastOK rules out (stubs, a MODE.Exec stashed, unnamed
+	// PTWRITEs).
 	e := d.newEv(EvEnabled, ip, true)
 	if d.resumeOK && d.resumeIP == ip {
 		e.Flags = Resumed
@@ -427,6 +415,13 @@ func (d *Decoder) fireEnabled(ip uint64) {
 	d.c.Events++
 	d.lastTSC = e.TSC
 	d.h.Event(e)
+	// Its block, as after any IP, from the recent IP blocks here; a miss
+	// is fastLoop's (ipBlock). No old block is held: the batch is empty.
+	if len(d.cache.old) > 0 {
+		d.cache.unpin()
+	}
+	k.ip, k.b, k.missP, k.budget = ip, d.ipHit(ip), nil, d.opts.MaxInsns
+	return true
 }
 
 // runCaches makes the recent runs and IP blocks, which the kernel reads
