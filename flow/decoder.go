@@ -1102,7 +1102,10 @@ func (d *Decoder) newEv(kind EventKind, ip uint64, hasIP bool) *Event {
 	}
 	e.Kind, e.HasIP, e.Mode, e.Flags, e.Aux = kind, hasIP, 0, 0, 0
 	e.IP, e.At, e.Offset, e.Payload, e.TSC = ip, 0, 0, 0, 0
-	e.Type, e.Has, e.Data = 0, 0, [3]uint64{}
+	e.Type, e.Has = 0, 0
+	// Not in the tuple: there the array is zeroed on the stack and
+	// copied.
+	e.Data = [3]uint64{}
 	d.stamp(e)
 	return e
 }

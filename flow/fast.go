@@ -256,32 +256,12 @@ func (d *Decoder) fast() error {
 // live across its calls).
 func (d *Decoder) fastLoop() {
 	k := &d.fp.k
+	// Tracing is off: only a TIP.PGE is the fast path's. It turns on
+	// only there (fastPGE) and off only at a TIP.PGD (fastPGD).
+	if !d.enabled && !d.fastPGE(k) {
+		return
+	}
 	for {
-		if !d.enabled {
-			// Tracing is off: only a TIP.PGE is the fast path's.
-			ops := d.offOps()
-			k.pos = skipPad(k.buf, k.pos, len(k.buf)-16, ops)
-			if k.pos > len(k.buf)-16 || ops[k.buf[k.pos]] != opPGE {
-				return
-			}
-			// With an IP (the table's opPGE): a suppressed or a
-			// reserved one is the slow path's.
-			c := k.buf[k.pos]
-			n := decode.IPSize(c)
-			k.last = decode.ApplyIP(c, word(k.buf, k.pos+1), k.last)
-			k.pos += 1 + n
-			if k.pos <= len(k.buf)-8 {
-				// The PADs after it (kAFL's traces have them after
-				// every TIP.PGE): a dispatch of the kernel's less.
-				k.pos = padRun(k.buf, k.pos)
-			}
-			// As read queues it and deliver fires it.
-			d.flush()
-			d.newEv(EvEnabled, k.last, true)
-			d.fireEv()
-			// Its block is looked up next, as after any IP.
-			k.ip, k.b, k.missP, k.budget = d.ip, nil, nil, d.opts.MaxInsns-d.steps
-		}
 		if k.b == nil {
 			// The block the flow goes to. Nothing is gathered
 			// here (a miss, an event or the start handed it
@@ -308,28 +288,140 @@ func (d *Decoder) fastLoop() {
 			d.flush()
 			d.tntRun(k.b, k.pat, k.bits)
 		case exitPGD:
-			c := k.buf[k.pos]
-			n := decode.IPSize(c)
-			pgd := decode.ApplyIP(c, word(k.buf, k.pos+1), k.last)
-			k.last, k.pos = pgd, k.pos+1+n
-			if n == 0 {
-				pgd = 0
-			}
-			d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
-			// Made where fireEv takes it: no copy when it fires.
-			d.newEv(EvDisabled, pgd, n > 0)
-			fired := d.fastDisable(k.b)
-			k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
-			if !fired {
-				// Queued as read queues it; the walk goes on
-				// at a block's start.
-				d.q = append(d.q, queued{ev: d.qEv, bind: bindBranch})
+			// A TIP.PGD and the TIP.PGE after it (kAFL's IP filter: a
+			// call out of the traced range and its return, with
+			// PADs between) are one step here, the kernel's state
+			// left in k between them.
+			if !d.fastPGD(k) || !d.fastPGE(k) {
 				return
 			}
 		case exitStop:
 			return
 		}
 	}
+}
+
+// fastPGD takes the TIP.PGD at k.pos, with instructions at k.b, as walk
+// and exec do with its event queued: the walk from k.b that fired before
+// from the same block to the same IP replayed (pgdWalk), else walked
+// (fastDisable). It tells whether the event fired; else it is queued, and
+// the walk is left, at a block's start, to the slow path.
+func (d *Decoder) fastPGD(k *kern) bool {
+	buf, pos := k.buf, k.pos
+	c := buf[pos]
+	n := decode.IPSize(c)
+	pgd := decode.ApplyIP(c, word(buf, pos+1), k.last)
+	k.last, k.pos = pgd, pos+1+n
+	hasIP := n > 0
+	if !hasIP {
+		pgd = 0
+	}
+	b := k.b
+	w := &d.cache.runs.pgds[pgdHash(b, pgd)] // made by runCaches before the kernel ran
+	// The walk's MaxInsns check at its last block is the one that
+	// binds: the counts only grow along it.
+	if w.b != b || w.ip != pgd || w.hasIP != hasIP || int(w.steps) > k.budget {
+		d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
+		fired := d.fastDisable(b, w, pgd, hasIP)
+		k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
+		if !fired {
+			// Queued as read queues it; the walk goes on at a
+			// block's start.
+			d.q = append(d.q, queued{ev: d.qEv, bind: bindBranch})
+		}
+		return fired
+	}
+	// The kept walk's branches in the batch, before the event: it
+	// reads no memory. The batch has room: the kernel exits for a full
+	// one before it reads a packet.
+	f := &d.fp
+	if w.n > 0 {
+		f.batch[f.n&(edgeBatch-1)] = refOf(w.edges[:w.n])
+		f.n++
+	}
+	for _, ret := range w.rets[:w.nrets] {
+		d.pushRet(ret)
+	}
+	d.c.Insns += uint64(w.steps)
+	if !hasIP {
+		// An event with an IP resets it, and any event the steps
+		// (fireEv).
+		d.sinceRef += w.steps
+	}
+	d.errIP, d.ip = w.errIP, w.next
+	if n := f.n; n > 0 && d.eh != nil {
+		f.n = 0
+		d.eh.Edges(f.slices()[:n])
+	} else {
+		d.flush()
+	}
+	// The event, made and fired: fireEv's and emit's work for an
+	// EvDisabled with tracing on, less what fastOK rules out (unnamed
+	// PTWRITEs). d.ip is the fall-through of the branch that disabled.
+	e := d.newEv(EvDisabled, pgd, hasIP)
+	d.steps, d.enabled, d.resumeIP, d.resumeOK = 0, false, d.ip, true
+	if hasIP {
+		d.sinceRef, d.resumeIP = 0, pgd
+	}
+	d.c.Events++
+	d.lastTSC = e.TSC
+	k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns
+	d.h.Event(e)
+	return true
+}
+
+// fastPGE takes, with tracing off, the TIP.PGE at k.pos (after PADs, and
+// timing packets no clock sees), and the PADs after it (kAFL's traces have
+// them after every TIP.PGE: a dispatch of the kernel's less). It tells
+// whether there was one; the flow goes on at its IP's block.
+func (d *Decoder) fastPGE(k *kern) bool {
+	buf, end := k.buf, len(k.buf)-16
+	// kAFL's traces have 9 PADs before a TIP.PGE: skipped a word at a
+	// time first, without skipPad's dispatch per packet.
+	pos := k.pos
+	for pos <= end {
+		if w := word(buf, pos); w != 0 {
+			pos += bits.TrailingZeros64(w) / 8
+			break
+		}
+		pos += 8
+	}
+	// With an IP (the table's opPGE): a suppressed or a reserved one
+	// is the slow path's.
+	ops := d.offOps()
+	if pos > end || ops[buf[pos]] != opPGE {
+		if pos = skipPad(buf, pos, end, ops); pos > end || ops[buf[pos]] != opPGE {
+			k.pos = pos
+			return false
+		}
+	}
+	c := buf[pos]
+	ip := decode.ApplyIP(c, word(buf, pos+1), k.last)
+	pos += 1 + decode.IPSize(c)
+	if pos <= len(buf)-8 {
+		pos = padRun(buf, pos)
+	}
+	k.pos, k.last = pos, ip
+	// As read queues it and deliver fires it (the batch is empty: a
+	// TIP.PGD's event or the fast path's start handed it over), made
+	// and fired here: fireEv's and emit's work for an EvEnabled, less
+	// what fastOK rules out (stubs, a MODE.Exec stashed, unnamed
+	// PTWRITEs).
+	e := d.newEv(EvEnabled, ip, true)
+	if d.resumeOK && d.resumeIP == ip {
+		e.Flags = Resumed
+	}
+	d.steps, d.sinceRef, d.enabled, d.ip, d.resumeOK = 0, 0, true, ip, false
+	d.c.Events++
+	d.lastTSC = e.TSC
+	d.h.Event(e)
+	// Its block, as after any IP, from the recent IP blocks here; a miss
+	// is fastLoop's (ipBlock). No old block is held: the batch is empty.
+	if len(d.cache.old) > 0 {
+		d.cache.unpin()
+	}
+	k.ip, k.b, k.missP, k.budget = ip, d.ipHit(ip), nil, d.opts.MaxInsns
+	return true
 }
 
 // runCaches makes the recent runs and IP blocks, which the kernel reads
@@ -699,38 +791,16 @@ func (d *Decoder) ipMiss(ip uint64) *block {
 	return s
 }
 
-// fastDisable walks from block b with the TIP.PGD's event (d.qEv) waiting
-// for the branch it binds to, as walk and exec do with it queued: direct
-// branches are taken until one to its IP, or a branch that needs trace,
-// which it binds to. It tells whether it fired; else the walk is left, at
-// a block's start, to the slow path. A walk that fired is kept (pgdWalk)
-// and replayed the next time the same block meets a TIP.PGD with the same
-// IP.
-func (d *Decoder) fastDisable(b *block) bool {
-	ev := &d.qEv
-	w := &d.cache.runs.pgds[pgdHash(b, ev.IP)] // made by runCaches before the kernel ran
-	if w.b == b && w.ip == ev.IP && w.hasIP == ev.HasIP && d.steps+int(w.steps) <= d.opts.MaxInsns {
-		// The walk's MaxInsns check at its last block is the one
-		// that binds: the counts only grow along it.
-		f := &d.fp
-		if w.n > 0 {
-			// Its branches in the batch, before the event: a kept walk
-			// reads no memory. The batch has room: the kernel exits
-			// for a full one before it reads a packet.
-			f.batch[f.n&(edgeBatch-1)] = refOf(w.edges[:w.n])
-			f.n++
-		}
-		for _, ret := range w.rets[:w.nrets] {
-			d.pushRet(ret)
-		}
-		d.c.Insns += uint64(w.steps)
-		d.sinceRef += w.steps
-		d.steps += int(w.steps)
-		d.errIP, d.ip = w.errIP, w.next
-		d.flush()
-		d.fireEv()
-		return true
-	}
+// fastDisable walks from block b with a TIP.PGD's event (EvDisabled at
+// ip, hasIP) waiting for the branch it binds to, as walk and exec do with
+// it queued: direct branches are taken until one to its IP, or a branch
+// that needs trace, which it binds to. It tells whether it fired; else the
+// walk is left, at a block's start, to the slow path, with the event in
+// d.qEv. A walk that fired is kept in w, pgds' slot for b and ip, and
+// replayed (fastPGD) the next time the same block meets a TIP.PGD with the
+// same IP.
+func (d *Decoder) fastDisable(b *block, w *pgdWalk, ip uint64, hasIP bool) bool {
+	ev := d.newEv(EvDisabled, ip, hasIP)
 	// Walked block by block: a successor not known yet reads memory, so
 	// the branches before go first. Drops are counted from before them:
 	// a Handler that drops the cache as it reads them leaves b a dropped
@@ -976,8 +1046,11 @@ func skipPad(buf []byte, pos, end int, ops *[256]uint8) int {
 	return pos
 }
 
-// word is the 8 bytes of buf at i, little-endian.
-func word(buf []byte, i int) uint64 { return binary.LittleEndian.Uint64(buf[i:]) }
+// word is the 8 bytes of buf at i, little-endian; every caller has them
+// within len(buf) (a 16-byte window's). Sliced to 8 bytes: the slice's
+// start needs no mask against an empty tail (buf[i:] cost 7 instructions
+// more a load).
+func word(buf []byte, i int) uint64 { return binary.LittleEndian.Uint64(buf[i : i+8]) }
 
 // padRun returns the position after the PADs at pos, up to 8 of them: runs
 // of PADs are skipped a word at a time.

@@ -2,6 +2,7 @@ package flow
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -753,7 +754,22 @@ type pgdState struct {
 	kept                bool
 }
 
-// pgdWalkOnce runs fastDisable from the block at start with a TIP.PGD
+// pgdAt runs fastPGD on a TIP.PGD packet for ev (EvDisabled with its IP
+// in full, or none) with the flow at block b after steps instructions: the
+// fast path's way to a TIP.PGD's walk, replayed or walked. It tells
+// whether the event fired.
+func pgdAt(d *Decoder, b *block, ev Event, steps int) bool {
+	buf := make([]byte, 32)
+	buf[0] = decode.IPCSuppressed<<5 | 1
+	if ev.HasIP {
+		buf[0] = decode.IPCFull<<5 | 1
+		binary.LittleEndian.PutUint64(buf[1:], ev.IP)
+	}
+	d.fp.k = kern{buf: buf, b: b, ip: b.ip, budget: d.opts.MaxInsns - steps}
+	return d.fastPGD(&d.fp.k)
+}
+
+// pgdWalkOnce runs fastPGD (pgdAt) from the block at start with a TIP.PGD
 // (ev) after steps instructions, the return stack holding depth entries,
 // on d (its Handler h), and returns the state it leaves.
 func pgdWalkOnce(d *Decoder, h *edgeLog, start uint64, ev Event, steps, depth int) pgdState {
@@ -765,8 +781,8 @@ func pgdWalkOnce(d *Decoder, h *edgeLog, start uint64, ev Event, steps, depth in
 		d.pushRet(0xf000 + uint64(i))
 	}
 	b := d.block(start, d.mode)
-	d.qEv = ev
-	fired := d.fastDisable(b)
+	d.q = nil
+	fired := pgdAt(d, b, ev, steps)
 	w := &d.cache.runs.pgds[pgdHash(b, ev.IP)]
 	return pgdState{
 		fired: fired, ip: d.ip, errIP: d.errIP, resumeIP: d.resumeIP, steps: d.steps, insns: d.c.Insns,
@@ -866,12 +882,11 @@ func TestPGDWalkDropped(t *testing.T) {
 			d.h, d.eh = h, h
 		}
 		h.items, h.events = nil, nil
-		d.enabled, d.steps = true, 0
+		d.enabled = true
 		f := &d.fp
 		f.edges[0] = Edge{1, 2, BrJump}
 		f.batch[0], f.n = refOf(f.edges[0:1]), 1
-		d.qEv = ev
-		if !d.fastDisable(b) {
+		if !pgdAt(d, b, ev, 0) {
 			t.Fatalf("replay %v: the walk did not fire", replay)
 		}
 		var got []string
