@@ -5,7 +5,10 @@
  * site_mov with mov %rdi,%rax (single-stepped), site_endbr with endbr64
  * (single-stepped) before a push, site_lock with a lock prefix (refused). Then it prints "trampoline=1" when its
  * memory has the kernel's [uprobes-trampoline] page (an optimized probe
- * was hit), else "trampoline=0". */
+ * was hit), else "trampoline=0", and "xol=1" when it has the kernel's
+ * [uprobes] page (the slots the kernel single-steps a probed instruction
+ * in: it maps the page at the first hit it does not emulate), else
+ * "xol=0". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +43,7 @@ int main(int argc, char **argv)
 	unsigned long (*volatile fn)(unsigned long) = 0;
 	unsigned long i, n, acc = 0;
 	char line[512];
-	int tramp = 0;
+	int tramp = 0, xol = 0;
 	FILE *maps;
 
 	if (argc < 3) {
@@ -58,10 +61,12 @@ int main(int argc, char **argv)
 	for (i = 0; i < n; i++)
 		acc += fn(i);
 	maps = fopen("/proc/self/maps", "r");
-	while (maps && fgets(line, sizeof(line), maps))
+	while (maps && fgets(line, sizeof(line), maps)) {
 		tramp |= strstr(line, "[uprobes-trampoline]") != 0;
+		xol |= strstr(line, "[uprobes]\n") != 0;
+	}
 	if (maps)
 		fclose(maps);
-	printf("acc=%lu trampoline=%d\n", acc, tramp);
+	printf("acc=%lu trampoline=%d xol=%d\n", acc, tramp, xol);
 	return 0;
 }
