@@ -841,17 +841,18 @@ func (c *Classic) addSample(q int, rec []byte) bool {
 		}
 	}
 	c.lastEv.samples++
-	*c.merge.Push(q, s.time) = held{ev: c.lastEv, q: int32(q), n: uint32(len(rec))}
+	*c.merge.Push(q, s.time) = held{ev: c.lastEv}
 	return true
 }
 
 // held is a sample the merge holds back: its event (which Remove may
-// forget before the sample is released) and where its bytes are, the next
-// n bytes of raw queue q.
+// forget before the sample is released). Its bytes are the next record of
+// the raw queue of the merge queue it is in (TakeRun tells which), whose
+// header has its size: a slot of the merge takes 16 bytes, where one that
+// kept the queue and size took 24 (thousands held, a fresh page of them
+// a page fault; DESIGN §4, the seventh pass).
 type held struct {
 	ev *classicEvent
-	q  int32
-	n  uint32
 }
 
 // rawQueue holds the bytes of one CPU's held-back samples, in the order
@@ -973,13 +974,15 @@ func (b *rawQueue) free() {
 	*b = rawQueue{}
 }
 
-// take returns the next n bytes, valid until the next room.
-func (b *rawQueue) take(n uint32) []byte {
+// take returns the next record held, its size read from its header,
+// valid until the next room.
+func (b *rawQueue) take() []byte {
 	if b.wrap > 0 && b.r == b.wrap {
 		b.r, b.wrap = 0, 0
 	}
-	rec := b.buf[b.r : b.r+int(n)]
-	b.r += int(n)
+	n := int(binary.LittleEndian.Uint16(b.buf[b.r+6:]))
+	rec := b.buf[b.r : b.r+n]
+	b.r += n
 	if b.wrap == 0 && b.r == b.w {
 		b.r, b.w = 0, 0 // empty: start again at the front
 	}
@@ -1006,10 +1009,11 @@ func (c *Classic) releaseLocked(watermark uint64, out []decode.Record) (_ []deco
 	out = slices.Grow(out, maxBatch)
 	var s sample
 	for taken < maxBatch {
-		run := c.merge.TakeRun(watermark, maxBatch-taken)
+		run, q := c.merge.TakeRun(watermark, maxBatch-taken)
 		if len(run) == 0 {
 			break
 		}
+		raw := &c.raw[q]
 		taken += len(run)
 		out = out[:n+len(run)]
 		for i := range run {
@@ -1017,7 +1021,7 @@ func (c *Classic) releaseLocked(watermark uint64, out []decode.Record) (_ []deco
 			r := &out[n]
 			// Both checked when the sample was queued; only an argument
 			// beyond the raw data fails here.
-			if err := parseSample(c.raw[h.q].take(h.n), &s); err != nil {
+			if err := parseSample(raw.take(), &s); err != nil {
 				c.errs.Add(1)
 				continue
 			}

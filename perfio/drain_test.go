@@ -392,28 +392,26 @@ func TestRawQueue(t *testing.T) {
 			var b rawQueue
 			defer b.free()
 			total := tc.backlog * 10
-			var sizes []uint32
 			rec := func(i int) []byte {
-				// Sizes that vary (the queue sees bytes only), so that
-				// samples meet the end of the buffer at every offset.
-				return append(makeSample(uint32(i), uint32(i), uint64(i), 0, makeRaw(7, int32(i), le(8, uint64(i)))), make([]byte, 8*(i%7))...)
+				// Sizes that vary (take finds each in its header), so
+				// that samples meet the end of the buffer at every
+				// offset.
+				return makeSample(uint32(i), uint32(i), uint64(i), 0, makeRaw(7, int32(i), le(8, uint64(i)), make([]byte, 8*(i%7))))
 			}
 			for i := range total {
-				r := rec(i)
-				pushRaw(&b, r, i%3)
-				sizes = append(sizes, uint32(len(r)))
+				pushRaw(&b, rec(i), i%3)
 				if i < tc.backlog {
 					continue
 				}
 				k := i - tc.backlog
-				if got, want := b.take(sizes[k]), rec(k); string(got) != string(want) {
+				if got, want := b.take(), rec(k); string(got) != string(want) {
 					t.Fatalf("sample %d: %x, want %x", k, got, want)
 				}
 			}
 			var want, got []byte
 			for k := total - tc.backlog; k < total; k++ {
 				want = append(want, rec(k)...)
-				got = append(got, b.take(sizes[k])...)
+				got = append(got, b.take()...)
 			}
 			if !bytes.Equal(got, want) {
 				t.Errorf("the %d samples held came out wrong", tc.backlog)
@@ -430,7 +428,7 @@ func TestRawQueue(t *testing.T) {
 			for i := range total {
 				pushRaw(&b, rec(i), 0)
 				if i >= tc.backlog {
-					b.take(sizes[i-tc.backlog])
+					b.take()
 				}
 			}
 			if unsafe.SliceData(b.buf) != buf {
