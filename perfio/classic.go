@@ -936,17 +936,19 @@ func (b *rawQueue) grow(n int) {
 const hugePage = 2 << 20
 
 // rawBuffer returns a buffer of at least size bytes for a rawQueue, and
-// the anonymous mapping it lies in, if any. A buffer of half a huge page
-// or more is rounded up to whole huge pages, in an anonymous mapping of
-// its own advised into transparent huge pages: a busy CPU's queue grows
-// to megabytes (held back 50 ms at 600,000 samples/s, plus a ring's
-// batch), and each first touch of a fresh 4 KiB page of the Go heap is a
-// page fault, 11-20 µs each in the VM of DESIGN §4 (the seventh pass),
+// the anonymous mapping it lies in, if any. A buffer larger than the
+// first (minRawQueue: a CPU with few hits) is rounded up to whole huge
+// pages, in an anonymous mapping of its own advised into transparent huge
+// pages: a busy CPU's queue grows to megabytes (held back 50 ms at
+// 600,000 samples/s, plus a ring's batch; at 100,000 a second to about a
+// megabyte), and each first touch of a fresh 4 KiB page of the Go heap is
+// a page fault, 11-20 µs each in the VM of DESIGN §4 (the seventh pass),
 // where a 2 MiB page costs 130 µs. The Go heap gets no huge pages with
-// THP in its "madvise" mode. Below that size, or when the mapping fails,
-// the buffer is on the Go heap.
+// THP in its "madvise" mode. A huge page of queue is half the CPU's
+// default ring. The first buffer, or one whose mapping fails, is on the
+// Go heap.
 func rawBuffer(size int) (buf, mem []byte) {
-	if size < hugePage/2 {
+	if size <= minRawQueue {
 		return make([]byte, size), nil
 	}
 	size = (size + hugePage - 1) &^ (hugePage - 1)
