@@ -137,7 +137,7 @@ func (m *Merger[T]) take(qi int) *T {
 // Data) moves with it and is reused, never shared between a slot and out.
 func (m *Merger[T]) Release(watermark uint64, out []T) []T {
 	for {
-		run := m.TakeRun(watermark, math.MaxInt)
+		run, _ := m.TakeRun(watermark, math.MaxInt)
 		if len(run) == 0 {
 			return out
 		}
@@ -158,13 +158,14 @@ func (m *Merger[T]) Release(watermark uint64, out []T) []T {
 // as they lie together in one queue's ring: the earliest queue's items up
 // to the head of the next one (one CPU's ring has long runs of its own
 // hits) and up to the end of the ring's storage. They are returned in
-// place, valid until the next Push to their queue: a reader that hands
-// them on reads them there, with no copy and no call per item. An empty
-// run means that nothing more is due; a reader takes runs until then (or
-// until it has taken the n of a bounded batch).
-func (m *Merger[T]) TakeRun(watermark uint64, n int) []Item[T] {
+// place, valid until the next Push to their queue, with that queue: a
+// reader that hands them on reads them there, with no copy and no call
+// per item, and need not store the queue in each item. An empty run means
+// that nothing more is due; a reader takes runs until then (or until it
+// has taken the n of a bounded batch).
+func (m *Merger[T]) TakeRun(watermark uint64, n int) (run []Item[T], queue int) {
 	if m.n == 0 || n <= 0 {
-		return nil
+		return nil, -1
 	}
 	best, until := m.run()
 	q := &m.queues[best]
@@ -187,7 +188,7 @@ func (m *Merger[T]) TakeRun(watermark uint64, n int) []Item[T] {
 	m.n -= k
 	q.n -= k
 	q.first = (q.first + k) & (len(q.items) - 1)
-	return items[:k]
+	return items[:k], best
 }
 
 // run returns the queue whose first item is the earliest (head's rule)

@@ -242,13 +242,13 @@ func takeN(t *testing.T, m *Merger[decode.Record], watermark uint64, n int) []de
 	t.Helper()
 	var out []decode.Record
 	for len(out) < n {
-		run := m.TakeRun(watermark, n-len(out))
+		run, q := m.TakeRun(watermark, n-len(out))
 		if len(run) == 0 {
 			break
 		}
 		for i := range run {
-			if run[i].V.CPU != run[0].V.CPU || run[i].Time != run[i].V.Time {
-				t.Fatalf("run of queue %d holds %+v", run[0].V.CPU, run[i])
+			if int(run[i].V.CPU) != q || run[i].Time != run[i].V.Time {
+				t.Fatalf("run of queue %d holds %+v", q, run[i])
 			}
 			out = append(out, run[i].V)
 		}
@@ -278,7 +278,8 @@ func TestMergerTakeRun(t *testing.T) {
 	var runs [][]uint64
 	run := func(w uint64) {
 		var ts []uint64
-		for _, it := range m.TakeRun(w, 100) {
+		items, _ := m.TakeRun(w, 100)
+		for _, it := range items {
 			ts = append(ts, it.Time)
 		}
 		runs = append(runs, ts)
@@ -302,11 +303,11 @@ func TestMergerTakeRun(t *testing.T) {
 	for tm := range uint64(minQueue) {
 		pushTimes(&m, 0, 100+tm)
 	}
-	if n := len(m.TakeRun(^uint64(0), 1000)); n != minQueue/2 {
-		t.Errorf("run of %d items up to the ring's end, want %d", n, minQueue/2)
+	if run, _ := m.TakeRun(^uint64(0), 1000); len(run) != minQueue/2 {
+		t.Errorf("run of %d items up to the ring's end, want %d", len(run), minQueue/2)
 	}
-	if n := len(m.TakeRun(^uint64(0), 1000)); n != minQueue/2 || m.Pending() != 0 {
-		t.Errorf("run of %d items from the ring's front, want %d; %d pending", n, minQueue/2, m.Pending())
+	if run, _ := m.TakeRun(^uint64(0), 1000); len(run) != minQueue/2 || m.Pending() != 0 {
+		t.Errorf("run of %d items from the ring's front, want %d; %d pending", len(run), minQueue/2, m.Pending())
 	}
 	m = NewMerger[decode.Record](1, 1000)
 	pushTimes(&m, 0, 50, 40, 60, 30)

@@ -635,6 +635,10 @@ func (c *Classic) Close() error {
 			}
 		}
 		c.cpus = nil
+		// The reader is done: nothing takes from the raw queues now.
+		for q := range c.raw {
+			c.raw[q].free()
+		}
 		errs = append(errs, c.poll.close())
 		c.closeErr = errors.Join(errs...)
 	})
@@ -837,17 +841,18 @@ func (c *Classic) addSample(q int, rec []byte) bool {
 		}
 	}
 	c.lastEv.samples++
-	*c.merge.Push(q, s.time) = held{ev: c.lastEv, q: int32(q), n: uint32(len(rec))}
+	*c.merge.Push(q, s.time) = held{ev: c.lastEv}
 	return true
 }
 
 // held is a sample the merge holds back: its event (which Remove may
-// forget before the sample is released) and where its bytes are, the next
-// n bytes of raw queue q.
+// forget before the sample is released). Its bytes are the next record of
+// the raw queue of the merge queue it is in (TakeRun tells which), whose
+// header has its size: a slot of the merge takes 16 bytes, where one that
+// kept the queue and size took 24 (thousands held, a fresh page of them
+// a page fault; DESIGN §4, the seventh pass).
 type held struct {
 	ev *classicEvent
-	q  int32
-	n  uint32
 }
 
 // rawQueue holds the bytes of one CPU's held-back samples, in the order
@@ -861,6 +866,9 @@ type held struct {
 // copying what is held to the front of the new buffer.
 type rawQueue struct {
 	buf []byte
+	// mem is the anonymous mapping that buf lies in (rawBuffer), nil
+	// while buf is on the Go heap; free unmaps it.
+	mem []byte
 	// The bytes held are [r, w) while wrap is 0; once the writes started
 	// again at the front, [r, wrap) then [0, w) (wrap >= r > 0 then).
 	r, w, wrap int
@@ -910,7 +918,7 @@ func (b *rawQueue) grow(n int) {
 	if b.wrap > 0 {
 		held = b.wrap - b.r + b.w
 	}
-	buf := make([]byte, max(2*len(b.buf), held+n, minRawQueue))
+	buf, mem := rawBuffer(max(2*len(b.buf), held+n, minRawQueue))
 	k := 0
 	if b.wrap > 0 {
 		k = copy(buf, b.buf[b.r:b.wrap])
@@ -918,16 +926,65 @@ func (b *rawQueue) grow(n int) {
 	} else {
 		k = copy(buf, b.buf[b.r:b.w])
 	}
-	b.buf, b.r, b.w, b.wrap = buf, 0, k, 0
+	// Nothing refers to the old buffer's bytes any more: a take's
+	// bytes are valid only until the next room.
+	b.free()
+	b.buf, b.mem, b.r, b.w, b.wrap = buf, mem, 0, k, 0
 }
 
-// take returns the next n bytes, valid until the next room.
-func (b *rawQueue) take(n uint32) []byte {
+// hugePage is the size of a transparent huge page on amd64.
+const hugePage = 2 << 20
+
+// rawBuffer returns a buffer of at least size bytes for a rawQueue, and
+// the anonymous mapping it lies in, if any. A buffer larger than the
+// first (minRawQueue: a CPU with few hits) is rounded up to whole huge
+// pages, in an anonymous mapping of its own advised into transparent huge
+// pages: a busy CPU's queue grows to megabytes (held back 50 ms at
+// 600,000 samples/s, plus a ring's batch; at 100,000 a second to about a
+// megabyte), and each first touch of a fresh 4 KiB page of the Go heap is
+// a page fault, 11-20 µs each in the VM of DESIGN §4 (the seventh pass),
+// where a 2 MiB page costs 130 µs. The Go heap gets no huge pages with
+// THP in its "madvise" mode. A huge page of queue is half the CPU's
+// default ring. The first buffer, or one whose mapping fails, is on the
+// Go heap.
+func rawBuffer(size int) (buf, mem []byte) {
+	if size <= minRawQueue {
+		return make([]byte, size), nil
+	}
+	size = (size + hugePage - 1) &^ (hugePage - 1)
+	// A huge page lies at a 2 MiB-aligned address: map one more to
+	// find the aligned range in (the rest is never touched, so it takes
+	// no memory).
+	mem, err := unix.Mmap(-1, 0, size+hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return make([]byte, size), nil
+	}
+	off := int(-uintptr(unsafe.Pointer(unsafe.SliceData(mem)))) & (hugePage - 1)
+	buf = mem[off : off+size : off+size]
+	// Advice only: a kernel without THP, or with it off, gives 4 KiB
+	// pages, as the Go heap would.
+	unix.Madvise(buf, unix.MADV_HUGEPAGE)
+	return buf, mem
+}
+
+// free empties b, unmapping its buffer if it is a mapping. (x/sys's
+// Munmap fails only for a slice it did not map: not one of rawBuffer's.)
+func (b *rawQueue) free() {
+	if b.mem != nil {
+		unix.Munmap(b.mem)
+	}
+	*b = rawQueue{}
+}
+
+// take returns the next record held, its size read from its header,
+// valid until the next room.
+func (b *rawQueue) take() []byte {
 	if b.wrap > 0 && b.r == b.wrap {
 		b.r, b.wrap = 0, 0
 	}
-	rec := b.buf[b.r : b.r+int(n)]
-	b.r += int(n)
+	n := int(binary.LittleEndian.Uint16(b.buf[b.r+6:]))
+	rec := b.buf[b.r : b.r+n]
+	b.r += n
 	if b.wrap == 0 && b.r == b.w {
 		b.r, b.w = 0, 0 // empty: start again at the front
 	}
@@ -954,10 +1011,11 @@ func (c *Classic) releaseLocked(watermark uint64, out []decode.Record) (_ []deco
 	out = slices.Grow(out, maxBatch)
 	var s sample
 	for taken < maxBatch {
-		run := c.merge.TakeRun(watermark, maxBatch-taken)
+		run, q := c.merge.TakeRun(watermark, maxBatch-taken)
 		if len(run) == 0 {
 			break
 		}
+		raw := &c.raw[q]
 		taken += len(run)
 		out = out[:n+len(run)]
 		for i := range run {
@@ -965,7 +1023,7 @@ func (c *Classic) releaseLocked(watermark uint64, out []decode.Record) (_ []deco
 			r := &out[n]
 			// Both checked when the sample was queued; only an argument
 			// beyond the raw data fails here.
-			if err := parseSample(c.raw[h.q].take(h.n), &s); err != nil {
+			if err := parseSample(raw.take(), &s); err != nil {
 				c.errs.Add(1)
 				continue
 			}

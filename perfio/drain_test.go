@@ -375,51 +375,68 @@ func pushRaw(b *rawQueue, rec []byte, extra int) {
 
 // TestRawQueue checks the held samples' byte queue: samples come out in
 // the order they went in, byte for byte, and under a steady backlog the
-// buffer stays within four times what is held (growth by doubling, the
-// front reused once taken); a room's bytes beyond what is committed are
-// not held.
+// buffer stays within four times what is held, or one huge page (growth
+// by doubling, the front reused once taken); a room's bytes beyond what
+// is committed are not held. A backlog beyond the first buffer (a busy
+// CPU's) is held in a mapping aligned to huge pages (rawBuffer), which
+// free unmaps.
 func TestRawQueue(t *testing.T) {
-	var b rawQueue
-	const backlog = 2000 // beyond minRawQueue
-	var sizes []uint32
-	rec := func(i int) []byte {
-		// Sizes that vary (the queue sees bytes only), so that samples
-		// meet the end of the buffer at every offset.
-		return append(makeSample(uint32(i), uint32(i), uint64(i), 0, makeRaw(7, int32(i), le(8, uint64(i)))), make([]byte, 8*(i%7))...)
-	}
-	for i := range 20000 {
-		r := rec(i)
-		pushRaw(&b, r, i%3)
-		sizes = append(sizes, uint32(len(r)))
-		if i < backlog {
-			continue
-		}
-		k := i - backlog
-		if got, want := b.take(sizes[k]), rec(k); string(got) != string(want) {
-			t.Fatalf("sample %d: %x, want %x", k, got, want)
-		}
-	}
-	var want, got []byte
-	for k := 20000 - backlog; k < 20000; k++ {
-		want = append(want, rec(k)...)
-		got = append(got, b.take(sizes[k])...)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("the %d samples held came out wrong", backlog)
-	}
-	if c := len(b.buf); c > 4*len(want) {
-		t.Errorf("buffer grew to %d bytes for a backlog of %d bytes", c, len(want))
-	}
-	// A steady flow reuses the buffer: no new one, no byte moved.
-	buf := unsafe.SliceData(b.buf)
-	for i := range 20000 {
-		pushRaw(&b, rec(i), 0)
-		if i >= backlog {
-			b.take(sizes[i-backlog])
-		}
-	}
-	if unsafe.SliceData(b.buf) != buf {
-		t.Errorf("a steady flow of the same backlog made a new buffer")
+	for _, tc := range []struct {
+		name    string
+		backlog int // samples held
+		mapped  bool
+	}{
+		{"heap", 300, false},     // within minRawQueue
+		{"one-page", 2000, true}, // beyond it: one huge page
+		{"mapped", 40000, true},  // about 3.5 MB held
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b rawQueue
+			defer b.free()
+			total := tc.backlog * 10
+			rec := func(i int) []byte {
+				// Sizes that vary (take finds each in its header), so
+				// that samples meet the end of the buffer at every
+				// offset.
+				return makeSample(uint32(i), uint32(i), uint64(i), 0, makeRaw(7, int32(i), le(8, uint64(i)), make([]byte, 8*(i%7))))
+			}
+			for i := range total {
+				pushRaw(&b, rec(i), i%3)
+				if i < tc.backlog {
+					continue
+				}
+				k := i - tc.backlog
+				if got, want := b.take(), rec(k); string(got) != string(want) {
+					t.Fatalf("sample %d: %x, want %x", k, got, want)
+				}
+			}
+			var want, got []byte
+			for k := total - tc.backlog; k < total; k++ {
+				want = append(want, rec(k)...)
+				got = append(got, b.take()...)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("the %d samples held came out wrong", tc.backlog)
+			}
+			if c := len(b.buf); c > max(4*len(want), hugePage) {
+				t.Errorf("buffer grew to %d bytes for a backlog of %d bytes", c, len(want))
+			}
+			at := uintptr(unsafe.Pointer(unsafe.SliceData(b.buf)))
+			if mapped := b.mem != nil; mapped != tc.mapped || mapped && (at%hugePage != 0 || len(b.buf)%hugePage != 0) {
+				t.Errorf("buffer of %d bytes at %#x mapped %v, want mapped %v (whole huge pages)", len(b.buf), at, mapped, tc.mapped)
+			}
+			// A steady flow reuses the buffer: no new one, no byte moved.
+			buf := unsafe.SliceData(b.buf)
+			for i := range total {
+				pushRaw(&b, rec(i), 0)
+				if i >= tc.backlog {
+					b.take()
+				}
+			}
+			if unsafe.SliceData(b.buf) != buf {
+				t.Errorf("a steady flow of the same backlog made a new buffer")
+			}
+		})
 	}
 }
 

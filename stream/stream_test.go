@@ -486,6 +486,43 @@ func TestSpillFailure(t *testing.T) {
 	}
 }
 
+// TestPwriteRaw checks the spill's raw write: all of the bytes at the
+// offset (the file's bytes before it untouched), and the system call's
+// error, wrapped as os.File's writes wrap theirs, for a file that cannot
+// be written.
+func TestPwriteRaw(t *testing.T) {
+	path := t.TempDir() + "/spill"
+	if err := os.WriteFile(path, []byte("0123456789"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		flag int
+		data string
+		err  error
+		want string
+	}{
+		{"written", os.O_RDWR, "abcdefgh", nil, "0123abcdefgh"},
+		{"read-only", os.O_RDONLY, "XXXXXXXX", unix.EBADF, "0123abcdefgh"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := os.OpenFile(path, tc.flag, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			err = pwriteRaw(f, []byte(tc.data), 4)
+			var pe *os.PathError
+			if !errors.Is(err, tc.err) || err != nil && (!errors.As(err, &pe) || pe.Path != path) {
+				t.Errorf("error %v, want %v of %s", err, tc.err, path)
+			}
+			if got, _ := os.ReadFile(path); string(got) != tc.want {
+				t.Errorf("file %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestClose(t *testing.T) {
 	s := New(Options{Limit: 16, Dir: t.TempDir()})
 	r := s.NewReader()
