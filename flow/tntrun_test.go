@@ -173,3 +173,70 @@ func runFrom(d *Decoder, b *block) *tntRun {
 	}
 	return nil
 }
+
+// TestRunKeptAtSecondSight: a block's run is kept the second time it is
+// worked out; the first time it is taken from the run cache's once, which
+// the next work-out takes over (its recent entry cleared first, so that
+// the kernel does not take another block's run with the same pattern from
+// it: "other block"). Blocks A (0x1000) and B (0x1010) are each je over a
+// nop, then jmp *%rax: each pass through one a bit and a TIP to the next.
+func TestRunKeptAtSecondSight(t *testing.T) {
+	block := []byte{0x74, 2, 0x66, 0x90, 0xff, 0xe0}
+	code := append(append(append([]byte{}, block...), make([]byte, 10)...), block...)
+	mem := &blob{base: 0x1000, code: code}
+	const a, b = 0x1000, 0x1010
+	type step struct {
+		ip  uint64 // the block the bit is for
+		bit uint64
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+		kept  []uint8 // A's runs' patterns, first first
+		once  uint8   // A's pattern taken from once, 0 for none
+	}{
+		{"once", []step{{a, 1}}, nil, 0b11},
+		{"recurring", []step{{a, 1}, {a, 1}, {a, 1}}, nil, 0b11},
+		{"displaced", []step{{a, 1}, {a, 0}}, nil, 0b10},
+		{"again", []step{{a, 1}, {a, 0}, {a, 1}}, []uint8{0b11}, 0},
+		{"both", []step{{a, 1}, {a, 0}, {a, 1}, {a, 0}}, []uint8{0b10, 0b11}, 0},
+		{"other block", []step{{a, 1}, {b, 1}, {a, 1}}, []uint8{0b11}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := ptenc.New()
+			start(e, tc.steps[0].ip)
+			for i, s := range tc.steps {
+				e.TNT(s.bit, 1)
+				next := uint64(a)
+				if i+1 < len(tc.steps) {
+					next = tc.steps[i+1].ip
+				}
+				e.IP(ptenc.TIP, next)
+			}
+			for range 32 {
+				e.Pad()
+			}
+			sameFast(t, mem, e.Bytes(), Options{})
+			d := New(mem, Options{NoInsns: true})
+			d.Decode(e.Bytes(), &counter{})
+			blk := d.cache.known(a, Mode64)
+			if blk == nil {
+				t.Fatal("no block at A")
+			}
+			var kept []uint8
+			for r := blk.runs; r != nil; r = r.next {
+				kept = append(kept, r.pat)
+			}
+			if !reflect.DeepEqual(kept, tc.kept) {
+				t.Errorf("runs kept %b, want %b", kept, tc.kept)
+			}
+			var once uint8
+			if r := runFrom(d, blk); r != nil && r != blk.runs {
+				once = r.pat
+			}
+			if once != tc.once {
+				t.Errorf("run taken from once %b, want %b", once, tc.once)
+			}
+		})
+	}
+}
