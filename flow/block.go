@@ -53,10 +53,6 @@ type block struct {
 	// stop is why decoding stopped after the last instruction: an
 	// index in blockErrs.
 	stop uint8
-	// seen has bit pat&7 set once a run from the block with pattern pat
-	// was worked out and not kept (tntRun: a run is kept at its second
-	// sight).
-	seen uint8
 }
 
 // count returns the number of the block's instructions.

@@ -381,9 +381,9 @@ func TestFastRunBudget(t *testing.T) {
 				d := New(mem, Options{MaxInsns: maxInsns, NoInsns: true})
 				d.Decode(e.Bytes(), &counter{})
 				d.Decode(e.Bytes(), &counter{})
-				if r := runFrom(d, d.cache.known(0x1000, Mode64)); r == nil {
-					t.Fatal("no run from the first block")
-				} else if int(max(r.pre, r.post)) != most {
+				if b := d.cache.known(0x1000, Mode64); b == nil || b.runs == nil {
+					t.Fatal("no run kept from the first block")
+				} else if r := b.runs; int(max(r.pre, r.post)) != most {
 					t.Errorf("the run's counts are %d before its first bit, %d after, want %d", r.pre, r.post, most)
 				}
 			})

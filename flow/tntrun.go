@@ -66,17 +66,8 @@ type runCache struct {
 	runs  slab[tntRun]
 	edges slab[Edge]
 	// tmp holds a run's edges and its return addresses while it is
-	// worked out, and the edges of once, the run last worked out and
-	// not kept.
+	// worked out.
 	tmp [2 * maxRunEdges]Edge
-	// once is a run seen for the first time (block.seen), taken from
-	// here, its edges in tmp: half of a cold mruby pass's runs are taken
-	// once, and a kept run costs its bytes (64 and 24 an edge), which the
-	// collector and the first touch of fresh memory make dear. onceRef
-	// is its recent entry, cleared before tmp is written again (the
-	// batch's entries into tmp were flushed before: tntRun's caller).
-	once    tntRun
-	onceRef *runRef
 	// recent is a direct-mapped cache over the blocks' lists (runHash),
 	// allocated when the fast path first runs (only its kernel takes
 	// runs, and reads it without a test): a run costs a load instead of
@@ -121,7 +112,6 @@ func (c *runCache) drop() {
 		clear(c.tips[:])
 	}
 	c.dropWalks()
-	c.once, c.onceRef = tntRun{}, nil
 }
 
 // runHash is the index in runCache.recent of block b's run with pat.
@@ -155,12 +145,6 @@ func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 			*ref = runRef{b, r}
 			return r
 		}
-	}
-	if ref := c.onceRef; ref != nil {
-		if ref.r == &c.once {
-			*ref = runRef{}
-		}
-		c.onceRef = nil
 	}
 	start := b
 	r := tntRun{pat: pat}
@@ -224,22 +208,12 @@ func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 	}
 	nrets := nr - maxRunEdges
 	r.end, r.steps, r.nrets = b, uint16(steps), uint8(nrets)
+	d.cache.insns += 2 + ne + nrets
 	if nrets > 0 {
 		// The return addresses after the edges (copy moves
 		// overlapping elements as memmove does).
 		copy(tmp[ne:], tmp[maxRunEdges:nr])
 	}
-	if bit := uint8(1) << (pat & 7); start.seen&bit == 0 {
-		// The first sight (or the first of patterns alike in their
-		// low bits): taken from once, not kept.
-		start.seen |= bit
-		r.edges = tmp[:ne]
-		c.once = r
-		*ref = runRef{start, &c.once}
-		c.onceRef = ref
-		return &c.once
-	}
-	d.cache.insns += 2 + ne + nrets
 	kept := c.add(start, &r, tmp[:ne+nrets])
 	*ref = runRef{start, kept}
 	return kept

@@ -72,16 +72,13 @@ func TestRunLongest(t *testing.T) {
 			start(e, 0x1000)
 			e.TNT(1<<runBits-1, runBits)
 			sameFast(t, mem, e.Bytes(), Options{})
-			// Twice: jumps's last bit is another run's, which ends
-			// the first's taking once; the second pass keeps it.
 			d := New(mem, Options{NoInsns: true})
 			d.Decode(e.Bytes(), &counter{})
-			d.Decode(e.Bytes(), &counter{})
 			b := d.cache.known(0x1000, Mode64)
-			r := runFrom(d, b)
-			if r == nil {
-				t.Fatal("no run from the first block")
+			if b == nil || b.runs == nil {
+				t.Fatal("no run kept from the first block")
 			}
+			r := b.runs
 			if len(r.edges) != tc.edges || int(r.nrets) != tc.rets || r.used != tc.used {
 				t.Errorf("run of %d edges, %d return addresses, %d bits; want %d, %d, %d",
 					len(r.edges), r.nrets, r.used, tc.edges, tc.rets, tc.used)
@@ -151,25 +148,11 @@ func TestRunMaxInsnsBound(t *testing.T) {
 			// The counts above are a run's, not the walk's alone.
 			d := New(mem, Options{MaxInsns: tc.limit, NoInsns: true})
 			d.Decode(e.Bytes(), &counter{})
-			if r := runFrom(d, d.cache.known(0x1000, Mode64)); r == nil {
-				t.Fatal("no run from the first block")
-			} else if r.pre != tc.pre || r.post != tc.post || r.used != 3 {
+			if b := d.cache.known(0x1000, Mode64); b == nil || b.runs == nil {
+				t.Fatal("no run kept from the first block")
+			} else if r := b.runs; r.pre != tc.pre || r.post != tc.post || r.used != 3 {
 				t.Errorf("run of %d bits, pre %d, post %d; want 3, %d, %d", r.used, r.pre, r.post, tc.pre, tc.post)
 			}
 		})
 	}
-}
-
-// runFrom returns the last run worked out from block b: its first kept, or
-// the one taken once (tntRun keeps a run at its second sight); nil for none.
-func runFrom(d *Decoder, b *block) *tntRun {
-	switch c := &d.cache.runs; {
-	case b == nil:
-		return nil
-	case b.runs != nil:
-		return b.runs
-	case c.onceRef != nil && c.onceRef.b == b:
-		return &c.once
-	}
-	return nil
 }
