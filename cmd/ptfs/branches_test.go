@@ -247,8 +247,28 @@ func (p *ptsim) record(t *testing.T, out string, opts []string, prog ...string) 
 	cmd := exec.Command(filepath.Join(p.tools, "ptsim-run"), args...)
 	cmd.Env = append(os.Environ(), "PTSIM_BIN="+p.bin)
 	if b, err := cmd.CombinedOutput(); err != nil {
+		if lost := stepLost(t); lost != "" {
+			// Not a setup that CI could fix: the machine's own
+			// defect, which no recording by single steps survives.
+			t.Skipf("ptsim-run cannot record here: this machine's single step is not exact (testdata/sstep.c: %s, the step after CPUID, which the hypervisor emulates, is lost), so a recording misses instructions: %v\n%s", lost, err, b)
+		}
 		testkit.Unavailable(t, "ptsim-run cannot record here: %v\n%s", err, b)
 	}
+}
+
+// stepLost runs testdata/sstep.c and returns "" if ptrace's single step is
+// exact over CPUID here, else what it printed ("skips ADDR").
+func stepLost(t *testing.T) string {
+	t.Helper()
+	b, err := exec.Command(buildC(t, "sstep", "sstep")).Output()
+	out := strings.TrimSpace(string(b))
+	if err != nil || (out != "exact" && !strings.HasPrefix(out, "skips ")) {
+		t.Fatalf("sstep: %v %q", err, out)
+	}
+	if out == "exact" {
+		return ""
+	}
+	return out
 }
 
 // encode writes the PT trace of the recording in out, encoded with other
