@@ -84,14 +84,15 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 	return r.read(p, off, nil)
 }
 
-// ReadSpan is ReadAt, except that a read of a spilled chunk (not the last)
-// that runs to the chunk's end, as a reader with a buffer of a chunk does,
-// is not copied into p: ok reports that span holds its n bytes instead,
-// which the caller must Release. Such a read ends at a line end by itself,
-// so nothing needs to look at its bytes.
+// ReadSpan is ReadAt, except that a read of a chunk in memory (the one
+// being written and the last full one), or of a spilled chunk that runs to
+// the chunk's end, as a reader with a buffer of a chunk does, is not
+// copied into p: ok reports that span holds its n bytes instead, which the
+// caller must Release. A read of a spilled chunk to its end ends at a line
+// end by itself, so nothing needs to look at its bytes.
 func (r *Reader) ReadSpan(p []byte, off int64) (n int, span Span, ok bool, err error) {
 	n, err = r.read(p, off, &span)
-	return n, span, span.l != nil, err
+	return n, span, span.s != nil, err
 }
 
 // read is ReadAt, and ReadSpan when span is not nil.
@@ -135,7 +136,7 @@ func (r *Reader) read(p []byte, off int64, span *Span) (int, error) {
 			return 0, io.EOF
 		}
 		if r.pos >= s.curOff {
-			n := r.advance(p, copy(p, s.cur[r.pos-s.curOff:]))
+			n := r.readMem(p, s.cur, s.cur[r.pos-s.curOff:], span)
 			r.filePos = off + int64(n)
 			s.mu.Unlock()
 			return n, nil
@@ -144,7 +145,7 @@ func (r *Reader) read(p []byte, off int64, span *Span) (int, error) {
 		c := s.chunks[i]
 		if i == len(s.chunks)-1 {
 			// The last full chunk, still in memory.
-			n := r.advance(p, copy(p, s.last[r.pos-c.off:]))
+			n := r.readMem(p, s.last, s.last[r.pos-c.off:], span)
 			r.filePos = off + int64(n)
 			s.mu.Unlock()
 			return n, nil
@@ -179,6 +180,20 @@ func (r *Reader) read(p []byte, off int64, span *Span) (int, error) {
 		s.mu.Unlock()
 		return n, nil
 	}
+}
+
+// readMem reads src, the bytes from the reader's position on in the chunk
+// buffer buf, up to len(p): copied into p, or lent as *span when span is
+// not nil (no copy, and no fresh page of a FUSE reply buffer touched: a
+// page fault each on the development VM, DESIGN §4). Called with s.mu
+// held.
+func (r *Reader) readMem(p, buf, src []byte, span *Span) int {
+	if span == nil {
+		return r.advance(p, copy(p, src))
+	}
+	n := r.advance(src, min(len(p), len(src)))
+	*span = r.s.lendMem(buf, src[:n])
+	return n
 }
 
 // advance ends a read of n bytes at p's last '\n' (all of them if there is

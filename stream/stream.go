@@ -57,7 +57,8 @@ type Options struct {
 // lines. The chunk being written is in memory; full chunks go to an
 // unlinked spill file (page cache) and reads of them pread it, or lend it
 // (ReadSpan), except reads of the last one, which stays in memory until
-// the next is full. Whole
+// the next is full. Reads of the chunks in memory copy, or lend the
+// buffer's bytes (ReadSpan). Whole
 // chunks are discarded from the front when the window is over the soft
 // bound and every open Reader has read them, or when it is over the hard
 // bound whatever the readers (counted in Stats.Unread). A Reader whose
@@ -83,6 +84,12 @@ type Stream struct {
 	// spilled seal appends to chunks and keeps, so it is last's whenever
 	// there is one.
 	last []byte
+	// memLent counts the spans that hold bytes of a chunk buffer (cur,
+	// last, or one the Stream let go of while lent), which is not reused
+	// until they are released; spare is a buffer let go of while lent,
+	// kept at its last release for the next chunk.
+	memLent []memLend
+	spare   []byte
 	// curLine and lines are line indexes since the last truncation: of
 	// cur's first line and of the next line to come.
 	curLine, lines uint64
@@ -266,16 +273,12 @@ func (s *Stream) seal() {
 		}
 		s.chunks = append(s.chunks, c)
 		s.discard(true)
-		s.cur = s.cur[:0]
+		s.cur = s.emptied(s.cur)
 	} else {
 		s.chunks = append(s.chunks, c)
 		// The chunk stays in memory as last; the next is written in
 		// the buffer last held.
-		next := s.last[:0]
-		if next == nil {
-			next = make([]byte, 0, s.chunkSize)
-		}
-		s.last, s.cur = s.cur, next
+		s.last, s.cur = s.cur, s.emptied(s.last)
 	}
 	s.trim()
 }
@@ -487,7 +490,9 @@ func (s *Stream) Truncate() {
 	s.chunks = s.chunks[:0]
 	s.free = s.free[:0]
 	s.slots, s.reserved = 0, 0
-	s.cur = s.cur[:0]
+	if s.cur != nil {
+		s.cur = s.emptied(s.cur)
+	}
 	s.start, s.curOff, s.curLine, s.lines = 0, 0, 0, 0
 	if s.file != nil && s.letGo() {
 		// Give the disk back; the next spill starts at slot 0 again.
@@ -510,7 +515,7 @@ func (s *Stream) Close() error {
 	}
 	s.closed = true
 	s.chunks = nil
-	s.last = nil
+	s.last, s.spare = nil, nil
 	s.start = s.curOff
 	if s.file == nil || !s.letGo() {
 		return nil // none, or closed with its last span

@@ -1034,22 +1034,25 @@ func TestTailCommitContent(t *testing.T) {
 
 // readSpans reads r from off to the end with ReadSpan and a buffer of bufLen,
 // the spans' bytes read at once and each released at once, and returns the
-// content and how many reads were spans.
-func readSpans(t testing.TB, r *Reader, off int64, bufLen int) (string, int) {
+// content and how many reads were spans of the spill file and of memory.
+func readSpans(t testing.TB, r *Reader, off int64, bufLen int) (content string, spans, memSpans int) {
 	t.Helper()
 	var out []byte
-	spans := 0
 	buf := make([]byte, bufLen)
 	for {
 		n, sp, lent, err := r.ReadSpan(buf, off)
 		if errors.Is(err, io.EOF) {
-			return string(out), spans
+			return string(out), spans, memSpans
 		}
 		if err != nil {
 			t.Fatalf("ReadSpan(%d): %v", off, err)
 		}
 		if lent {
-			spans++
+			if sp.Mem != nil {
+				memSpans++
+			} else {
+				spans++
+			}
 			if sp.N != n {
 				t.Fatalf("span of %d bytes for a read of %d", sp.N, n)
 			}
@@ -1077,16 +1080,18 @@ func TestReadSpan(t *testing.T) {
 	// Every chunk but the last full one (in memory) and the one being
 	// written.
 	wantSpans := len(s.chunks) - 1
-	got, spans := readSpans(t, r, 0, 1<<20)
+	got, spans, memSpans := readSpans(t, r, 0, 1<<20)
 	if want := lines("line", 0, 2000); got != want {
 		t.Fatalf("read %d bytes, want %d: %q", len(got), len(want), got[:min(len(got), 80)])
 	}
-	if spans != wantSpans || spans < 2 {
-		t.Errorf("%d reads were spans, want %d", spans, wantSpans)
+	// Those two are lent from memory.
+	if spans != wantSpans || spans < 2 || memSpans != 2 {
+		t.Errorf("%d reads were spans of the file, want %d; %d of memory, want 2", spans, wantSpans, memSpans)
 	}
-	// A small buffer gets copies, but for the read that ends a chunk.
-	if got, spans := readSpans(t, r2, 0, 100); got != lines("line", 0, 2000) || spans > wantSpans {
-		t.Errorf("small reads: %d spans, content ok %v", spans, got == lines("line", 0, 2000))
+	// A small buffer gets copies of the file, but for the read that ends
+	// a chunk; memory is lent whatever the size.
+	if got, spans, memSpans := readSpans(t, r2, 0, 100); got != lines("line", 0, 2000) || spans > wantSpans || memSpans < 2 {
+		t.Errorf("small reads: %d spans, %d of memory, content ok %v", spans, memSpans, got == lines("line", 0, 2000))
 	}
 	if st := s.Stats(); st.Unread != 0 {
 		t.Errorf("stats after reads: %+v", st)
@@ -1147,6 +1152,76 @@ func TestSpanLent(t *testing.T) {
 			}
 			if got := countFDs(t); got != fds {
 				t.Errorf("%d fds after release and Close, %d before", got, fds)
+			}
+		})
+	}
+}
+
+// TestMemSpanLent checks that a span of a chunk still in memory keeps its
+// bytes while lent, whatever comes after (the chunk sealed and the next
+// two written in other buffers, the stream truncated, or closed), and that
+// its buffer, let go of while lent, comes back at its release as the next
+// chunk's: no new buffer, whose fresh pages each cost a fault.
+func TestMemSpanLent(t *testing.T) {
+	for _, tc := range []struct {
+		then  string
+		spare bool // the buffer comes back at the release
+	}{
+		{"nothing", false},
+		{"seal", true},
+		{"truncate", true},
+		{"close", false},
+	} {
+		t.Run(tc.then, func(t *testing.T) {
+			s := New(Options{Limit: 1 << 12, HardLimit: 1 << 16, Dir: t.TempDir()})
+			defer s.Close()
+			r := s.NewReader()
+			defer r.Close()
+			appendLines(s, "a", 0, 100) // in the chunk being written
+			buf := make([]byte, 1<<20)
+			n, sp, lent, err := r.ReadSpan(buf, 0)
+			if err != nil || !lent || sp.Mem == nil || sp.N != n {
+				t.Fatalf("read: %d %v lent %v mem %v N %d", n, err, lent, sp.Mem != nil, sp.N)
+			}
+			want := string(sp.Mem)
+			lentBuf := unsafe.SliceData(s.cur[:1])
+			switch tc.then {
+			case "seal":
+				// Two chunks sealed: the lent buffer would be the second's.
+				appendLines(s, "b", 0, 2000)
+			case "truncate":
+				s.Truncate()
+				appendLines(s, "b", 0, 100)
+			case "close":
+				if err := s.Close(); err != nil {
+					t.Fatal(err)
+				}
+				appendLines(s, "b", 0, 1000) // later appends keep writing
+			}
+			if string(sp.Mem) != want {
+				t.Fatalf("span after %s: %.40q, lent as %.40q", tc.then, sp.Mem, want)
+			}
+			sp.Release()
+			sp.Release() // a second release does nothing
+			if len(s.memLent) != 0 {
+				t.Errorf("%d buffers lent after the release", len(s.memLent))
+			}
+			if got := s.spare != nil && unsafe.SliceData(s.spare[:1]) == lentBuf; got != tc.spare {
+				t.Errorf("lent buffer the spare after the release: %v, want %v", got, tc.spare)
+			}
+			if tc.spare {
+				// Lend the chunk being written again and seal two: the
+				// spare is the buffer that replaces it.
+				spare := unsafe.SliceData(s.spare[:1])
+				_, sp, lent, err := r.ReadSpan(buf, s.Size()-1)
+				if err != nil || !lent || sp.Mem == nil {
+					t.Fatalf("second read: %v lent %v", err, lent)
+				}
+				appendLines(s, "c", 0, 2000)
+				if s.spare != nil || (unsafe.SliceData(s.cur[:1]) != spare && unsafe.SliceData(s.last[:1]) != spare) {
+					t.Error("the spare was not taken by the next chunks")
+				}
+				sp.Release()
 			}
 		})
 	}

@@ -60,16 +60,19 @@ func benchPtfs(b *testing.B, bin string, rate int) {
 	}
 	defer f.Close()
 	pid := m.cmd.Process.Pid
-	cpu0 := taskCPU(b, pid)
+	cpu0, flt0 := taskCPU(b, pid), minorFaults(b, pid)
 	b.ResetTimer()
 	wall := timeProg(b, bin, b.N, rate)
 	got, lost := countLines(b, m, f, b.N, 30*time.Second)
 	b.StopTimer()
-	cpu := taskCPU(b, pid) - cpu0
+	cpu, flt := taskCPU(b, pid)-cpu0, minorFaults(b, pid)-flt0
 	b.ReportMetric(float64(b.N)/wall.Seconds(), "hits/s")
 	b.ReportMetric(float64(cpu)/float64(max(got, 1)), "reader-cpu-ns/record")
 	b.ReportMetric(float64(b.N-got), "missing")
 	b.ReportMetric(float64(lost), "lost")
+	// A first touch of a fresh page costs 11-15 µs on the development VM
+	// (DESIGN §4, the seventh pass): the faults explain much of a run's CPU.
+	b.ReportMetric(float64(flt), "mount-minflt")
 	if got+lost != b.N {
 		b.Fatalf("%d records + %d counted lost != %d hits", got, lost, b.N)
 	}
@@ -116,6 +119,22 @@ func taskCPU(b testing.TB, pid int) int64 {
 		sum += v
 	}
 	return sum
+}
+
+// minorFaults returns the minor page faults of process pid (all its threads:
+// field 10 of /proc/PID/stat).
+func minorFaults(b testing.TB, pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatalf("stat of %d: %v", pid, err)
+	}
+	// The command name in parentheses may hold spaces: count after it.
+	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	n, err := strconv.ParseInt(f[7], 10, 64)
+	if err != nil {
+		b.Fatalf("minflt of %d: %q: %v", pid, data, err)
+	}
+	return n
 }
 
 // benchReference installs the probe with a hand-written tracefs line and
