@@ -446,6 +446,7 @@ func (d *Decoder) runCaches() {
 	}
 	if c.tlets == nil {
 		c.tlets = new([recentTlets]tlet)
+		c.tletSeen = new([recentTlets]uint64)
 	}
 }
 
@@ -510,12 +511,19 @@ func (d *Decoder) kernel() (why int) {
 						w := word(buf, pos)
 						m := tnt8Count(w)
 						key := w & (^uint64(0) >> ((64 - 8*m) & 63))
-						t := &d.cache.runs.tlets[tletHash(b, key)]
-						if t.b != b || t.key != key {
-							why = exitTlet
-							goto out
-						}
-						if tm := int(t.m); tm > 0 && nf+tm <= edgeBatch {
+						h := tletHash(b, key)
+						i := tletSlot(h)
+						if t := &d.cache.runs.tlets[i]; t.b != b || t.key != key {
+							// Made the second time in a row its
+							// slot misses it; the first, byte by
+							// byte.
+							if s := &d.cache.runs.tletSeen[i]; *s != h {
+								*s = h
+							} else {
+								why = exitTlet
+								goto out
+							}
+						} else if tm := int(t.m); tm > 0 && nf+tm <= edgeBatch {
 							for _, r := range t.runs[:tm] {
 								if e := r.edges; len(e) > 0 {
 									f.batch[nf&(edgeBatch-1)] = refOf(e)

@@ -87,6 +87,11 @@ type runCache struct {
 	// tlets are the recent tracelets, allocated when the fast path
 	// first runs (the kernel reads it without a test).
 	tlets *[recentTlets]tlet
+	// tletSeen marks, by slot, the last group the kernel did not find
+	// (its tletHash): a group is made when it is missed twice in a row
+	// in its slot, so that groups that do not come again (a loop's
+	// varying bits) cost no exit and fill each.
+	tletSeen *[recentTlets]uint64
 }
 
 // runRef is a recent entry: the run r of block b.
@@ -120,6 +125,7 @@ func (c *runCache) drop() {
 	}
 	if c.tlets != nil {
 		clear(c.tlets[:])
+		clear(c.tletSeen[:])
 	}
 	c.dropWalks()
 }
@@ -281,10 +287,15 @@ func tnt8Count(w uint64) int {
 	return bits.TrailingZeros64(^ok&lo) / 8
 }
 
-// tletHash is the index in runCache.tlets of block b's tracelet for key.
+// tletHash is a hash of block b and key: its top bits are the index in
+// runCache.tlets of b's tracelet for key (tletSlot), the whole its mark in
+// runCache.tletSeen.
 func tletHash(b *block, key uint64) uint64 {
-	return (b.ip ^ key*0x9e3779b97f4a7c15) * 0x9e3779b97f4a7c15 >> (64 - recentTletsLog)
+	return (b.ip ^ key*0x9e3779b97f4a7c15) * 0x9e3779b97f4a7c15
 }
+
+// tletSlot is the index of hash h in runCache.tlets.
+func tletSlot(h uint64) uint64 { return h >> (64 - recentTletsLog) }
 
 // tletFill makes the tracelet the kernel did not find: from block b, the
 // TNT.8 bytes at buf[pos:] (2 or more), from the runs each byte's bits
@@ -296,7 +307,7 @@ func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 	m := tnt8Count(w)
 	key := w & (^uint64(0) >> ((64 - 8*m) & 63))
 	c := &d.cache.runs
-	t := &c.tlets[tletHash(b, key)] // made by runCaches before the kernel ran
+	t := &c.tlets[tletSlot(tletHash(b, key))] // made by runCaches before the kernel ran
 	drops := d.cache.drops
 	*t = tlet{b: b, key: key}
 	s := b
