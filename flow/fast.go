@@ -166,6 +166,9 @@ const (
 	exitRun
 	// exitPGD: a TIP.PGD at kern.pos, with instructions at kern.b.
 	exitPGD
+	// exitTlet: the tracelet from kern.b of the TNT.8 packets at
+	// kern.pos is not among the recent ones; nothing of it is done.
+	exitTlet
 )
 
 // fast runs the flow from the trace bytes until it meets what it leaves to
@@ -287,6 +290,10 @@ func (d *Decoder) fastLoop() {
 			// before it go first.
 			d.flush()
 			d.tntRun(k.b, k.pat, k.bits)
+		case exitTlet:
+			// As a run's.
+			d.flush()
+			d.tletFill(k.b, k.buf, k.pos)
 		case exitPGD:
 			// A TIP.PGD and the TIP.PGE after it (kAFL's IP filter: a
 			// call out of the traced range and its return, with
@@ -437,6 +444,10 @@ func (d *Decoder) runCaches() {
 	if c.pgds == nil {
 		c.pgds = new([recentPGDs]pgdWalk)
 	}
+	if c.tlets == nil {
+		c.tlets = new([recentTlets]tlet)
+		c.tletSeen = new([recentTlets]uint64)
+	}
 }
 
 // kernel is the fast loop's common steps: PADs (and timing packets no
@@ -492,6 +503,50 @@ func (d *Decoder) kernel() (why int) {
 				// table's single indirect branch mispredicts more. Either
 				// leaves the loop: the step is next.
 				if op == opTNT8 {
+					// TNT.8 packets standing together, with a budget that
+					// passes their runs' checks unread: their tracelet
+					// (tntrun.go), if it fits in the batch; else, or
+					// when it takes no byte, byte by byte.
+					if onOps[buf[pos+1]] == opTNT8 && budget >= tletBudget {
+						w := word(buf, pos)
+						m := tnt8Count(w)
+						key := w & (^uint64(0) >> ((64 - 8*m) & 63))
+						h := tletHash(b, key)
+						i := tletSlot(h)
+						if t := &d.cache.runs.tlets[i]; t.b != b || t.key != key {
+							// Made the second time in a row its
+							// slot misses it; the first, byte by
+							// byte.
+							if s := &d.cache.runs.tletSeen[i]; *s != h {
+								*s = h
+							} else {
+								why = exitTlet
+								goto out
+							}
+						} else if tm := int(t.m); tm > 0 && nf+tm <= edgeBatch {
+							for _, r := range t.runs[:tm] {
+								if e := r.edges; len(e) > 0 {
+									f.batch[nf&(edgeBatch-1)] = refOf(e)
+									nf++
+								}
+								if r.nrets > 0 {
+									for _, ret := range r.rets() {
+										d.pushRet(ret.From)
+									}
+								}
+							}
+							d.sinceRef, budget = 0, d.opts.MaxInsns-int(t.steps)
+							d.c.Insns += uint64(t.insns)
+							d.errIP = t.errIP
+							b = t.end
+							pos += tm
+							if nf == edgeBatch {
+								why = exitFlush
+								goto out
+							}
+							continue
+						}
+					}
 					nb, tnt = uint(tnt8Lens[c]), tnt8Words[c]
 					pos++
 					break

@@ -156,3 +156,70 @@ func TestRunMaxInsnsBound(t *testing.T) {
 		})
 	}
 }
+
+// TestTNT8Count holds tnt8Count, a word's TNT.8 bytes from the low one on,
+// to the kernel's table (onOps), for every value of each of the first two
+// bytes and of the last, behind TNT.8 bytes and in front of them.
+func TestTNT8Count(t *testing.T) {
+	want := func(w uint64) int {
+		n := 0
+		for n < 8 && onOps[byte(w>>(8*n))] == opTNT8 {
+			n++
+		}
+		return n
+	}
+	const tnts = 0x0406fe80aa7c1204 // eight TNT.8 bytes
+	for c := range uint64(256) {
+		for _, w := range []uint64{
+			c, c | tnts&^0xff, tnts&^0xff00 | c<<8, tnts&^(0xff<<56) | c<<56, c<<8 | 0x04,
+		} {
+			if got := tnt8Count(w); got != want(w) {
+				t.Fatalf("tnt8Count(%#016x) = %d, want %d", w, got, want(w))
+			}
+		}
+	}
+}
+
+// TestTletMruby holds the tracelets a warm mruby decode keeps to their
+// keys: each of its runs takes its byte's bits whole and starts where the
+// one before ended, and the counts are the runs'.
+func TestTletMruby(t *testing.T) {
+	bt := loadBench(t, "mruby")
+	d := New(bt.space, Options{NoInsns: true})
+	var c counter
+	d.Decode(bt.trace, &c)
+	d.Decode(bt.trace, &c)
+	multi := 0
+	for i := range d.cache.runs.tlets {
+		tl := &d.cache.runs.tlets[i]
+		if tl.b == nil || tl.m == 0 {
+			continue
+		}
+		if tl.m >= 2 {
+			multi++
+		}
+		s, insns := tl.b, uint32(0)
+		for j, r := range tl.runs[:tl.m] {
+			tb := byte(tl.key >> (8 * j))
+			nb := tnt8Lens[tb]
+			pat := uint8(1<<nb | tnt8Words[tb]>>(64-nb))
+			listed := false
+			for l := s.runs; l != nil; l = l.next {
+				listed = listed || l == r
+			}
+			if !listed || r.pat != pat || r.used != nb {
+				t.Fatalf("tracelet %#x from %#x: run %d (pattern %#x, %d bits) is not its block's for byte %#x", tl.key, tl.b.ip, j, r.pat, r.used, tb)
+			}
+			insns += uint32(r.insns)
+			s = r.end
+		}
+		last := tl.runs[tl.m-1]
+		if tl.end != s || tl.insns != insns || tl.errIP != last.errIP || tl.steps != last.steps {
+			t.Fatalf("tracelet %#x from %#x: end, counts or last branch not its runs'", tl.key, tl.b.ip)
+		}
+	}
+	// mruby has 1,766 keys of 2 to 8 bytes; most are kept.
+	if multi < recentTlets/2 {
+		t.Errorf("%d tracelets of 2 bytes or more kept", multi)
+	}
+}
