@@ -612,13 +612,22 @@ func (c *Classic) Close() error {
 			gone = append(gone, ce)
 			delete(c.events, id)
 		}
+		// A Stats that saw the events before they went drains under mu
+		// (losses counted by hits): from here on it finds no ring, and
+		// no raw queue to fill, before they are unmapped. The reader is
+		// done: nothing takes from the raw queues either.
+		cpus := c.cpus
+		c.cpus = nil
+		for q := range c.raw {
+			c.raw[q].free()
+		}
 		c.mu.Unlock()
 		c.fdMu.Lock()
 		for _, ce := range gone {
 			errs = append(errs, closeFDs(ce.fds))
 		}
 		c.fdMu.Unlock()
-		for _, cr := range c.cpus {
+		for _, cr := range cpus {
 			if tr := cr.task; tr != nil {
 				if err := unix.Munmap(tr.mem); err != nil {
 					errs = append(errs, fmt.Errorf("munmap cpu %d task ring: %w", cr.cpu, err))
@@ -633,11 +642,6 @@ func (c *Classic) Close() error {
 			if err := cr.anchor.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close cpu %d ring: %w", cr.cpu, err))
 			}
-		}
-		c.cpus = nil
-		// The reader is done: nothing takes from the raw queues now.
-		for q := range c.raw {
-			c.raw[q].free()
 		}
 		errs = append(errs, c.poll.close())
 		c.closeErr = errors.Join(errs...)

@@ -1090,3 +1090,42 @@ func TestClassicConcurrentRemoves(t *testing.T) {
 		t.Errorf("a Remove took %v: it waited for the reader's idle poll", worst)
 	}
 }
+
+// TestClassicStatsDuringClose reads Stats while the source closes, losses
+// counted by hits (Stats drains the rings then, as a kernel before 6.0
+// makes it): a Stats that found the event before Close forgot it must not
+// drain rings or raw queues that Close unmaps (a drain there is a SIGSEGV,
+// and a raw queue grown then is unmapped twice). Run with -race: the
+// detector sees a drain that Close's teardown does not wait for.
+func TestClassicStatsDuringClose(t *testing.T) {
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	open := perfEventOpen
+	perfEventOpen = func(attr *unix.PerfEventAttr, pid, cpu, group int, flags int) (int, error) {
+		if attr.Read_format&unix.PERF_FORMAT_LOST != 0 {
+			return -1, unix.EINVAL
+		}
+		return open(attr, pid, cpu, group, flags)
+	}
+	t.Cleanup(func() { perfEventOpen = open })
+	ev := probe(t, tracefs, bin, offs["target"], "sc", "%di", decode.U64)
+	for range 20 {
+		c, err := NewClassic(ClassicOptions{}, (&collector{}).sink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Add(ev); err != nil {
+			c.Close()
+			t.Fatal(err)
+		}
+		stop := testkit.Repeat(func() { c.Stats() })
+		err = c.Close()
+		stop()
+		if err != nil {
+			t.Fatalf("close: %v", err)
+		}
+		if s := c.Stats(); s.LostBy != LostByHits || s.Errors != 0 {
+			t.Fatalf("stats after close: %+v", s)
+		}
+	}
+}
