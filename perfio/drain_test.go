@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"cmp"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 
@@ -542,4 +544,95 @@ func FuzzDrain(f *testing.F) {
 			t.Fatalf("byte queue not empty after the release: r %d w %d wrap %d", q.r, q.w, q.wrap)
 		}
 	})
+}
+
+// TestDrainGrowConcurrent runs the drain and the release as Classic's
+// goroutines do: samples drained into the raw queue under mu by one
+// goroutine (as Add, Remove and Stats drain) while another releases them
+// under mu and reads the batch without it (as run hands it to the sink).
+// The watermark lags by half of what was written, so the backlog grows to
+// megabytes and the queue through buffers that grow unmaps: a released
+// record that still pointed into a raw queue (its string, say) would be
+// read after its buffer was unmapped (a SIGSEGV) or overwritten (a wrong
+// string). Run with -race too.
+func TestDrainGrowConcurrent(t *testing.T) {
+	strEv := &decode.Event{ID: 7, Group: "g", Name: "s", Args: []decode.Arg{
+		{Offset: 16, Size: 8}, {Offset: 24, Size: 4, Type: decode.String},
+	}}
+	const total = 120000
+	ring := newFakeMmap(1<<20, true)
+	ring.reset(1<<20 - 100) // a sample across the ring's end at once
+	c := fakeClassic(t, ring)
+	defer c.raw[0].free()
+	c.events[strEv.ID] = newClassicEvent(strEv)
+	str := func(tm uint64) string { return strings.Repeat("abcdefghij", int(tm%7)) + "\x00" }
+	var written atomic.Uint64 // times of the samples drained: 1 to written
+	var drains atomic.Uint64  // drains done
+	var grown []int           // the raw queue's buffer sizes, as drains saw them
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tm := uint64(0)
+		for tm < total {
+			// Fill the free part of the ring, then drain it.
+			for tm < total {
+				data := []byte(str(tm + 1))
+				raw := makeRaw(strEv.ID, 1, le(8, tm+1), le(4, uint64(28|len(data)<<16)), data)
+				rec := makeSample(1, 1, tm+1, 0, raw)
+				if tm%50 == 0 {
+					rec = append(lostRecord(1), rec...) // moved down over it
+				}
+				if ring.page.Data_head+uint64(len(rec))-atomic.LoadUint64(&ring.page.Data_tail) > uint64(len(ring.data)) {
+					break
+				}
+				ring.write(rec)
+				tm++
+			}
+			c.mu.Lock()
+			c.drainLocked()
+			drains.Add(1)
+			if n := len(c.raw[0].buf); len(grown) == 0 || grown[len(grown)-1] != n {
+				grown = append(grown, n)
+			}
+			c.mu.Unlock()
+			written.Store(tm)
+		}
+	}()
+	var out []decode.Record
+	next := uint64(1)
+	for next <= total {
+		w := written.Load()
+		watermark := w - w/2
+		if w == total {
+			watermark = ^uint64(0)
+		}
+		c.mu.Lock()
+		out, _ = c.releaseLocked(watermark, out[:0])
+		d := drains.Load()
+		c.mu.Unlock()
+		// Read without mu, after the next drain (which writes over the
+		// bytes taken or grows the queue), unless it was the last.
+		for len(out) > 0 && drains.Load() == d && written.Load() < total {
+			runtime.Gosched()
+		}
+		for i := range out {
+			r := &out[i]
+			if r.Time != next || r.Args[0] != next || r.Data == nil || string(*r.Data) != str(next) {
+				t.Fatalf("record %d: time %d arg %d %+v", next, r.Time, r.Args[0], r)
+			}
+			next++
+		}
+		if len(out) == 0 {
+			runtime.Gosched()
+		}
+	}
+	<-done
+	if c.merge.Pending() != 0 || c.errs.Load() != 0 {
+		t.Errorf("%d pending, %d errors after all were released", c.merge.Pending(), c.errs.Load())
+	}
+	// The backlog reached megabytes: the queue grew into mapped buffers.
+	if n := grown[len(grown)-1]; n < 2*hugePage || c.raw[0].mem == nil {
+		t.Errorf("raw queue buffers %v, want one of two huge pages or more, mapped", grown)
+	}
+	t.Logf("raw queue buffers %v", grown)
 }
