@@ -521,6 +521,90 @@ func TestPwriteRaw(t *testing.T) {
 			}
 		})
 	}
+	// A device that is always full: the error of the first write.
+	f, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer f.Close()
+	if err := pwriteRaw(f, []byte("x"), 0); !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("write to /dev/full: %v, want ENOSPC", err)
+	}
+}
+
+// fullTmpfs mounts a tmpfs of size bytes for the test, unmounted at its
+// end; it skips the test where it may not mount.
+func fullTmpfs(t *testing.T, size int) string {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
+		t.Skipf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+// TestPwriteRawShort checks the raw write on a file system that fills up
+// during the write: pwrite writes what fits (a short write), and the next
+// one fails with ENOSPC, which pwriteRaw returns after writing the rest
+// it could.
+func TestPwriteRawShort(t *testing.T) {
+	dir := fullTmpfs(t, 256<<10)
+	f, err := os.Create(dir + "/spill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	err = pwriteRaw(f, p, 4096)
+	if !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("1 MiB into a 256 KiB file system: %v, want ENOSPC", err)
+	}
+	got, err := os.ReadFile(dir + "/spill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// All that fitted, at its offset: the short write's bytes were kept
+	// and the loop went on after them.
+	if len(got) <= 4096 || !bytes.Equal(got[4096:], p[:len(got)-4096]) || !bytes.Equal(got[:4096], make([]byte, 4096)) {
+		t.Errorf("file of %d bytes after the failed write, want the first bytes of p at 4096", len(got))
+	}
+}
+
+// TestSpillWriteFailure checks the loss accounting when the spill file's
+// writes fail (its file system full), not its creation: every line of a
+// chunk that could not be written is counted lost with what went before
+// it, the error is kept, and a reader reads the gap line, then the lines
+// kept after it.
+func TestSpillWriteFailure(t *testing.T) {
+	dir := fullTmpfs(t, 64<<10)
+	s := New(Options{Limit: 4 << 20, HardLimit: 8 << 20, Dir: dir})
+	defer s.Close()
+	r := s.NewReader()
+	defer r.Close()
+	const n = 300000 // 5 MB of lines: chunks that do not fit
+	appendLines(s, "w", 0, n)
+	st := s.Stats()
+	if !errors.Is(st.SpillErr, unix.ENOSPC) || st.SpillLost == 0 || st.SpillLost != st.Discarded {
+		t.Fatalf("stats after spill write failures: %+v", st)
+	}
+	got, _ := readAll(t, r, 0, 1<<20)
+	lines := strings.Split(strings.TrimSuffix(got, "\n"), "\n")
+	if !strings.HasPrefix(lines[0], "lost: records=") {
+		t.Fatalf("reader after spill write failures starts %q", lines[0])
+	}
+	// After the gap: the lines kept, up to the last, in order.
+	first, err := strconv.Atoi(strings.TrimPrefix(lines[1], "w "))
+	if err != nil {
+		t.Fatalf("line after the gap %q", lines[1])
+	}
+	if uint64(first) != st.SpillLost || len(lines)-1 != n-first || lines[len(lines)-1] != fmt.Sprintf("w %d", n-1) {
+		t.Errorf("%d lines from %q to %q after %d lost, want %d lines from w %d to w %d",
+			len(lines)-1, lines[1], lines[len(lines)-1], st.SpillLost, n-int(st.SpillLost), st.SpillLost, n-1)
+	}
 }
 
 func TestClose(t *testing.T) {
