@@ -1129,3 +1129,47 @@ func TestClassicStatsDuringClose(t *testing.T) {
 		}
 	}
 }
+
+// TestClassicCloseUnmaps checks that Close unmaps the raw queues that grew
+// into mappings of their own (rawBuffer): 20,000 hits held back a second
+// are a megabyte and more in their CPU's queue.
+func TestClassicCloseUnmaps(t *testing.T) {
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	ev := probe(t, tracefs, bin, offs["target"], "cu", "%di", decode.U64)
+	col := &collector{}
+	c, err := NewClassic(ClassicOptions{Latency: time.Second}, col.sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Add(ev); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20000
+	run(t, bin, fmt.Sprint(n))
+	var maps [][]byte
+	for deadline := time.Now().Add(hangWait); len(maps) == 0 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		c.mu.Lock()
+		for q := range c.raw {
+			if m := c.raw[q].mem; m != nil {
+				maps = append(maps, m)
+			}
+		}
+		c.mu.Unlock()
+	}
+	if len(maps) == 0 {
+		t.Fatalf("no raw queue mapped with %d hits held", n)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range maps {
+		if isMapped(m) {
+			t.Errorf("a raw queue's mapping of %d bytes left mapped after Close", len(m))
+		}
+	}
+	if got := col.len(); got != n {
+		t.Errorf("%d records, want %d", got, n)
+	}
+}

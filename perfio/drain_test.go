@@ -13,6 +13,8 @@ import (
 
 	"ptfs/decode"
 	"ptfs/engine"
+
+	"golang.org/x/sys/unix"
 )
 
 // fakeClassic is a Classic over fake rings, for the read path without a
@@ -402,8 +404,12 @@ func TestRawQueue(t *testing.T) {
 				// offset.
 				return makeSample(uint32(i), uint32(i), uint64(i), 0, makeRaw(7, int32(i), le(8, uint64(i)), make([]byte, 8*(i%7))))
 			}
+			var maps [][]byte // every mapping the queue had
 			for i := range total {
 				pushRaw(&b, rec(i), i%3)
+				if b.mem != nil && (len(maps) == 0 || unsafe.SliceData(maps[len(maps)-1]) != unsafe.SliceData(b.mem)) {
+					maps = append(maps, b.mem)
+				}
 				if i < tc.backlog {
 					continue
 				}
@@ -438,7 +444,75 @@ func TestRawQueue(t *testing.T) {
 			if unsafe.SliceData(b.buf) != buf {
 				t.Errorf("a steady flow of the same backlog made a new buffer")
 			}
+			// A buffer the queue grew out of is unmapped, and free
+			// unmaps the last.
+			for i, m := range maps[:max(len(maps)-1, 0)] {
+				if isMapped(m) {
+					t.Errorf("mapping %d of %d bytes left mapped after the queue grew", i, len(m))
+				}
+			}
+			b.free()
+			if len(maps) > 0 && isMapped(maps[len(maps)-1]) {
+				t.Errorf("mapping of %d bytes left mapped after free", len(maps[len(maps)-1]))
+			}
 		})
+	}
+}
+
+// isMapped tells whether any page of m is mapped (mincore fails with
+// ENOMEM for a range with unmapped pages; only m's first page is asked).
+func isMapped(m []byte) bool {
+	page := uintptr(unsafe.Pointer(unsafe.SliceData(m))) &^ 4095
+	var vec [1]byte
+	_, _, errno := unix.Syscall(unix.SYS_MINCORE, page, 4096, uintptr(unsafe.Pointer(&vec[0])))
+	return errno == 0
+}
+
+// TestHugeAligned checks the aligned range rawBuffer takes in its mapping,
+// for mappings at every kind of address (a kernel before 6.7 does not
+// align them; this one does, so they are made here from one buffer).
+func TestHugeAligned(t *testing.T) {
+	const size = 2 * hugePage
+	backing := make([]byte, size+3*hugePage)
+	for _, at := range []int{0, 1, 4096, hugePage - 4096, hugePage - 1, hugePage, hugePage + 8192} {
+		mem := backing[at : at+size+hugePage]
+		buf := hugeAligned(mem, size)
+		start := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+		got := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+		if got%hugePage != 0 || got < start || got-start >= hugePage || len(buf) != size || cap(buf) != size {
+			t.Errorf("mapping at %#x: %d bytes (cap %d) at %#x, want %d at the first huge page boundary", start, len(buf), cap(buf), got, size)
+		}
+	}
+}
+
+// TestRawBuffer checks the raw queue's buffers: up to minRawQueue bytes
+// on the Go heap, exactly as asked; beyond, whole huge pages (the fewest
+// that hold the size), at a huge page's address, inside their mapping,
+// writable to their last byte.
+func TestRawBuffer(t *testing.T) {
+	for _, tc := range []struct {
+		size, want int
+		mapped     bool
+	}{
+		{100, 100, false},
+		{minRawQueue, minRawQueue, false},
+		{minRawQueue + 1, hugePage, true},
+		{hugePage - 1, hugePage, true},
+		{hugePage, hugePage, true},
+		{hugePage + 1, 2 * hugePage, true},
+		{3 * hugePage, 3 * hugePage, true},
+	} {
+		buf, mem := rawBuffer(tc.size)
+		b := rawQueue{buf: buf, mem: mem}
+		at := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+		start := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+		inside := mem == nil || at >= start && at+uintptr(len(buf)) <= start+uintptr(len(mem))
+		if len(buf) != tc.want || cap(buf) != tc.want || (mem != nil) != tc.mapped || tc.mapped && at%hugePage != 0 || !inside {
+			t.Errorf("size %d: %d bytes (cap %d) at %#x, mapping of %d at %#x; want %d bytes, mapped %v, aligned to %d",
+				tc.size, len(buf), cap(buf), at, len(mem), start, tc.want, tc.mapped, hugePage)
+		}
+		buf[len(buf)-1] = 1
+		b.free()
 	}
 }
 
@@ -621,6 +695,10 @@ func TestDrainGrowConcurrent(t *testing.T) {
 				t.Fatalf("record %d: time %d arg %d %+v", next, r.Time, r.Args[0], r)
 			}
 			next++
+		}
+		if e := c.errs.Load(); e != 0 {
+			<-done
+			t.Fatalf("%d errors in the release, at record %d", e, next)
 		}
 		if len(out) == 0 {
 			runtime.Gosched()
