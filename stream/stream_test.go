@@ -683,6 +683,7 @@ func TestPwriteBlockedStopsNothing(t *testing.T) {
 	if err != nil {
 		t.Errorf("write: %v", err)
 	}
+	t.Logf("GC of %v while the write waited", gc)
 	if gc > time.Second {
 		t.Errorf("a GC took %v while a spill write waited in the kernel: it waited for the write", gc)
 	}
