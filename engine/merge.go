@@ -161,8 +161,9 @@ func (m *Merger[T]) Release(watermark uint64, out []T) []T {
 // place, valid until the next Push to their queue, with that queue: a
 // reader that hands them on reads them there, with no copy and no call
 // per item, and need not store the queue in each item. An empty run means
-// that nothing more is due; a reader takes runs until then (or until it
-// has taken the n of a bounded batch).
+// that nothing more is due (its queue is -1 when nothing is pending or n
+// is 0, else the earliest queue's, which holds it back); a reader takes
+// runs until then (or until it has taken the n of a bounded batch).
 func (m *Merger[T]) TakeRun(watermark uint64, n int) (run []Item[T], queue int) {
 	if m.n == 0 || n <= 0 {
 		return nil, -1

@@ -275,23 +275,27 @@ func TestMergerTakeRun(t *testing.T) {
 	if m.Pending() != 1 {
 		t.Errorf("%d pending, want the one past the watermark", m.Pending())
 	}
-	var runs [][]uint64
+	var runs []string // each run's queue and times
 	run := func(w uint64) {
 		var ts []uint64
-		items, _ := m.TakeRun(w, 100)
+		items, q := m.TakeRun(w, 100)
 		for _, it := range items {
 			ts = append(ts, it.Time)
 		}
-		runs = append(runs, ts)
+		runs = append(runs, fmt.Sprint(q, ts))
 	}
 	// Ties: queue 0 goes first, its run ends before queue 1's equal head.
+	// A run of no items asked for, or with nothing pending, is queue -1's.
 	pushTimes(&m, 0, 9, 9, 12)
+	if items, q := m.TakeRun(100, 0); items != nil || q != -1 {
+		t.Errorf("run of 0 items: %v of queue %d, want none of queue -1", items, q)
+	}
 	run(100)
 	run(100)
 	run(100)
 	run(100)
-	if s := fmt.Sprint(runs); s != "[[9 9] [9] [12] []]" {
-		t.Errorf("runs %s, want [[9 9] [9] [12] []]", s)
+	if s := fmt.Sprint(runs); s != "[0 [9 9] 1 [9] 0 [12] -1 []]" {
+		t.Errorf("runs %s, want [0 [9 9] 1 [9] 0 [12] -1 []]", s)
 	}
 	// A ring that wrapped: the run ends at its storage's end, the next
 	// one goes on from its front.

@@ -612,13 +612,22 @@ func (c *Classic) Close() error {
 			gone = append(gone, ce)
 			delete(c.events, id)
 		}
+		// A Stats that saw the events before they went drains under mu
+		// (losses counted by hits): from here on it finds no ring, and
+		// no raw queue to fill, before they are unmapped. The reader is
+		// done: nothing takes from the raw queues either.
+		cpus := c.cpus
+		c.cpus = nil
+		for q := range c.raw {
+			c.raw[q].free()
+		}
 		c.mu.Unlock()
 		c.fdMu.Lock()
 		for _, ce := range gone {
 			errs = append(errs, closeFDs(ce.fds))
 		}
 		c.fdMu.Unlock()
-		for _, cr := range c.cpus {
+		for _, cr := range cpus {
 			if tr := cr.task; tr != nil {
 				if err := unix.Munmap(tr.mem); err != nil {
 					errs = append(errs, fmt.Errorf("munmap cpu %d task ring: %w", cr.cpu, err))
@@ -633,11 +642,6 @@ func (c *Classic) Close() error {
 			if err := cr.anchor.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close cpu %d ring: %w", cr.cpu, err))
 			}
-		}
-		c.cpus = nil
-		// The reader is done: nothing takes from the raw queues now.
-		for q := range c.raw {
-			c.raw[q].free()
 		}
 		errs = append(errs, c.poll.close())
 		c.closeErr = errors.Join(errs...)
@@ -954,17 +958,24 @@ func rawBuffer(size int) (buf, mem []byte) {
 	size = (size + hugePage - 1) &^ (hugePage - 1)
 	// A huge page lies at a 2 MiB-aligned address: map one more to
 	// find the aligned range in (the rest is never touched, so it takes
-	// no memory).
+	// no memory). Linux 6.7 on aligns such a mapping itself; older ones
+	// do not.
 	mem, err := unix.Mmap(-1, 0, size+hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return make([]byte, size), nil
 	}
-	off := int(-uintptr(unsafe.Pointer(unsafe.SliceData(mem)))) & (hugePage - 1)
-	buf = mem[off : off+size : off+size]
+	buf = hugeAligned(mem, size)
 	// Advice only: a kernel without THP, or with it off, gives 4 KiB
 	// pages, as the Go heap would.
 	unix.Madvise(buf, unix.MADV_HUGEPAGE)
 	return buf, mem
+}
+
+// hugeAligned returns the first size bytes of mem that start at a huge
+// page's address; mem holds size+hugePage bytes.
+func hugeAligned(mem []byte, size int) []byte {
+	off := int(-uintptr(unsafe.Pointer(unsafe.SliceData(mem)))) & (hugePage - 1)
+	return mem[off : off+size : off+size]
 }
 
 // free empties b, unmapping its buffer if it is a mapping. (x/sys's

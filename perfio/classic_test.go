@@ -1090,3 +1090,86 @@ func TestClassicConcurrentRemoves(t *testing.T) {
 		t.Errorf("a Remove took %v: it waited for the reader's idle poll", worst)
 	}
 }
+
+// TestClassicStatsDuringClose reads Stats while the source closes, losses
+// counted by hits (Stats drains the rings then, as a kernel before 6.0
+// makes it): a Stats that found the event before Close forgot it must not
+// drain rings or raw queues that Close unmaps (a drain there is a SIGSEGV,
+// and a raw queue grown then is unmapped twice). Run with -race: the
+// detector sees a drain that Close's teardown does not wait for.
+func TestClassicStatsDuringClose(t *testing.T) {
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	open := perfEventOpen
+	perfEventOpen = func(attr *unix.PerfEventAttr, pid, cpu, group int, flags int) (int, error) {
+		if attr.Read_format&unix.PERF_FORMAT_LOST != 0 {
+			return -1, unix.EINVAL
+		}
+		return open(attr, pid, cpu, group, flags)
+	}
+	t.Cleanup(func() { perfEventOpen = open })
+	ev := probe(t, tracefs, bin, offs["target"], "sc", "%di", decode.U64)
+	for range 20 {
+		c, err := NewClassic(ClassicOptions{}, (&collector{}).sink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Add(ev); err != nil {
+			c.Close()
+			t.Fatal(err)
+		}
+		stop := testkit.Repeat(func() { c.Stats() })
+		err = c.Close()
+		stop()
+		if err != nil {
+			t.Fatalf("close: %v", err)
+		}
+		if s := c.Stats(); s.LostBy != LostByHits || s.Errors != 0 {
+			t.Fatalf("stats after close: %+v", s)
+		}
+	}
+}
+
+// TestClassicCloseUnmaps checks that Close unmaps the raw queues that grew
+// into mappings of their own (rawBuffer): 20,000 hits held back a second
+// are a megabyte and more in their CPU's queue.
+func TestClassicCloseUnmaps(t *testing.T) {
+	tracefs := needKernel(t)
+	bin, offs := buildTarget(t)
+	ev := probe(t, tracefs, bin, offs["target"], "cu", "%di", decode.U64)
+	col := &collector{}
+	c, err := NewClassic(ClassicOptions{Latency: time.Second}, col.sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Add(ev); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20000
+	run(t, bin, fmt.Sprint(n))
+	var maps [][]byte
+	for deadline := time.Now().Add(hangWait); len(maps) == 0 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		c.mu.Lock()
+		for q := range c.raw {
+			if m := c.raw[q].mem; m != nil {
+				maps = append(maps, m)
+			}
+		}
+		c.mu.Unlock()
+	}
+	if len(maps) == 0 {
+		t.Fatalf("no raw queue mapped with %d hits held", n)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range maps {
+		if isMapped(m) {
+			t.Errorf("a raw queue's mapping of %d bytes left mapped after Close", len(m))
+		}
+	}
+	if got := col.len(); got != n {
+		t.Errorf("%d records, want %d", got, n)
+	}
+}

@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"cmp"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 
 	"ptfs/decode"
 	"ptfs/engine"
+
+	"golang.org/x/sys/unix"
 )
 
 // fakeClassic is a Classic over fake rings, for the read path without a
@@ -400,8 +404,12 @@ func TestRawQueue(t *testing.T) {
 				// offset.
 				return makeSample(uint32(i), uint32(i), uint64(i), 0, makeRaw(7, int32(i), le(8, uint64(i)), make([]byte, 8*(i%7))))
 			}
+			var maps [][]byte // every mapping the queue had
 			for i := range total {
 				pushRaw(&b, rec(i), i%3)
+				if b.mem != nil && (len(maps) == 0 || unsafe.SliceData(maps[len(maps)-1]) != unsafe.SliceData(b.mem)) {
+					maps = append(maps, b.mem)
+				}
 				if i < tc.backlog {
 					continue
 				}
@@ -436,7 +444,75 @@ func TestRawQueue(t *testing.T) {
 			if unsafe.SliceData(b.buf) != buf {
 				t.Errorf("a steady flow of the same backlog made a new buffer")
 			}
+			// A buffer the queue grew out of is unmapped, and free
+			// unmaps the last.
+			for i, m := range maps[:max(len(maps)-1, 0)] {
+				if isMapped(m) {
+					t.Errorf("mapping %d of %d bytes left mapped after the queue grew", i, len(m))
+				}
+			}
+			b.free()
+			if len(maps) > 0 && isMapped(maps[len(maps)-1]) {
+				t.Errorf("mapping of %d bytes left mapped after free", len(maps[len(maps)-1]))
+			}
 		})
+	}
+}
+
+// isMapped tells whether any page of m is mapped (mincore fails with
+// ENOMEM for a range with unmapped pages; only m's first page is asked).
+func isMapped(m []byte) bool {
+	page := uintptr(unsafe.Pointer(unsafe.SliceData(m))) &^ 4095
+	var vec [1]byte
+	_, _, errno := unix.Syscall(unix.SYS_MINCORE, page, 4096, uintptr(unsafe.Pointer(&vec[0])))
+	return errno == 0
+}
+
+// TestHugeAligned checks the aligned range rawBuffer takes in its mapping,
+// for mappings at every kind of address (a kernel before 6.7 does not
+// align them; this one does, so they are made here from one buffer).
+func TestHugeAligned(t *testing.T) {
+	const size = 2 * hugePage
+	backing := make([]byte, size+3*hugePage)
+	for _, at := range []int{0, 1, 4096, hugePage - 4096, hugePage - 1, hugePage, hugePage + 8192} {
+		mem := backing[at : at+size+hugePage]
+		buf := hugeAligned(mem, size)
+		start := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+		got := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+		if got%hugePage != 0 || got < start || got-start >= hugePage || len(buf) != size || cap(buf) != size {
+			t.Errorf("mapping at %#x: %d bytes (cap %d) at %#x, want %d at the first huge page boundary", start, len(buf), cap(buf), got, size)
+		}
+	}
+}
+
+// TestRawBuffer checks the raw queue's buffers: up to minRawQueue bytes
+// on the Go heap, exactly as asked; beyond, whole huge pages (the fewest
+// that hold the size), at a huge page's address, inside their mapping,
+// writable to their last byte.
+func TestRawBuffer(t *testing.T) {
+	for _, tc := range []struct {
+		size, want int
+		mapped     bool
+	}{
+		{100, 100, false},
+		{minRawQueue, minRawQueue, false},
+		{minRawQueue + 1, hugePage, true},
+		{hugePage - 1, hugePage, true},
+		{hugePage, hugePage, true},
+		{hugePage + 1, 2 * hugePage, true},
+		{3 * hugePage, 3 * hugePage, true},
+	} {
+		buf, mem := rawBuffer(tc.size)
+		b := rawQueue{buf: buf, mem: mem}
+		at := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+		start := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+		inside := mem == nil || at >= start && at+uintptr(len(buf)) <= start+uintptr(len(mem))
+		if len(buf) != tc.want || cap(buf) != tc.want || (mem != nil) != tc.mapped || tc.mapped && at%hugePage != 0 || !inside {
+			t.Errorf("size %d: %d bytes (cap %d) at %#x, mapping of %d at %#x; want %d bytes, mapped %v, aligned to %d",
+				tc.size, len(buf), cap(buf), at, len(mem), start, tc.want, tc.mapped, hugePage)
+		}
+		buf[len(buf)-1] = 1
+		b.free()
 	}
 }
 
@@ -542,4 +618,99 @@ func FuzzDrain(f *testing.F) {
 			t.Fatalf("byte queue not empty after the release: r %d w %d wrap %d", q.r, q.w, q.wrap)
 		}
 	})
+}
+
+// TestDrainGrowConcurrent runs the drain and the release as Classic's
+// goroutines do: samples drained into the raw queue under mu by one
+// goroutine (as Add, Remove and Stats drain) while another releases them
+// under mu and reads the batch without it (as run hands it to the sink).
+// The watermark lags by half of what was written, so the backlog grows to
+// megabytes and the queue through buffers that grow unmaps: a released
+// record that still pointed into a raw queue (its string, say) would be
+// read after its buffer was unmapped (a SIGSEGV) or overwritten (a wrong
+// string). Run with -race too.
+func TestDrainGrowConcurrent(t *testing.T) {
+	strEv := &decode.Event{ID: 7, Group: "g", Name: "s", Args: []decode.Arg{
+		{Offset: 16, Size: 8}, {Offset: 24, Size: 4, Type: decode.String},
+	}}
+	const total = 120000
+	ring := newFakeMmap(1<<20, true)
+	ring.reset(1<<20 - 100) // a sample across the ring's end at once
+	c := fakeClassic(t, ring)
+	defer c.raw[0].free()
+	c.events[strEv.ID] = newClassicEvent(strEv)
+	str := func(tm uint64) string { return strings.Repeat("abcdefghij", int(tm%7)) + "\x00" }
+	var written atomic.Uint64 // times of the samples drained: 1 to written
+	var drains atomic.Uint64  // drains done
+	var grown []int           // the raw queue's buffer sizes, as drains saw them
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tm := uint64(0)
+		for tm < total {
+			// Fill the free part of the ring, then drain it.
+			for tm < total {
+				data := []byte(str(tm + 1))
+				raw := makeRaw(strEv.ID, 1, le(8, tm+1), le(4, uint64(28|len(data)<<16)), data)
+				rec := makeSample(1, 1, tm+1, 0, raw)
+				if tm%50 == 0 {
+					rec = append(lostRecord(1), rec...) // moved down over it
+				}
+				if ring.page.Data_head+uint64(len(rec))-atomic.LoadUint64(&ring.page.Data_tail) > uint64(len(ring.data)) {
+					break
+				}
+				ring.write(rec)
+				tm++
+			}
+			c.mu.Lock()
+			c.drainLocked()
+			drains.Add(1)
+			if n := len(c.raw[0].buf); len(grown) == 0 || grown[len(grown)-1] != n {
+				grown = append(grown, n)
+			}
+			c.mu.Unlock()
+			written.Store(tm)
+		}
+	}()
+	var out []decode.Record
+	next := uint64(1)
+	for next <= total {
+		w := written.Load()
+		watermark := w - w/2
+		if w == total {
+			watermark = ^uint64(0)
+		}
+		c.mu.Lock()
+		out, _ = c.releaseLocked(watermark, out[:0])
+		d := drains.Load()
+		c.mu.Unlock()
+		// Read without mu, after the next drain (which writes over the
+		// bytes taken or grows the queue), unless it was the last.
+		for len(out) > 0 && drains.Load() == d && written.Load() < total {
+			runtime.Gosched()
+		}
+		for i := range out {
+			r := &out[i]
+			if r.Time != next || r.Args[0] != next || r.Data == nil || string(*r.Data) != str(next) {
+				t.Fatalf("record %d: time %d arg %d %+v", next, r.Time, r.Args[0], r)
+			}
+			next++
+		}
+		if e := c.errs.Load(); e != 0 {
+			<-done
+			t.Fatalf("%d errors in the release, at record %d", e, next)
+		}
+		if len(out) == 0 {
+			runtime.Gosched()
+		}
+	}
+	<-done
+	if c.merge.Pending() != 0 || c.errs.Load() != 0 {
+		t.Errorf("%d pending, %d errors after all were released", c.merge.Pending(), c.errs.Load())
+	}
+	// The backlog reached megabytes: the queue grew into mapped buffers.
+	if n := grown[len(grown)-1]; n < 2*hugePage || c.raw[0].mem == nil {
+		t.Errorf("raw queue buffers %v, want one of two huge pages or more, mapped", grown)
+	}
+	t.Logf("raw queue buffers %v", grown)
 }

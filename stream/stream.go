@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"sync"
@@ -303,7 +302,7 @@ func (s *Stream) spill(c *chunk) error {
 		s.slots++
 		s.reserve(slot)
 	}
-	if err := pwriteRaw(s.file, s.cur, int64(slot)*int64(s.chunkSize)); err != nil {
+	if err := pwrite(s.file, s.cur, int64(slot)*int64(s.chunkSize)); err != nil {
 		s.free = append(s.free, slot)
 		return fmt.Errorf("write stream spill file: %w", err)
 	}
@@ -311,30 +310,18 @@ func (s *Stream) spill(c *chunk) error {
 	return nil
 }
 
-// pwriteRaw writes all of p at off in f with raw pwrite system calls,
-// which do not tell the runtime that the goroutine is in a system call:
-// an entersyscall wakes the runtime's sysmon from its deep sleep into
-// polling every 20 µs, 50 times and more before it backs off, and at
-// 100,000 records a second the spill's write, once a chunk, was what woke
-// it (DESIGN §4, the seventh pass). The write of a chunk into the page
-// cache takes 0.1-2 ms, for which the appender keeps its P (the other P
-// serves FUSE). Called with mu held, so f is not closed meanwhile.
-func pwriteRaw(f *os.File, p []byte, off int64) error {
-	fd := f.Fd()
-	for len(p) > 0 {
-		n, _, errno := unix.RawSyscall6(unix.SYS_PWRITE64, fd,
-			uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)), uintptr(off), 0, 0)
-		switch {
-		case errno == unix.EINTR:
-			continue
-		case errno != 0:
-			return &os.PathError{Op: "write", Path: f.Name(), Err: errno}
-		case n == 0:
-			return &os.PathError{Op: "write", Path: f.Name(), Err: io.ErrShortWrite}
-		}
-		p, off = p[n:], off+int64(n)
-	}
-	return nil
+// pwrite writes all of p at off in f, as a system call the runtime
+// knows of (os.File's WriteAt). Not a raw one (RawSyscall), which would
+// spare the wake-up of the runtime's sysmon that an entersyscall makes
+// (DESIGN §4, the seventh pass) but keeps the goroutine's P running while
+// the kernel holds the write: no stop of the world (a GC's) can complete
+// until it returns, so a write that blocks (dirty page throttling, a slow
+// or frozen file system under Dir) stops every goroutine of the mount,
+// FUSE and the perf reader with it, and a hung one hangs the process for
+// good, its probes installed (TestPwriteBlockedStopsNothing).
+func pwrite(f *os.File, p []byte, off int64) error {
+	_, err := f.WriteAt(p, off)
+	return err
 }
 
 // reserveSlots is how many slots reserve allocates at a time.

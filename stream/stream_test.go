@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -486,11 +488,11 @@ func TestSpillFailure(t *testing.T) {
 	}
 }
 
-// TestPwriteRaw checks the spill's raw write: all of the bytes at the
+// TestPwrite checks the spill's raw write: all of the bytes at the
 // offset (the file's bytes before it untouched), and the system call's
 // error, wrapped as os.File's writes wrap theirs, for a file that cannot
 // be written.
-func TestPwriteRaw(t *testing.T) {
+func TestPwrite(t *testing.T) {
 	path := t.TempDir() + "/spill"
 	if err := os.WriteFile(path, []byte("0123456789"), 0o600); err != nil {
 		t.Fatal(err)
@@ -511,7 +513,7 @@ func TestPwriteRaw(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			err = pwriteRaw(f, []byte(tc.data), 4)
+			err = pwrite(f, []byte(tc.data), 4)
 			var pe *os.PathError
 			if !errors.Is(err, tc.err) || err != nil && (!errors.As(err, &pe) || pe.Path != path) {
 				t.Errorf("error %v, want %v of %s", err, tc.err, path)
@@ -520,6 +522,170 @@ func TestPwriteRaw(t *testing.T) {
 				t.Errorf("file %q, want %q", got, tc.want)
 			}
 		})
+	}
+	// A device that is always full: the error of the first write.
+	f, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer f.Close()
+	if err := pwrite(f, []byte("x"), 0); !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("write to /dev/full: %v, want ENOSPC", err)
+	}
+}
+
+// fullTmpfs mounts a tmpfs of size bytes for the test, unmounted at its
+// end; it skips the test where it may not mount.
+func fullTmpfs(t *testing.T, size int) string {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
+		t.Skipf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+// TestPwriteShort checks the raw write on a file system that fills up
+// during the write: pwrite writes what fits (a short write), and the next
+// one fails with ENOSPC, which pwrite returns after writing the rest
+// it could.
+func TestPwriteShort(t *testing.T) {
+	dir := fullTmpfs(t, 256<<10)
+	f, err := os.Create(dir + "/spill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	err = pwrite(f, p, 4096)
+	if !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("1 MiB into a 256 KiB file system: %v, want ENOSPC", err)
+	}
+	got, err := os.ReadFile(dir + "/spill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// All that fitted, at its offset: the short write's bytes were kept
+	// and the loop went on after them.
+	if len(got) <= 4096 || !bytes.Equal(got[4096:], p[:len(got)-4096]) || !bytes.Equal(got[:4096], make([]byte, 4096)) {
+		t.Errorf("file of %d bytes after the failed write, want the first bytes of p at 4096", len(got))
+	}
+}
+
+// TestSpillWriteFailure checks the loss accounting when the spill file's
+// writes fail (its file system full), not its creation: every line of a
+// chunk that could not be written is counted lost with what went before
+// it, the error is kept, and a reader reads the gap line, then the lines
+// kept after it.
+func TestSpillWriteFailure(t *testing.T) {
+	dir := fullTmpfs(t, 64<<10)
+	s := New(Options{Limit: 4 << 20, HardLimit: 8 << 20, Dir: dir})
+	defer s.Close()
+	r := s.NewReader()
+	defer r.Close()
+	const n = 300000 // 5 MB of lines: chunks that do not fit
+	appendLines(s, "w", 0, n)
+	st := s.Stats()
+	if !errors.Is(st.SpillErr, unix.ENOSPC) || st.SpillLost == 0 || st.SpillLost != st.Discarded {
+		t.Fatalf("stats after spill write failures: %+v", st)
+	}
+	got, _ := readAll(t, r, 0, 1<<20)
+	lines := strings.Split(strings.TrimSuffix(got, "\n"), "\n")
+	if !strings.HasPrefix(lines[0], "lost: records=") {
+		t.Fatalf("reader after spill write failures starts %q", lines[0])
+	}
+	// After the gap: the lines kept, up to the last, in order.
+	first, err := strconv.Atoi(strings.TrimPrefix(lines[1], "w "))
+	if err != nil {
+		t.Fatalf("line after the gap %q", lines[1])
+	}
+	if uint64(first) != st.SpillLost || len(lines)-1 != n-first || lines[len(lines)-1] != fmt.Sprintf("w %d", n-1) {
+		t.Errorf("%d lines from %q to %q after %d lost, want %d lines from w %d to w %d",
+			len(lines)-1, lines[1], lines[len(lines)-1], st.SpillLost, n-int(st.SpillLost), st.SpillLost, n-1)
+	}
+}
+
+// userfaultfd(2)'s ioctls (linux/userfaultfd.h; x/sys has none).
+const (
+	uffdioAPI        = 0xc018aa3f // _IOWR(0xAA, 0x3F, struct uffdio_api)
+	uffdioRegister   = 0xc020aa00 // _IOWR(0xAA, 0x00, struct uffdio_register)
+	uffdAPI          = 0xaa
+	uffdRegisterMiss = 1 // UFFDIO_REGISTER_MODE_MISSING
+	uffdMsgSize      = 32
+)
+
+// TestPwriteBlockedStopsNothing checks that a spill write the kernel
+// blocks (a slow or frozen file system, dirty page throttling; here a
+// page of the chunk whose first touch a userfaultfd holds) stops only its
+// own goroutine: a garbage collection, which stops the world, goes on
+// meanwhile. A write made outside a system call as the runtime sees it
+// (RawSyscall) keeps its P running: the world cannot stop until the write
+// returns, and every goroutine of the mount (FUSE, the perf reader) waits
+// with it. The fault is released when a child process holding the
+// userfaultfd's last copy exits, after two seconds.
+func TestPwriteBlockedStopsNothing(t *testing.T) {
+	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
+	if errno != 0 {
+		t.Skipf("userfaultfd: %v", errno)
+	}
+	uffd := os.NewFile(fd, "userfaultfd")
+	defer uffd.Close()
+	api := [3]uint64{uffdAPI}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, uffdioAPI, uintptr(unsafe.Pointer(&api))); errno != 0 {
+		t.Skipf("UFFDIO_API: %v", errno)
+	}
+	mem, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := [4]uint64{uint64(uintptr(unsafe.Pointer(&mem[0]))), uint64(len(mem)), uffdRegisterMiss}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, uffdioRegister, uintptr(unsafe.Pointer(&reg))); errno != 0 {
+		unix.Munmap(mem)
+		t.Skipf("UFFDIO_REGISTER: %v", errno)
+	}
+	f, err := os.Create(t.TempDir() + "/spill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	errc := make(chan error, 1)
+	go func() { errc <- pwrite(f, mem, 0) }()
+	// The write waits in the kernel once the fault is reported.
+	var msg [uffdMsgSize]byte
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, err := unix.Read(int(fd), msg[:]); err == nil {
+			break
+		} else if !errors.Is(err, unix.EAGAIN) || time.Now().After(deadline) {
+			t.Errorf("no fault of the write: %v", err)
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	child := exec.Command("sleep", "2")
+	child.ExtraFiles = []*os.File{uffd}
+	startErr := child.Start()
+	uffd.Close() // the child's copy is the last: the fault ends with it
+	if startErr != nil {
+		<-errc
+		unix.Munmap(mem)
+		t.Fatal(startErr)
+	}
+	start := time.Now()
+	runtime.GC()
+	gc := time.Since(start)
+	err = <-errc
+	child.Wait()
+	unix.Munmap(mem)
+	if err != nil {
+		t.Errorf("write: %v", err)
+	}
+	t.Logf("GC of %v while the write waited", gc)
+	if gc > time.Second {
+		t.Errorf("a GC took %v while a spill write waited in the kernel: it waited for the write", gc)
 	}
 }
 
