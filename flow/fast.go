@@ -194,6 +194,11 @@ func (d *Decoder) fast() error {
 	pos0, insns0 := pos, d.c.Insns
 	maxInsns := d.opts.MaxInsns
 	k := &d.fp.k
+	// Clipped to its length: word reads buf[i:i+8], which only the
+	// capacity bounds, so that a read past the trace's end (a caller's
+	// Decode(b[:n]), a Stream's window) would take the bytes after it as
+	// trace; clipped, it is out of range.
+	buf = buf[:len(buf):len(buf)]
 	*k = kern{buf: buf, pos: pos, last: last, tnt: d.tnt, nb: uint(d.tntN), ip: d.ip, budget: maxInsns - d.steps}
 	d.fp.pd.Reset(buf) // fastTime's (fastPSB and fastExecOff reset it too)
 	if d.hasBack {
@@ -364,14 +369,14 @@ func (d *Decoder) fastPGD(k *kern) bool {
 	}
 	// The event, made and fired: fireEv's and emit's work for an
 	// EvDisabled with tracing on, less what fastOK rules out (unnamed
-	// PTWRITEs). d.ip is the fall-through of the branch that disabled.
+	// PTWRITEs; ticks, the only reader of lastTSC). d.ip is the
+	// fall-through of the branch that disabled.
 	e := d.newEv(EvDisabled, pgd, hasIP)
 	d.steps, d.enabled, d.resumeIP, d.resumeOK = 0, false, d.ip, true
 	if hasIP {
 		d.sinceRef, d.resumeIP = 0, pgd
 	}
 	d.c.Events++
-	d.lastTSC = e.TSC
 	k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns
 	d.h.Event(e)
 	return true
@@ -413,14 +418,13 @@ func (d *Decoder) fastPGE(k *kern) bool {
 	// TIP.PGD's event or the fast path's start handed it over), made
 	// and fired here: fireEv's and emit's work for an EvEnabled, less
 	// what fastOK rules out (stubs, a MODE.Exec stashed, unnamed
-	// PTWRITEs).
+	// PTWRITEs; ticks, the only reader of lastTSC).
 	e := d.newEv(EvEnabled, ip, true)
 	if d.resumeOK && d.resumeIP == ip {
 		e.Flags = Resumed
 	}
 	d.steps, d.sinceRef, d.enabled, d.ip, d.resumeOK = 0, 0, true, ip, false
 	d.c.Events++
-	d.lastTSC = e.TSC
 	d.h.Event(e)
 	// Its block, as after any IP, from the recent IP blocks here; a miss
 	// is fastLoop's (ipBlock). No old block is held: the batch is empty.

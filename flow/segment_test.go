@@ -1,0 +1,315 @@
+package flow
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"ptfs/decode/ptenc"
+)
+
+// segCode is the code of the TIP.PGD/TIP.PGE tests, TestFastDisable's:
+// 0x1000: jmp 0x1010; 0x1010: nop; 0x1011: jne 0x1010; 0x1013: ret.
+func segCode() *blob {
+	return &blob{base: 0x1000, code: []byte{0xeb, 0x0e, 15: 0, 16: 0x90, 0x75, 0xfd, 0xc3}}
+}
+
+// segTrace returns a trace of segments as kAFL's IP filter makes them, each
+// a TIP.PGD and the TIP.PGE after it with between (PADs, timing packets,
+// a PSB+, a MODE.Exec, or nothing) in between: a TIP.PGD with an IP (at
+// the jump to it) and one without (at the return), each more than once (a
+// walk kept and replayed), and a TIP.PGE at a block no IP reached before
+// (0x1011). It ends in PADs unless end is false.
+func segTrace(between func(e *ptenc.Encoder), end bool) []byte {
+	e := ptenc.New()
+	start(e, 0x1000)
+	for i := range 3 {
+		// An IP of 8 bytes (the longest packet) for the TIP.PGE the
+		// second time, for both the third.
+		pgd, pge := 1, 1
+		if i > 0 {
+			pge = 6
+		}
+		if i == 2 {
+			pgd = 6
+		}
+		e.IPC(ptenc.TIPPGD, pgd, 0x1010) // at the jump to it
+		between(e)
+		e.IPC(ptenc.TIPPGE, pge, 0x1010)
+		e.TNT(0b110, 3)
+		e.IPC(ptenc.TIPPGD, 0, 0) // at the ret
+		between(e)
+		e.IP(ptenc.TIPPGE, 0x1000)
+	}
+	e.IP(ptenc.TIPPGD, 0x1010)
+	between(e)
+	e.IP(ptenc.TIPPGE, 0x1011) // not among the recent IP blocks
+	e.TNT(0, 1)
+	e.IPC(ptenc.TIPPGD, 0, 0)
+	between(e)
+	e.IP(ptenc.TIPPGE, 0x1000)
+	e.IP(ptenc.TIPPGD, 0x1010)
+	if end {
+		for range 32 {
+			e.Pad()
+		}
+	}
+	return e.Bytes()
+}
+
+// segBetween are the packets segTrace puts between a TIP.PGD and its
+// TIP.PGE.
+var segBetween = []struct {
+	name string
+	put  func(e *ptenc.Encoder)
+}{
+	{"nothing", func(*ptenc.Encoder) {}},
+	{"pads", func(e *ptenc.Encoder) {
+		// kAFL's 9, past a word of them.
+		for range 9 {
+			e.Pad()
+		}
+	}},
+	{"pad", func(e *ptenc.Encoder) { e.Pad() }},
+	{"timing", func(e *ptenc.Encoder) {
+		e.Pad()
+		e.MTC(1)
+		e.CYC(3)
+		e.Pad()
+		e.Pad()
+		e.TSC(1 << 20)
+		e.CYC(1)
+	}},
+	{"psb", func(e *ptenc.Encoder) {
+		e.Pad()
+		e.PSB()
+		e.ModeExec(true, false)
+		e.PSBEnd()
+		e.Pad()
+	}},
+	{"mode.exec", func(e *ptenc.Encoder) { e.ModeExec(true, false) }},
+	{"mode.exec pads", func(e *ptenc.Encoder) {
+		e.Pad()
+		e.ModeExec(true, false)
+		for range 9 {
+			e.Pad()
+		}
+	}},
+}
+
+// segOpts are the options the segment tests decode with.
+var segOpts = []Options{{}, {ResyncOnError: true}, {Time: &timeConfig}}
+
+// TestFastSegments holds the fast path's TIP.PGD and TIP.PGE (fastPGD,
+// fastPGE) to the slow path's flow (sameFast: the branches, with Edges and
+// one by one, then each event, every field, and the counters, cold and
+// warm) with each kind of packet between them, and checks the fast path
+// took the segments.
+func TestFastSegments(t *testing.T) {
+	mem := segCode()
+	for _, bw := range segBetween {
+		trace := segTrace(bw.put, true)
+		for _, opts := range segOpts {
+			c := sameFast(t, mem, trace, opts)
+			// 3 segments of two TIP.PGD/TIP.PGE pairs, one more
+			// of them, the last TIP.PGD. (The first PSB+ starts
+			// tracing with no event; timing packets add none.)
+			if c.Events != 2*(3*2+2)+1 || c.Errors != 0 {
+				t.Errorf("%s, %+v: counters %+v, want 17 events and no error", bw.name, opts, c)
+			}
+			opts.NoInsns = true
+			d := New(mem, opts)
+			d.Decode(trace, &counter{})
+			d.fp.bytes = 0
+			d.Decode(trace, &counter{}) // warm
+			// The slow path's: the first PSB+ and the last 16
+			// bytes (with a clock also the timing packets).
+			if slow := uint64(len(trace)) - d.fp.bytes; opts.Time == nil && slow > 48 {
+				t.Errorf("%s, %+v: the fast path left %d of %d bytes", bw.name, opts, slow, len(trace))
+			}
+		}
+	}
+}
+
+// spareFill are the bytes TestFastSpareCapacity puts past a trace's length:
+// packets that would change the flow if they were read as trace.
+var spareFill = func() [][]byte {
+	var out [][]byte
+	for _, put := range []func(e *ptenc.Encoder){
+		func(e *ptenc.Encoder) { e.TNT(0b101, 3) },
+		func(e *ptenc.Encoder) { e.IP(ptenc.TIP, 0x1000) },
+		func(e *ptenc.Encoder) { e.IP(ptenc.TIPPGE, 0x1010) },
+		func(e *ptenc.Encoder) { e.IP(ptenc.TIPPGD, 0x1010) },
+		func(e *ptenc.Encoder) { start(e, 0x1010) },
+		func(e *ptenc.Encoder) { e.Pad() },
+		func(e *ptenc.Encoder) { e.MTC(9) },
+	} {
+		e := ptenc.New()
+		for e.Len() < 64 {
+			put(e)
+		}
+		out = append(out, e.Bytes())
+	}
+	return out
+}()
+
+// spareLines decodes trace with d twice (one by one, then in batches:
+// Edges), and returns every branch and event, every field, and the
+// counters.
+func spareLines(t *testing.T, d *Decoder, trace []byte) string {
+	var b strings.Builder
+	for pass := range 2 {
+		l := edgeLog{t: t}
+		d.c = Counters{}
+		if pass == 0 {
+			d.Decode(trace, &l.fullLog)
+		} else {
+			d.Decode(trace, &l)
+		}
+		for i := range l.items {
+			fmt.Fprintln(&b, l.line(i))
+		}
+		fmt.Fprintf(&b, "%+v\n", d.Counters())
+	}
+	return b.String()
+}
+
+// TestFastSpareCapacity: a trace is its length, not its capacity. Each trace
+// cut at every length (mid-packet too: the damaged traces) and given as a
+// slice of a larger buffer whose spare capacity holds packets decodes as
+// the same bytes in a slice of exactly its length (slices.Clip), with the
+// fast path on and off. (word reads buf[i:i+8], which the capacity
+// bounds: a caller that reads past the length reads the spare bytes as
+// trace.)
+func TestFastSpareCapacity(t *testing.T) {
+	// Synthetic traces, each fill at each cut: segTrace's, and a TIP.PGE
+	// (an IP of 8 bytes) and a TIP.PGD each followed by PADs to the
+	// end, which the fast path reads to its window's last byte.
+	var traces []corpusTrace
+	for _, bw := range segBetween {
+		traces = append(traces, corpusTrace{"segments " + bw.name, segCode(), segTrace(bw.put, true)})
+	}
+	traces = append(traces, corpusTrace{"ends at a TIP.PGD", segCode(), segTrace(segBetween[1].put, false)})
+	for _, ipc := range []int{1, 6} {
+		e := ptenc.New()
+		start(e, 0x1000)
+		e.IPC(ptenc.TIPPGD, ipc, 0x1010)
+		for range 3 {
+			e.IPC(ptenc.TIPPGE, ipc, 0x1010)
+			for range 20 {
+				e.Pad()
+			}
+			e.TNT(0b110, 3)
+			e.IPC(ptenc.TIPPGD, 0, 0)
+			for range 20 {
+				e.Pad()
+			}
+		}
+		traces = append(traces, corpusTrace{fmt.Sprintf("PADs after, IP compression %d", ipc), segCode(), e.Bytes()})
+	}
+	synth, fills := len(traces), len(spareFill)
+	// libipt's traces with a TIP.PGD or TIP.PGE in their names, a fill
+	// at each cut in turn.
+	for _, ft := range libiptTraces(t) {
+		if strings.Contains(ft.name, "pge") || strings.Contains(ft.name, "pgd") {
+			traces = append(traces, ft)
+		}
+	}
+	cuts := 0
+	for i, ft := range traces {
+		for _, opts := range segOpts {
+			opts.NoInsns = true
+			for _, slow := range []bool{false, true} {
+				// Two decoders fed the same cuts in the same order
+				// (what a decoder keeps from one trace to the next
+				// is the same in both).
+				exact, spare := New(ft.mem, opts), New(ft.mem, opts)
+				exact.fp.off, spare.fp.off = slow, slow
+				for n := range len(ft.trace) + 1 {
+					for j := range fills {
+						if i >= synth && j != n%fills {
+							continue
+						}
+						fill := spareFill[j]
+						buf := append(slices.Clone(ft.trace[:n]), fill...)
+						want := spareLines(t, exact, slices.Clip(slices.Clone(ft.trace[:n])))
+						got := spareLines(t, spare, buf[:n])
+						if got != want {
+							t.Fatalf("%s, %+v, fast path off %v, cut at %d of %d, %x past it:\n%s\nwant (no capacity past it):\n%s",
+								ft.name, opts, slow, n, len(ft.trace), fill[:16], got, want)
+						}
+						cuts++
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d traces, %d cuts", len(traces), cuts)
+}
+
+// TestFastSpareCapacityCorpus is TestFastSpareCapacity on kAFL's traces
+// (libxdc's: a TIP.PGD and a TIP.PGE with PADs between every few bytes),
+// cut at every length in their first KiBs, each spare fill in turn.
+func TestFastSpareCapacityCorpus(t *testing.T) {
+	for _, ft := range fastCorpus(t)[:4] {
+		opts := Options{NoInsns: true}
+		exact, spare := New(ft.mem, opts), New(ft.mem, opts)
+		for n := range min(len(ft.trace), 1<<10) + 1 {
+			fill := spareFill[n%len(spareFill)]
+			buf := append(slices.Clone(ft.trace[:n]), fill...)
+			want := spareLines(t, exact, slices.Clip(slices.Clone(ft.trace[:n])))
+			if got := spareLines(t, spare, buf[:n]); got != want {
+				t.Fatalf("%s: cut at %d, %x past it:\n%s\nwant (no capacity past it):\n%s", ft.name, n, fill[:16], got, want)
+			}
+		}
+	}
+}
+
+// TestFastSegmentState holds what a TIP.PGE leaves for the packets after it
+// (fastPGE) to the slow path's (sameFast): the count toward a TRIG starts
+// at the TIP.PGE, not at the IP before the TIP.PGD (a TIP.PGD without one
+// counts its walk's instructions on); an enable after tracing went off
+// without a disable (an interrupt without an IP) is not a resume of the
+// disable before the TIP.PGE.
+func TestFastSegmentState(t *testing.T) {
+	mem := segCode()
+	for _, tc := range []struct {
+		name  string
+		after func(e *ptenc.Encoder)
+	}{
+		// The jump at 0x1000 and the nop at 0x1010, then the trigger
+		// (instruction count 2, no IP).
+		{"trig", func(e *ptenc.Encoder) { e.Raw(0xd9, 0x40, 0x02, 0x02, 0x00) }},
+		// A TIP.PGD and its TIP.PGE at the same IP (0x1010), then an
+		// interrupt without an IP (FUP, TIP suppressed: tracing goes
+		// off without a disable) at the jne, and a TIP.PGE at the
+		// same IP again: not a resume.
+		{"interrupt", func(e *ptenc.Encoder) {
+			e.IP(ptenc.TIPPGD, 0x1010)
+			e.IP(ptenc.TIPPGE, 0x1010)
+			e.IP(ptenc.FUP, 0x1011)
+			e.IPC(ptenc.TIP, 0, 0)
+			e.IP(ptenc.TIPPGE, 0x1010)
+		}},
+	} {
+		e := ptenc.New()
+		start(e, 0x1000)
+		e.IP(ptenc.TIPPGD, 0x1010)
+		e.IP(ptenc.TIPPGE, 0x1010)
+		e.TNT(0b110, 3)
+		e.IPC(ptenc.TIPPGD, 0, 0) // at the ret: no IP, the walk counts on
+		e.IP(ptenc.TIPPGE, 0x1000)
+		tc.after(e)
+		e.TNT(0b110, 3)
+		e.IPC(ptenc.TIPPGD, 0, 0)
+		for range 32 {
+			e.Pad()
+		}
+		for _, opts := range segOpts {
+			if c := sameFast(t, mem, e.Bytes(), opts); c.Errors != 0 {
+				t.Errorf("%s, %+v: counters %+v, want no error", tc.name, opts, c)
+			}
+		}
+	}
+}
