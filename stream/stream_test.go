@@ -1520,3 +1520,48 @@ func TestMemSpanStress(t *testing.T) {
 		t.Errorf("after Close and every release: %d buffers held, spare %v", len(s.memLent), s.spare != nil)
 	}
 }
+
+// TestMemSpanLastReleased checks a span of the last full chunk released
+// while that chunk is still last: its buffer is still the Stream's, so it
+// must not become the spare too (the next seal would take it for the
+// chunk being written while it is last: one buffer written as both),
+// and that Close lets go of the spare.
+func TestMemSpanLastReleased(t *testing.T) {
+	s := New(Options{Limit: 1 << 12, HardLimit: 1 << 16, Dir: t.TempDir()})
+	defer s.Close()
+	r := s.NewReader()
+	defer r.Close()
+	appendLines(s, "a", 0, 800) // one chunk sealed, kept as last
+	if len(s.chunks) != 1 {
+		t.Fatalf("%d chunks, want 1", len(s.chunks))
+	}
+	_, sp, lent, err := r.ReadSpan(make([]byte, 1<<20), 0)
+	if err != nil || !lent || sp.Mem == nil || unsafe.SliceData(sp.Mem) != unsafe.SliceData(s.last) {
+		t.Fatalf("read of the last chunk: %v lent %v, not a span of its buffer", err, lent)
+	}
+	sp.Release()
+	if s.spare != nil {
+		t.Fatal("the last chunk's buffer became the spare at its release")
+	}
+	appendLines(s, "b", 0, 1000) // sealed again
+	if unsafe.SliceData(s.cur[:1]) == unsafe.SliceData(s.last[:1]) {
+		t.Fatal("the chunk being written and the last one share a buffer")
+	}
+	if got, want := content(t, s), lines("a", 0, 800)+lines("b", 0, 1000); !strings.HasSuffix(want, got) || got == "" {
+		t.Errorf("content after the seal: %d bytes, not the end of what was appended", len(got))
+	}
+	// A buffer let go of while lent is the spare at its release, until
+	// Close, which keeps only the chunk being written.
+	_, sp, lent, err = r.ReadSpan(make([]byte, 1<<20), s.Size()-1)
+	if err != nil || !lent || sp.Mem == nil {
+		t.Fatalf("read of the chunk being written: %v lent %v", err, lent)
+	}
+	s.Truncate()
+	sp.Release()
+	if s.spare == nil {
+		t.Fatal("no spare after the release of a buffer let go of")
+	}
+	if err := s.Close(); err != nil || s.spare != nil {
+		t.Errorf("Close: %v; spare kept %v", err, s.spare != nil)
+	}
+}
