@@ -7,8 +7,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -156,4 +160,179 @@ func fdsUnder(t *testing.T, dir string) []string {
 		}
 	}
 	return open
+}
+
+// TestReadMemLent checks a read of the chunks still in memory: the handle
+// lends their bytes as go-fuse's vectored result (Slices, written with the
+// reply's header: no copy, no splice), and Done gives the buffer back, so
+// that sealing the next chunks reuses it rather than allocating a chunk
+// buffer per read (a lend never released would pin one each time).
+func TestReadMemLent(t *testing.T) {
+	const limit = 1 << 16 // a chunk
+	s := stream.New(stream.Options{Limit: limit, Dir: t.TempDir()})
+	defer s.Close()
+	r := s.NewReader()
+	defer r.Close()
+	h := &streamHandle{s: s, r: r}
+	line := []byte(strings.Repeat("x", 99) + "\n")
+	fill := func() { // two chunks sealed
+		for range 2 * limit / len(line) {
+			s.Append(line)
+		}
+	}
+	fill()
+	dest := make([]byte, 1<<20)
+	read := func() {
+		res, errno := h.Read(context.Background(), dest, s.Size()-int64(len(line)))
+		m, ok := res.(*memResult)
+		if !ok || errno != 0 {
+			t.Fatalf("read of the chunk being written: %T %v, want a *memResult", res, errno)
+		}
+		// go-fuse writes a result with Slices from its slices, as they are.
+		sl, st := m.Slices()
+		if !st.Ok() || len(sl) != 1 || !bytes.Equal(sl[0], line) || m.Size() != len(line) {
+			t.Fatalf("Slices %q %v, size %d; want %q", sl, st, m.Size(), line)
+		}
+		res.Done()
+	}
+	read()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	const rounds = 20
+	for range rounds {
+		read()
+		fill()
+	}
+	runtime.ReadMemStats(&after)
+	got := after.TotalAlloc - before.TotalAlloc
+	t.Logf("%d bytes allocated over %d reads and seals", got, rounds)
+	if got > rounds*limit/2 {
+		t.Error("lent chunk buffers not given back")
+	}
+}
+
+// tailLine is line i of TestReadTailMounted: a number and a payload that
+// depends on it, so that a torn or overwritten line shows.
+func tailLine(b []byte, i int) []byte {
+	b = fmt.Appendf(b, "%08d ", i)
+	for k := range i%97 + 1 {
+		b = append(b, byte('a'+(i+k)%26))
+	}
+	return append(b, '\n')
+}
+
+// TestReadTailMounted has readers of the mount follow a records file while
+// the appender writes it, `: >` empties it now and then and the stream is
+// closed at the end: go-fuse writes the lent bytes of the chunks in memory
+// after the read returned, while the appender goes on in the same buffer,
+// so every line read must be whole and in order (gap lines count what was
+// skipped).
+func TestReadTailMounted(t *testing.T) {
+	tg := newFakeTarget("t", "/bin/true")
+	tg.records.Close()
+	tg.records = stream.New(stream.Options{Limit: 1 << 16, HardLimit: 1 << 18, Dir: t.TempDir()})
+	mnt := mountFake(t, newFakeTracer(tg))
+	path := filepath.Join(mnt, "t", "records")
+	// truncs is odd while a truncation is under way.
+	var truncs atomic.Int64
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(done)
+		var b []byte
+		for i := range 300000 {
+			b = tailLine(b[:0], i)
+			tg.records.Append(b)
+			if i%50000 == 49999 {
+				truncs.Add(1)
+				if err := os.Truncate(path, 0); err != nil {
+					t.Error(err)
+				}
+				truncs.Add(1)
+			}
+		}
+	}()
+	var lines atomic.Int64
+	for k := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f, err := os.Open(path)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer f.Close()
+			buf := make([]byte, 4<<10<<(3*k)) // 4 KiB, 32 KiB, 256 KiB
+			next, off, seen := -1, int64(0), int64(0)
+			var lastGap []byte
+			for {
+				tr := truncs.Load()
+				if tr != seen || tr%2 == 1 {
+					// Emptied since the last read: start over.
+					next, off, seen = -1, 0, tr
+				}
+				// One pread, as a reader of the file does (os.File's
+				// ReadAt would go on to fill buf, ending in a line's
+				// part).
+				n, err := syscall.Pread(int(f.Fd()), buf, off)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if truncs.Load() != tr {
+					continue // emptied meanwhile
+				}
+				p := buf[:n]
+				for len(p) > 0 {
+					i := bytes.IndexByte(p, '\n')
+					if i < 0 {
+						t.Errorf("read ends inside a line: %.60q", p)
+						return
+					}
+					l := p[:i+1]
+					p = p[i+1:]
+					var lost int
+					if _, err := fmt.Sscanf(string(l), "lost: records=%d reason=bound\n", &lost); err == nil {
+						if next >= 0 { // else the count is since the last `: >`
+							next += lost
+						}
+						lastGap = l
+						continue
+					}
+					num, err := strconv.Atoi(string(l[:min(8, len(l))]))
+					if want := tailLine(nil, num); err != nil || !bytes.Equal(l, want) {
+						t.Errorf("torn or overwritten line: %.60q", l)
+						return
+					}
+					if next >= 0 && num != next {
+						t.Errorf("line %d after line %d (last gap %q, at %d)", num, next-1, lastGap, off)
+						return
+					}
+					next = num + 1
+					lines.Add(1)
+				}
+				off += int64(n)
+				if n == 0 {
+					select {
+					case <-done:
+						return
+					default:
+						time.Sleep(100 * time.Microsecond)
+					}
+				}
+			}
+		}()
+	}
+	<-done
+	if err := tg.records.Close(); err != nil {
+		t.Error(err)
+	}
+	wg.Wait()
+	t.Logf("%d lines read", lines.Load())
+	if lines.Load() == 0 {
+		t.Error("no line read")
+	}
 }

@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -1490,5 +1492,241 @@ func TestSpanConcurrent(t *testing.T) {
 	t.Logf("%d spans lent", spans)
 	if got := countFDs(t); got != fds {
 		t.Errorf("%d fds after Close, %d before", got, fds)
+	}
+}
+
+// stressLine is line i of TestMemSpanStress: its number and a payload
+// that depends on it, so that a reader can tell a line from a torn or
+// overwritten one.
+func stressLine(b []byte, i int) []byte {
+	b = fmt.Appendf(b, "%08d ", i)
+	for k := range i%41 + 1 {
+		b = append(b, byte('a'+(i+k)%26))
+	}
+	return append(b, '\n')
+}
+
+// checkStressLines checks that p is whole lines of stressLine or gap
+// lines, numbered on from *next (-1: any) with each gap's count skipped,
+// and moves *next past them.
+func checkStressLines(p []byte, next *int) error {
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			return fmt.Errorf("a read ends inside a line: %.60q", p)
+		}
+		l := p[:i+1]
+		p = p[i+1:]
+		if n, ok := gapCount(string(l[:len(l)-1])); ok {
+			if *next >= 0 {
+				*next += int(n)
+			}
+			continue
+		}
+		num, err := strconv.Atoi(string(l[:min(8, len(l))]))
+		if err != nil {
+			return fmt.Errorf("not a line: %.60q", l)
+		}
+		if want := stressLine(nil, num); !bytes.Equal(l, want) {
+			return fmt.Errorf("line %d torn or overwritten: %.60q, want %.60q", num, l, want)
+		}
+		if *next >= 0 && num != *next {
+			return fmt.Errorf("line %d after line %d", num, *next-1)
+		}
+		*next = num + 1
+	}
+	return nil
+}
+
+// TestMemSpanStress has readers follow the tail with ReadSpan, holding
+// the spans a while (as go-fuse does until its writev is done), while the
+// appender writes lines with Append and in place (Tail, Commit), chunks
+// are sealed and discarded, the stream is truncated and at last closed:
+// every span's bytes must stay what they were when lent until released,
+// and be whole lines of what was written, in order; under -race, the
+// readers' reads of lent bytes against the appender's writes show any
+// overlap. At the end no buffer is still held.
+func TestMemSpanStress(t *testing.T) {
+	s := New(Options{Limit: 1 << 12, HardLimit: 1 << 14, Dir: t.TempDir()})
+	const readers = 4
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the appender
+		defer wg.Done()
+		var scratch []byte
+		for i := 0; i < 200000; i++ {
+			if i%3 == 0 {
+				// In place; a line that does not fit the tail is
+				// formatted elsewhere and appended.
+				tail := s.Tail()
+				line := stressLine(tail, i)
+				if cap(line) != cap(tail) {
+					scratch = stressLine(scratch[:0], i)
+					line = scratch
+				}
+				s.Commit(line, 1)
+			} else {
+				scratch = stressLine(scratch[:0], i)
+				s.Append(scratch)
+			}
+			if i%5000 == 4999 {
+				runtime.Gosched()
+			}
+		}
+		close(done)
+	}()
+	wg.Add(1)
+	go func() { // `: > records` now and then
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(3 * time.Millisecond):
+				s.Truncate()
+			}
+		}
+	}()
+	type held struct {
+		sp   Span
+		when []byte
+	}
+	var lentMem, lentFile atomic.Int64
+	for k := range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := s.NewReader()
+			defer r.Close()
+			buf := make([]byte, 64<<k) // 64 B to 512 B: more than a line
+			var hold []held
+			release := func(h held) {
+				now := make([]byte, h.sp.N)
+				if _, err := h.sp.ReadAt(now); err != nil {
+					t.Error(err)
+				} else if !bytes.Equal(now, h.when) {
+					t.Errorf("lent bytes changed before their release: %.60q, lent as %.60q", now, h.when)
+				}
+				h.sp.Release()
+			}
+			defer func() {
+				for _, h := range hold {
+					release(h)
+				}
+			}()
+			var off int64
+			next, resets := -1, s.Resets()
+			for {
+				n, sp, lent, err := r.ReadSpan(buf, off)
+				if errors.Is(err, ErrClosed) {
+					return
+				}
+				if err != nil && !errors.Is(err, io.EOF) {
+					t.Error(err)
+					return
+				}
+				got := buf[:n]
+				if lent {
+					got = make([]byte, sp.N)
+					if _, err := sp.ReadAt(got); err != nil {
+						t.Error(err)
+						return
+					}
+					if sp.Mem != nil {
+						lentMem.Add(1)
+					} else {
+						lentFile.Add(1)
+					}
+					hold = append(hold, held{sp, got})
+				}
+				if now := s.Resets(); now != resets {
+					// Truncated meanwhile: what was read may start
+					// inside a line. Start over, as tail -F does.
+					resets, off, next = now, 0, -1
+				} else if err := checkStressLines(got, &next); err != nil {
+					t.Error(err)
+					return
+				} else {
+					off += int64(n)
+				}
+				if len(hold) > k+1 {
+					release(hold[0])
+					hold = slices.Delete(hold, 0, 1)
+				}
+				if n == 0 {
+					select {
+					case <-done:
+						if len(hold) > 0 {
+							continue // read what is left while holding spans
+						}
+						return
+					default:
+						runtime.Gosched()
+					}
+				}
+			}
+		}()
+	}
+	// Close while readers still hold spans.
+	<-done
+	time.Sleep(time.Millisecond)
+	if err := s.Close(); err != nil {
+		t.Error(err)
+	}
+	wg.Wait()
+	t.Logf("spans lent: %d of memory, %d of the file", lentMem.Load(), lentFile.Load())
+	if lentMem.Load() == 0 {
+		t.Error("no read of memory was lent")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.memLent) != 0 || s.spare != nil {
+		t.Errorf("after Close and every release: %d buffers held, spare %v", len(s.memLent), s.spare != nil)
+	}
+}
+
+// TestMemSpanLastReleased checks a span of the last full chunk released
+// while that chunk is still last: its buffer is still the Stream's, so it
+// must not become the spare too (the next seal would take it for the
+// chunk being written while it is last: one buffer written as both),
+// and that Close lets go of the spare.
+func TestMemSpanLastReleased(t *testing.T) {
+	s := New(Options{Limit: 1 << 12, HardLimit: 1 << 16, Dir: t.TempDir()})
+	defer s.Close()
+	r := s.NewReader()
+	defer r.Close()
+	appendLines(s, "a", 0, 800) // one chunk sealed, kept as last
+	if len(s.chunks) != 1 {
+		t.Fatalf("%d chunks, want 1", len(s.chunks))
+	}
+	_, sp, lent, err := r.ReadSpan(make([]byte, 1<<20), 0)
+	if err != nil || !lent || sp.Mem == nil || unsafe.SliceData(sp.Mem) != unsafe.SliceData(s.last) {
+		t.Fatalf("read of the last chunk: %v lent %v, not a span of its buffer", err, lent)
+	}
+	sp.Release()
+	if s.spare != nil {
+		t.Fatal("the last chunk's buffer became the spare at its release")
+	}
+	appendLines(s, "b", 0, 1000) // sealed again
+	if unsafe.SliceData(s.cur[:1]) == unsafe.SliceData(s.last[:1]) {
+		t.Fatal("the chunk being written and the last one share a buffer")
+	}
+	if got, want := content(t, s), lines("a", 0, 800)+lines("b", 0, 1000); !strings.HasSuffix(want, got) || got == "" {
+		t.Errorf("content after the seal: %d bytes, not the end of what was appended", len(got))
+	}
+	// A buffer let go of while lent is the spare at its release, until
+	// Close, which keeps only the chunk being written.
+	_, sp, lent, err = r.ReadSpan(make([]byte, 1<<20), s.Size()-1)
+	if err != nil || !lent || sp.Mem == nil {
+		t.Fatalf("read of the chunk being written: %v lent %v", err, lent)
+	}
+	s.Truncate()
+	sp.Release()
+	if s.spare == nil {
+		t.Fatal("no spare after the release of a buffer let go of")
+	}
+	if err := s.Close(); err != nil || s.spare != nil {
+		t.Errorf("Close: %v; spare kept %v", err, s.spare != nil)
 	}
 }
