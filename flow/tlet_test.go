@@ -1,10 +1,12 @@
 package flow
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"testing"
 
+	"ptfs/decode"
 	"ptfs/decode/ptenc"
 )
 
@@ -96,7 +98,7 @@ func recurseTrace(r *rand.Rand, rounds, maxDepth int, odd bool) []byte {
 // traces made to meet their edges: compressed returns between TNT.8
 // packets, return stacks past their depth, other 1-byte and multi-byte
 // packets (with TNT.8 values in them) between them, batches that fill
-// anywhere, a MaxInsns at and below tletBudget, a Handler that drops the
+// anywhere, a MaxInsns at and below tletBudget, a clock, a Handler that drops the
 // block cache in every call; and each trace cut at every length, a
 // sub-slice with TNT.8 packets in its spare capacity.
 func TestTletSameFlow(t *testing.T) {
@@ -108,7 +110,7 @@ func TestTletSameFlow(t *testing.T) {
 	}{{3, false}, {12, false}, {12, true}, {100, true}} {
 		trace := recurseTrace(r, 200, tc.maxDepth, tc.odd)
 		t.Run(fmt.Sprintf("%d/depth%d/odd%v", i, tc.maxDepth, tc.odd), func(t *testing.T) {
-			for _, opts := range []Options{{}, {MaxInsns: tletBudget}, {MaxInsns: tletBudget - 1}, {ResyncOnError: true}} {
+			for _, opts := range []Options{{}, {MaxInsns: tletBudget}, {MaxInsns: tletBudget - 1}, {ResyncOnError: true}, {Time: &decode.ClockConfig{CPUID15EAX: 1, CPUID15EBX: 2}}} {
 				if c := sameFast(t, mem, trace, opts); c.Errors != 0 {
 					t.Fatalf("%+v: counters %+v: the trace is not the code's", opts, c)
 				}
@@ -173,5 +175,48 @@ func TestTletDropClears(t *testing.T) {
 		if d.cache.runs.tlets[i] != (tlet{}) || d.cache.runs.tletSeen[i] != 0 {
 			t.Fatalf("slot %d kept after a drop", i)
 		}
+	}
+}
+
+// TestTletBudget holds a tracelet's MaxInsns bound to the walk's: two
+// TNT.8 packets of a bit each, each bit's je behind runJumps jumps through
+// blocks of maxBlock instructions, then a jmp . that ends in the MaxInsns
+// error before a TIP, with MaxInsns around a run's count (the tracelet not taken) and
+// around tletBudget (taken: the budget after it is MaxInsns less its last
+// run's steps, as the error's instruction count tells).
+func TestTletBudget(t *testing.T) {
+	var code []byte
+	for range 2 {
+		for i := range runJumps + 1 {
+			code = append(code, bytes.Repeat([]byte{0x90}, maxBlock-1)...)
+			if i < runJumps {
+				code = append(code, 0xeb, 0) // jmp .+2
+			} else {
+				code = append(code, 0x74, 0) // je .+2
+			}
+		}
+	}
+	code = append(code, 0xeb, 0xfe) // jmp .
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1000)
+	e.TNT(1, 1)
+	e.TNT(0, 1)
+	e.IP(ptenc.TIP, 0x1000) // for an indirect branch the jmp . never reaches
+	for range 32 {
+		e.Pad()
+	}
+	const most = (runJumps + 1) * maxBlock
+	for _, maxInsns := range []int{most - 1, most, most + 1, tletBudget - 1, tletBudget, tletBudget + 1} {
+		c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: maxInsns})
+		if c.Errors != 1 {
+			t.Errorf("MaxInsns %d: counters %+v, want the MaxInsns error", maxInsns, c)
+		}
+	}
+	d := New(mem, Options{MaxInsns: tletBudget, NoInsns: true})
+	d.Decode(e.Bytes(), &counter{})
+	d.Decode(e.Bytes(), &counter{})
+	if tletsKept(d) != 1 {
+		t.Errorf("%d tracelets of 2 bytes kept, want 1", tletsKept(d))
 	}
 }
