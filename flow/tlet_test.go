@@ -23,8 +23,8 @@ var recurseCode = []byte{
 // depth up to maxDepth each time round: runs of TNT.8 packets (1 to 6
 // bits each, a TNT.64 now and then) whose bits take calls, returns
 // compressed while the return stack holds them and TIPs past its depth,
-// with PADs, 1-byte CYCs, and MTCs and TSCs whose payload bytes are TNT.8
-// values between them when odd is set.
+// with PADs, 1-byte CYCs, TRIGs, and MTCs and TSCs whose payload bytes are
+// TNT.8 values between them when odd is set.
 func recurseTrace(r *rand.Rand, rounds, maxDepth int, odd bool) []byte {
 	e := ptenc.New()
 	start(e, 0x1010)
@@ -34,7 +34,11 @@ func recurseTrace(r *rand.Rand, rounds, maxDepth int, odd bool) []byte {
 		if !odd || r.IntN(4) != 0 {
 			return
 		}
-		switch r.IntN(4) {
+		switch r.IntN(5) {
+		case 4:
+			// A TRIG, its instruction count from the last IP
+			// reference (a bit the tracelet took).
+			e.Raw(0xd9, 0x40, 0x01, byte(r.IntN(4)), 0x00)
 		case 0:
 			e.Pad()
 		case 1:
