@@ -539,7 +539,10 @@ func (d *Decoder) kernel() (why int) {
 									}
 								}
 							}
-							d.sinceRef, budget = 0, d.opts.MaxInsns-int(t.steps)
+							// Its last run ends at its last bit (a run
+							// taking its bits whole walks no step
+							// after them): the budget is whole.
+							d.sinceRef, budget = 0, d.opts.MaxInsns
 							d.c.Insns += uint64(t.insns)
 							d.errIP = t.errIP
 							b = t.end

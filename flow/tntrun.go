@@ -253,7 +253,6 @@ type tlet struct {
 	end   *block
 	errIP uint64
 	insns uint32
-	steps uint16 // the last run's
 	// m is the runs (bytes) it takes: those of key from the first on
 	// that give a run taking its bits whole; 0, none (the kernel reads
 	// the bytes one by one).
@@ -266,7 +265,8 @@ const tletMax = 8
 
 // tletBudget is the least budget at which the kernel takes a tracelet: a
 // budget and MaxInsns of 2^17 or more pass every run's checks unread
-// (after a run the budget is MaxInsns less its steps, at most 1,088).
+// (a run taking its bits whole ends at its last bit: the budget after
+// each is MaxInsns).
 const tletBudget = 1 << 17
 
 // recentTlets is the size of runCache.tlets (a direct-mapped cache: 90%
@@ -339,7 +339,7 @@ func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 		t.runs[j] = r
 		t.m++
 		t.insns += uint32(r.insns)
-		t.end, t.errIP, t.steps = r.end, r.errIP, r.steps
+		t.end, t.errIP = r.end, r.errIP
 		s = r.end
 	}
 }

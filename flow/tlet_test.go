@@ -1,0 +1,226 @@
+package flow
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"ptfs/decode"
+	"ptfs/decode/ptenc"
+)
+
+// recurseCode is f, which calls itself while its je is not taken, and
+// main, which calls f while its jne is taken:
+//
+//	0x1000: je 0x1007; call 0x1000; 0x1007: ret
+//	0x1010: call 0x1000; 0x1015: jne 0x1010; ret
+var recurseCode = []byte{
+	0x74, 0x05, 0xe8, 0xf9, 0xff, 0xff, 0xff, 0xc3, 0x10: 0xe8, 0xeb, 0xff, 0xff, 0xff, 0x75, 0xf9, 0xc3,
+}
+
+// recurseTrace returns a trace of recurseCode from main, f recursing to a
+// depth up to maxDepth each time round: runs of TNT.8 packets (1 to 6
+// bits each, a TNT.64 now and then) whose bits take calls, returns
+// compressed while the return stack holds them and TIPs past its depth,
+// with PADs, 1-byte CYCs, TRIGs, and MTCs and TSCs whose payload bytes are
+// TNT.8 values between them when odd is set.
+func recurseTrace(r *rand.Rand, rounds, maxDepth int, odd bool) []byte {
+	e := ptenc.New()
+	start(e, 0x1010)
+	var bits uint64 // pending, the oldest in the top of the n
+	n := 0
+	between := func() {
+		if !odd || r.IntN(4) != 0 {
+			return
+		}
+		switch r.IntN(5) {
+		case 4:
+			// A TRIG, its instruction count from the last IP
+			// reference (a bit the tracelet took).
+			e.Raw(0xd9, 0x40, 0x01, byte(r.IntN(4)), 0x00)
+		case 0:
+			e.Pad()
+		case 1:
+			e.CYC(uint64(r.IntN(32)))
+		case 2:
+			e.MTC([]byte{0x04, 0x06, 0xfe, 0x80}[r.IntN(4)])
+		default:
+			e.TSC(0x0406fe800c0604)
+		}
+	}
+	flush := func(all bool) {
+		for n > 0 && (all || n >= 6) {
+			k := min(n, 1+r.IntN(6))
+			if odd && n >= 8 && r.IntN(8) == 0 {
+				k = min(n, 7+r.IntN(40))
+			}
+			e.TNT(bits>>(n-k), k)
+			n -= k
+			bits &= 1<<n - 1
+			between()
+		}
+	}
+	bit := func(b uint64) {
+		bits, n = bits<<1|b, n+1
+		if n >= 47 {
+			flush(false)
+		}
+	}
+	sp := 0
+	ret := func(to uint64) {
+		if sp > 0 {
+			sp--
+			bit(1)
+			return
+		}
+		flush(true)
+		e.IP(ptenc.TIP, to)
+	}
+	for range rounds {
+		sp = min(sp+1, retStackSize) // main's call
+		depth := r.IntN(maxDepth + 1)
+		for range depth {
+			bit(0)
+			sp = min(sp+1, retStackSize)
+		}
+		bit(1)
+		for range depth {
+			ret(0x1007)
+		}
+		ret(0x1015)
+		bit(1) // main's jne
+	}
+	flush(true)
+	for range 32 {
+		e.Pad()
+	}
+	return e.Bytes()
+}
+
+// TestTletSameFlow holds the flow through tracelets to the slow path's on
+// traces made to meet their edges: compressed returns between TNT.8
+// packets, return stacks past their depth, other 1-byte and multi-byte
+// packets (with TNT.8 values in them) between them, batches that fill
+// anywhere, a MaxInsns at and below tletBudget, a clock, a Handler that drops the
+// block cache in every call; and each trace cut at every length, a
+// sub-slice with TNT.8 packets in its spare capacity.
+func TestTletSameFlow(t *testing.T) {
+	mem := &blob{base: 0x1000, code: recurseCode}
+	r := rand.New(rand.NewPCG(17, 11))
+	for i, tc := range []struct {
+		maxDepth int
+		odd      bool
+	}{{3, false}, {12, false}, {12, true}, {100, true}} {
+		trace := recurseTrace(r, 200, tc.maxDepth, tc.odd)
+		t.Run(fmt.Sprintf("%d/depth%d/odd%v", i, tc.maxDepth, tc.odd), func(t *testing.T) {
+			for _, opts := range []Options{{}, {MaxInsns: tletBudget}, {MaxInsns: tletBudget - 1}, {ResyncOnError: true}, {Time: &decode.ClockConfig{CPUID15EAX: 1, CPUID15EBX: 2}}} {
+				if c := sameFast(t, mem, trace, opts); c.Errors != 0 {
+					t.Fatalf("%+v: counters %+v: the trace is not the code's", opts, c)
+				}
+			}
+			d := New(mem, Options{NoInsns: true})
+			d.Decode(trace, &counter{})
+			d.Decode(trace, &counter{})
+			if tletsKept(d) == 0 {
+				t.Fatal("no tracelet of 2 bytes or more kept: they went untested")
+			}
+			// Drops in every Handler call: the kernel goes on in the
+			// old blocks, with tracelets made anew.
+			ds, df := New(mem, Options{NoInsns: true}), New(mem, Options{NoInsns: true})
+			ds.fp.off = true
+			for pass := range 2 {
+				var slow fullLog
+				fast := oldLog{edgeLog: edgeLog{t: t}, d: df}
+				ds.c, df.c = Counters{}, Counters{}
+				ds.Decode(trace, &slow)
+				df.Decode(trace, &fast)
+				sameLogs(t, pass, ds, df, &slow, &fast.fullLog)
+			}
+			if tc.maxDepth > 12 || testing.Short() {
+				return
+			}
+			for n := range len(trace) {
+				buf := make([]byte, n, n+16)
+				copy(buf, trace)
+				for j := n; j < cap(buf); j++ {
+					buf[:cap(buf)][j] = 0x04 << (j % 5) // TNT.8 bytes
+				}
+				sameFast(t, mem, buf, Options{})
+			}
+		})
+	}
+}
+
+// tletsKept is how many of d's tracelets take 2 bytes or more.
+func tletsKept(d *Decoder) int {
+	n := 0
+	for i := range d.cache.runs.tlets {
+		if d.cache.runs.tlets[i].m >= 2 {
+			n++
+		}
+	}
+	return n
+}
+
+// TestTletDropClears: a drop of the block cache leaves no tracelet (nor a
+// miss mark), so that none keeps the dropped blocks and runs alive.
+func TestTletDropClears(t *testing.T) {
+	mem := &blob{base: 0x1000, code: recurseCode}
+	trace := recurseTrace(rand.New(rand.NewPCG(1, 2)), 200, 12, false)
+	d := New(mem, Options{NoInsns: true})
+	d.Decode(trace, &counter{})
+	d.Decode(trace, &counter{})
+	if tletsKept(d) == 0 {
+		t.Fatal("no tracelet of 2 bytes or more kept: the drop went untested")
+	}
+	d.MemoryChanged()
+	for i := range d.cache.runs.tlets {
+		if d.cache.runs.tlets[i] != (tlet{}) || d.cache.runs.tletSeen[i] != 0 {
+			t.Fatalf("slot %d kept after a drop", i)
+		}
+	}
+}
+
+// TestTletBudget holds a tracelet's MaxInsns bound to the walk's: two
+// TNT.8 packets of a bit each, each bit's je behind runJumps jumps through
+// blocks of maxBlock instructions, then a jmp . that ends in the MaxInsns
+// error before a TIP, with MaxInsns around a run's count (the tracelet not taken) and
+// around tletBudget (taken: the budget after it is MaxInsns less its last
+// run's steps, as the error's instruction count tells).
+func TestTletBudget(t *testing.T) {
+	var code []byte
+	for range 2 {
+		for i := range runJumps + 1 {
+			code = append(code, bytes.Repeat([]byte{0x90}, maxBlock-1)...)
+			if i < runJumps {
+				code = append(code, 0xeb, 0) // jmp .+2
+			} else {
+				code = append(code, 0x74, 0) // je .+2
+			}
+		}
+	}
+	code = append(code, 0xeb, 0xfe) // jmp .
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1000)
+	e.TNT(1, 1)
+	e.TNT(0, 1)
+	e.IP(ptenc.TIP, 0x1000) // for an indirect branch the jmp . never reaches
+	for range 32 {
+		e.Pad()
+	}
+	const most = (runJumps + 1) * maxBlock
+	for _, maxInsns := range []int{most - 1, most, most + 1, tletBudget - 1, tletBudget, tletBudget + 1} {
+		c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: maxInsns})
+		if c.Errors != 1 {
+			t.Errorf("MaxInsns %d: counters %+v, want the MaxInsns error", maxInsns, c)
+		}
+	}
+	d := New(mem, Options{MaxInsns: tletBudget, NoInsns: true})
+	d.Decode(e.Bytes(), &counter{})
+	d.Decode(e.Bytes(), &counter{})
+	if tletsKept(d) != 1 {
+		t.Errorf("%d tracelets of 2 bytes kept, want 1", tletsKept(d))
+	}
+}
