@@ -166,8 +166,11 @@ func (s *Stream) Append(p []byte) {
 	s.mu.Lock()
 	if len(s.cur)+len(p) <= s.chunkSize && p[len(p)-1] == '\n' && cap(s.cur) > 0 {
 		// Common case: one or more whole lines that fit the chunk.
-		s.cur = append(s.cur, p...)
+		// Counted before the copy: Commit's p may lie in cur's buffer
+		// past its end (Tail's bytes, after Truncate emptied cur), and
+		// the copy to cur's start then writes over p's first bytes.
 		s.lines += uint64(bytes.Count(p, newline))
+		s.cur = append(s.cur, p...)
 	} else {
 		s.appendLines(p)
 	}
@@ -225,8 +228,10 @@ func (s *Stream) appendLines(p []byte) {
 		// A batch of lines (the record path's) fills the chunk with one
 		// copy.
 		if n := bytes.LastIndexByte(p[:min(len(p), s.chunkSize-len(s.cur))], '\n') + 1; n > 0 {
-			s.cur = append(s.cur, p[:n]...)
+			// Counted before the copy, as in Append: p may overlap
+			// where it goes.
 			s.lines += uint64(bytes.Count(p[:n], newline))
+			s.cur = append(s.cur, p[:n]...)
 			p = p[n:]
 			continue
 		}
