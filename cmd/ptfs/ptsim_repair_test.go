@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -82,7 +83,7 @@ func readPtsimImage(dir string) (*ptsimImage, error) {
 			s.regions = append(s.regions, r)
 		}
 		anon = nil
-		slices.SortFunc(s.regions, func(a, b ptsimRegion) int { return cmpU64(a.start, b.start) })
+		slices.SortFunc(s.regions, func(a, b ptsimRegion) int { return cmp.Compare(a.start, b.start) })
 		return nil
 	}
 	sc := bufio.NewScanner(f)
@@ -148,16 +149,6 @@ func readPtsimImage(dir string) (*ptsimImage, error) {
 		return nil, errors.New("maps.txt: no snapshot at instruction 0")
 	}
 	return im, nil
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // parseRange parses maps' hexadecimal START-END.
