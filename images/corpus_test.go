@@ -150,48 +150,6 @@ func TestLibxdcPageDump(t *testing.T) {
 	}
 }
 
-// snapshots parses a ptsim maps.txt: its /proc/PID/maps snapshots and the
-// dumps of mappings without a file.
-func snapshots(t *testing.T, path string) (snaps [][]MapsEntry, dumps map[uint64]string) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dumps = map[uint64]string{}
-	var cur []byte
-	flush := func() {
-		if cur == nil {
-			return
-		}
-		e, err := ParseMaps(cur)
-		if err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		snaps = append(snaps, e)
-		cur = nil
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		switch {
-		case strings.HasPrefix(line, "# snapshot"):
-			flush()
-			cur = []byte{}
-		case strings.HasPrefix(line, "# dump "):
-			f := strings.Fields(line)
-			start, _, _ := strings.Cut(f[2], "-")
-			a, err := strconv.ParseUint(start, 16, 64)
-			if err != nil || len(f) != 4 {
-				t.Fatalf("%s: bad dump line %q", path, line)
-			}
-			dumps[a] = f[3]
-		default:
-			cur = append(append(cur, line...), '\n')
-		}
-	}
-	flush()
-	return snaps, dumps
-}
-
 // TestPtsimMaps builds the memory of the ptsim runs from their maps
 // snapshots (flow-static from the corpus, the vDSO from its dump) and
 // checks every recorded control transfer against the code read there:
@@ -205,9 +163,22 @@ func TestPtsimMaps(t *testing.T) {
 	}
 	for _, run := range runs {
 		t.Run(filepath.Base(run), func(t *testing.T) {
-			snaps, dumps := snapshots(t, filepath.Join(run, "maps.txt"))
-			if len(snaps) == 0 || len(dumps) != 1 {
-				t.Fatalf("%d snapshots, %d dumps", len(snaps), len(dumps))
+			text, err := os.ReadFile(filepath.Join(run, "maps.txt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			snaps, err := ParseMapsSnapshots(text)
+			if err != nil || len(snaps) == 0 {
+				t.Fatalf("%d snapshots, %v", len(snaps), err)
+			}
+			dumps := map[uint64]string{}
+			for _, s := range snaps {
+				for _, d := range s.Dumps {
+					dumps[d.Start] = d.File
+				}
+			}
+			if len(dumps) != 1 {
+				t.Fatalf("%d dumps", len(dumps))
 			}
 			// The vDSO dump is an ELF image: read as one, it has symbols.
 			var vdso *ELF
@@ -232,7 +203,7 @@ func TestPtsimMaps(t *testing.T) {
 			const pid = 1000
 			p.Exec(pid)
 			for _, snap := range snaps {
-				if err := p.MapMaps(pid, snap); err != nil {
+				if err := p.MapMaps(pid, snap.Maps); err != nil {
 					t.Fatal(err)
 				}
 			}

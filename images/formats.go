@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"iter"
 	"strconv"
 	"strings"
 	"syscall"
@@ -137,20 +138,12 @@ type MapsEntry struct {
 
 // ParseMaps parses the text of /proc/PID/maps: "START-END PERMS OFFSET
 // MAJ:MIN INODE [PATH]" a line, numbers in hex, the path the rest of the
-// line after its padding. Empty lines are skipped.
+// line after its padding. Empty lines are skipped; a line may end in
+// "\r\n".
 func ParseMaps(data []byte) ([]MapsEntry, error) {
 	var out []MapsEntry
-	for n := 1; len(data) > 0; n++ {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
-		if len(bytes.TrimSpace(line)) == 0 {
-			continue
-		}
-		e, err := parseMapsLine(string(line))
+	for n, line := range mapsLines(data) {
+		e, err := parseMapsLine(line)
 		if err != nil {
 			return nil, fmt.Errorf("%w: maps line %d: %w", ErrSyntax, n, err)
 		}
@@ -159,17 +152,113 @@ func ParseMaps(data []byte) ([]MapsEntry, error) {
 	return out, nil
 }
 
-// ParseMapsSnapshots parses maps text with '#' comment lines between the
-// snapshots (ptsim's maps.txt, `ptfs decode --branches --maps`): the
-// comments are skipped, the rest is ParseMaps's.
-func ParseMapsSnapshots(data []byte) ([]MapsEntry, error) {
-	var keep []byte
-	for line := range bytes.Lines(data) {
-		if !bytes.HasPrefix(line, []byte("#")) {
-			keep = append(keep, line...)
+// MapsSnapshot is one snapshot of a maps file (ptsim's maps.txt): the
+// mappings in force from instruction Index on, and the dumps named while
+// it was the last snapshot.
+type MapsSnapshot struct {
+	// Index is the first instruction the snapshot applies to.
+	Index uint64
+	// Maps are its /proc/PID/maps lines, in order.
+	Maps []MapsEntry
+	// Dumps are its "# dump" lines, in order.
+	Dumps []MapsDump
+}
+
+// MapsDump is a "# dump START-END FILE" line: FILE, a name relative to the
+// maps file's directory, holds the bytes of [Start, End).
+type MapsDump struct {
+	Start, End uint64
+	File       string
+}
+
+// ParseMapsSnapshots parses a maps file of snapshots (ptsim's maps.txt,
+// `ptfs decode --branches --maps`): a "# snapshot INDEX [REASON]" line
+// starts a snapshot (INDEX decimal, not below the one before); ParseMaps's
+// lines and "# dump START-END FILE" lines (START-END as in maps) belong to
+// the last one. Mappings before any header are a snapshot at index 0, so
+// plain /proc/PID/maps text is one snapshot; a dump before any snapshot is
+// refused. Other '#' lines are comments. Empty lines are skipped; a line
+// may end in "\r\n". Empty text has no snapshots.
+func ParseMapsSnapshots(data []byte) ([]MapsSnapshot, error) {
+	var snaps []MapsSnapshot
+	for n, line := range mapsLines(data) {
+		var err error
+		if snaps, err = addSnapshotLine(snaps, line); err != nil {
+			return nil, fmt.Errorf("%w: maps line %d: %w", ErrSyntax, n, err)
 		}
 	}
-	return ParseMaps(keep)
+	return snaps, nil
+}
+
+// AllMaps returns the maps lines of every snapshot, in order: mapped one
+// after the other (a later line wins where they overlap), the memory that
+// any of them showed.
+func AllMaps(snaps []MapsSnapshot) []MapsEntry {
+	var out []MapsEntry
+	for _, s := range snaps {
+		out = append(out, s.Maps...)
+	}
+	return out
+}
+
+// addSnapshotLine adds one line of ParseMapsSnapshots to snaps.
+func addSnapshotLine(snaps []MapsSnapshot, line string) ([]MapsSnapshot, error) {
+	comment, isComment := strings.CutPrefix(line, "#")
+	if !isComment {
+		e, err := parseMapsLine(line)
+		if err != nil {
+			return snaps, err
+		}
+		if len(snaps) == 0 {
+			// Plain /proc/PID/maps text: what it shows holds from the start.
+			snaps = append(snaps, MapsSnapshot{})
+		}
+		s := &snaps[len(snaps)-1]
+		s.Maps = append(s.Maps, e)
+		return snaps, nil
+	}
+	word, rest, _ := strings.Cut(strings.TrimLeft(comment, " "), " ")
+	rest = strings.TrimLeft(rest, " ")
+	switch word {
+	case "snapshot":
+		num, _, _ := strings.Cut(rest, " ")
+		idx, err := strconv.ParseUint(num, 10, 64)
+		if err != nil {
+			return snaps, fmt.Errorf("%q: want # snapshot INDEX [REASON]", line)
+		}
+		if k := len(snaps); k > 0 && idx < snaps[k-1].Index {
+			return snaps, fmt.Errorf("%q: index below the previous snapshot's %d", line, snaps[k-1].Index)
+		}
+		return append(snaps, MapsSnapshot{Index: idx}), nil
+	case "dump":
+		rng, file, _ := strings.Cut(rest, " ")
+		file = strings.TrimSpace(file)
+		start, end, err := parseRange(rng)
+		if err != nil || file == "" {
+			return snaps, fmt.Errorf("%q: want # dump START-END FILE", line)
+		}
+		if len(snaps) == 0 {
+			return snaps, fmt.Errorf("%q: a dump before any snapshot", line)
+		}
+		s := &snaps[len(snaps)-1]
+		s.Dumps = append(s.Dumps, MapsDump{Start: start, End: end, File: file})
+	}
+	return snaps, nil
+}
+
+// mapsLines yields the lines of maps text that are not blank, without
+// their "\n" or "\r\n", with their numbers from 1.
+func mapsLines(data []byte) iter.Seq2[int, string] {
+	return func(yield func(int, string) bool) {
+		n := 0
+		for line := range bytes.Lines(data) {
+			n++
+			line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte("\n")), []byte("\r"))
+			if len(bytes.TrimSpace(line)) > 0 && !yield(n, string(line)) {
+				return
+			}
+		}
+	}
 }
 
 // parseMapsLine parses one line of ParseMaps.
@@ -187,12 +276,10 @@ func parseMapsLine(line string) (MapsEntry, error) {
 		rest = after
 	}
 	e.Path = strings.TrimLeft(rest, " ")
-	start, end, ok := strings.Cut(f[0], "-")
-	var err1, err2, err3 error
-	e.Start, err1 = strconv.ParseUint(start, 16, 64)
-	e.End, err2 = strconv.ParseUint(end, 16, 64)
-	e.Off, err3 = strconv.ParseUint(f[2], 16, 64)
-	if !ok || err1 != nil || err2 != nil || err3 != nil || e.End <= e.Start {
+	var err1, err2 error
+	e.Start, e.End, err1 = parseRange(f[0])
+	e.Off, err2 = strconv.ParseUint(f[2], 16, 64)
+	if err1 != nil || err2 != nil {
 		return e, fmt.Errorf("%q: bad range or offset", line)
 	}
 	if len(f[1]) != 4 {
@@ -200,6 +287,17 @@ func parseMapsLine(line string) (MapsEntry, error) {
 	}
 	e.Perms = f[1]
 	return e, nil
+}
+
+// parseRange parses a maps range: START-END in hex, START below END.
+func parseRange(s string) (start, end uint64, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	start, err1 := strconv.ParseUint(a, 16, 64)
+	end, err2 := strconv.ParseUint(b, 16, 64)
+	if !ok || err1 != nil || err2 != nil || end <= start {
+		return 0, 0, fmt.Errorf("bad range %q", s)
+	}
+	return start, end, nil
 }
 
 // ParseBuildIDs parses a build-id list, "HEXID PATH" a line (perf

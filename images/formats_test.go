@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"ptfs/internal/testkit"
@@ -126,16 +128,86 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
 	}
 }
 
-// TestParseMapsSnapshots skips the comment lines of a snapshot file only.
+// TestParseMapsSnapshots parses maps files of snapshots, ptsim's and
+// plain /proc/PID/maps text, and refuses malformed ones with the number
+// of the line at fault.
 func TestParseMapsSnapshots(t *testing.T) {
-	got, err := ParseMapsSnapshots([]byte("# snapshot 0 exec\n00400000-00401000 r--p 00000000 fe:00 1 /x\n# dump a b\n" +
-		"00401000-00402000 r-xp 00001000 fe:00 1 /x\n"))
-	want := []MapsEntry{{0x400000, 0x401000, 0, "r--p", "/x"}, {0x401000, 0x402000, 0x1000, "r-xp", "/x"}}
-	if err != nil || !reflect.DeepEqual(got, want) {
-		t.Errorf("ParseMapsSnapshots = %+v, %v; want %+v", got, err, want)
+	const (
+		fileMap = "00400000-00401000 r-xp 00001000 fe:00 5316807                            /bin/a b\n"
+		anonMap = "7ffff7ffd000-7ffff7fff000 r-xp 00000000 00:00 0 \n"
+	)
+	file := MapsEntry{0x400000, 0x401000, 0x1000, "r-xp", "/bin/a b"}
+	anon := MapsEntry{0x7ffff7ffd000, 0x7ffff7fff000, 0, "r-xp", ""}
+	vdso := MapsDump{0x7ffff7ffd000, 0x7ffff7fff000, "vdso-7ffff7ffd000.bin"}
+	tests := []struct {
+		name, text string
+		want       []MapsSnapshot
+		errLine    int // the line an error names; 0: no error
+	}{
+		{"empty", "", nil, 0},
+		{"blank and comments", "\n# a comment\n  \n#\n", nil, 0},
+		{"ptsim", "# snapshot 0 exec\n" + fileMap + "# snapshot 32106 syscall\n" + fileMap + anonMap +
+			"# dump 7ffff7ffd000-7ffff7fff000 vdso-7ffff7ffd000.bin\n",
+			[]MapsSnapshot{{Index: 0, Maps: []MapsEntry{file}}, {Index: 32106, Maps: []MapsEntry{file, anon}, Dumps: []MapsDump{vdso}}}, 0},
+		{"crlf", "# snapshot 0 exec\r\n" + strings.ReplaceAll(fileMap+anonMap, "\n", "\r\n") +
+			"# dump 7ffff7ffd000-7ffff7fff000 vdso-7ffff7ffd000.bin\r\n",
+			[]MapsSnapshot{{Maps: []MapsEntry{file, anon}, Dumps: []MapsDump{vdso}}}, 0},
+		{"no reason, no final newline, no maps", "# snapshot 7\n#snapshot  8  newcode", []MapsSnapshot{{Index: 7}, {Index: 8}}, 0},
+		{"same index twice", "# snapshot 3 a\n# snapshot 3 b\n", []MapsSnapshot{{Index: 3}, {Index: 3}}, 0},
+		{"plain maps", fileMap + "\n" + anonMap, []MapsSnapshot{{Maps: []MapsEntry{file, anon}}}, 0},
+		{"plain maps, then snapshots", fileMap + "# dump 7ffff7ffd000-7ffff7fff000 vdso-7ffff7ffd000.bin\n# snapshot 5 x\n" + anonMap,
+			[]MapsSnapshot{{Maps: []MapsEntry{file}, Dumps: []MapsDump{vdso}}, {Index: 5, Maps: []MapsEntry{anon}}}, 0},
+		{"dump outside a snapshot", "# dump 1000-2000 mem/0-1000.bin\n# snapshot 0 exec\n", nil, 1},
+		{"snapshot without index", "# snapshot 0 exec\n" + fileMap + "# snapshot\n", nil, 3},
+		{"snapshot index not decimal", "# snapshot 0x10 exec\n", nil, 1},
+		{"snapshot index negative", "# snapshot -1 exec\n", nil, 1},
+		{"snapshot index going back", "# snapshot 10 exec\n# snapshot 9 syscall\n", nil, 2},
+		{"dump without file", "# snapshot 0 exec\n# dump 1000-2000\n", nil, 2},
+		{"dump without range", "# snapshot 0 exec\n# dump\n", nil, 2},
+		{"dump bad hex", "# snapshot 0 exec\n# dump 10g0-2000 f.bin\n", nil, 2},
+		{"dump start above end", "# snapshot 0 exec\n# dump 2000-1000 f.bin\n", nil, 2},
+		{"dump empty range", "# snapshot 0 exec\n# dump 1000-1000 f.bin\n", nil, 2},
+		{"mapping start above end", "# snapshot 0 exec\n00401000-00400000 r-xp 00000000 fe:00 1 /x\n", nil, 2},
+		{"mapping bad hex", "# snapshot 0 exec\n\n0040z000-00401000 r-xp 00000000 fe:00 1 /x\n", nil, 3},
+		{"mapping bad offset", "0-1000 r-xp 0x10 fe:00 1 /x\n", nil, 1},
+		{"mapping missing fields", "# snapshot 0 exec\n00400000-00401000 r-xp 00000000 fe:00\n", nil, 2},
+		{"mapping bad permissions", "# snapshot 0 exec\n00400000-00401000 r-x 00000000 fe:00 1 /x\n", nil, 2},
+		{"indented comment", "# snapshot 0 exec\n # not a comment\n", nil, 2},
 	}
-	if _, err := ParseMapsSnapshots([]byte(" # not a comment\n")); !errors.Is(err, ErrSyntax) {
-		t.Errorf("indented #: %v, want ErrSyntax", err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseMapsSnapshots([]byte(tt.text))
+			if tt.errLine != 0 {
+				if !errors.Is(err, ErrSyntax) || !strings.Contains(err.Error(), fmt.Sprintf("maps line %d:", tt.errLine)) {
+					t.Errorf("= %+v, %v; want ErrSyntax at line %d", got, err, tt.errLine)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("=\n%+v, %v\nwant\n%+v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestAllMaps lists the lines of all snapshots in order, so that the later
+// ones win when they are mapped.
+func TestAllMaps(t *testing.T) {
+	a := MapsEntry{0x1000, 0x2000, 0, "r-xp", "/a"}
+	b := MapsEntry{0x1000, 0x2000, 0, "r-xp", "/b"}
+	c := MapsEntry{0x3000, 0x4000, 0x1000, "r--p", "/a"}
+	for _, tt := range []struct {
+		name  string
+		snaps []MapsSnapshot
+		want  []MapsEntry
+	}{
+		{"none", nil, nil},
+		{"empty snapshots", []MapsSnapshot{{Index: 0}, {Index: 4}}, nil},
+		{"in order", []MapsSnapshot{{Maps: []MapsEntry{a, c}}, {Index: 9}, {Index: 10, Maps: []MapsEntry{b}}}, []MapsEntry{a, c, b}},
+	} {
+		if got := AllMaps(tt.snaps); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s: AllMaps = %+v, want %+v", tt.name, got, tt.want)
+		}
 	}
 }
 
@@ -193,6 +265,46 @@ func FuzzParseMaps(f *testing.F) {
 		}
 		// Whatever parses can be applied without a panic.
 		_ = p.MapMaps(1, entries)
+	})
+}
+
+// FuzzParseMapsSnapshots: a maps file is outside input. What parses is
+// well formed (ranges not empty, indexes in order, dumps in a snapshot with
+// a file) and parses again to itself once written back, with "\r\n" line
+// endings so that a path that ends in '\r' keeps it.
+func FuzzParseMapsSnapshots(f *testing.F) {
+	f.Add([]byte("# snapshot 0 exec\n00400000-00401000 r-xp 00001000 fe:00 5316807   /bin/x\n" +
+		"7ffff7ffd000-7ffff7fff000 r-xp 00000000 00:00 0 [vdso]\n# snapshot 12 syscall\n" +
+		"# dump 7ffff7ffd000-7ffff7fff000 vdso-7ffff7ffd000.bin\n"))
+	f.Add([]byte("0-1 ---- 0 0 0\r\n# dump 0-1 f\n# snapshot 1\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		snaps, err := ParseMapsSnapshots(data)
+		if err != nil {
+			return
+		}
+		var text bytes.Buffer
+		for i, s := range snaps {
+			if i > 0 && s.Index < snaps[i-1].Index {
+				t.Fatalf("snapshot %d: index %d below %d", i, s.Index, snaps[i-1].Index)
+			}
+			fmt.Fprintf(&text, "# snapshot %d\r\n", s.Index)
+			for _, e := range s.Maps {
+				if e.End <= e.Start || len(e.Perms) != 4 {
+					t.Fatalf("bad entry %+v", e)
+				}
+				fmt.Fprintf(&text, "%x-%x %s %x 00:00 0 %s\r\n", e.Start, e.End, e.Perms, e.Off, e.Path)
+			}
+			for _, d := range s.Dumps {
+				if d.End <= d.Start || d.File == "" {
+					t.Fatalf("bad dump %+v", d)
+				}
+				fmt.Fprintf(&text, "# dump %x-%x %s\r\n", d.Start, d.End, d.File)
+			}
+		}
+		again, err := ParseMapsSnapshots(text.Bytes())
+		if err != nil || !reflect.DeepEqual(again, snaps) {
+			t.Fatalf("%+v written back as %q parses as %+v, %v", snaps, text.Bytes(), again, err)
+		}
 	})
 }
 
@@ -283,6 +395,40 @@ func FuzzMap(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkParseMaps parses a ptsim maps.txt of the corpus: its maps
+// lines alone with ParseMaps, as live parses /proc/PID/maps of each
+// process it meets, and the whole file with ParseMapsSnapshots.
+func BenchmarkParseMaps(b *testing.B) {
+	text, err := os.ReadFile(filepath.Join(testkit.Corpus(b), "ptsim", "run-static", "maps.txt"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var plain []byte
+	for l := range bytes.Lines(text) {
+		if l[0] != '#' {
+			plain = append(plain, l...)
+		}
+	}
+	for _, bb := range []struct {
+		name  string
+		text  []byte
+		parse func([]byte) error
+	}{
+		{"plain", plain, func(d []byte) error { _, err := ParseMaps(d); return err }},
+		{"snapshots", text, func(d []byte) error { _, err := ParseMapsSnapshots(d); return err }},
+	} {
+		b.Run(bb.name, func(b *testing.B) {
+			b.SetBytes(int64(len(bb.text)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := bb.parse(bb.text); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
 
 // BenchmarkReadAt reads 16 bytes at random code addresses of libc mapped

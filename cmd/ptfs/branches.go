@@ -27,9 +27,9 @@ IMAGE says where the traced code was (later ones win where they overlap):
   --raw FILE[:FROM[-TO]]:BASE  bytes of FILE (libipt ptxed's form) at BASE
   --elf FILE[:BIAS]            an ELF file's PT_LOAD segments at BIAS + vaddr
   --pages ADDRFILE:DUMPFILE    a libxdc page dump
-  --maps FILE                  /proc/PID/maps snapshots ('#' lines skipped; a
-                               later line wins), files read under --root DIR,
-                               [vdso] from --vdso FILE
+  --maps FILE                  /proc/PID/maps text or ptsim's snapshots of it
+                               (a later line wins), files read under --root
+                               DIR, [vdso] from --vdso FILE
 perf.data brings its own images: the files its side band maps, read under
 --root DIR, refused (an image: line) if their build id is not the recorded
 one; each AUX buffer is decoded in the memory of its process.
@@ -211,18 +211,18 @@ func branchProcesses(a *branchesArgs, buildIDs map[string][]byte) (*images.Proce
 	}, nil
 }
 
-// readMaps reads /proc/PID/maps text, skipping '#' comment lines (ptsim's
-// snapshot and dump lines).
+// readMaps reads the lines of every snapshot of a --maps file (ptsim's
+// maps.txt, or plain /proc/PID/maps text), in order: a later one wins.
 func readMaps(path string) ([]images.MapsEntry, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--maps: %w", err)
 	}
-	entries, err := images.ParseMapsSnapshots(data)
+	snaps, err := images.ParseMapsSnapshots(data)
 	if err != nil {
 		return nil, fmt.Errorf("--maps %s: %w", path, err)
 	}
-	return entries, nil
+	return images.AllMaps(snaps), nil
 }
 
 // listBranches implements `ptfs decode --branches`. A raw trace is read

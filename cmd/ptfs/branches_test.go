@@ -312,24 +312,26 @@ func ptsimRecArgs(t *testing.T, out string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	snaps, err := images.ParseMapsSnapshots(text)
+	if err != nil {
+		t.Fatalf("%s: %v", maps, err)
+	}
 	args := []string{"--maps", maps}
-	vdso := map[string]bool{}
-	for l := range strings.Lines(string(text)) {
-		if f := strings.Fields(l); len(f) == 6 && f[5] == "[vdso]" {
-			vdso[f[0]] = true
+	vdso := map[[2]uint64]bool{}
+	for _, s := range snaps {
+		for _, m := range s.Maps {
+			if m.Path == "[vdso]" {
+				vdso[[2]uint64{m.Start, m.End}] = true
+			}
 		}
 	}
-	for l := range strings.Lines(string(text)) {
-		// # dump START-END FILE
-		f := strings.Fields(l)
-		if len(f) != 4 || f[0] != "#" || f[1] != "dump" {
-			continue
-		}
-		if vdso[f[2]] {
-			args = append(args, "--vdso", filepath.Join(out, f[3]))
-		} else {
-			start, _, _ := strings.Cut(f[2], "-")
-			args = append(args, "--raw", filepath.Join(out, f[3])+":0x"+start)
+	for _, s := range snaps {
+		for _, d := range s.Dumps {
+			if vdso[[2]uint64{d.Start, d.End}] {
+				args = append(args, "--vdso", filepath.Join(out, d.File))
+			} else {
+				args = append(args, "--raw", filepath.Join(out, d.File)+":0x"+strconv.FormatUint(d.Start, 16))
+			}
 		}
 	}
 	return args

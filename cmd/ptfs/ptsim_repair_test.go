@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"encoding/binary"
@@ -14,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"ptfs/images"
 	"ptfs/x86insn"
 )
 
@@ -44,12 +44,17 @@ type ptsimRegion struct {
 
 // readPtsimImage reads dir's maps.txt snapshots, their files and dumps.
 func readPtsimImage(dir string) (*ptsimImage, error) {
-	f, err := os.Open(filepath.Join(dir, "maps.txt"))
+	text, err := os.ReadFile(filepath.Join(dir, "maps.txt"))
 	if err != nil {
 		return nil, fmt.Errorf("read recording: %w", err)
 	}
-	defer f.Close()
-	im := &ptsimImage{}
+	snaps, err := images.ParseMapsSnapshots(text)
+	if err != nil {
+		return nil, fmt.Errorf("maps.txt: %w", err)
+	}
+	if len(snaps) == 0 || snaps[0].Index != 0 {
+		return nil, errors.New("maps.txt: no snapshot at instruction 0")
+	}
 	files := map[string][]byte{}
 	load := func(path string) ([]byte, error) {
 		if b, ok := files[path]; ok {
@@ -65,105 +70,34 @@ func readPtsimImage(dir string) (*ptsimImage, error) {
 	// As ptsim-encode: a mapping without a file is code once a dump of its
 	// range has been named, by the end of its snapshot.
 	dumps := map[[2]uint64]string{}
-	var anon []ptsimRegion
-	finish := func() error {
-		if len(im.snaps) == 0 {
-			return nil
+	im := &ptsimImage{snaps: make([]ptsimSnap, len(snaps))}
+	for i, snap := range snaps {
+		for _, d := range snap.Dumps {
+			dumps[[2]uint64{d.Start, d.End}] = d.File
 		}
-		s := &im.snaps[len(im.snaps)-1]
-		for _, r := range anon {
-			d, ok := dumps[[2]uint64{r.start, r.end}]
-			if !ok {
+		s := &im.snaps[i]
+		s.index = snap.Index
+		for _, m := range snap.Maps {
+			if m.Perms[2] != 'x' {
 				continue
 			}
-			if r.data, err = load(filepath.Join(dir, d)); err != nil {
-				return err
+			r := ptsimRegion{start: m.Start, end: m.End, off: m.Off}
+			path := m.Path
+			if !strings.HasPrefix(path, "/") || strings.HasSuffix(path, " (deleted)") {
+				d, ok := dumps[[2]uint64{m.Start, m.End}]
+				if !ok {
+					continue
+				}
+				path, r.off = filepath.Join(dir, d), 0
 			}
-			r.off = 0
-			s.regions = append(s.regions, r)
-		}
-		anon = nil
-		slices.SortFunc(s.regions, func(a, b ptsimRegion) int { return cmp.Compare(a.start, b.start) })
-		return nil
-	}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		fl := strings.Fields(line)
-		switch {
-		case strings.HasPrefix(line, "# snapshot "):
-			if err := finish(); err != nil {
+			if r.data, err = load(path); err != nil {
 				return nil, err
 			}
-			idx, err := strconv.ParseUint(fl[2], 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("maps.txt %q: %w", line, err)
-			}
-			im.snaps = append(im.snaps, ptsimSnap{index: idx})
-			continue
-		case strings.HasPrefix(line, "# dump "):
-			if len(fl) != 4 {
-				return nil, fmt.Errorf("maps.txt %q: want # dump START-END FILE", line)
-			}
-			start, end, err := parseRange(fl[2])
-			if err != nil {
-				return nil, fmt.Errorf("maps.txt %q: %w", line, err)
-			}
-			dumps[[2]uint64{start, end}] = fl[3]
-			continue
-		case len(fl) < 5 || len(im.snaps) == 0 || len(fl[1]) < 3 || fl[1][2] != 'x':
-			continue
+			s.regions = append(s.regions, r)
 		}
-		start, end, err := parseRange(fl[0])
-		if err != nil {
-			return nil, fmt.Errorf("maps.txt %q: %w", line, err)
-		}
-		off, err := strconv.ParseUint(fl[2], 16, 64)
-		if err != nil {
-			return nil, fmt.Errorf("maps.txt %q: %w", line, err)
-		}
-		r := ptsimRegion{start: start, end: end, off: off}
-		path := ""
-		if len(fl) >= 6 {
-			// The path is all after the inode: it may hold spaces.
-			path = strings.TrimSpace(line[strings.Index(line, fl[5]):])
-		}
-		if !strings.HasPrefix(path, "/") || strings.HasSuffix(path, " (deleted)") {
-			anon = append(anon, r)
-			continue
-		}
-		if r.data, err = load(path); err != nil {
-			return nil, err
-		}
-		s := &im.snaps[len(im.snaps)-1]
-		s.regions = append(s.regions, r)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read maps.txt: %w", err)
-	}
-	if err := finish(); err != nil {
-		return nil, err
-	}
-	if len(im.snaps) == 0 || im.snaps[0].index != 0 {
-		return nil, errors.New("maps.txt: no snapshot at instruction 0")
+		slices.SortFunc(s.regions, func(a, b ptsimRegion) int { return cmp.Compare(a.start, b.start) })
 	}
 	return im, nil
-}
-
-// parseRange parses maps' hexadecimal START-END.
-func parseRange(s string) (start, end uint64, err error) {
-	a, b, ok := strings.Cut(s, "-")
-	if !ok {
-		return 0, 0, fmt.Errorf("range %q: want START-END", s)
-	}
-	if start, err = strconv.ParseUint(a, 16, 64); err == nil {
-		end, err = strconv.ParseUint(b, 16, 64)
-	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("range %q: %w", s, err)
-	}
-	return start, end, nil
 }
 
 // read fills buf with the code at ip, across adjacent mappings, and returns

@@ -36,10 +36,11 @@ func LoadPtsim(run, dir string) (*Ptsim, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ptsim run: %w", err)
 	}
-	maps, err := images.ParseMapsSnapshots(text)
+	snaps, err := images.ParseMapsSnapshots(text)
 	if err != nil {
 		return nil, fmt.Errorf("ptsim run %s: %w", run, err)
 	}
+	maps := images.AllMaps(snaps)
 	for i := range maps {
 		if p := maps[i].Path; p != "" && !strings.HasPrefix(p, "[") && !filepath.IsAbs(p) {
 			maps[i].Path = filepath.Join(dir, p)
