@@ -266,7 +266,7 @@ func (d *Decoder) fastLoop() {
 	k := &d.fp.k
 	// Tracing is off: only a TIP.PGE is the fast path's. It turns on
 	// only there (fastPGE) and off only at a TIP.PGD (fastPGD).
-	if !d.enabled && !d.fastPGE(k) {
+	if !d.enabled && !d.fastPGE(k, nil) {
 		return
 	}
 	for {
@@ -304,7 +304,7 @@ func (d *Decoder) fastLoop() {
 			// call out of the traced range and its return, with
 			// PADs between) are one step here, the kernel's state
 			// left in k between them.
-			if !d.fastPGD(k) || !d.fastPGE(k) {
+			if w := d.fastPGD(k); w == nil || !d.fastPGE(k, w) {
 				return
 			}
 		case exitStop:
@@ -316,9 +316,10 @@ func (d *Decoder) fastLoop() {
 // fastPGD takes the TIP.PGD at k.pos, with instructions at k.b, as walk
 // and exec do with its event queued: the walk from k.b that fired before
 // from the same block to the same IP replayed (pgdWalk), else walked
-// (fastDisable). It tells whether the event fired; else it is queued, and
-// the walk is left, at a block's start, to the slow path.
-func (d *Decoder) fastPGD(k *kern) bool {
+// (fastDisable). It returns the walk's slot in the kept walks when the
+// event fired (fastPGE keeps the TIP.PGE after it there); nil when it is
+// queued, and the walk is left, at a block's start, to the slow path.
+func (d *Decoder) fastPGD(k *kern) *pgdWalk {
 	buf, pos := k.buf, k.pos
 	c := buf[pos]
 	n := decode.IPSize(c)
@@ -340,8 +341,9 @@ func (d *Decoder) fastPGD(k *kern) bool {
 			// Queued as read queues it; the walk goes on at a
 			// block's start.
 			d.q = append(d.q, queued{ev: d.qEv, bind: bindBranch})
+			return nil
 		}
-		return fired
+		return w
 	}
 	// The kept walk's branches in the batch, before the event: it
 	// reads no memory. The batch has room: the kernel exits for a full
@@ -379,37 +381,47 @@ func (d *Decoder) fastPGD(k *kern) bool {
 	d.c.Events++
 	k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns
 	d.h.Event(e)
-	return true
+	return w
 }
 
 // fastPGE takes, with tracing off, the TIP.PGE at k.pos (after PADs, and
 // timing packets no clock sees), and the PADs after it (kAFL's traces have
 // them after every TIP.PGE: a dispatch of the kernel's less). It tells
-// whether there was one; the flow goes on at its IP's block.
-func (d *Decoder) fastPGE(k *kern) bool {
+// whether there was one; the flow goes on at its IP's block. w is the
+// kept walk of the TIP.PGD just taken (nil at the fast path's start): the
+// bytes up to the TIP.PGE that came after it last time are taken again
+// by two compares (pgdWalk.pgeAt), and new ones kept (keepPGE).
+func (d *Decoder) fastPGE(k *kern, w *pgdWalk) bool {
 	buf, end := k.buf, len(k.buf)-16
-	// kAFL's traces have 9 PADs before a TIP.PGE: skipped a word at a
-	// time first, without skipPad's dispatch per packet.
-	pos := k.pos
-	for pos <= end {
-		if w := word(buf, pos); w != 0 {
-			pos += bits.TrailingZeros64(w) / 8
-			break
+	ip, pos, ok := w.pgeAt(buf, k.pos, k.last)
+	if !ok {
+		// kAFL's traces have 9 PADs before a TIP.PGE: skipped a word
+		// at a time first, without skipPad's dispatch per packet.
+		pos = k.pos
+		for pos <= end {
+			if x := word(buf, pos); x != 0 {
+				pos += bits.TrailingZeros64(x) / 8
+				break
+			}
+			pos += 8
 		}
-		pos += 8
-	}
-	// With an IP (the table's opPGE): a suppressed or a reserved one
-	// is the slow path's.
-	ops := d.offOps()
-	if pos > end || ops[buf[pos]] != opPGE {
-		if pos = skipPad(buf, pos, end, ops); pos > end || ops[buf[pos]] != opPGE {
-			k.pos = pos
-			return false
+		// With an IP (the table's opPGE): a suppressed or a reserved
+		// one is the slow path's.
+		ops := d.offOps()
+		pads := pos <= end && ops[buf[pos]] == opPGE
+		if !pads {
+			if pos = skipPad(buf, pos, end, ops); pos > end || ops[buf[pos]] != opPGE {
+				k.pos = pos
+				return false
+			}
+		}
+		c := buf[pos]
+		ip = decode.ApplyIP(c, word(buf, pos+1), k.last)
+		pos += 1 + decode.IPSize(c)
+		if pads && w != nil {
+			w.keepPGE(buf, k.pos, pos, k.last, ip)
 		}
 	}
-	c := buf[pos]
-	ip := decode.ApplyIP(c, word(buf, pos+1), k.last)
-	pos += 1 + decode.IPSize(c)
 	if pos <= len(buf)-8 {
 		pos = padRun(buf, pos)
 	}
@@ -946,16 +958,53 @@ type pgdWalk struct {
 	n     uint8  // edges
 	nrets uint8
 	hasIP bool
-	edges [pgdEdges]Edge
+	// pgeLen is the length of the TIP.PGE kept after the walk's
+	// TIP.PGD (keepPGE), PADs before it included; 0 if none.
+	pgeLen uint8
+	edges  [pgdEdges]Edge
 	// rets are the return addresses the walk pushes, in order.
 	rets [pgdEdges + 1]uint64
+	// The kept TIP.PGE: its bytes from the TIP.PGD's end (the second
+	// word's past pgeLen masked off by pgeMask) and its IP.
+	pge     [2]uint64
+	pgeMask uint64
+	pgeIP   uint64
+}
+
+// pgeAt returns the IP and the end of the TIP.PGE at pos (after PADs) when
+// the bytes there, and the last IP before them, are those kept (keepPGE);
+// ok false otherwise (w nil too).
+func (w *pgdWalk) pgeAt(buf []byte, pos int, last uint64) (ip uint64, end int, ok bool) {
+	if w == nil || w.pgeLen == 0 || w.ip != last || pos > len(buf)-16 {
+		return 0, 0, false
+	}
+	s := buf[pos : pos+16 : pos+16]
+	if binary.LittleEndian.Uint64(s) != w.pge[0] || binary.LittleEndian.Uint64(s[8:])&w.pgeMask != w.pge[1] {
+		return 0, 0, false
+	}
+	return w.pgeIP, pos + int(w.pgeLen), true
+}
+
+// keepPGE keeps the TIP.PGE from pos to end, PADs and the packet, whose IP
+// is ip after last: the TIP.PGE's IP is a function of these bytes and the
+// last IP before them (its compression), which pgeAt tests. Only when they
+// are 8 to 16 bytes, within the trace's last 16, and the last IP is the
+// walk's (so that pgeAt's test of it is the walk's own field).
+func (w *pgdWalk) keepPGE(buf []byte, pos, end int, last, ip uint64) {
+	n := end - pos
+	if n < 8 || n > 16 || pos > len(buf)-16 || w.ip != last {
+		return
+	}
+	mask := ^uint64(0) >> ((16 - n) * 8) // n == 8: none of the second word
+	w.pge = [2]uint64{word(buf, pos), word(buf, pos+8) & mask}
+	w.pgeMask, w.pgeIP, w.pgeLen = mask, ip, uint8(n)
 }
 
 // pgdEdges is the most edges a kept walk has (a walk takes 1.1 on
 // average on mruby's trace: a call to a PLT entry).
 const pgdEdges = 3
 
-// recentPGDs is the size of runCache.pgds (144 bytes an entry).
+// recentPGDs is the size of runCache.pgds (176 bytes an entry).
 const recentPGDs = 1 << 9
 
 // pgdHash is the index in runCache.pgds of the walk from b to a TIP.PGD's

@@ -766,7 +766,7 @@ func pgdAt(d *Decoder, b *block, ev Event, steps int) bool {
 		binary.LittleEndian.PutUint64(buf[1:], ev.IP)
 	}
 	d.fp.k = kern{buf: buf, b: b, ip: b.ip, budget: d.opts.MaxInsns - steps}
-	return d.fastPGD(&d.fp.k)
+	return d.fastPGD(&d.fp.k) != nil
 }
 
 // pgdWalkOnce runs fastPGD (pgdAt) from the block at start with a TIP.PGD
