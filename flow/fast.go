@@ -265,8 +265,8 @@ func (d *Decoder) fast() error {
 func (d *Decoder) fastLoop() {
 	k := &d.fp.k
 	// Tracing is off: only a TIP.PGE is the fast path's. It turns on
-	// only there (fastPGE) and off only at a TIP.PGD (fastPGD).
-	if !d.enabled && !d.fastPGE(k, nil) {
+	// only there (fastSeg) and off only at a TIP.PGD (fastSeg).
+	if !d.enabled && !d.fastSeg(k, false) {
 		return
 	}
 	for {
@@ -304,7 +304,7 @@ func (d *Decoder) fastLoop() {
 			// call out of the traced range and its return, with
 			// PADs between) are one step here, the kernel's state
 			// left in k between them.
-			if w := d.fastPGD(k); w == nil || !d.fastPGE(k, w) {
+			if !d.fastSeg(k, true) {
 				return
 			}
 		case exitStop:
@@ -313,85 +313,87 @@ func (d *Decoder) fastLoop() {
 	}
 }
 
-// fastPGD takes the TIP.PGD at k.pos, with instructions at k.b, as walk
-// and exec do with its event queued: the walk from k.b that fired before
-// from the same block to the same IP replayed (pgdWalk), else walked
-// (fastDisable). It returns the walk's slot in the kept walks when the
-// event fired (fastPGE keeps the TIP.PGE after it there); nil when it is
-// queued, and the walk is left, at a block's start, to the slow path.
-func (d *Decoder) fastPGD(k *kern) *pgdWalk {
-	buf, pos := k.buf, k.pos
-	c := buf[pos]
-	n := decode.IPSize(c)
-	pgd := decode.ApplyIP(c, word(buf, pos+1), k.last)
-	k.last, k.pos = pgd, pos+1+n
-	hasIP := n > 0
-	if !hasIP {
-		pgd = 0
-	}
-	b := k.b
-	w := &d.cache.runs.pgds[pgdHash(b, pgd)] // made by runCaches before the kernel ran
-	// The walk's MaxInsns check at its last block is the one that
-	// binds: the counts only grow along it.
-	if w.b != b || w.ip != pgd || w.hasIP != hasIP || int(w.steps) > k.budget {
-		d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
-		fired := d.fastDisable(b, w, pgd, hasIP)
-		k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
-		if !fired {
-			// Queued as read queues it; the walk goes on at a
-			// block's start.
-			d.q = append(d.q, queued{ev: d.qEv, bind: bindBranch})
-			return nil
+// fastSeg takes a TIP.PGD and the TIP.PGE after it as one step (kAFL's IP
+// filter: a call out of the traced range and its return, with PADs
+// between), one call with the kernel's state in k; at the fast path's
+// start with tracing off (pgd false), the TIP.PGE alone. It tells whether
+// both were taken; the flow goes on at the TIP.PGE's IP's block.
+//
+// The TIP.PGD at k.pos, with instructions at k.b, is taken as walk and
+// exec do with its event queued: the walk from k.b that fired before from
+// the same block to the same IP replayed (pgdWalk), else walked
+// (fastDisable); if that leaves it queued, the walk is left, at a
+// block's start, to the slow path. The TIP.PGE comes after PADs (and
+// timing packets no clock sees), and the PADs after it are taken too
+// (kAFL's traces have them after every TIP.PGE: a dispatch of the
+// kernel's less); the bytes up to the TIP.PGE that came after the same
+// walk last time are taken again by two compares (pgdWalk.pgeAt), and
+// new ones kept (keepPGE).
+func (d *Decoder) fastSeg(k *kern, pgd bool) bool {
+	var w *pgdWalk
+	if pgd {
+		buf, pos := k.buf, k.pos
+		c := buf[pos]
+		n := decode.IPSize(c)
+		ip := decode.ApplyIP(c, word(buf, pos+1), k.last)
+		k.last, k.pos = ip, pos+1+n
+		hasIP := n > 0
+		if !hasIP {
+			ip = 0
 		}
-		return w
+		b := k.b
+		w = &d.cache.runs.pgds[pgdHash(b, ip)] // made by runCaches before the kernel ran
+		// The walk's MaxInsns check at its last block is the one that
+		// binds: the counts only grow along it.
+		if w.b != b || w.ip != ip || w.hasIP != hasIP || int(w.steps) > k.budget {
+			d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
+			if !d.fastDisable(b, w, ip, hasIP) {
+				// Queued as read queues it; the walk goes on at a
+				// block's start.
+				k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
+				d.q = append(d.q, queued{ev: d.qEv, bind: bindBranch})
+				return false
+			}
+		} else {
+			// The kept walk, replayed: its branches, after those
+			// gathered before, handed over (the batch has room: the
+			// kernel exits for a full one before it reads a packet;
+			// the walk reads no memory), its returns pushed and its
+			// counts added, then the event, made and fired: fireEv's
+			// and emit's work for an EvDisabled with tracing on, less
+			// what fastOK rules out (unnamed PTWRITEs; ticks, the
+			// only reader of lastTSC).
+			f := &d.fp
+			if w.n > 0 {
+				f.batch[f.n&(edgeBatch-1)] = refOf(w.edges[:w.n])
+				f.n++
+			}
+			for _, ret := range w.rets[:w.nrets] {
+				d.pushRet(ret)
+			}
+			d.c.Insns += uint64(w.steps)
+			if !hasIP {
+				// An event with an IP resets it, and any event
+				// the steps (fireEv).
+				d.sinceRef += w.steps
+			}
+			d.errIP, d.ip = w.errIP, w.next
+			if n := f.n; n > 0 && d.eh != nil {
+				f.n = 0
+				d.eh.Edges(f.slices()[:n])
+			} else {
+				d.flush()
+			}
+			// d.ip is the fall-through of the branch that disabled.
+			e := d.newEv(EvDisabled, ip, hasIP)
+			d.steps, d.enabled, d.resumeIP, d.resumeOK = 0, false, d.ip, true
+			if hasIP {
+				d.sinceRef, d.resumeIP = 0, ip
+			}
+			d.c.Events++
+			d.h.Event(e)
+		}
 	}
-	// The kept walk's branches in the batch, before the event: it
-	// reads no memory. The batch has room: the kernel exits for a full
-	// one before it reads a packet.
-	f := &d.fp
-	if w.n > 0 {
-		f.batch[f.n&(edgeBatch-1)] = refOf(w.edges[:w.n])
-		f.n++
-	}
-	for _, ret := range w.rets[:w.nrets] {
-		d.pushRet(ret)
-	}
-	d.c.Insns += uint64(w.steps)
-	if !hasIP {
-		// An event with an IP resets it, and any event the steps
-		// (fireEv).
-		d.sinceRef += w.steps
-	}
-	d.errIP, d.ip = w.errIP, w.next
-	if n := f.n; n > 0 && d.eh != nil {
-		f.n = 0
-		d.eh.Edges(f.slices()[:n])
-	} else {
-		d.flush()
-	}
-	// The event, made and fired: fireEv's and emit's work for an
-	// EvDisabled with tracing on, less what fastOK rules out (unnamed
-	// PTWRITEs; ticks, the only reader of lastTSC). d.ip is the
-	// fall-through of the branch that disabled.
-	e := d.newEv(EvDisabled, pgd, hasIP)
-	d.steps, d.enabled, d.resumeIP, d.resumeOK = 0, false, d.ip, true
-	if hasIP {
-		d.sinceRef, d.resumeIP = 0, pgd
-	}
-	d.c.Events++
-	k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns
-	d.h.Event(e)
-	return w
-}
-
-// fastPGE takes, with tracing off, the TIP.PGE at k.pos (after PADs, and
-// timing packets no clock sees), and the PADs after it (kAFL's traces have
-// them after every TIP.PGE: a dispatch of the kernel's less). It tells
-// whether there was one; the flow goes on at its IP's block. w is the
-// kept walk of the TIP.PGD just taken (nil at the fast path's start): the
-// bytes up to the TIP.PGE that came after it last time are taken again
-// by two compares (pgdWalk.pgeAt), and new ones kept (keepPGE).
-func (d *Decoder) fastPGE(k *kern, w *pgdWalk) bool {
 	buf, end := k.buf, len(k.buf)-16
 	ip, pos, ok := w.pgeAt(buf, k.pos, k.last)
 	if !ok {
@@ -411,7 +413,8 @@ func (d *Decoder) fastPGE(k *kern, w *pgdWalk) bool {
 		pads := pos <= end && ops[buf[pos]] == opPGE
 		if !pads {
 			if pos = skipPad(buf, pos, end, ops); pos > end || ops[buf[pos]] != opPGE {
-				k.pos = pos
+				// As the fast path's start or the TIP.PGD left it.
+				k.pos, k.ip, k.b, k.budget = pos, d.ip, nil, d.opts.MaxInsns-d.steps
 				return false
 			}
 		}
@@ -871,7 +874,7 @@ func (d *Decoder) ipMiss(ip uint64) *block {
 // that needs trace, which it binds to. It tells whether it fired; else the
 // walk is left, at a block's start, to the slow path, with the event in
 // d.qEv. A walk that fired is kept in w, pgds' slot for b and ip, and
-// replayed (fastPGD) the next time the same block meets a TIP.PGD with the
+// replayed (fastSeg) the next time the same block meets a TIP.PGD with the
 // same IP.
 func (d *Decoder) fastDisable(b *block, w *pgdWalk, ip uint64, hasIP bool) bool {
 	ev := d.newEv(EvDisabled, ip, hasIP)

@@ -101,8 +101,8 @@ var segBetween = []struct {
 // segOpts are the options the segment tests decode with.
 var segOpts = []Options{{}, {ResyncOnError: true}, {Time: &timeConfig}}
 
-// TestFastSegments holds the fast path's TIP.PGD and TIP.PGE (fastPGD,
-// fastPGE) to the slow path's flow (sameFast: the branches, with Edges and
+// TestFastSegments holds the fast path's TIP.PGD and TIP.PGE (fastSeg)
+// to the slow path's flow (sameFast: the branches, with Edges and
 // one by one, then each event, every field, and the counters, cold and
 // warm) with each kind of packet between them, and checks the fast path
 // took the segments.
@@ -267,7 +267,7 @@ func TestFastSpareCapacityCorpus(t *testing.T) {
 }
 
 // TestFastSegmentState holds what a TIP.PGE leaves for the packets after it
-// (fastPGE) to the slow path's (sameFast): the count toward a TRIG starts
+// (fastSeg) to the slow path's (sameFast): the count toward a TRIG starts
 // at the TIP.PGE, not at the IP before the TIP.PGD (a TIP.PGD without one
 // counts its walk's instructions on); an enable after tracing went off
 // without a disable (an interrupt without an IP) is not a resume of the
