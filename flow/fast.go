@@ -332,10 +332,13 @@ func (d *Decoder) fastLoop() {
 func (d *Decoder) fastSeg(k *kern, pgd bool) bool {
 	var w *pgdWalk
 	if pgd {
-		buf, pos := k.buf, k.pos
-		c := buf[pos]
+		// The kernel stopped at it within its 16-byte window: one
+		// bounds test for the packet's bytes.
+		pos := k.pos
+		p := k.buf[pos : pos+16 : pos+16]
+		c := p[0]
 		n := decode.IPSize(c)
-		ip := decode.ApplyIP(c, word(buf, pos+1), k.last)
+		ip := decode.ApplyIP(c, binary.LittleEndian.Uint64(p[1:9]), k.last)
 		k.last, k.pos = ip, pos+1+n
 		hasIP := n > 0
 		if !hasIP {
