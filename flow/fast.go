@@ -398,7 +398,7 @@ func (d *Decoder) fastSeg(k *kern, pgd bool) bool {
 		}
 	}
 	buf, end := k.buf, len(k.buf)-16
-	ip, pos, ok := w.pgeAt(buf, k.pos, k.last)
+	ip, pos, ok := w.pgeAt(buf, k.pos)
 	if !ok {
 		// kAFL's traces have 9 PADs before a TIP.PGE: skipped a word
 		// at a time first, without skipPad's dispatch per packet.
@@ -425,7 +425,7 @@ func (d *Decoder) fastSeg(k *kern, pgd bool) bool {
 		ip = decode.ApplyIP(c, word(buf, pos+1), k.last)
 		pos += 1 + decode.IPSize(c)
 		if pads && w != nil {
-			w.keepPGE(buf, k.pos, pos, k.last, ip)
+			w.keepPGE(buf, k.pos, pos, ip)
 		}
 	}
 	if pos <= len(buf)-8 {
@@ -978,10 +978,9 @@ type pgdWalk struct {
 }
 
 // pgeAt returns the IP and the end of the TIP.PGE at pos (after PADs) when
-// the bytes there, and the last IP before them, are those kept (keepPGE);
-// ok false otherwise (w nil too).
-func (w *pgdWalk) pgeAt(buf []byte, pos int, last uint64) (ip uint64, end int, ok bool) {
-	if w == nil || w.pgeLen == 0 || w.ip != last || pos > len(buf)-16 {
+// the bytes there are those kept (keepPGE); ok false otherwise (w nil too).
+func (w *pgdWalk) pgeAt(buf []byte, pos int) (ip uint64, end int, ok bool) {
+	if w == nil || w.pgeLen == 0 || pos > len(buf)-16 {
 		return 0, 0, false
 	}
 	s := buf[pos : pos+16 : pos+16]
@@ -992,13 +991,13 @@ func (w *pgdWalk) pgeAt(buf []byte, pos int, last uint64) (ip uint64, end int, o
 }
 
 // keepPGE keeps the TIP.PGE from pos to end, PADs and the packet, whose IP
-// is ip after last: the TIP.PGE's IP is a function of these bytes and the
-// last IP before them (its compression), which pgeAt tests. Only when they
-// are 8 to 16 bytes, within the trace's last 16, and the last IP is the
-// walk's (so that pgeAt's test of it is the walk's own field).
-func (w *pgdWalk) keepPGE(buf []byte, pos, end int, last, ip uint64) {
+// is ip. Its IP is a function of these bytes and the last IP before them
+// (its compression), which is the walk's TIP.PGD's IP: kept only after a
+// TIP.PGD with an IP, and only when the bytes are 8 to 16, within the
+// trace's last 16.
+func (w *pgdWalk) keepPGE(buf []byte, pos, end int, ip uint64) {
 	n := end - pos
-	if n < 8 || n > 16 || pos > len(buf)-16 || w.ip != last {
+	if !w.hasIP || n < 8 || n > 16 || pos > len(buf)-16 {
 		return
 	}
 	mask := ^uint64(0) >> ((16 - n) * 8) // n == 8: none of the second word
