@@ -619,7 +619,12 @@ func (d *Decoder) kernel() (why int) {
 					// the error. (A reserved IP compression is
 					// opOther, the slow path's.)
 					if b.count() > 0 {
-						why = exitPGD
+						// out's stores without its tests: nothing is
+						// pending at a packet's read, and b is known
+						// (14,148 exits a mruby pass).
+						k.pos, k.tnt, k.nb, k.tip, k.b, k.ip, k.budget = pos, 0, 0, tipNone, b, b.ip, budget
+						f.n = nf
+						return exitPGD
 					}
 				}
 				goto out

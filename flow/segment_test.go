@@ -470,3 +470,26 @@ func TestFastSegmentMemoryChanged(t *testing.T) {
 		sameLogs(t, at, decs[0], decs[1], &logs[0].fullLog, &logs[1].fullLog)
 	}
 }
+
+// TestFastSegmentBudget holds a TIP.PGD the kernel meets after steps (the
+// IP and the MaxInsns budget it leaves for the TIP.PGD's walk are where
+// they took it, not where it started) to the slow path's flow, MaxInsns
+// met in the loop, in the walk's first block and after it.
+func TestFastSegmentBudget(t *testing.T) {
+	// 1000: nop; 1001: jne 1000; 1003: nop; nop; jmp 1010; 1010: nop;
+	// nop; nop; 1013: jmp 1020; 1020: ret. At MaxInsns 2 the TIP.PGD's
+	// walk stops in its first block, at 1003, where the kernel left it.
+	mem := &blob{base: 0x1000, code: []byte{0x90, 0x75, 0xfd, 0x90, 0x90, 0xeb, 0x09, 16: 0x90, 0x90, 0x90, 0xeb, 0x0b, 32: 0xc3}}
+	e := ptenc.New()
+	start(e, 0x1000)
+	for range 3 {
+		e.TNT(0b1110, 4)          // the loop three times, then on to the ret
+		e.IPC(ptenc.TIPPGD, 0, 0) // at the ret
+		pads(e, 9)
+		e.IP(ptenc.TIPPGE, 0x1000)
+	}
+	pads(e, 32)
+	for maxInsns := 1; maxInsns <= 12; maxInsns++ {
+		sameFast(t, mem, e.Bytes(), Options{MaxInsns: maxInsns})
+	}
+}
