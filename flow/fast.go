@@ -265,8 +265,8 @@ func (d *Decoder) fast() error {
 func (d *Decoder) fastLoop() {
 	k := &d.fp.k
 	// Tracing is off: only a TIP.PGE is the fast path's. It turns on
-	// only there (fastPGE) and off only at a TIP.PGD (fastPGD).
-	if !d.enabled && !d.fastPGE(k) {
+	// only there (fastSeg) and off only at a TIP.PGD (fastSeg).
+	if !d.enabled && !d.fastSeg(k, false) {
 		return
 	}
 	for {
@@ -304,7 +304,7 @@ func (d *Decoder) fastLoop() {
 			// call out of the traced range and its return, with
 			// PADs between) are one step here, the kernel's state
 			// left in k between them.
-			if !d.fastPGD(k) || !d.fastPGE(k) {
+			if !d.fastSeg(k, true) {
 				return
 			}
 		case exitStop:
@@ -313,103 +313,121 @@ func (d *Decoder) fastLoop() {
 	}
 }
 
-// fastPGD takes the TIP.PGD at k.pos, with instructions at k.b, as walk
-// and exec do with its event queued: the walk from k.b that fired before
-// from the same block to the same IP replayed (pgdWalk), else walked
-// (fastDisable). It tells whether the event fired; else it is queued, and
-// the walk is left, at a block's start, to the slow path.
-func (d *Decoder) fastPGD(k *kern) bool {
-	buf, pos := k.buf, k.pos
-	c := buf[pos]
-	n := decode.IPSize(c)
-	pgd := decode.ApplyIP(c, word(buf, pos+1), k.last)
-	k.last, k.pos = pgd, pos+1+n
-	hasIP := n > 0
-	if !hasIP {
-		pgd = 0
-	}
-	b := k.b
-	w := &d.cache.runs.pgds[pgdHash(b, pgd)] // made by runCaches before the kernel ran
-	// The walk's MaxInsns check at its last block is the one that
-	// binds: the counts only grow along it.
-	if w.b != b || w.ip != pgd || w.hasIP != hasIP || int(w.steps) > k.budget {
-		d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
-		fired := d.fastDisable(b, w, pgd, hasIP)
-		k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
-		if !fired {
-			// Queued as read queues it; the walk goes on at a
-			// block's start.
-			d.q = append(d.q, queued{ev: d.qEv, bind: bindBranch})
+// fastSeg takes a TIP.PGD and the TIP.PGE after it as one step (kAFL's IP
+// filter: a call out of the traced range and its return, with PADs
+// between), one call with the kernel's state in k; at the fast path's
+// start with tracing off (pgd false), the TIP.PGE alone. It tells whether
+// both were taken; the flow goes on at the TIP.PGE's IP's block.
+//
+// The TIP.PGD at k.pos, with instructions at k.b, is taken as walk and
+// exec do with its event queued: the walk from k.b that fired before from
+// the same block to the same IP replayed (pgdWalk), else walked
+// (fastDisable); if that leaves it queued, the walk is left, at a
+// block's start, to the slow path. The TIP.PGE comes after PADs (and
+// timing packets no clock sees), and the PADs after it are taken too
+// (kAFL's traces have them after every TIP.PGE: a dispatch of the
+// kernel's less); the bytes up to the TIP.PGE that came after the same
+// walk last time are taken again by two compares (pgdWalk.pgeAt), and
+// new ones kept (keepPGE).
+func (d *Decoder) fastSeg(k *kern, pgd bool) bool {
+	var w *pgdWalk
+	if pgd {
+		// The kernel stopped at it within its 16-byte window: one
+		// bounds test for the packet's bytes.
+		pos := k.pos
+		p := k.buf[pos : pos+16 : pos+16]
+		c := p[0]
+		n := decode.IPSize(c)
+		ip := decode.ApplyIP(c, binary.LittleEndian.Uint64(p[1:9]), k.last)
+		k.last, k.pos = ip, pos+1+n
+		hasIP := n > 0
+		if !hasIP {
+			ip = 0
 		}
-		return fired
+		b := k.b
+		w = &d.cache.runs.pgds[pgdHash(b, ip)] // made by runCaches before the kernel ran
+		// The walk's MaxInsns check at its last block is the one that
+		// binds: the counts only grow along it.
+		if w.b != b || w.ip != ip || w.hasIP != hasIP || int(w.steps) > k.budget {
+			d.ip, d.steps = k.ip, d.opts.MaxInsns-k.budget
+			if !d.fastDisable(b, w, ip, hasIP) {
+				// Queued as read queues it; the walk goes on at a
+				// block's start.
+				k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns-d.steps
+				d.q = append(d.q, queued{ev: d.qEv, bind: bindBranch})
+				return false
+			}
+		} else {
+			// The kept walk, replayed: its branches, after those
+			// gathered before, handed over (the batch has room: the
+			// kernel exits for a full one before it reads a packet;
+			// the walk reads no memory), its returns pushed and its
+			// counts added, then the event, made and fired: fireEv's
+			// and emit's work for an EvDisabled with tracing on, less
+			// what fastOK rules out (unnamed PTWRITEs; ticks, the
+			// only reader of lastTSC).
+			f := &d.fp
+			if w.n > 0 {
+				f.batch[f.n&(edgeBatch-1)] = refOf(w.edges[:w.n])
+				f.n++
+			}
+			for _, ret := range w.rets[:w.nrets] {
+				d.pushRet(ret)
+			}
+			d.c.Insns += uint64(w.steps)
+			if !hasIP {
+				// An event with an IP resets it, and any event
+				// the steps (fireEv).
+				d.sinceRef += w.steps
+			}
+			d.errIP, d.ip = w.errIP, w.next
+			if n := f.n; n > 0 && d.eh != nil {
+				f.n = 0
+				d.eh.Edges(f.slices()[:n])
+			} else {
+				d.flush()
+			}
+			// d.ip is the fall-through of the branch that disabled.
+			e := d.newEv(EvDisabled, ip, hasIP)
+			d.steps, d.enabled, d.resumeIP, d.resumeOK = 0, false, d.ip, true
+			if hasIP {
+				d.sinceRef, d.resumeIP = 0, ip
+			}
+			d.c.Events++
+			d.h.Event(e)
+		}
 	}
-	// The kept walk's branches in the batch, before the event: it
-	// reads no memory. The batch has room: the kernel exits for a full
-	// one before it reads a packet.
-	f := &d.fp
-	if w.n > 0 {
-		f.batch[f.n&(edgeBatch-1)] = refOf(w.edges[:w.n])
-		f.n++
-	}
-	for _, ret := range w.rets[:w.nrets] {
-		d.pushRet(ret)
-	}
-	d.c.Insns += uint64(w.steps)
-	if !hasIP {
-		// An event with an IP resets it, and any event the steps
-		// (fireEv).
-		d.sinceRef += w.steps
-	}
-	d.errIP, d.ip = w.errIP, w.next
-	if n := f.n; n > 0 && d.eh != nil {
-		f.n = 0
-		d.eh.Edges(f.slices()[:n])
-	} else {
-		d.flush()
-	}
-	// The event, made and fired: fireEv's and emit's work for an
-	// EvDisabled with tracing on, less what fastOK rules out (unnamed
-	// PTWRITEs; ticks, the only reader of lastTSC). d.ip is the
-	// fall-through of the branch that disabled.
-	e := d.newEv(EvDisabled, pgd, hasIP)
-	d.steps, d.enabled, d.resumeIP, d.resumeOK = 0, false, d.ip, true
-	if hasIP {
-		d.sinceRef, d.resumeIP = 0, pgd
-	}
-	d.c.Events++
-	k.ip, k.b, k.budget = d.ip, nil, d.opts.MaxInsns
-	d.h.Event(e)
-	return true
-}
-
-// fastPGE takes, with tracing off, the TIP.PGE at k.pos (after PADs, and
-// timing packets no clock sees), and the PADs after it (kAFL's traces have
-// them after every TIP.PGE: a dispatch of the kernel's less). It tells
-// whether there was one; the flow goes on at its IP's block.
-func (d *Decoder) fastPGE(k *kern) bool {
 	buf, end := k.buf, len(k.buf)-16
-	// kAFL's traces have 9 PADs before a TIP.PGE: skipped a word at a
-	// time first, without skipPad's dispatch per packet.
-	pos := k.pos
-	for pos <= end {
-		if w := word(buf, pos); w != 0 {
-			pos += bits.TrailingZeros64(w) / 8
-			break
+	ip, pos, ok := w.pgeAt(buf, k.pos)
+	if !ok {
+		// kAFL's traces have 9 PADs before a TIP.PGE: skipped a word
+		// at a time first, without skipPad's dispatch per packet.
+		pos = k.pos
+		for pos <= end {
+			if x := word(buf, pos); x != 0 {
+				pos += bits.TrailingZeros64(x) / 8
+				break
+			}
+			pos += 8
 		}
-		pos += 8
-	}
-	// With an IP (the table's opPGE): a suppressed or a reserved one
-	// is the slow path's.
-	ops := d.offOps()
-	if pos > end || ops[buf[pos]] != opPGE {
-		if pos = skipPad(buf, pos, end, ops); pos > end || ops[buf[pos]] != opPGE {
-			k.pos = pos
-			return false
+		// With an IP (the table's opPGE): a suppressed or a reserved
+		// one is the slow path's.
+		ops := d.offOps()
+		pads := pos <= end && ops[buf[pos]] == opPGE
+		if !pads {
+			if pos = skipPad(buf, pos, end, ops); pos > end || ops[buf[pos]] != opPGE {
+				// As the fast path's start or the TIP.PGD left it.
+				k.pos, k.ip, k.b, k.budget = pos, d.ip, nil, d.opts.MaxInsns-d.steps
+				return false
+			}
+		}
+		c := buf[pos]
+		ip = decode.ApplyIP(c, word(buf, pos+1), k.last)
+		pos += 1 + decode.IPSize(c)
+		if pads && w != nil {
+			w.keepPGE(buf, k.pos, pos, ip)
 		}
 	}
-	c := buf[pos]
-	ip := decode.ApplyIP(c, word(buf, pos+1), k.last)
-	pos += 1 + decode.IPSize(c)
 	if pos <= len(buf)-8 {
 		pos = padRun(buf, pos)
 	}
@@ -601,7 +619,12 @@ func (d *Decoder) kernel() (why int) {
 					// the error. (A reserved IP compression is
 					// opOther, the slow path's.)
 					if b.count() > 0 {
-						why = exitPGD
+						// out's stores without its tests: nothing is
+						// pending at a packet's read, and b is known
+						// (14,148 exits a mruby pass).
+						k.pos, k.tnt, k.nb, k.tip, k.b, k.ip, k.budget = pos, 0, 0, tipNone, b, b.ip, budget
+						f.n = nf
+						return exitPGD
 					}
 				}
 				goto out
@@ -859,7 +882,7 @@ func (d *Decoder) ipMiss(ip uint64) *block {
 // that needs trace, which it binds to. It tells whether it fired; else the
 // walk is left, at a block's start, to the slow path, with the event in
 // d.qEv. A walk that fired is kept in w, pgds' slot for b and ip, and
-// replayed (fastPGD) the next time the same block meets a TIP.PGD with the
+// replayed (fastSeg) the next time the same block meets a TIP.PGD with the
 // same IP.
 func (d *Decoder) fastDisable(b *block, w *pgdWalk, ip uint64, hasIP bool) bool {
 	ev := d.newEv(EvDisabled, ip, hasIP)
@@ -946,16 +969,52 @@ type pgdWalk struct {
 	n     uint8  // edges
 	nrets uint8
 	hasIP bool
-	edges [pgdEdges]Edge
+	// pgeLen is the length of the TIP.PGE kept after the walk's
+	// TIP.PGD (keepPGE), PADs before it included; 0 if none.
+	pgeLen uint8
+	edges  [pgdEdges]Edge
 	// rets are the return addresses the walk pushes, in order.
 	rets [pgdEdges + 1]uint64
+	// The kept TIP.PGE: its bytes from the TIP.PGD's end (the second
+	// word's past pgeLen masked off by pgeMask) and its IP.
+	pge     [2]uint64
+	pgeMask uint64
+	pgeIP   uint64
+}
+
+// pgeAt returns the IP and the end of the TIP.PGE at pos (after PADs) when
+// the bytes there are those kept (keepPGE); ok false otherwise (w nil too).
+func (w *pgdWalk) pgeAt(buf []byte, pos int) (ip uint64, end int, ok bool) {
+	if w == nil || w.pgeLen == 0 || pos > len(buf)-16 {
+		return 0, 0, false
+	}
+	s := buf[pos : pos+16 : pos+16]
+	if binary.LittleEndian.Uint64(s) != w.pge[0] || binary.LittleEndian.Uint64(s[8:])&w.pgeMask != w.pge[1] {
+		return 0, 0, false
+	}
+	return w.pgeIP, pos + int(w.pgeLen), true
+}
+
+// keepPGE keeps the TIP.PGE from pos to end, PADs and the packet, whose IP
+// is ip. Its IP is a function of these bytes and the last IP before them
+// (its compression), which is the walk's TIP.PGD's IP: kept only after a
+// TIP.PGD with an IP, and only when the bytes are 8 to 16, within the
+// trace's last 16.
+func (w *pgdWalk) keepPGE(buf []byte, pos, end int, ip uint64) {
+	n := end - pos
+	if !w.hasIP || n < 8 || n > 16 || pos > len(buf)-16 {
+		return
+	}
+	mask := ^uint64(0) >> ((16 - n) * 8) // n == 8: none of the second word
+	w.pge = [2]uint64{word(buf, pos), word(buf, pos+8) & mask}
+	w.pgeMask, w.pgeIP, w.pgeLen = mask, ip, uint8(n)
 }
 
 // pgdEdges is the most edges a kept walk has (a walk takes 1.1 on
 // average on mruby's trace: a call to a PLT entry).
 const pgdEdges = 3
 
-// recentPGDs is the size of runCache.pgds (144 bytes an entry).
+// recentPGDs is the size of runCache.pgds (176 bytes an entry).
 const recentPGDs = 1 << 9
 
 // pgdHash is the index in runCache.pgds of the walk from b to a TIP.PGD's

@@ -754,10 +754,10 @@ type pgdState struct {
 	kept                bool
 }
 
-// pgdAt runs fastPGD on a TIP.PGD packet for ev (EvDisabled with its IP
+// pgdAt runs fastSeg on a TIP.PGD packet for ev (EvDisabled with its IP
 // in full, or none) with the flow at block b after steps instructions: the
-// fast path's way to a TIP.PGD's walk, replayed or walked. It tells
-// whether the event fired.
+// fast path's way to a TIP.PGD's walk, replayed or walked (no TIP.PGE
+// follows). It tells whether the event fired (none was queued).
 func pgdAt(d *Decoder, b *block, ev Event, steps int) bool {
 	buf := make([]byte, 32)
 	buf[0] = decode.IPCSuppressed<<5 | 1
@@ -766,10 +766,11 @@ func pgdAt(d *Decoder, b *block, ev Event, steps int) bool {
 		binary.LittleEndian.PutUint64(buf[1:], ev.IP)
 	}
 	d.fp.k = kern{buf: buf, b: b, ip: b.ip, budget: d.opts.MaxInsns - steps}
-	return d.fastPGD(&d.fp.k)
+	d.fastSeg(&d.fp.k, true)
+	return len(d.q) == 0
 }
 
-// pgdWalkOnce runs fastPGD (pgdAt) from the block at start with a TIP.PGD
+// pgdWalkOnce runs fastSeg (pgdAt) from the block at start with a TIP.PGD
 // (ev) after steps instructions, the return stack holding depth entries,
 // on d (its Handler h), and returns the state it leaves.
 func pgdWalkOnce(d *Decoder, h *edgeLog, start uint64, ev Event, steps, depth int) pgdState {

@@ -101,8 +101,8 @@ var segBetween = []struct {
 // segOpts are the options the segment tests decode with.
 var segOpts = []Options{{}, {ResyncOnError: true}, {Time: &timeConfig}}
 
-// TestFastSegments holds the fast path's TIP.PGD and TIP.PGE (fastPGD,
-// fastPGE) to the slow path's flow (sameFast: the branches, with Edges and
+// TestFastSegments holds the fast path's TIP.PGD and TIP.PGE (fastSeg)
+// to the slow path's flow (sameFast: the branches, with Edges and
 // one by one, then each event, every field, and the counters, cold and
 // warm) with each kind of packet between them, and checks the fast path
 // took the segments.
@@ -267,7 +267,7 @@ func TestFastSpareCapacityCorpus(t *testing.T) {
 }
 
 // TestFastSegmentState holds what a TIP.PGE leaves for the packets after it
-// (fastPGE) to the slow path's (sameFast): the count toward a TRIG starts
+// (fastSeg) to the slow path's (sameFast): the count toward a TRIG starts
 // at the TIP.PGE, not at the IP before the TIP.PGD (a TIP.PGD without one
 // counts its walk's instructions on); an enable after tracing went off
 // without a disable (an interrupt without an IP) is not a resume of the
@@ -311,5 +311,185 @@ func TestFastSegmentState(t *testing.T) {
 				t.Errorf("%s, %+v: counters %+v, want no error", tc.name, opts, c)
 			}
 		}
+	}
+}
+
+// TestFastSegmentKeptPGE holds the TIP.PGEs a kept walk keeps and takes
+// again (pgdWalk.pgeAt, keepPGE) to the slow path's flow (sameFast): the
+// same walk (the jump at 0x1000 disabled to 0x1010) followed, in turn, by
+// TIP.PGEs of each shape, each twice in a row (kept, then taken again by
+// its bytes): 9 PADs and an IP of 6 bytes (kAFL's 16 bytes), the same to
+// another IP (the first word alike), 6 PADs, IPs of 2 and 4 bytes (bytes
+// past the TIP.PGE in the window, which differ), too few bytes to keep, a
+// timing packet between; each after a varied number of branches, so that
+// the TIP.PGD meets the batch at each fill, its end too.
+func TestFastSegmentKeptPGE(t *testing.T) {
+	pge := []struct {
+		name string
+		put  func(e *ptenc.Encoder)
+	}{
+		{"kafl", func(e *ptenc.Encoder) { pads(e, 9); e.IPC(ptenc.TIPPGE, 3, 0x1000) }},
+		{"other IP", func(e *ptenc.Encoder) {
+			pads(e, 9)
+			e.IPC(ptenc.TIPPGE, 3, 0x1011)
+			e.TNT(0, 1)
+			e.IP(ptenc.TIP, 0x1000) // the ret
+		}},
+		{"6 PADs", func(e *ptenc.Encoder) { pads(e, 6); e.IPC(ptenc.TIPPGE, 3, 0x1000) }},
+		{"2 bytes, PADs after", func(e *ptenc.Encoder) { pads(e, 9); e.IPC(ptenc.TIPPGE, 1, 0x1000); pads(e, 3) }},
+		{"2 bytes", func(e *ptenc.Encoder) { pads(e, 9); e.IPC(ptenc.TIPPGE, 1, 0x1000) }},
+		{"4 bytes", func(e *ptenc.Encoder) { pads(e, 9); e.IPC(ptenc.TIPPGE, 2, 0x1000) }},
+		{"short", func(e *ptenc.Encoder) { pads(e, 2); e.IPC(ptenc.TIPPGE, 1, 0x1000) }},
+		{"timing", func(e *ptenc.Encoder) { pads(e, 3); e.MTC(1); pads(e, 4); e.IPC(ptenc.TIPPGE, 3, 0x1000) }},
+	}
+	for before := range 40 {
+		e := ptenc.New()
+		start(e, 0x1000)
+		// Each round: the jump, the nop's loop not taken, the ret (a
+		// TIP): two branches a round.
+		for range before {
+			e.TNT(0, 1)
+			e.IP(ptenc.TIP, 0x1000)
+		}
+		e.TNT(0, 1)
+		e.IP(ptenc.TIP, 0x1000)
+		for i := range 3 * len(pge) {
+			p := pge[i%len(pge)]
+			for range 2 {
+				e.IPC(ptenc.TIPPGD, 3, 0x1010) // at the jump to it
+				p.put(e)
+			}
+			if i%3 == 0 {
+				e.TNT(0, 1)
+				e.IP(ptenc.TIP, 0x1000)
+			}
+		}
+		e.IP(ptenc.TIPPGD, 0x1010)
+		pads(e, 32)
+		trace := e.Bytes()
+		for _, opts := range segOpts {
+			if c := sameFast(t, segCode(), trace, opts); c.Errors != 0 {
+				t.Fatalf("%d rounds before, %+v: counters %+v, want no error", before, opts, c)
+			}
+		}
+	}
+}
+
+// pads appends n PADs.
+func pads(e *ptenc.Encoder, n int) {
+	for range n {
+		e.Pad()
+	}
+}
+
+// TestKeepPGE holds what a walk keeps of the TIP.PGE after its TIP.PGD:
+// the bytes up to its end when they are 8 to 16 and within the trace's last
+// 16, after a TIP.PGD with an IP only (the TIP.PGE's IP compression reads
+// the last IP, which is then the TIP.PGD's); and what pgeAt takes again.
+func TestKeepPGE(t *testing.T) {
+	e := ptenc.New()
+	pads(e, 9)
+	e.IPC(ptenc.TIPPGE, 3, 0x1000) // 16 bytes
+	e.TNT(0b11, 2)
+	kafl := append(e.Bytes(), make([]byte, 16)...)
+	for _, tc := range []struct {
+		name     string
+		hasIP    bool
+		buf      []byte
+		pos, end int
+		kept     int
+	}{
+		{"kafl", true, kafl, 0, 16, 16},
+		{"no IP", false, kafl, 0, 16, 0},
+		{"8 bytes", true, kafl, 8, 16, 8},
+		{"7 bytes", true, kafl, 9, 16, 0},
+		{"17 bytes", true, kafl, 0, 17, 0},
+		{"at the trace's end", true, kafl[:16], 0, 16, 16},
+		{"past the trace's last 16", true, kafl[:15], 0, 15, 0},
+	} {
+		w := &pgdWalk{hasIP: tc.hasIP, ip: 0x1010}
+		w.keepPGE(tc.buf, tc.pos, tc.end, 0x1000)
+		if int(w.pgeLen) != tc.kept {
+			t.Errorf("%s: kept %d bytes, want %d", tc.name, w.pgeLen, tc.kept)
+			continue
+		}
+		ip, end, ok := w.pgeAt(tc.buf, tc.pos)
+		if want := tc.kept > 0; ok != want || ok && (ip != 0x1000 || end != tc.end) {
+			t.Errorf("%s: pgeAt %#x, %d, %v; want %#x, %d, %v", tc.name, ip, end, ok, 0x1000, tc.end, want)
+		}
+		if tc.kept == 0 {
+			continue
+		}
+		// Any byte of the kept ones changed, it takes nothing; the
+		// bytes after them do not matter.
+		for i := tc.pos; i < tc.pos+16 && i < len(tc.buf); i++ {
+			b := slices.Clone(tc.buf)
+			b[i] ^= 0x40
+			if _, _, ok := w.pgeAt(b, tc.pos); ok != (i >= tc.end) {
+				t.Errorf("%s: byte %d changed, pgeAt took it: %v", tc.name, i, ok)
+			}
+		}
+	}
+}
+
+// TestFastSegmentMemoryChanged: a Handler that changes the memory and drops
+// the block cache at a TIP.PGE's event (an enable) gets from the fast path
+// the slow path's flow: the TIP.PGE taken again from its kept bytes goes on
+// in the new code's block, and the walks kept before are not replayed.
+func TestFastSegmentMemoryChanged(t *testing.T) {
+	// Old: 3000: jmp 3010; 3010: nop; ret
+	// New: 3000: jmp 3020; 3010: ret; 3020: nop; ret
+	old := &blob{base: 0x3000, code: []byte{0xeb, 0x0e, 16: 0x90, 0xc3}}
+	new := &blob{base: 0x3000, code: []byte{0xeb, 0x1e, 16: 0xc3, 32: 0x90, 0xc3}}
+	const rounds = 6
+	e := ptenc.New()
+	start(e, 0x3000)
+	for range rounds {
+		e.IPC(ptenc.TIPPGD, 3, 0x3010)
+		pads(e, 9)
+		e.IPC(ptenc.TIPPGE, 3, 0x3000)
+	}
+	// The new code: the jump to 3020, its ret.
+	for range 3 {
+		e.IP(ptenc.TIP, 0x3000)
+	}
+	pads(e, 32)
+	for at := 1; at <= rounds; at++ {
+		var logs [2]*swapLog
+		var decs [2]*Decoder
+		for i := range logs {
+			mem := &swapBlob{old: old, new: new}
+			decs[i] = New(mem, Options{NoInsns: true})
+			decs[i].fp.off = i == 0
+			logs[i] = &swapLog{edgeLog: edgeLog{t: t}, d: decs[i], mem: mem, enable: true, at: at}
+			decs[i].Decode(e.Bytes(), logs[i])
+			if !mem.swapped {
+				t.Fatal("the memory did not change")
+			}
+		}
+		sameLogs(t, at, decs[0], decs[1], &logs[0].fullLog, &logs[1].fullLog)
+	}
+}
+
+// TestFastSegmentBudget holds a TIP.PGD the kernel meets after steps (the
+// IP and the MaxInsns budget it leaves for the TIP.PGD's walk are where
+// they took it, not where it started) to the slow path's flow, MaxInsns
+// met in the loop, in the walk's first block and after it.
+func TestFastSegmentBudget(t *testing.T) {
+	// 1000: nop; 1001: jne 1000; 1003: nop; nop; jmp 1010; 1010: nop;
+	// nop; nop; 1013: jmp 1020; 1020: ret. At MaxInsns 2 the TIP.PGD's
+	// walk stops in its first block, at 1003, where the kernel left it.
+	mem := &blob{base: 0x1000, code: []byte{0x90, 0x75, 0xfd, 0x90, 0x90, 0xeb, 0x09, 16: 0x90, 0x90, 0x90, 0xeb, 0x0b, 32: 0xc3}}
+	e := ptenc.New()
+	start(e, 0x1000)
+	for range 3 {
+		e.TNT(0b1110, 4)          // the loop three times, then on to the ret
+		e.IPC(ptenc.TIPPGD, 0, 0) // at the ret
+		pads(e, 9)
+		e.IP(ptenc.TIPPGE, 0x1000)
+	}
+	pads(e, 32)
+	for maxInsns := 1; maxInsns <= 12; maxInsns++ {
+		sameFast(t, mem, e.Bytes(), Options{MaxInsns: maxInsns})
 	}
 }
