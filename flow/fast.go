@@ -451,6 +451,7 @@ func (d *Decoder) runCaches() {
 	if c.tlets == nil {
 		c.tlets = new([recentTlets]tlet)
 		c.tletSeen = new([recentTlets]uint64)
+		c.tletRoom = new([recentTlets][]Edge)
 	}
 }
 
@@ -509,8 +510,8 @@ func (d *Decoder) kernel() (why int) {
 				if op == opTNT8 {
 					// TNT.8 packets standing together, with a budget that
 					// passes their runs' checks unread: their tracelet
-					// (tntrun.go), if it fits in the batch; else, or
-					// when it takes no byte, byte by byte.
+					// (tntrun.go); else, or when it takes no byte, byte
+					// by byte.
 					if onOps[buf[pos+1]] == opTNT8 && budget >= tletBudget {
 						w := word(buf, pos)
 						m := tnt8Count(w)
@@ -527,16 +528,17 @@ func (d *Decoder) kernel() (why int) {
 								why = exitTlet
 								goto out
 							}
-						} else if tm := int(t.m); tm > 0 && nf+tm <= edgeBatch {
-							for _, r := range t.runs[:tm] {
-								if e := r.edges; len(e) > 0 {
-									f.batch[nf&(edgeBatch-1)] = refOf(e)
-									nf++
-								}
-								if r.nrets > 0 {
-									for _, ret := range r.rets() {
-										d.pushRet(ret.From)
-									}
+						} else if tm := int(t.m); tm > 0 {
+							// Its runs' edges as one entry (the batch
+							// has room for one: the kernel exits for a
+							// full one before it reads a packet).
+							if t.ne > 0 {
+								f.batch[nf&(edgeBatch-1)] = t.edges()
+								nf++
+							}
+							if t.nrets > 0 {
+								for _, ret := range t.rets[:t.nrets] {
+									d.pushRet(ret)
 								}
 							}
 							// Its last run ends at its last bit (a run
