@@ -264,8 +264,10 @@ type tlet struct {
 	key   uint64
 	end   *block
 	errIP uint64
-	// e is the first of the ne edges; nil without any.
-	e     *Edge
+	// e is the first of the ne edges (0 without any), in the slot's
+	// room, which keeps them: a word the collector neither scans nor
+	// write-barriers, as a batch entry (edgeRef).
+	e     uintptr
 	insns uint32
 	ne    uint16
 	// nrets is the return addresses pushed, in order, rets (in the
@@ -281,7 +283,7 @@ type tlet struct {
 // edges returns t's edges as a batch entry.
 func (t *tlet) edges() edgeRef {
 	n := int(t.ne)
-	return edgeRef{uintptr(unsafe.Pointer(t.e)), n, n}
+	return edgeRef{t.e, n, n}
 }
 
 // tletRets bounds a tracelet's return addresses.
@@ -416,10 +418,14 @@ func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 		c.tletSlab.used(n)
 		c.tletRoomed += n
 	}
+	// Edge by edge: a run has few (copy's memmove call cost more).
 	e := (*room)[:ne]
 	k := 0
 	for _, r := range runs[:t.m] {
-		k += copy(e[k:], r.edges)
+		for _, x := range r.edges {
+			e[k] = x
+			k++
+		}
 	}
-	t.e, t.ne = &e[0], uint16(ne)
+	t.e, t.ne = uintptr(unsafe.Pointer(&e[0])), uint16(ne)
 }
