@@ -294,9 +294,9 @@ const tletRets = 2
 const tletEdges = 48
 
 // tletGrain is what a slot's room grows by: few rooms grow again (mruby's
-// tracelets use 1,400 slots, 22.5 k edges of room in all, 96% of it made
-// in the first four passes, none after the twentieth).
-const tletGrain = 8
+// tracelets use 1,400 slots; their rooms took 22.2 k edges in all, 95% in
+// the first four passes, none after the twenty-fifth).
+const tletGrain = 4
 
 // tletRoomMax bounds the edges the rooms take, so that a trace whose
 // tracelets keep changing ends their growth: past it a tracelet takes
@@ -322,7 +322,7 @@ const (
 // Tracelet room slab sizes: the first chunk's and the largest.
 const (
 	tletSlabLo = 1 << 8
-	tletSlab   = 1 << 12
+	tletSlab   = 1 << 10
 )
 
 // tnt8Count is how many of w's bytes, from the low one, are TNT.8 packets
