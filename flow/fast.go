@@ -450,7 +450,7 @@ func (d *Decoder) runCaches() {
 	}
 	if c.tlets == nil {
 		c.tlets = new([recentTlets]tlet)
-		c.tletSeen = new([recentTlets]uint64)
+		c.tletSeen = new([recentTlets / 2]uint64)
 		c.tletRoom = new([recentTlets][]Edge)
 	}
 }
@@ -517,12 +517,16 @@ func (d *Decoder) kernel() (why int) {
 						m := tnt8Count(w)
 						key := w & (^uint64(0) >> ((64 - 8*m) & 63))
 						h := tletHash(b, key)
-						i := tletSlot(h)
-						if t := &d.cache.runs.tlets[i]; t.b != b || t.key != key {
+						set := tletSet(h)
+						t := &d.cache.runs.tlets[2*set]
+						if t.b != b || t.key != key {
+							t = &d.cache.runs.tlets[2*set+1]
+						}
+						if t.b != b || t.key != key {
 							// Made the second time in a row its
-							// slot misses it; the first, byte by
+							// set misses it; the first, byte by
 							// byte.
-							if s := &d.cache.runs.tletSeen[i]; *s != h {
+							if s := &d.cache.runs.tletSeen[set]; *s != h {
 								*s = h
 							} else {
 								why = exitTlet
