@@ -59,7 +59,8 @@ type fastState struct {
 // branch while it marks cost a cold pass more than its share). It keeps
 // nothing alive: its edges are a run's (listed by a block in the cache's
 // chunks, kept across drops while the fast path runs: blockCache.pinned),
-// a kept walk's or the batch's own buffer's, none of which moves.
+// a kept walk's, a tracelet's room's or the batch's own buffer's, none of
+// which moves.
 type edgeRef struct {
 	p    uintptr
 	n, c int
