@@ -59,7 +59,8 @@ type fastState struct {
 // branch while it marks cost a cold pass more than its share). It keeps
 // nothing alive: its edges are a run's (listed by a block in the cache's
 // chunks, kept across drops while the fast path runs: blockCache.pinned),
-// a kept walk's or the batch's own buffer's, none of which moves.
+// a kept walk's, a tracelet's room's or the batch's own buffer's, none of
+// which moves.
 type edgeRef struct {
 	p    uintptr
 	n, c int
@@ -468,7 +469,8 @@ func (d *Decoder) runCaches() {
 	}
 	if c.tlets == nil {
 		c.tlets = new([recentTlets]tlet)
-		c.tletSeen = new([recentTlets]uint64)
+		c.tletSeen = new([recentTlets / 2]uint64)
+		c.tletRoom = new([recentTlets][]Edge)
 	}
 }
 
@@ -527,34 +529,39 @@ func (d *Decoder) kernel() (why int) {
 				if op == opTNT8 {
 					// TNT.8 packets standing together, with a budget that
 					// passes their runs' checks unread: their tracelet
-					// (tntrun.go), if it fits in the batch; else, or
-					// when it takes no byte, byte by byte.
+					// (tntrun.go); else, or when it takes no byte, byte
+					// by byte.
 					if onOps[buf[pos+1]] == opTNT8 && budget >= tletBudget {
 						w := word(buf, pos)
 						m := tnt8Count(w)
 						key := w & (^uint64(0) >> ((64 - 8*m) & 63))
 						h := tletHash(b, key)
-						i := tletSlot(h)
-						if t := &d.cache.runs.tlets[i]; t.b != b || t.key != key {
+						set := tletSet(h)
+						t := &d.cache.runs.tlets[2*set]
+						if t.b != b || t.key != key {
+							t = &d.cache.runs.tlets[2*set+1]
+						}
+						if t.b != b || t.key != key {
 							// Made the second time in a row its
-							// slot misses it; the first, byte by
+							// set misses it; the first, byte by
 							// byte.
-							if s := &d.cache.runs.tletSeen[i]; *s != h {
+							if s := &d.cache.runs.tletSeen[set]; *s != h {
 								*s = h
 							} else {
 								why = exitTlet
 								goto out
 							}
-						} else if tm := int(t.m); tm > 0 && nf+tm <= edgeBatch {
-							for _, r := range t.runs[:tm] {
-								if e := r.edges; len(e) > 0 {
-									f.batch[nf&(edgeBatch-1)] = refOf(e)
-									nf++
-								}
-								if r.nrets > 0 {
-									for _, ret := range r.rets() {
-										d.pushRet(ret.From)
-									}
+						} else if tm := int(t.m); tm > 0 {
+							// Its runs' edges as one entry (the batch
+							// has room for one: the kernel exits for a
+							// full one before it reads a packet).
+							if t.ne > 0 {
+								f.batch[nf&(edgeBatch-1)] = t.edges()
+								nf++
+							}
+							if t.nrets > 0 {
+								for _, ret := range t.rets[:t.nrets] {
+									d.pushRet(ret)
 								}
 							}
 							// Its last run ends at its last bit (a run

@@ -299,14 +299,18 @@ func TestFastTakesOver(t *testing.T) {
 	}
 }
 
-// TestCacheLines holds blocks to a cache line at most and runs to one each:
-// the fast path loads one line per block or run it goes through.
+// TestCacheLines holds blocks to a cache line at most and runs and
+// tracelets to one each: the fast path loads one line per block, run or
+// tracelet it goes through.
 func TestCacheLines(t *testing.T) {
 	if s := unsafe.Sizeof(block{}); s > 64 {
 		t.Errorf("a block is %d bytes, more than a cache line", s)
 	}
 	if s := unsafe.Sizeof(tntRun{}); s != 64 {
 		t.Errorf("a run is %d bytes, want 64", s)
+	}
+	if s := unsafe.Sizeof(tlet{}); s != 64 {
+		t.Errorf("a tracelet is %d bytes, want 64", s)
 	}
 }
 

@@ -176,7 +176,7 @@ func TestTletDropClears(t *testing.T) {
 	}
 	d.MemoryChanged()
 	for i := range d.cache.runs.tlets {
-		if d.cache.runs.tlets[i] != (tlet{}) || d.cache.runs.tletSeen[i] != 0 {
+		if d.cache.runs.tlets[i] != (tlet{}) || d.cache.runs.tletSeen[i/2] != 0 {
 			t.Fatalf("slot %d kept after a drop", i)
 		}
 	}
@@ -222,5 +222,103 @@ func TestTletBudget(t *testing.T) {
 	d.Decode(e.Bytes(), &counter{})
 	if tletsKept(d) != 1 {
 		t.Errorf("%d tracelets of 2 bytes kept, want 1", tletsKept(d))
+	}
+}
+
+// TestTletNoEdges: tracelets whose runs take no branch (every bit a je not
+// taken) hand no edges over and push nothing, between tracelets and
+// single branches that do.
+func TestTletNoEdges(t *testing.T) {
+	// 64 je .+2, then jmp rax back to the first.
+	code := bytes.Repeat([]byte{0x74, 0x00}, 64)
+	code = append(code, 0xff, 0xe0)
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1000)
+	for round := range 40 {
+		// A taken je now and then: tracelets with edges too.
+		for i := range 10 {
+			bits := uint64(0)
+			if round%3 == 0 && i == 4 {
+				bits = 1
+			}
+			e.TNT(bits, 6)
+		}
+		e.TNT(0, 4)
+		e.IP(ptenc.TIP, 0x1000)
+	}
+	for range 32 {
+		e.Pad()
+	}
+	if c := sameFast(t, mem, e.Bytes(), Options{}); c.Errors != 0 {
+		t.Fatalf("counters %+v: the trace is not the code's", c)
+	}
+	d := New(mem, Options{NoInsns: true})
+	d.Decode(e.Bytes(), &counter{})
+	d.Decode(e.Bytes(), &counter{})
+	none, some := 0, 0
+	for i := range d.cache.runs.tlets {
+		switch tl := &d.cache.runs.tlets[i]; {
+		case tl.m >= 2 && tl.ne == 0:
+			none++
+		case tl.m >= 2:
+			some++
+		}
+	}
+	if none == 0 || some == 0 {
+		t.Errorf("%d tracelets without edges kept, %d with: one kind went untested", none, some)
+	}
+}
+
+// TestTletRoomBound: past tletRoomMax no slot's room grows, and a tracelet
+// takes the runs its room has room for (none with edges where its set has
+// no room); the flow is the slow path's.
+func TestTletRoomBound(t *testing.T) {
+	mem := &blob{base: 0x1000, code: recurseCode}
+	trace := recurseTrace(rand.New(rand.NewPCG(5, 6)), 200, 12, false)
+	ds, df := New(mem, Options{NoInsns: true}), New(mem, Options{NoInsns: true})
+	ds.fp.off = true
+	// Rooms of 4 edges in every other set, none in the rest, then the
+	// bound reached and the tracelets dropped: they are made again in
+	// the rooms there are.
+	df.Decode(trace, &counter{})
+	rooms := df.cache.runs.tletRoom
+	for i := range rooms {
+		rooms[i] = nil
+		if i/2%2 == 1 {
+			rooms[i] = make([]Edge, 4)
+		}
+	}
+	was := *rooms
+	df.cache.runs.tletRoomed = tletRoomMax
+	df.MemoryChanged()
+	for pass := range 2 {
+		var slow fullLog
+		fast := edgeLog{t: t}
+		ds.c, df.c = Counters{}, Counters{}
+		ds.Decode(trace, &slow)
+		df.Decode(trace, &fast)
+		sameLogs(t, pass, ds, df, &slow, &fast.fullLog)
+	}
+	roomed := 0
+	for i, room := range rooms {
+		// A set's two rooms may have changed places.
+		j := i
+		if len(room) > 0 && &room[0] != &was[i][0] {
+			j = i ^ 1
+		}
+		if cap(room) != cap(was[j]) || len(room) > 0 && &room[0] != &was[j][0] {
+			t.Fatalf("slot %d: a room of %d edges after the bound, none such in its set before", i, cap(room))
+		}
+		tl := &df.cache.runs.tlets[i]
+		if int(tl.ne) > cap(room) {
+			t.Fatalf("slot %d: a tracelet of %d edges in a room of %d", i, tl.ne, cap(room))
+		}
+		if tl.m > 0 && tl.ne > 0 {
+			roomed++
+		}
+	}
+	if roomed == 0 {
+		t.Error("no tracelet with edges kept past the bound: it went untested")
 	}
 }

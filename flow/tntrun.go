@@ -2,6 +2,7 @@ package flow
 
 import (
 	"math/bits"
+	"unsafe"
 
 	"ptfs/x86insn"
 )
@@ -87,11 +88,19 @@ type runCache struct {
 	// tlets are the recent tracelets, allocated when the fast path
 	// first runs (the kernel reads it without a test).
 	tlets *[recentTlets]tlet
-	// tletSeen marks, by slot, the last group the kernel did not find
+	// tletSeen marks, by set, the last group the kernel did not find
 	// (its tletHash): a group is made when it is missed twice in a row
 	// in its slot, so that groups that do not come again (a loop's
 	// varying bits) cost no exit and fill each.
-	tletSeen *[recentTlets]uint64
+	tletSeen *[recentTlets / 2]uint64
+	// tletRoom holds, by slot, the edges of the slot's tracelet
+	// (tlet.e), from tletSlab; tletRoomed counts the edges the rooms
+	// took, old ones too (a room only grows). Not cleared with the
+	// cache: a drop while a Handler reads a batch leaves them as they
+	// are.
+	tletRoom   *[recentTlets][]Edge
+	tletSlab   slab[Edge]
+	tletRoomed int
 }
 
 // runRef is a recent entry: the run r of block b.
@@ -240,11 +249,14 @@ func (d *Decoder) tntRun(b *block, pat uint8, k uint) *tntRun {
 // lookup of the block and those bytes, where each would be a packet read,
 // a run's lookup and the run. Of a warm mruby pass's 84 k TNT.8 packets,
 // 49 k stand with others (12.8 k groups of 2 to 8, 1,766 distinct keys).
-// A tracelet lists the runs the bytes take, each run taking its byte's
-// bits whole (so nothing is pending between them, and the runs are the
-// ones the kernel would look up byte by byte); what their MaxInsns
-// checks see is left out: the kernel takes one only with a budget that
-// passes all of them unread (tletBudget).
+// A tracelet is the runs the bytes take, each run taking its byte's bits
+// whole (so nothing is pending between them, and the runs are the ones
+// the kernel would take byte by byte), made into one: their edges copied
+// into one slice (its slot's room, runCache.tletRoom), their return
+// addresses into the tracelet, so that the kernel stores one batch entry,
+// reads no run and loads one line (a tracelet is a cache line). What the
+// runs' MaxInsns checks see is left out: the kernel takes one only with a
+// budget that passes all of them unread (tletBudget).
 type tlet struct {
 	b *block
 	// key is the bytes, the first in the low byte (TNT.8 bytes are not
@@ -252,13 +264,44 @@ type tlet struct {
 	key   uint64
 	end   *block
 	errIP uint64
+	// e is the first of the ne edges (0 without any), in the slot's
+	// room, which keeps them: a word the collector neither scans nor
+	// write-barriers, as a batch entry (edgeRef).
+	e     uintptr
 	insns uint32
-	// m is the runs (bytes) it takes: those of key from the first on
-	// that give a run taking its bits whole; 0, none (the kernel reads
-	// the bytes one by one).
-	m    uint8
-	runs [tletMax]*tntRun
+	ne    uint16
+	// nrets is the return addresses pushed, in order, rets (in the
+	// line: a warm mruby pass's tracelets push 0 to 2, 99% of them); m
+	// the runs (bytes) it takes: those of key from the first on that
+	// give a run taking its bits whole, up to tletEdges edges (fewer
+	// past tletRoomMax) and tletRets return addresses; 0, none (the
+	// kernel reads the bytes one by one).
+	nrets, m uint8
+	rets     [tletRets]uint64
 }
+
+// edges returns t's edges as a batch entry.
+func (t *tlet) edges() edgeRef {
+	n := int(t.ne)
+	return edgeRef{t.e, n, n}
+}
+
+// tletRets bounds a tracelet's return addresses.
+const tletRets = 2
+
+// tletEdges bounds a tracelet's edges (its slot's room): of a warm mruby
+// pass's tracelets 96% have 24 or fewer, 99% 48.
+const tletEdges = 48
+
+// tletGrain is what a slot's room grows by: few rooms grow again (mruby's
+// rooms take 12.6 k edges the first pass, 22.8 k by the thirtieth, none
+// after).
+const tletGrain = 4
+
+// tletRoomMax bounds the edges the rooms take, so that a trace whose
+// tracelets keep changing ends their growth: past it a tracelet takes
+// the runs its slot's room has room for.
+const tletRoomMax = 1 << 15
 
 // tletMax is the most bytes a tracelet takes: a word's.
 const tletMax = 8
@@ -269,11 +312,24 @@ const tletMax = 8
 // each is MaxInsns).
 const tletBudget = 1 << 17
 
-// recentTlets is the size of runCache.tlets (a direct-mapped cache: 90%
-// of a warm mruby pass's lookups hit at 2,048, 85% at 1,024).
+// recentTlets is the size of runCache.tlets, a cache of two ways: a set
+// is two entries side by side, the last made first (of a warm mruby
+// pass's lookups, 90% hit a direct-mapped cache of 2,048, 94% one of
+// 4,096; two ways of 2,048 take 23.71 M instructions a pass against
+// 24.13 M).
 const (
 	recentTletsLog = 11
 	recentTlets    = 1 << recentTletsLog
+)
+
+// Tracelet room slab sizes: the first chunk's and the largest. Each chunk
+// twice the last up to half tletRoomMax, so that the rooms' growth after
+// the first passes finds room in the last chunk (mruby's: 12.6 k edges
+// the first pass, 16.6 k the second, in chunks of 32 k by then): a warm
+// decode allocates nothing.
+const (
+	tletSlabLo = 1 << 8
+	tletSlab   = tletRoomMax / 2
 )
 
 // tnt8Count is how many of w's bytes, from the low one, are TNT.8 packets
@@ -287,29 +343,44 @@ func tnt8Count(w uint64) int {
 	return bits.TrailingZeros64(^ok&lo) / 8
 }
 
-// tletHash is a hash of block b and key: its top bits are the index in
-// runCache.tlets of b's tracelet for key (tletSlot), the whole its mark in
+// tletHash is a hash of block b and key: its top bits are the set in
+// runCache.tlets of b's tracelet for key (tletSet), the whole its mark in
 // runCache.tletSeen.
 func tletHash(b *block, key uint64) uint64 {
 	return (b.ip ^ key*0x9e3779b97f4a7c15) * 0x9e3779b97f4a7c15
 }
 
-// tletSlot is the index of hash h in runCache.tlets.
-func tletSlot(h uint64) uint64 { return h >> (64 - recentTletsLog) }
+// tletSet is the set of hash h: its entries in runCache.tlets are 2*set
+// and 2*set+1.
+func tletSet(h uint64) uint64 { return h >> (64 - recentTletsLog + 1) }
 
 // tletFill makes the tracelet the kernel did not find: from block b, the
 // TNT.8 bytes at buf[pos:] (2 or more), from the runs each byte's bits
 // take, worked out here if new (tntRun). A drop of the block cache while
 // it works them out leaves an entry that takes no byte (the kernel goes
 // on byte by byte from the block it holds, as after a run's work-out).
+// The slot's room is overwritten: the kernel exited and the batch was
+// handed over before this (fastLoop), so no batch refers to it.
 func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 	w := word(buf, pos)
 	m := tnt8Count(w)
 	key := w & (^uint64(0) >> ((64 - 8*m) & 63))
 	c := &d.cache.runs
-	t := &c.tlets[tletSlot(tletHash(b, key))] // made by runCaches before the kernel ran
+	i := 2 * tletSet(tletHash(b, key))
+	t := &c.tlets[i] // made by runCaches before the kernel ran
+	// The new one first, the first one second with its room (the
+	// second's is the new one's).
+	c.tlets[i+1] = *t
+	c.tletRoom[i], c.tletRoom[i+1] = c.tletRoom[i+1], c.tletRoom[i]
 	drops := d.cache.drops
+	var runs [tletMax]*tntRun
 	*t = tlet{b: b, key: key}
+	room := &c.tletRoom[i]
+	most := tletEdges
+	if c.tletRoomed >= tletRoomMax {
+		most = cap(*room)
+	}
+	ne := 0
 	s := b
 	for j := range m {
 		if cls := s.class; s.count() == 0 || cls != x86insn.CondJump && cls != x86insn.Jump && cls != x86insn.Call {
@@ -333,13 +404,40 @@ func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 			*t = tlet{b: b, key: key}
 			return
 		}
-		if uint(r.used) != nb {
+		if uint(r.used) != nb || ne+len(r.edges) > most || int(t.nrets)+int(r.nrets) > tletRets {
 			break
 		}
-		t.runs[j] = r
+		runs[j] = r
 		t.m++
+		ne += len(r.edges)
+		for _, ret := range r.rets() {
+			t.rets[t.nrets] = ret.From
+			t.nrets++
+		}
 		t.insns += uint32(r.insns)
 		t.end, t.errIP = r.end, r.errIP
 		s = r.end
 	}
+	if ne == 0 {
+		return
+	}
+	// The runs' edges in the slot's room, made larger when it is too
+	// small (the old room stays in its chunk: nothing refers to it past
+	// the batch handed over).
+	if n := ne; cap(*room) < n {
+		n = (n + tletGrain - 1) / tletGrain * tletGrain
+		*room = c.tletSlab.room(n, tletSlabLo, tletSlab)[:n:n]
+		c.tletSlab.used(n)
+		c.tletRoomed += n
+	}
+	// Edge by edge: a run has few (copy's memmove call cost more).
+	e := (*room)[:ne]
+	k := 0
+	for _, r := range runs[:t.m] {
+		for _, x := range r.edges {
+			e[k] = x
+			k++
+		}
+	}
+	t.e, t.ne = uintptr(unsafe.Pointer(&e[0])), uint16(ne)
 }

@@ -2,7 +2,9 @@ package flow
 
 import (
 	"reflect"
+	"slices"
 	"testing"
+	"unsafe"
 
 	"ptfs/decode/ptenc"
 )
@@ -181,15 +183,17 @@ func TestTNT8Count(t *testing.T) {
 }
 
 // TestTletMruby holds the tracelets a warm mruby decode keeps to their
-// keys: each of its runs takes its byte's bits whole and starts where the
-// one before ended, and the counts are the runs'.
+// keys: each byte's run (from its block's list) takes the byte's bits
+// whole and starts where the one before ended, the tracelet's edges and
+// return addresses are its runs' in order, in its slot's room, and the
+// counts are the runs'.
 func TestTletMruby(t *testing.T) {
 	bt := loadBench(t, "mruby")
 	d := New(bt.space, Options{NoInsns: true})
 	var c counter
 	d.Decode(bt.trace, &c)
 	d.Decode(bt.trace, &c)
-	multi := 0
+	multi, pushes := 0, 0
 	for i := range d.cache.runs.tlets {
 		tl := &d.cache.runs.tlets[i]
 		if tl.b == nil || tl.m == 0 {
@@ -199,27 +203,43 @@ func TestTletMruby(t *testing.T) {
 			multi++
 		}
 		s, insns := tl.b, uint32(0)
-		for j, r := range tl.runs[:tl.m] {
+		var edges, pushed []Edge
+		var last *tntRun
+		for j := range int(tl.m) {
 			tb := byte(tl.key >> (8 * j))
 			nb := tnt8Lens[tb]
 			pat := uint8(1<<nb | tnt8Words[tb]>>(64-nb))
-			listed := false
+			var r *tntRun
 			for l := s.runs; l != nil; l = l.next {
-				listed = listed || l == r
+				if l.pat == pat {
+					r = l
+				}
 			}
-			if !listed || r.pat != pat || r.used != nb {
-				t.Fatalf("tracelet %#x from %#x: run %d (pattern %#x, %d bits) is not its block's for byte %#x", tl.key, tl.b.ip, j, r.pat, r.used, tb)
+			if r == nil || r.used != nb {
+				t.Fatalf("tracelet %#x from %#x: byte %d (%#x) has no run taking its bits whole", tl.key, tl.b.ip, j, tb)
 			}
+			edges = append(edges, r.edges...)
+			pushed = append(pushed, r.rets()...)
 			insns += uint32(r.insns)
-			s = r.end
+			s, last = r.end, r
 		}
-		last := tl.runs[tl.m-1]
+		room := d.cache.runs.tletRoom[i]
+		got := room[:min(int(tl.ne), cap(room))]
+		var rets []uint64
+		for _, r := range pushed {
+			rets = append(rets, r.From)
+		}
+		if !slices.Equal(got, edges) || !slices.Equal(tl.rets[:tl.nrets], rets) || len(edges) > 0 && uintptr(unsafe.Pointer(&room[0])) != tl.e || len(edges) > min(cap(room), tletEdges) {
+			t.Fatalf("tracelet %#x from %#x: edges %v and returns %#x, its runs' %v and %#x", tl.key, tl.b.ip, got, tl.rets[:tl.nrets], edges, rets)
+		}
+		pushes += len(rets)
 		if tl.end != s || tl.insns != insns || tl.errIP != last.errIP || last.steps != 0 {
 			t.Fatalf("tracelet %#x from %#x: end, counts or last branch not its runs', or steps after its last bit", tl.key, tl.b.ip)
 		}
 	}
-	// mruby has 1,766 keys of 2 to 8 bytes; most are kept.
-	if multi < recentTlets/2 {
-		t.Errorf("%d tracelets of 2 bytes or more kept", multi)
+	// mruby has 1,766 keys of 2 to 8 bytes; most are kept, some with
+	// calls.
+	if multi < recentTlets/2 || pushes == 0 {
+		t.Errorf("%d tracelets of 2 bytes or more kept, %d return addresses", multi, pushes)
 	}
 }
