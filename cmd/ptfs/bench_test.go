@@ -78,6 +78,45 @@ func benchPtfs(b *testing.B, bin string, rate int) {
 	}
 }
 
+// BenchmarkIdle measures the mount's fixed costs, those that scale with
+// time rather than records (DESIGN §4, issue 13's tenth pass): its CPU
+// per second with the probe installed and no hit, first with no
+// reader, then with a reader polling the records file as countLines does
+// (a read, then 5 ms of sleep after an empty one), and from the two the
+// CPU of one empty FUSE read. b.N is the seconds of each phase.
+func BenchmarkIdle(b *testing.B) {
+	needKernel(b)
+	bin := buildC(b, "nop5", "t", "-no-pie")
+	m := startMount(b, "t="+bin)
+	m.setProbe("t", "e", "hot %di %si")
+	f, err := os.Open(m.path("t", "records"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	pid := m.cmd.Process.Pid
+	span := time.Duration(b.N) * time.Second
+	b.ResetTimer()
+	cpu0 := taskCPU(b, pid)
+	time.Sleep(span)
+	idle := taskCPU(b, pid) - cpu0
+	buf := make([]byte, 1<<20)
+	reads := 0
+	cpu0 = taskCPU(b, pid)
+	for end := time.Now().Add(span); time.Now().Before(end); reads++ {
+		if k, err := f.Read(buf); k != 0 || (err != nil && err != io.EOF) {
+			b.Fatalf("read of an idle records file: %d bytes, %v", k, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	poll := taskCPU(b, pid) - cpu0
+	b.StopTimer()
+	b.ReportMetric(float64(idle)/span.Seconds()/1e3, "idle-cpu-us/s")
+	b.ReportMetric(float64(poll)/span.Seconds()/1e3, "poll-cpu-us/s")
+	b.ReportMetric(float64(reads)/span.Seconds(), "reads/s")
+	b.ReportMetric(float64(poll-idle)/float64(max(reads, 1))/1e3, "cpu-us/empty-read")
+}
+
 // countLines reads the records file f as it grows until the lines read and
 // the records counted lost add up to n, or the time is up.
 func countLines(b *testing.B, m *mountProc, f *os.File, n int, limit time.Duration) (got, lost int) {
