@@ -22,8 +22,8 @@ type insn struct {
 
 // block is a run of instructions from its first up to and including the
 // first that is not a plain fall-through (a branch or ptwrite), at most
-// maxBlock long, decoded in mode. It is less than a cache line (56 bytes,
-// no interface, no instruction records: a length byte per instruction):
+// maxBlock long, decoded in mode. It is a cache line (56 bytes padded to
+// 64, no interface, no instruction records: a length byte per instruction):
 // the fast path finds in it what the next step needs (the start to check a
 // varying successor by, the last instruction's class, offset, length and
 // target, the runs) with no other load.
@@ -53,6 +53,10 @@ type block struct {
 	// stop is why decoding stopped after the last instruction: an
 	// index in blockErrs.
 	stop uint8
+	// A block is a cache line (its chunk is aligned: blockChunk), where
+	// 56-byte blocks straddled two 7 times in 8: the kernel's reads of
+	// one (its IP, then its class and the rest) two misses.
+	_ [8]byte
 }
 
 // count returns the number of the block's instructions.
@@ -150,10 +154,13 @@ const numViews = 1 << 8
 // Chunk, slab (first and largest chunk) and table sizes: a first decode
 // allocates little, a long one a few large pieces. The table starts at
 // 32 KiB: growing it (a new table and every block put again) cost a short
-// trace's cold pass more than clearing it. A block chunk is 14 KiB.
+// trace's cold pass more than clearing it. A block chunk is 32 KiB: the
+// collector's large object, page-aligned with no header before it (a
+// smaller one with pointers has 8 bytes of header), so that each block is
+// a line.
 const (
 	minSlots   = 1 << 12
-	blockChunk = 1 << 8
+	blockChunk = 1 << 9
 	lenSlabLo  = 1 << 11
 	lenSlab    = 1 << 14
 )
