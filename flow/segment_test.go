@@ -493,3 +493,31 @@ func TestFastSegmentBudget(t *testing.T) {
 		sameFast(t, mem, e.Bytes(), Options{MaxInsns: maxInsns})
 	}
 }
+
+// TestFastSegmentExitBudget holds the MaxInsns budget the kernel's exit at
+// a TIP.PGD leaves (its own stores, not out's) to the slow path's flow: the
+// kernel entered with a budget short of MaxInsns (an exit at a direct
+// jump's successor not known yet, a TIP pending), a step that takes the
+// TIP (the budget whole again), then the TIP.PGD, whose kept walk MaxInsns
+// binds: below, at and above it.
+func TestFastSegmentExitBudget(t *testing.T) {
+	// 2000: jmp 2010; 2010: jmp *%rax; 2020: nop; nop; 2022: jmp 2030;
+	// 2030: ret. The TIP.PGD at the jump to 2030: a walk of 3.
+	mem := &blob{base: 0x2000, code: []byte{0xeb, 0x0e, 16: 0xff, 0xe0, 32: 0x90, 0x90, 0xeb, 0x0c, 48: 0xc3}}
+	e := ptenc.New()
+	start(e, 0x2020)
+	for range 3 {
+		e.IPC(ptenc.TIPPGD, 3, 0x2030)
+		pads(e, 9)
+		e.IPC(ptenc.TIPPGE, 3, 0x2000)
+		e.IP(ptenc.TIP, 0x2020) // the jmp *%rax
+	}
+	e.IPC(ptenc.TIPPGD, 3, 0x2030)
+	pads(e, 32)
+	for maxInsns := 1; maxInsns <= 5; maxInsns++ {
+		c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: maxInsns})
+		if want := maxInsns >= 3; (c.Errors == 0) != want {
+			t.Errorf("MaxInsns %d: counters %+v, want no error %v", maxInsns, c, want)
+		}
+	}
+}
