@@ -2,6 +2,7 @@ package flow
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -433,9 +434,10 @@ func TestKeepPGE(t *testing.T) {
 }
 
 // TestFastSegmentMemoryChanged: a Handler that changes the memory and drops
-// the block cache at a TIP.PGE's event (an enable) gets from the fast path
-// the slow path's flow: the TIP.PGE taken again from its kept bytes goes on
-// in the new code's block, and the walks kept before are not replayed.
+// the block cache at a TIP.PGE's event (an enable) or at a TIP.PGD's (a
+// disable, of a walk replayed or walked) gets from the fast path the slow
+// path's flow: the TIP.PGE taken again from its kept bytes goes on in the
+// new code's block, and the walks kept before are not replayed.
 func TestFastSegmentMemoryChanged(t *testing.T) {
 	// Old: 3000: jmp 3010; 3010: nop; ret
 	// New: 3000: jmp 3020; 3010: ret; 3020: nop; ret
@@ -454,21 +456,35 @@ func TestFastSegmentMemoryChanged(t *testing.T) {
 		e.IP(ptenc.TIP, 0x3000)
 	}
 	pads(e, 32)
-	for at := 1; at <= rounds; at++ {
-		var logs [2]*swapLog
-		var decs [2]*Decoder
-		for i := range logs {
-			mem := &swapBlob{old: old, new: new}
-			decs[i] = New(mem, Options{NoInsns: true})
-			decs[i].fp.off = i == 0
-			logs[i] = &swapLog{edgeLog: edgeLog{t: t}, d: decs[i], mem: mem, enable: true, at: at}
-			decs[i].Decode(e.Bytes(), logs[i])
-			if !mem.swapped {
-				t.Fatal("the memory did not change")
+	for _, kind := range []EventKind{EvEnabled, EvDisabled} {
+		for at := 1; at <= rounds; at++ {
+			var logs [2]*eventSwap
+			var decs [2]*Decoder
+			for i := range logs {
+				mem := &swapBlob{old: old, new: new}
+				decs[i] = New(mem, Options{NoInsns: true})
+				decs[i].fp.off = i == 0
+				logs[i] = &eventSwap{swapLog{edgeLog: edgeLog{t: t}, d: decs[i], mem: mem, enable: true, at: at}, kind}
+				decs[i].Decode(e.Bytes(), logs[i])
+				if !mem.swapped {
+					t.Fatalf("event %d, at %d: the memory did not change", kind, at)
+				}
 			}
+			sameLogs(t, at, decs[0], decs[1], &logs[0].fullLog, &logs[1].fullLog)
 		}
-		sameLogs(t, at, decs[0], decs[1], &logs[0].fullLog, &logs[1].fullLog)
 	}
+}
+
+// eventSwap is a swapLog that changes the memory and drops the block cache
+// at the at-th event of its kind.
+type eventSwap struct {
+	swapLog
+	kind EventKind
+}
+
+func (l *eventSwap) Event(e *Event) {
+	l.edgeLog.Event(e)
+	l.saw(e.Kind == l.kind)
 }
 
 // TestFastSegmentBudget holds a TIP.PGD the kernel meets after steps (the
@@ -492,4 +508,153 @@ func TestFastSegmentBudget(t *testing.T) {
 	for maxInsns := 1; maxInsns <= 12; maxInsns++ {
 		sameFast(t, mem, e.Bytes(), Options{MaxInsns: maxInsns})
 	}
+}
+
+// TestFastSegmentExitBudget holds the MaxInsns budget the kernel's exit at
+// a TIP.PGD leaves (its own stores, not out's) to the slow path's flow: the
+// kernel entered with a budget short of MaxInsns (an exit at a direct
+// jump's successor not known yet, a TIP pending), a step that takes the
+// TIP (the budget whole again), then the TIP.PGD, whose kept walk MaxInsns
+// binds: below, at and above it.
+func TestFastSegmentExitBudget(t *testing.T) {
+	// 2000: jmp 2010; 2010: jmp *%rax; 2020: nop; nop; 2022: jmp 2030;
+	// 2030: ret. The TIP.PGD at the jump to 2030: a walk of 3.
+	mem := &blob{base: 0x2000, code: []byte{0xeb, 0x0e, 16: 0xff, 0xe0, 32: 0x90, 0x90, 0xeb, 0x0c, 48: 0xc3}}
+	e := ptenc.New()
+	start(e, 0x2020)
+	for range 3 {
+		e.IPC(ptenc.TIPPGD, 3, 0x2030)
+		pads(e, 9)
+		e.IPC(ptenc.TIPPGE, 3, 0x2000)
+		e.IP(ptenc.TIP, 0x2020) // the jmp *%rax
+	}
+	e.IPC(ptenc.TIPPGD, 3, 0x2030)
+	pads(e, 32)
+	for maxInsns := 1; maxInsns <= 5; maxInsns++ {
+		c := sameFast(t, mem, e.Bytes(), Options{MaxInsns: maxInsns})
+		if want := maxInsns >= 3; (c.Errors == 0) != want {
+			t.Errorf("MaxInsns %d: counters %+v, want no error %v", maxInsns, c, want)
+		}
+	}
+}
+
+// TestFastSegmentRandom holds random chains of TIP.PGD/TIP.PGE pairs to
+// the slow path's flow (sameFast), so that kept TIP.PGEs (pgeAt) meet what
+// a fixed trace does not put after a TIP.PGD: TIP.PGDs with and without an
+// IP and at each compression (the last IP the TIP.PGE's compression reads),
+// TIP.PGEs of each compression to each block, PADs of every count, timing
+// packets, an OVF, a PSB+, a MODE.Exec between, MaxInsns at and around the
+// walks, and the trace's end anywhere in or after the last pair's bytes.
+func TestFastSegmentRandom(t *testing.T) {
+	r := rand.New(rand.NewPCG(12, 2026))
+	pgeIPs := []uint64{0x1000, 0x1010, 0x1011}
+	ipcs := []int{1, 2, 3, 4, 6}
+	for round := range 400 {
+		e := ptenc.New()
+		start(e, 0x1000)
+		at := uint64(0x1000) // where the flow is, tracing on
+		for range 2 + r.IntN(12) {
+			if r.IntN(6) == 0 {
+				// Tracing off without a TIP.PGD (a PSB+ without a
+				// FUP), PADs, then on again at a PSB+'s FUP.
+				e.PSB()
+				e.ModeExec(true, false)
+				e.PSBEnd()
+				pads(e, r.IntN(12))
+				start(e, 0x1000)
+				at = 0x1000
+			}
+			switch at {
+			case 0x1000:
+				// At the jump to 0x1010: a TIP.PGD there, or
+				// without an IP at the jne (after the jump and the
+				// nop).
+				if r.IntN(4) == 0 {
+					e.IPC(ptenc.TIPPGD, 0, 0)
+				} else {
+					e.IPC(ptenc.TIPPGD, ipcs[r.IntN(len(ipcs))], 0x1010)
+				}
+			default:
+				// The loop some times, then the ret: disabled at it
+				// (no IP), or back to 0x1000 and disabled there.
+				n := r.IntN(3)
+				e.TNT(1<<(n+1)-2, n+1)
+				if r.IntN(2) == 0 {
+					e.IPC(ptenc.TIPPGD, 0, 0)
+				} else {
+					e.IP(ptenc.TIP, 0x1000)
+					e.IPC(ptenc.TIPPGD, ipcs[r.IntN(len(ipcs))], 0x1010)
+				}
+			}
+			switch r.IntN(8) {
+			case 0:
+				e.MTC(byte(r.IntN(256)))
+			case 1:
+				e.OVF()
+			case 2:
+				e.PSB()
+				e.ModeExec(true, false)
+				e.PSBEnd()
+			case 3:
+				e.ModeExec(true, false)
+			}
+			pads(e, r.IntN(20))
+			at = pgeIPs[r.IntN(len(pgeIPs))]
+			e.IPC(ptenc.TIPPGE, ipcs[r.IntN(len(ipcs))], at)
+			pads(e, r.IntN(4))
+			if at == 0x1011 {
+				e.TNT(0, 1) // on to the ret
+				e.IP(ptenc.TIP, 0x1000)
+				at = 0x1000
+			}
+		}
+		trace := e.Bytes()
+		trace = trace[:len(trace)-r.IntN(min(len(trace), 12))]
+		trace = append(trace, make([]byte, r.IntN(20))...)
+		opts := segOpts[r.IntN(len(segOpts))]
+		opts.MaxInsns = r.IntN(6)
+		sameFast(t, segCode(), trace, opts)
+		if t.Failed() {
+			t.Fatalf("round %d: % x, %+v", round, trace, opts)
+		}
+	}
+}
+
+// TestFastSegmentKeptPGEAtEnd holds a kept TIP.PGE taken again at the
+// trace's end (its bytes the last 16, the TIP.PGE past the window's last
+// 16 bytes where the kernel reads no packet) and with each count of bytes
+// after it to the slow path's flow.
+func TestFastSegmentKeptPGEAtEnd(t *testing.T) {
+	for tail := range 18 {
+		e := ptenc.New()
+		start(e, 0x1000)
+		for range 4 {
+			e.IPC(ptenc.TIPPGD, 3, 0x1010) // at the jump to it
+			pads(e, 9)
+			e.IPC(ptenc.TIPPGE, 3, 0x1000)
+		}
+		pads(e, tail)
+		// The walk from the jump keeps the TIP.PGE after it: kAFL's 16
+		// bytes, 9 PADs and the packet.
+		d := New(segCode(), Options{NoInsns: true})
+		d.Decode(e.Bytes(), &fullLog{})
+		if w := keptWalk(d, 0x1010); w == nil || w.pgeLen != 16 {
+			t.Errorf("%d bytes after: kept walk %+v, want one with 16 bytes of TIP.PGE", tail, w)
+		}
+		for _, opts := range segOpts {
+			if c := sameFast(t, segCode(), e.Bytes(), opts); c.Events != 9 || c.Errors != 0 {
+				t.Errorf("%d bytes after, %+v: counters %+v, want 9 events (8 and the end) and no error", tail, opts, c)
+			}
+		}
+	}
+}
+
+// keptWalk is d's kept TIP.PGD walk to ip, or nil.
+func keptWalk(d *Decoder, ip uint64) *pgdWalk {
+	for i := range d.cache.runs.pgds {
+		if w := &d.cache.runs.pgds[i]; w.b != nil && w.hasIP && w.ip == ip {
+			return w
+		}
+	}
+	return nil
 }
