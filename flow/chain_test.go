@@ -2,6 +2,7 @@ package flow
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -84,9 +85,20 @@ func sameFlow(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
 
 // FuzzNoInsns holds chaining blocks (NoInsns) to the instruction walk, and
 // the fast path (fast.go) to chaining, on random and mutated traces and
-// code: the same branches, events and counters.
+// code: the same branches, events and counters; the fast path with a
+// MaxInsns below and at tletBudget (tracelets taken only at it).
 func FuzzNoInsns(f *testing.F) {
 	fuzzSeeds(f)
+	// Tracelets' traces (TNT.8 packets together, compressed returns),
+	// with code of a length that has them taken.
+	r := rand.New(rand.NewPCG(1, 2))
+	f.Add(recurseTrace(r, 40, 12, true), append(slices.Clone(recurseCode), 0, 0), uint64(0x1000))
+	var groups []jeGroup
+	for range 40 {
+		g := jeGroup{r.IntN(16), []byte{byte(r.IntN(64)), byte(r.IntN(64)), byte(r.IntN(64))}}
+		groups = append(groups, g, g)
+	}
+	f.Add(jeTrace(r, 64, groups), jeCode(64), uint64(0x1000))
 	f.Fuzz(func(t *testing.T, trace, code []byte, base uint64) {
 		if len(trace) > 1<<16 || len(code) > 1<<16 {
 			return
@@ -97,6 +109,11 @@ func FuzzNoInsns(f *testing.F) {
 			// A clock: the fast path's timing packets, and the
 			// branches' times compared too.
 			opts.Time = &timeConfig
+		}
+		if len(code)%4 >= 2 {
+			// A budget that lets the kernel take tracelets (the
+			// walk's bound is checked unread only past it).
+			opts.MaxInsns = tletBudget
 		}
 		sameFast(t, mem, trace, opts)
 	})

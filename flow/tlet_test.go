@@ -322,3 +322,168 @@ func TestTletRoomBound(t *testing.T) {
 		t.Error("no tracelet with edges kept past the bound: it went untested")
 	}
 }
+
+// jeCode is n je .+2 from 0x1000, then jmp rax: a TNT bit per je, a taken
+// one an edge, and a TIP back to any je.
+func jeCode(n int) []byte {
+	code := bytes.Repeat([]byte{0x74, 0x00}, n)
+	return append(code, 0xff, 0xe0)
+}
+
+// jeGroup is a tracelet's bytes in jeCode: from the je at start, a TNT.8
+// of 6 bits per byte of bits (the first je's bit the top one of its byte).
+type jeGroup struct {
+	start int
+	bits  []byte
+}
+
+// key is the group's TNT.8 bytes as the kernel reads them.
+func (g jeGroup) key() uint64 {
+	var k uint64
+	for i, b := range g.bits {
+		k |= uint64(1<<7|b<<1) << (8 * i)
+	}
+	return k
+}
+
+// set is the tracelet set the group falls in.
+func (g jeGroup) set() uint64 {
+	return tletSet(tletHash(&block{ip: 0x1000 + 2*uint64(g.start)}, g.key()))
+}
+
+// jeTrace is a trace of jeCode(n) that goes through groups in order: each
+// group's TNT.8 bytes together, then a PAD and the rest of the je's bits
+// in TNT.64s (no other tracelet), then the TIP to the next group's je.
+func jeTrace(r *rand.Rand, n int, groups []jeGroup) []byte {
+	e := ptenc.New()
+	start(e, 0x1000+2*uint64(groups[0].start))
+	for i, g := range groups {
+		for _, b := range g.bits {
+			e.TNT(uint64(b&0x3f), 6)
+		}
+		e.Pad()
+		for rest := n - g.start - 6*len(g.bits); rest > 0; rest -= 40 {
+			e.TNT(r.Uint64(), min(rest, 40))
+		}
+		next := 0
+		if i+1 < len(groups) {
+			next = groups[i+1].start
+		}
+		e.IP(ptenc.TIP, 0x1000+2*uint64(next))
+	}
+	for range 32 {
+		e.Pad()
+	}
+	return e.Bytes()
+}
+
+// TestTletTwoWays holds a set's two ways to DESIGN §4: in one set, groups
+// A and C of one key from two blocks and B of another key, A and B made
+// (each missed twice in a row), then C (a miss: neither way is its block's)
+// and A (found in the second way, its edges moved there with its room; not
+// made again). The flow is the slow path's with and without drops in the
+// Handler, and the set holds B first, A second.
+func TestTletTwoWays(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	randBits := func() []byte {
+		bits := make([]byte, 2+r.IntN(5))
+		for i := range bits {
+			bits[i] = byte(r.IntN(64))
+		}
+		return bits
+	}
+	// More blocks than sets: two of them share one for any key (blocks
+	// near each other are in sets apart, a Fibonacci hash's spread).
+	const n = recentTlets/2 + 6*8
+	var a, b, c jeGroup
+	for c.bits == nil {
+		bits := randBits()
+		by := map[uint64]int{}
+		for s := 0; s+6*len(bits) <= n; s++ {
+			set := jeGroup{s, bits}.set()
+			if o, ok := by[set]; ok {
+				a, c = jeGroup{o, bits}, jeGroup{s, bits}
+				break
+			}
+			by[set] = s
+		}
+	}
+	for try := 0; b.bits == nil || b.set() != a.set(); try++ {
+		if try == 1e6 {
+			t.Fatal("no other key in the set")
+		}
+		if bits := randBits(); len(bits) != len(a.bits) || (jeGroup{0, bits}).key() != a.key() {
+			b = jeGroup{r.IntN(n - 6*len(bits) + 1), bits}
+		}
+	}
+	trace := jeTrace(r, n, []jeGroup{a, a, b, b, c, a, a})
+	mem := &blob{base: 0x1000, code: jeCode(n)}
+	if cs := sameFast(t, mem, trace, Options{}); cs.Errors != 0 {
+		t.Fatalf("counters %+v: the trace is not the code's", cs)
+	}
+	ds, df := New(mem, Options{NoInsns: true}), New(mem, Options{NoInsns: true})
+	ds.fp.off = true
+	for pass := range 2 {
+		var slow fullLog
+		fast := oldLog{edgeLog: edgeLog{t: t}, d: df}
+		ds.c, df.c = Counters{}, Counters{}
+		ds.Decode(trace, &slow)
+		df.Decode(trace, &fast)
+		sameLogs(t, pass, ds, df, &slow, &fast.fullLog)
+	}
+	d := New(mem, Options{NoInsns: true})
+	d.Decode(trace, &counter{})
+	set := 2 * a.set()
+	for i, want := range []jeGroup{b, a} {
+		tl := &d.cache.runs.tlets[set+uint64(i)]
+		var ip uint64 // none: an empty way
+		if tl.b != nil {
+			ip = tl.b.ip
+		}
+		if ip != 0x1000+2*uint64(want.start) || tl.key != want.key() || int(tl.m) != len(want.bits) {
+			t.Errorf("way %d: a tracelet of %d bytes from %#x, key %#x; want %d from %#x, key %#x",
+				i, tl.m, ip, tl.key, len(want.bits), 0x1000+2*want.start, want.key())
+		}
+	}
+}
+
+// TestTletRoomsBounded: a trace whose tracelets keep changing (random
+// groups, each made) has the rooms stop growing at tletRoomMax, however
+// long it goes on and through drops, with every room counted; the flow
+// is the slow path's.
+func TestTletRoomsBounded(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const n = 128
+	mem := &blob{base: 0x1000, code: jeCode(n)}
+	d := New(mem, Options{NoInsns: true})
+	for round := range 3 {
+		var groups []jeGroup
+		for range 3000 {
+			bits := make([]byte, 2+r.IntN(7))
+			for i := range bits {
+				bits[i] = byte(r.IntN(64))
+			}
+			g := jeGroup{r.IntN(n - 6*len(bits) + 1), bits}
+			groups = append(groups, g, g)
+		}
+		trace := jeTrace(r, n, groups)
+		if round == 0 {
+			if cs := sameFast(t, mem, trace, Options{}); cs.Errors != 0 {
+				t.Fatalf("counters %+v: the trace is not the code's", cs)
+			}
+		}
+		d.Decode(trace, &counter{})
+		c := &d.cache.runs
+		live := 0
+		for _, room := range c.tletRoom {
+			live += cap(room)
+		}
+		if live == 0 || live > c.tletRoomed || c.tletRoomed > tletRoomMax+tletEdges {
+			t.Fatalf("round %d: rooms of %d edges, %d counted, bound %d", round, live, c.tletRoomed, tletRoomMax)
+		}
+		d.MemoryChanged()
+	}
+	if d.cache.runs.tletRoomed < tletRoomMax {
+		t.Errorf("rooms of %d edges: the bound went untested", d.cache.runs.tletRoomed)
+	}
+}
