@@ -36,6 +36,20 @@ func BenchmarkOverhead(b *testing.B) {
 	b.Run("ptfs-100k", func(b *testing.B) { benchPtfs(b, bin, 100000) })
 }
 
+// probedMount starts a mount with args (target t among them), puts the
+// benchmarks' probe on t's hot and opens its records file, closed at the
+// benchmark's end.
+func probedMount(b *testing.B, args ...string) (*mountProc, *os.File) {
+	m := startMount(b, args...)
+	m.setProbe("t", "e", "hot %di %si")
+	f, err := os.Open(m.path("t", "records"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { f.Close() })
+	return m, f
+}
+
 // timeProg runs bin with n iterations (at rate hits/s, 0: at full speed)
 // and returns its wall time.
 func timeProg(b *testing.B, bin string, n, rate int) time.Duration {
@@ -52,13 +66,7 @@ func benchPtfs(b *testing.B, bin string, rate int) {
 		// the time tells apart the runs of -count and of the b.N probe.
 		args = append(args, fmt.Sprintf("--cpuprofile=%s/ptfs-%d-%d-%d.pprof", dir, rate, b.N, time.Now().UnixNano()))
 	}
-	m := startMount(b, args...)
-	m.setProbe("t", "e", "hot %di %si")
-	f, err := os.Open(m.path("t", "records"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
+	m, f := probedMount(b, args...)
 	pid := m.cmd.Process.Pid
 	cpu0, flt0 := taskCPU(b, pid), minorFaults(b, pid)
 	b.ResetTimer()
@@ -87,13 +95,7 @@ func benchPtfs(b *testing.B, bin string, rate int) {
 func BenchmarkIdle(b *testing.B) {
 	needKernel(b)
 	bin := buildC(b, "nop5", "t", "-no-pie")
-	m := startMount(b, "t="+bin)
-	m.setProbe("t", "e", "hot %di %si")
-	f, err := os.Open(m.path("t", "records"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
+	m, f := probedMount(b, "t="+bin)
 	pid := m.cmd.Process.Pid
 	span := time.Duration(b.N) * time.Second
 	b.ResetTimer()
