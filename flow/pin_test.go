@@ -168,6 +168,27 @@ func TestBatchSurvivesHandlerDrops(t *testing.T) {
 	t.Logf("%d drops while a batch was handed over; old held at most %d chunk lists", drops, maxOld)
 }
 
+// sameWithDrops decodes trace twice on two decoders, one on the slow path,
+// the other on the fast path with a Handler that drops the block cache in
+// every call (oldLog: the kernel goes on in old blocks), and holds them to
+// the same log and counters each pass; it returns the batches the fast
+// path handed over in each pass.
+func sameWithDrops(t *testing.T, mem Memory, trace []byte) (calls [2]int) {
+	t.Helper()
+	ds, df := New(mem, Options{NoInsns: true}), New(mem, Options{NoInsns: true})
+	ds.fp.off = true
+	for pass := range calls {
+		var slow fullLog
+		fast := oldLog{edgeLog: edgeLog{t: t}, d: df}
+		ds.c, df.c = Counters{}, Counters{}
+		ds.Decode(trace, &slow)
+		df.Decode(trace, &fast)
+		sameLogs(t, pass, ds, df, &slow, &fast.fullLog)
+		calls[pass] = fast.calls
+	}
+	return calls
+}
+
 // oldLog is an edgeLog whose Edges drops the block cache and notes how
 // many chunk lists the cache keeps for the batch.
 type oldLog struct {

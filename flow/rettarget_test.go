@@ -87,17 +87,9 @@ func TestFastReturnTargets(t *testing.T) {
 			if tc.modes != (mc.m32 > 0) {
 				t.Fatalf("%d changes to 32-bit mode, modes %v", mc.m32, tc.modes)
 			}
-			ds, df := New(mem, Options{NoInsns: true}), New(mem, Options{NoInsns: true})
-			ds.fp.off = true
-			for pass := range 2 {
-				var slow fullLog
-				fast := oldLog{edgeLog: edgeLog{t: t}, d: df}
-				ds.c, df.c = Counters{}, Counters{}
-				ds.Decode(trace, &slow)
-				df.Decode(trace, &fast)
-				sameLogs(t, pass, ds, df, &slow, &fast.fullLog)
-				if fast.calls < 10 {
-					t.Fatalf("pass %d: %d batches handed over: the drops went untested", pass, fast.calls)
+			for pass, calls := range sameWithDrops(t, mem, trace) {
+				if calls < 10 {
+					t.Fatalf("pass %d: %d batches handed over: the drops went untested", pass, calls)
 				}
 			}
 		})

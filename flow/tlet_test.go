@@ -127,16 +127,7 @@ func TestTletSameFlow(t *testing.T) {
 			}
 			// Drops in every Handler call: the kernel goes on in the
 			// old blocks, with tracelets made anew.
-			ds, df := New(mem, Options{NoInsns: true}), New(mem, Options{NoInsns: true})
-			ds.fp.off = true
-			for pass := range 2 {
-				var slow fullLog
-				fast := oldLog{edgeLog: edgeLog{t: t}, d: df}
-				ds.c, df.c = Counters{}, Counters{}
-				ds.Decode(trace, &slow)
-				df.Decode(trace, &fast)
-				sameLogs(t, pass, ds, df, &slow, &fast.fullLog)
-			}
+			sameWithDrops(t, mem, trace)
 			if tc.maxDepth > 12 || testing.Short() {
 				return
 			}
@@ -421,16 +412,7 @@ func TestTletTwoWays(t *testing.T) {
 	if cs := sameFast(t, mem, trace, Options{}); cs.Errors != 0 {
 		t.Fatalf("counters %+v: the trace is not the code's", cs)
 	}
-	ds, df := New(mem, Options{NoInsns: true}), New(mem, Options{NoInsns: true})
-	ds.fp.off = true
-	for pass := range 2 {
-		var slow fullLog
-		fast := oldLog{edgeLog: edgeLog{t: t}, d: df}
-		ds.c, df.c = Counters{}, Counters{}
-		ds.Decode(trace, &slow)
-		df.Decode(trace, &fast)
-		sameLogs(t, pass, ds, df, &slow, &fast.fullLog)
-	}
+	sameWithDrops(t, mem, trace)
 	d := New(mem, Options{NoInsns: true})
 	d.Decode(trace, &counter{})
 	set := 2 * a.set()
