@@ -112,7 +112,9 @@ func reportCPU(b *testing.B, size int, cpu time.Duration) {
 var benchNames = []string{"mruby", "ptsim"}
 
 // BenchmarkFlow decodes each trace with ptfs's flow decoder for a reader of
-// branches (NoInsns): cold (a new decoder, empty block cache, every pass)
+// branches (NoInsns): cold (a new decoder, empty block cache, every pass;
+// the pass before's decoder is closed first, as the product ends one, so
+// that the new one is made over its memory)
 // and warm (one decoder, the cache kept across passes, as a live mount
 // decodes the same images); warm-slow is warm without the fast path
 // (fast.go), warm-insns also reports every instruction. mruby-mtc is mruby
@@ -137,6 +139,7 @@ func BenchmarkFlow(b *testing.B) {
 				cpu0 := testkit.CPUTime()
 				for i := 0; i < b.N; i++ {
 					if mode == "cold" {
+						d.Close()
 						d = New(bt.space, opts)
 					}
 					c = counter{}

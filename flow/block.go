@@ -117,7 +117,10 @@ type blockCache struct {
 	// the edges) until unpin.
 	pinned bool
 	old    [][]*[blockChunk]block
-	lens   slab[uint8] // the next blocks' instruction lengths
+	// free are a closed decoder's chunks, zeroed, taken before a new
+	// one is made (spare.go).
+	free []*[blockChunk]block
+	lens slab[uint8] // the next blocks' instruction lengths
 
 	// view is the Memory's bytes from vpc on (Viewer), kept from block
 	// to block: the next block is often in the same mapping. It is
@@ -165,7 +168,12 @@ const (
 	lenSlab    = 1 << 14
 )
 
-func (c *blockCache) init() { c.slots = make([]uint64, minSlots) }
+// init makes the table, unless the cache has a closed decoder's (spare.go).
+func (c *blockCache) init() {
+	if c.slots == nil {
+		c.slots = make([]uint64, minSlots)
+	}
+}
 
 // check drops the cache when the memory's generation changed.
 func (c *blockCache) check(gen uint64) {
@@ -250,12 +258,17 @@ func (c *blockCache) next(ip uint64, mode Mode) *block {
 	return b
 }
 
-// refill is next's rare work: a new block chunk for block k of it, room
-// for the lengths. The compiler inlines it; the spills around its
-// allocations stay on its path (next's common path has none).
+// refill is next's rare work: a new block chunk for block k of it (a
+// free one, zero, else a new one), room for the lengths. It is a call on
+// next's rare path: the spills around it stay there (next's common path
+// has none).
 func (c *blockCache) refill(k uint) {
 	if k == 0 {
-		c.cur = new([blockChunk]block)
+		if n := len(c.free) - 1; n >= 0 {
+			c.cur, c.free = c.free[n], c.free[:n]
+		} else {
+			c.cur = new([blockChunk]block)
+		}
 		c.chunks = append(c.chunks, c.cur)
 	}
 	c.lens.room(maxBlock, lenSlabLo, lenSlab)

@@ -68,6 +68,7 @@ const retStackSize = 64
 
 // Decoder reconstructs the flow of one trace. It is not safe for concurrent
 // use; Decode may be called again for another trace (the block cache is kept).
+// Close ends it, handing its memory to the next New.
 type Decoder struct {
 	mem  Memory
 	gen  Generationer
@@ -155,9 +156,12 @@ type Decoder struct {
 	// the stream offset of the first byte the packet decoder holds.
 	src  *Stream
 	base uint64
+	// closed: Close handed the cache's memory on.
+	closed bool
 }
 
-// New returns a decoder that reads code from mem.
+// New returns a decoder that reads code from mem; its cache is empty, made
+// over a closed decoder's memory when Close kept some.
 func New(mem Memory, opts Options) *Decoder {
 	d := &Decoder{mem: mem, opts: opts}
 	if opts.Time != nil {
@@ -168,6 +172,7 @@ func New(mem Memory, opts Options) *Decoder {
 	if d.opts.MaxInsns <= 0 {
 		d.opts.MaxInsns = 1 << 20
 	}
+	takeSpare(&d.cache)
 	d.cache.init()
 	if d.gen != nil {
 		// The empty cache is the memory's as it is now: the first
@@ -193,6 +198,9 @@ func (d *Decoder) Decode(trace []byte, h Handler) {
 
 // decode is Decode's loop; a Stream runs it over its window.
 func (d *Decoder) decode(trace []byte, h Handler) {
+	if d.closed {
+		panic("flow: Decoder used after Close")
+	}
 	d.h = h
 	d.eh, _ = h.(EdgeHandler)
 	defer d.flushUnnamed()

@@ -13,13 +13,25 @@ type slab[T any] struct {
 	chunk []T
 	off   int // the chunk's elements handed out
 	next  int // the next chunk's size; 0 before the first
+	// full are the chunks started since the last drop, which Close
+	// hands to the next decoder (spare.go); free are a closed decoder's,
+	// taken before a new one is made.
+	full, free [][]T
 }
 
-// fill starts a new chunk of at least need elements.
+// fill starts a new chunk of at least need elements: a free one when the
+// last is large enough (a slab's chunks are at least its lo, which is at
+// least any need), else a new one. It lists the chunk in full.
 func (s *slab[T]) fill(need, lo, hi int) {
 	n := max(s.next, lo)
 	s.next = min(2*n, hi)
-	s.chunk, s.off = make([]T, max(n, need)), 0
+	if k := len(s.free) - 1; k >= 0 && len(s.free[k]) >= need {
+		s.chunk, s.free = s.free[k], s.free[:k]
+	} else {
+		s.chunk = make([]T, max(n, need))
+	}
+	s.off = 0
+	s.full = append(s.full, s.chunk)
 }
 
 // take returns the next element.
@@ -50,6 +62,11 @@ func (s *slab[T]) room(need, lo, hi int) []T {
 // used hands over the first n elements of room.
 func (s *slab[T]) used(n int) { s.off += n }
 
-// drop forgets the free elements (those handed out stay valid); the next
+// drop forgets the free elements (those handed out stay valid, so their
+// chunks are no longer the slab's to hand to another decoder); the next
 // chunk keeps its size: a cache dropped when full is refilled as fast.
-func (s *slab[T]) drop() { s.chunk, s.off = nil, 0 }
+func (s *slab[T]) drop() {
+	s.chunk, s.off = nil, 0
+	clear(s.full)
+	s.full = s.full[:0]
+}

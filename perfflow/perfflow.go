@@ -181,10 +181,12 @@ func (d *Decoder) Lose(cause error) {
 	d.s.Gap(cause)
 }
 
-// Close ends the trace and the listing (flow.Branches.Finish).
+// Close ends the trace and the listing (flow.Branches.Finish), and the
+// flow decoder (flow.Decoder.Close: Flow's Counters still answer).
 func (d *Decoder) Close() error {
 	err := d.s.Close()
 	d.out.Finish()
+	d.fd.Close()
 	return err
 }
 

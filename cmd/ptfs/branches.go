@@ -266,7 +266,9 @@ func listBranches(w, notes io.Writer, args []string) error {
 	// Lines carry time= once a TSC conversion (perf.data) sets b.TimeConv
 	// and the decoder runs with Options.Time; raw PT has neither.
 	b.SetClock(d)
-	if err := feedStream(next, flow.NewStream(d, b)); err != nil {
+	err = feedStream(next, flow.NewStream(d, b))
+	d.Close() // feedStream closed the Stream
+	if err != nil {
 		return errors.Join(err, closeAll())
 	}
 	b.Finish()

@@ -85,7 +85,10 @@ func listInsns(w, notes io.Writer, args []string) error {
 		return fmt.Errorf("write output: %w", err)
 	}
 	p := flow.NewPtxed(w, &opts)
-	if err := feedStream(next, flow.NewStream(flow.New(img, opts.FlowOptions()), p)); err != nil {
+	d := flow.New(img, opts.FlowOptions())
+	err = feedStream(next, flow.NewStream(d, p))
+	d.Close() // feedStream closed the Stream
+	if err != nil {
 		return err
 	}
 	p.Stats()
