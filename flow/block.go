@@ -119,12 +119,13 @@ type blockCache struct {
 	old    [][]*[blockChunk]block
 	lens   slab[uint8] // the next blocks' instruction lengths
 
-	// view is the Memory's bytes from vpc on (Viewer), kept from block
-	// to block: the next block is often in the same mapping. It is
-	// dropped with the blocks, when the memory changes.
+	// view is the Memory's bytes from vpc on (Viewer): the last block's
+	// mapping, whole, kept from block to block: the next block is often
+	// in the same mapping, above or below. It is dropped with the
+	// blocks, when the memory changes.
 	view []byte
 	vpc  uint64
-	// views keeps the Viewer's bytes by page of the address they were
+	// views keeps the Viewer's mappings by page of the address they were
 	// asked for: a block in another mapping than the last block's is
 	// found without a View (a binary search over the mappings, a few
 	// mispredicted branches). Allocated on the first miss of view,
@@ -142,7 +143,7 @@ type blockCache struct {
 // cost a look at the block.
 func tableSlot(h uint64, k int) uint64 { return h>>32<<32 | uint64(k+1) }
 
-// viewRef is a views entry: the Viewer's bytes from pc on.
+// viewRef is a views entry: the Viewer's bytes of a mapping, from pc on.
 type viewRef struct {
 	pc uint64
 	v  []byte
@@ -305,15 +306,15 @@ func (c *blockCache) viewHit(pc uint64) []byte {
 	}
 	r := &c.views[pc>>12&(numViews-1)]
 	if off := pc - r.pc; off < uint64(len(r.v)) && uint64(len(r.v))-off >= x86insn.MaxLen {
-		c.view, c.vpc = r.v[off:], pc
-		return c.view
+		c.view, c.vpc = r.v, r.pc
+		return r.v[off:]
 	}
 	return nil
 }
 
 // viewAt returns the Viewer's bytes at pc (none and no error without a
-// Viewer) and keeps them as the view for the next blocks, unless the
-// Memory changed under the View (the bytes may be the old ones).
+// Viewer) and keeps their mapping as the view for the next blocks, unless
+// the Memory changed under the View (the bytes may be the old ones).
 func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 	if d.view == nil {
 		return nil, nil
@@ -325,16 +326,16 @@ func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 	if v := c.viewHit(pc); v != nil {
 		return v, nil
 	}
-	r := &c.views[pc>>12&(numViews-1)]
 	drops := c.drops
-	v, err := d.view.View(pc)
-	if len(v) >= x86insn.MaxLen && c.drops == drops {
-		// An address above pc in its mapping then hits: the entry
-		// keeps the lowest asked for.
-		r.pc, r.v = pc, v
-		c.view, c.vpc = v, pc
+	base, v, err := d.view.View(pc)
+	if err != nil {
+		return nil, err
 	}
-	return v, err
+	if c.drops == drops {
+		c.views[pc>>12&(numViews-1)] = viewRef{base, v}
+		c.view, c.vpc = v, base
+	}
+	return v[pc-base:], nil
 }
 
 // known returns the block at ip in mode when the cache holds it, else nil:
