@@ -33,6 +33,9 @@ type quickTables struct {
 	// quick1 is the entry of each 1-byte opcode, by REX.W: index
 	// REX.W<<8 | opcode.
 	quick1 [2 * 256]quickEntry
+	// rexOf is, by an instruction's first byte, for a REX: 1 | 8 (the
+	// opcode's offset in bits) | REX.W<<8 (quick1's row); else 0.
+	rexOf [256]uint16
 	// modrmLen is the size of a ModRM byte with its SIB and
 	// displacement, by the base field of the byte after the ModRM (a
 	// SIB's: base 5 takes a displacement where mod is 0) and the ModRM
@@ -54,6 +57,9 @@ var qt = new(quickTables)
 var byModRMOps = [len(qt.byModRM)]byte{0xf6, 0xf7, 0xc7, 0xff}
 
 func init() {
+	for b := 0x40; b < 0x50; b++ {
+		qt.rexOf[b] = 1 | 8 | uint16(b>>3&1)<<8
+	}
 	for base := range 8 {
 		for m := range 256 {
 			qt.modrmLen[base<<8|m] = uint8(modrmSize(byte(m), byte(base)))
@@ -179,28 +185,28 @@ func tableBranch(code []byte, pc uint64, e quickEntry, i int) Flow {
 // (qEnd).
 //
 // An instruction is one 8-byte load of its first bytes (a REX, a 0F, the
-// opcode, ModRM and SIB take at most 5) and two table loads side by side,
-// its entry and its ModRM's size, both indexed from the bytes alone. The
-// chain from one instruction's offset to the next's is that load, a few
-// ALU operations and a table load, where a byte at a time it was five
-// dependent loads (the first byte, the REX table, the opcode, its entry,
-// the ModRM's size).
+// opcode, ModRM and SIB take at most 5), the REX table's entry of the
+// first, then two table loads side by side, the opcode's entry and its
+// ModRM's size, indexed from the bytes shifted past the REX. The chain
+// from one instruction's offset to the next's is three dependent loads
+// where a byte at a time it was five (the first byte, the REX table, the
+// opcode, its entry, the ModRM's size), and fewer instructions: the REX
+// found by arithmetic instead of rexOf took more (cachegrind: +5% on
+// mruby's blocks) and was slower.
 func quickRun(code []byte, off int, lens []uint8, n int) (int, int, quickEntry, int) {
 	t := qt
 	_ = t.quick1[0] // its nil check here, not in the loop
 	for end := len(code) - MaxLen; n < len(lens) && off <= end; n++ {
 		w := binary.LittleEndian.Uint64(code[off:])
-		// rex is 1 for a REX (40-4F); the opcode, ModRM and SIB are
-		// those after it then, its W the opcode's row. A shift and a
-		// mask, not an if: the compiler makes that a branch, which
-		// cachegrind's model mispredicts on 45% of mruby's
-		// instructions.
-		rex := (uint64(uint8(w)^0x40) - 16) >> 63
-		x := w >> (rex << 3) // from the opcode on
-		op := uint64(uint8(x)) | w&8<<5&-rex
+		// Past a REX (a shift, not an if: the compiler makes that
+		// a branch, which cachegrind's model mispredicts on 45% of
+		// mruby's instructions), its W the opcode's row.
+		r := uint64(t.rexOf[uint8(w)])
+		x := w >> (r & 8) // from the opcode on
+		op := uint64(uint8(x)) | r&0x100
 		mb := x >> 8 // the bytes after the opcode
 		e := t.quick1[op&(2*256-1)]
-		i := int(rex)
+		i := int(r & 1)
 		if e&qEscape != 0 {
 			i++
 			e = t.quick0F[uint8(mb)]

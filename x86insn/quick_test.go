@@ -123,7 +123,8 @@ func TestRunAgrees(t *testing.T) {
 }
 
 // TestRunTables holds every entry of Run's tables to the general scan:
-// each opcode of the 1-byte and 0F maps behind no REX, a REX and a REX.W
+// each first byte (rexOf's every entry, quick1's row without a REX), each
+// opcode of the 1-byte and 0F maps behind no REX, a REX and a REX.W
 // (quick1's rows, quick0F), each ModRM byte and each SIB base (modrmLen,
 // byModRM), decoded first in a run, after a
 // quick instruction and after one of the general scan's (quickRun resumed
