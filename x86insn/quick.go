@@ -33,7 +33,7 @@ type quickTables struct {
 	// quick1 is the entry of each 1-byte opcode, by REX.W: index
 	// REX.W<<8 | opcode.
 	quick1 [2 * 256]quickEntry
-	// rexOf is, by an instruction's first byte, for a REX: 1 | 8 (the
+	// rexOf is, by an instruction's first byte, for a REX: 8 (the
 	// opcode's offset in bits) | REX.W<<8 (quick1's row); else 0.
 	rexOf [256]uint16
 	// modrmLen is the size of a ModRM byte with its SIB and
@@ -58,7 +58,7 @@ var byModRMOps = [len(qt.byModRM)]byte{0xf6, 0xf7, 0xc7, 0xff}
 
 func init() {
 	for b := 0x40; b < 0x50; b++ {
-		qt.rexOf[b] = 1 | 8 | uint16(b>>3&1)<<8
+		qt.rexOf[b] = 8 | uint16(b>>3&1)<<8
 	}
 	for base := range 8 {
 		for m := range 256 {
@@ -202,11 +202,11 @@ func quickRun(code []byte, off int, lens []uint8, n int) (int, int, quickEntry, 
 		// a branch, which cachegrind's model mispredicts on 45% of
 		// mruby's instructions), its W the opcode's row.
 		r := uint64(t.rexOf[uint8(w)])
-		x := w >> (r & 8) // from the opcode on
+		x := w >> (r & 63) // from the opcode on (a shift's count: no mask)
 		op := uint64(uint8(x)) | r&0x100
 		mb := x >> 8 // the bytes after the opcode
 		e := t.quick1[op&(2*256-1)]
-		i := int(r & 1)
+		i := int(r >> 3 & 1)
 		if e&qEscape != 0 {
 			i++
 			e = t.quick0F[uint8(mb)]
@@ -219,10 +219,10 @@ func quickRun(code []byte, off int, lens []uint8, n int) (int, int, quickEntry, 
 		// entry takes one.
 		m := int(t.modrmLen[mb&(8*256-1)]) & -int(e>>4&1)
 		i += 1 + m // past the opcode and ModRM
+		size := i + int(e&qImm)
 		if e&(qSlow|0xff00) != 0 {
 			return n, off, e, i
 		}
-		size := i + int(e&qImm)
 		lens[n] = uint8(size)
 		off += size
 	}
