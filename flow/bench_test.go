@@ -11,6 +11,7 @@ import (
 
 	"ptfs/images"
 	"ptfs/internal/testkit"
+	"ptfs/x86insn"
 )
 
 // benchTrace is a trace and the memory it ran from.
@@ -174,21 +175,27 @@ func cached(c *blockCache) (blocks, insns int) {
 	return blocks, insns
 }
 
-// BenchmarkBlockDecode times the cold path alone: decoding, into an empty
-// block cache each pass, the blocks that a cold pass over mruby decodes;
-// ns/insn is per instruction decoded.
-func BenchmarkBlockDecode(b *testing.B) {
-	bt := loadBench(b, "mruby")
-	d := New(bt.space, Options{NoInsns: true})
+// coldBlocks returns a decoder over mruby after one pass, the blocks the
+// pass decoded and their instructions.
+func coldBlocks(b *testing.B) (bt benchTrace, d *Decoder, starts []*block, insns int) {
+	bt = loadBench(b, "mruby")
+	d = New(bt.space, Options{NoInsns: true})
 	var c counter
 	d.Decode(bt.trace, &c)
-	var starts []*block
 	for _, s := range d.cache.slots {
 		if s != 0 {
 			starts = append(starts, d.cache.at(s))
 		}
 	}
-	_, insns := cached(&d.cache)
+	_, insns = cached(&d.cache)
+	return bt, d, starts, insns
+}
+
+// BenchmarkBlockDecode times the cold path alone: decoding, into an empty
+// block cache each pass, the blocks that a cold pass over mruby decodes;
+// ns/insn is per instruction decoded.
+func BenchmarkBlockDecode(b *testing.B) {
+	_, d, starts, insns := coldBlocks(b)
 	b.ReportAllocs()
 	cpu0 := testkit.CPUTime()
 	for b.Loop() {
@@ -203,6 +210,32 @@ func BenchmarkBlockDecode(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*insns), "ns/insn")
 	b.ReportMetric(float64((testkit.CPUTime()-cpu0).Nanoseconds())/float64(b.N*insns), "cpu-ns/insn")
+}
+
+// BenchmarkBlockRun times BenchmarkBlockDecode's length decoding alone:
+// x86insn.Run over each block's bytes, viewed before the timing, with no
+// cache (the blocks within MaxLen of their mapping's end, which Run leaves
+// to Step, are left out); ns/insn is per instruction Run decoded.
+func BenchmarkBlockRun(b *testing.B) {
+	bt, _, starts, _ := coldBlocks(b)
+	var views [][]byte
+	var ips []uint64
+	for _, s := range starts {
+		if base, v, err := bt.space.View(s.ip); err == nil && uint64(len(v))-(s.ip-base) >= x86insn.MaxLen {
+			views, ips = append(views, v[s.ip-base:]), append(ips, s.ip)
+		}
+	}
+	var lens [maxBlock]uint8
+	insns := 0
+	cpu0 := testkit.CPUTime()
+	for b.Loop() {
+		for k, v := range views {
+			n, _, _, _ := x86insn.Run(v, ips[k], lens[:])
+			insns += n
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(insns), "ns/insn")
+	b.ReportMetric(float64((testkit.CPUTime()-cpu0).Nanoseconds())/float64(insns), "cpu-ns/insn")
 }
 
 // BenchmarkLibiptBlock times libipt's block decoder (a fresh decoder each

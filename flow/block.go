@@ -122,16 +122,15 @@ type blockCache struct {
 	free []*[blockChunk]block
 	lens slab[uint8] // the next blocks' instruction lengths
 
-	// view is the Memory's bytes from vpc on (Viewer), kept from block
-	// to block: the next block is often in the same mapping. It is
-	// dropped with the blocks, when the memory changes.
-	view []byte
-	vpc  uint64
-	// views keeps the Viewer's bytes by page of the address they were
+	// vi is the views entry of the last block's mapping: the next block
+	// is often in the same mapping, above or below. An index, not the
+	// bytes: keeping it costs the common path no write barrier.
+	vi uint32
+	// views keeps the Viewer's mappings by page of the address they were
 	// asked for: a block in another mapping than the last block's is
 	// found without a View (a binary search over the mappings, a few
-	// mispredicted branches). Allocated on the first miss of view,
-	// dropped with the blocks.
+	// mispredicted branches). Allocated on the first View, dropped with
+	// the blocks.
 	views []viewRef
 	runs  runCache
 }
@@ -145,7 +144,7 @@ type blockCache struct {
 // cost a look at the block.
 func tableSlot(h uint64, k int) uint64 { return h>>32<<32 | uint64(k+1) }
 
-// viewRef is a views entry: the Viewer's bytes from pc on.
+// viewRef is a views entry: the Viewer's bytes of a mapping, from pc on.
 type viewRef struct {
 	pc uint64
 	v  []byte
@@ -202,7 +201,6 @@ func (c *blockCache) drop() {
 	}
 	c.cur = nil
 	c.lens.drop()
-	c.view = nil
 	clear(c.views)
 	c.runs.drop()
 	c.drops++
@@ -308,25 +306,27 @@ func (c *blockCache) put(s uint64) {
 }
 
 // viewHit returns the Viewer's bytes at pc, at least MaxLen of them, from
-// the view or the views by page (then the view), or nil.
+// the last block's mapping or the views by page, or nil.
 func (c *blockCache) viewHit(pc uint64) []byte {
-	if off := pc - c.vpc; off < uint64(len(c.view)) && uint64(len(c.view))-off >= x86insn.MaxLen {
-		return c.view[off:]
-	}
 	if c.views == nil {
 		return nil
 	}
-	r := &c.views[pc>>12&(numViews-1)]
+	r := &c.views[c.vi%numViews]
 	if off := pc - r.pc; off < uint64(len(r.v)) && uint64(len(r.v))-off >= x86insn.MaxLen {
-		c.view, c.vpc = r.v[off:], pc
-		return c.view
+		return r.v[off:]
+	}
+	k := pc >> 12 % numViews
+	r = &c.views[k]
+	if off := pc - r.pc; off < uint64(len(r.v)) && uint64(len(r.v))-off >= x86insn.MaxLen {
+		c.vi = uint32(k)
+		return r.v[off:]
 	}
 	return nil
 }
 
 // viewAt returns the Viewer's bytes at pc (none and no error without a
-// Viewer) and keeps them as the view for the next blocks, unless the
-// Memory changed under the View (the bytes may be the old ones).
+// Viewer) and keeps their mapping as the view for the next blocks, unless
+// the Memory changed under the View (the bytes may be the old ones).
 func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 	if d.view == nil {
 		return nil, nil
@@ -338,16 +338,17 @@ func (d *Decoder) viewAt(pc uint64) ([]byte, error) {
 	if v := c.viewHit(pc); v != nil {
 		return v, nil
 	}
-	r := &c.views[pc>>12&(numViews-1)]
 	drops := c.drops
-	v, err := d.view.View(pc)
-	if len(v) >= x86insn.MaxLen && c.drops == drops {
-		// An address above pc in its mapping then hits: the entry
-		// keeps the lowest asked for.
-		r.pc, r.v = pc, v
-		c.view, c.vpc = v, pc
+	base, v, err := d.view.View(pc)
+	if err != nil {
+		return nil, err
 	}
-	return v, err
+	if c.drops == drops {
+		k := pc >> 12 % numViews
+		c.views[k] = viewRef{base, v}
+		c.vi = uint32(k)
+	}
+	return v[pc-base:], nil
 }
 
 // known returns the block at ip in mode when the cache holds it, else nil:
@@ -369,9 +370,26 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		c.drop()
 		_, slot = c.lookup(h, ip, mode)
 	}
+	b = c.next(ip, mode)
+	if mode == Mode64 {
+		// The common case at once: 64-bit code in place in a view
+		// kept, up to the branch in one Run, with no call of the
+		// Memory (nothing can drop the cache). A Run that ends
+		// before a branch (64 instructions, within MaxLen of the
+		// view's end, an undecodable instruction: rare) is done
+		// again from ip by decodeBlock, which goes on from there;
+		// the chunk's block is zeroed, so stop is already 0.
+		if v := c.viewHit(ip); v != nil {
+			n, end, in, err := x86insn.Run(v, ip, b.lens[:])
+			if err == nil && in.Class != x86insn.NotBranch {
+				b.n, b.class, b.lastLen, b.lastOff, b.target = uint8(n), in.Class, uint8(in.Len), uint16(end-in.Len), in.Target
+				c.insert(slot, h, b)
+				return b
+			}
+		}
+	}
 	for range 3 {
 		drops := c.drops
-		b := c.next(ip, mode)
 		d.decodeBlock(b)
 		if c.drops == drops {
 			c.insert(slot, h, b)
@@ -381,32 +399,18 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		// when a read missed): the bytes read may be the old ones;
 		// the table was emptied (b is in a chunk it dropped).
 		_, slot = c.lookup(h, ip, mode)
+		b = c.next(ip, mode)
 	}
 	// Still changing: the block is not known, and not kept.
 	return &block{ip: ip, mode: mode, stop: stopNoMap}
 }
 
-// decodeBlock decodes block b from next (its ip, mode and lengths' room):
-// the instructions' lengths, how many, the last one's class, offset,
-// length and target, and why decoding stopped after it.
+// decodeBlock decodes block b from next (its ip, mode and lengths' room)
+// from the view, a read or x86asm: the instructions' lengths, how many,
+// the last one's class, offset, length and target, and why decoding
+// stopped after it.
 func (d *Decoder) decodeBlock(b *block) {
-	c := &d.cache
 	ip := b.ip
-	if b.mode == Mode64 {
-		// The common case at once: 64-bit code in place in a view
-		// kept, up to the branch in one Run. A Run that ends before
-		// a branch (64 instructions, within MaxLen of the view's
-		// end, an undecodable instruction: rare) is done again from
-		// ip by the general loop, which goes on from there; the
-		// chunk's block is zeroed, so stop is already 0.
-		if v := c.viewHit(ip); v != nil {
-			n, end, in, err := x86insn.Run(v, ip, b.lens[:])
-			if err == nil && in.Class != x86insn.NotBranch {
-				b.n, b.class, b.lastLen, b.lastOff, b.target = uint8(n), in.Class, uint8(in.Len), uint16(end-in.Len), in.Target
-				return
-			}
-		}
-	}
 	n, last, lastIP, stop := d.decodeInsns(b.lens[:], ip, b.mode)
 	b.n, b.stop = uint8(n), stop
 	if n > 0 {
@@ -419,33 +423,29 @@ func (d *Decoder) decodeBlock(b *block) {
 // lens (maxBlock long), how many, the last one and where it is, and why
 // decoding stopped after it.
 func (d *Decoder) decodeInsns(lens []uint8, ip uint64, mode Mode) (n int, last x86insn.Flow, lastIP uint64, stop uint8) {
-	c := &d.cache
 	pc := ip
 	bits := mode.bits()
 	for n < maxBlock {
 		// The instructions' bytes: in place in the Viewer's bytes, kept
 		// from block to block, but within MaxLen of their end, where
 		// ReadAt goes on into an adjacent mapping.
-		var code []byte
-		view, off := c.view, pc-c.vpc
-		if off >= uint64(len(view)) || uint64(len(view))-off < x86insn.MaxLen {
-			if v, err := d.viewAt(pc); len(v) >= x86insn.MaxLen {
-				view, off = v, 0
-			} else if err != nil { // no byte known at pc
+		var code, view []byte
+		if v, err := d.viewAt(pc); len(v) >= x86insn.MaxLen {
+			view = v
+		} else if err != nil { // no byte known at pc
+			return n, last, lastIP, stopNoMap
+		} else {
+			k, _ := d.mem.ReadAt(d.buf[:], pc)
+			if k <= 0 {
 				return n, last, lastIP, stopNoMap
-			} else {
-				k, _ := d.mem.ReadAt(d.buf[:], pc)
-				if k <= 0 {
-					return n, last, lastIP, stopNoMap
-				}
-				code = d.buf[:k]
 			}
+			code = d.buf[:k]
 		}
 		if code == nil && bits == 64 {
 			// 64-bit code in place: the length decoder's tables
 			// alone (no text, no allocation, lengths x86asm
 			// misreads), the instructions up to the branch at once.
-			k, end, in, err := x86insn.Run(view[off:], pc, lens[n:])
+			k, end, in, err := x86insn.Run(view, pc, lens[n:])
 			if k > 0 {
 				last, pc, n = in, pc+uint64(end), n+k
 				lastIP = pc - uint64(in.Len)
@@ -459,7 +459,7 @@ func (d *Decoder) decodeInsns(lens []uint8, ip uint64, mode Mode) (n int, last x
 			continue
 		}
 		if code == nil {
-			code = view[off : off+x86insn.MaxLen]
+			code = view[:x86insn.MaxLen]
 		}
 		// One instruction: near the end of the bytes (Step), or
 		// 16/32-bit code (x86asm's).

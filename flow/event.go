@@ -15,12 +15,14 @@ type Memory interface {
 }
 
 // Viewer is an optional interface of a Memory that shows its bytes in
-// place (images.Space): View returns the known bytes from addr on without
-// copying, perhaps fewer than ReadAt reads (it may stop at a mapping's
-// end, where ReadAt goes on into the next); the decoder steps through them
-// and reads with ReadAt only near their end.
+// place (images.Space): View returns the known bytes of the mapping that
+// holds addr without copying, from the mapping's start base on (addr-base <
+// len(b)), perhaps fewer than ReadAt reads (they may stop at a mapping's
+// end, where ReadAt goes on into the next); the decoder keeps them for the
+// blocks in the mapping, steps through them and reads with ReadAt only
+// near their end.
 type Viewer interface {
-	View(addr uint64) ([]byte, error)
+	View(addr uint64) (base uint64, b []byte, err error)
 }
 
 // Generationer is an optional interface of a Memory whose contents change

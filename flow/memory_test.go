@@ -160,7 +160,7 @@ type viewSwap struct {
 	swapped  bool
 }
 
-func (m *viewSwap) View(addr uint64) ([]byte, error) {
+func (m *viewSwap) View(addr uint64) (uint64, []byte, error) {
 	code := m.new
 	if !m.swapped {
 		m.swapped = true
@@ -168,14 +168,17 @@ func (m *viewSwap) View(addr uint64) ([]byte, error) {
 		code = m.old
 	}
 	if addr < 0x1000 || addr-0x1000 >= uint64(len(code)) {
-		return nil, errors.New("unmapped")
+		return 0, nil, errors.New("unmapped")
 	}
-	return code[addr-0x1000:], nil
+	return 0x1000, code, nil
 }
 
 func (m *viewSwap) ReadAt(dst []byte, addr uint64) (int, error) {
-	v, err := m.View(addr)
-	return copy(dst, v), err
+	base, v, err := m.View(addr)
+	if err != nil {
+		return 0, err
+	}
+	return copy(dst, v[addr-base:]), nil
 }
 
 // TestMemoryChangedInView: the bytes of a View under which the memory
@@ -203,24 +206,29 @@ type pagedViews struct {
 	views   int
 }
 
-func (m *pagedViews) View(addr uint64) ([]byte, error) {
+func (m *pagedViews) View(addr uint64) (uint64, []byte, error) {
 	m.views++
 	for base, code := range m.regions {
 		if addr >= base && addr-base < uint64(len(code)) {
-			return code[addr-base:], nil
+			return base, code, nil
 		}
 	}
-	return nil, errors.New("unmapped")
+	return 0, nil, errors.New("unmapped")
 }
 
 func (m *pagedViews) ReadAt(dst []byte, addr uint64) (int, error) {
-	v, err := m.View(addr)
-	return copy(dst, v), err
+	base, v, err := m.View(addr)
+	if err != nil {
+		return 0, err
+	}
+	return copy(dst, v[addr-base:]), nil
 }
 
 // TestBlockViewsByPage: a block in a mapping viewed before, though another
 // was viewed since, is decoded from the kept bytes at its own offset
-// without a View; after MemoryChanged the kept bytes are not used.
+// without a View, also below the address viewed first (the whole mapping
+// is kept) and in the view's own mapping; after MemoryChanged the kept
+// bytes are not used.
 func TestBlockViewsByPage(t *testing.T) {
 	nops := slices.Repeat([]byte{0x90}, 2*maxBlock)
 	m := &pagedViews{regions: map[uint64][]byte{
@@ -228,18 +236,21 @@ func TestBlockViewsByPage(t *testing.T) {
 		0x10000: append([]byte{0x90, 0x90, 0x90, 0xc3}, nops...), // ret at 0x10003
 	}}
 	d := New(m, Options{})
-	if b := d.block(0x1000, Mode64); b.n != 3 {
-		t.Fatalf("block at 0x1000: %d instructions, want 3", b.n)
+	if b := d.block(0x1001, Mode64); b.n != 2 {
+		t.Fatalf("block at 0x1001: %d instructions, want 2", b.n)
 	}
-	if b := d.block(0x10000, Mode64); b.n != 4 {
-		t.Fatalf("block at 0x10000: %d instructions, want 4", b.n)
+	if b := d.block(0x10001, Mode64); b.n != 3 {
+		t.Fatalf("block at 0x10001: %d instructions, want 3", b.n)
 	}
 	views := m.views
-	if b := d.block(0x1001, Mode64); b.n != 2 || b.last().ip != 0x1002 || b.class != x86insn.Ret {
-		t.Fatalf("block at 0x1001 from the kept bytes: %d instructions, last %+v", b.n, b.last())
+	if b := d.block(0x10000, Mode64); b.n != 4 {
+		t.Fatalf("block at 0x10000 from the view: %d instructions, want 4", b.n)
+	}
+	if b := d.block(0x1000, Mode64); b.n != 3 || b.last().ip != 0x1002 || b.class != x86insn.Ret {
+		t.Fatalf("block at 0x1000 from the kept bytes: %d instructions, last %+v", b.n, b.last())
 	}
 	if m.views != views {
-		t.Errorf("block at 0x1001: %d Views, want none (the page's bytes are kept)", m.views-views)
+		t.Errorf("blocks at 0x10000 and 0x1000: %d Views, want none (the mappings are kept)", m.views-views)
 	}
 	// jne 0x1000 at 0x1000 now.
 	m.regions[0x1000] = append([]byte{0x75, 0xfe}, nops...)

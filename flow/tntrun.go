@@ -148,7 +148,7 @@ func runHash(b *block, pat uint8) uint64 {
 // (r.nrets at the end of edges), as a run of b.
 func (c *runCache) add(b *block, r *tntRun, edges []Edge) *tntRun {
 	kept := c.runs.take(runSlabLo, runSlab)
-	// Field by field into the zeroed slab, as decodeBlock fills a block: a whole
+	// Field by field into the zeroed slab, as block and decodeBlock fill a block: a whole
 	// run copied at once is a bulk write barrier while the GC marks.
 	kept.end, kept.errIP = r.end, r.errIP
 	kept.insns, kept.pre, kept.post, kept.steps = r.insns, r.pre, r.post, r.steps

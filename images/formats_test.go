@@ -378,10 +378,10 @@ func FuzzMap(f *testing.F) {
 			var b [1]byte
 			_, err := s.ReadAt(b[:], a)
 			// View shows the same byte in place, or fails the same way.
-			v, verr := s.View(a)
+			base, v, verr := s.View(a)
 			if (verr == nil) != (err == nil) || errors.Is(verr, ErrNotMapped) != errors.Is(err, ErrNotMapped) ||
-				err == nil && (len(v) == 0 || v[0] != b[0]) {
-				t.Fatalf("0x%x: View %d bytes %v, ReadAt 0x%x %v", a, len(v), verr, b[0], err)
+				err == nil && (a < base || a-base >= uint64(len(v)) || v[a-base] != b[0]) {
+				t.Fatalf("0x%x: View %d bytes from 0x%x %v, ReadAt 0x%x %v", a, len(v), base, verr, b[0], err)
 			}
 			if op < 0 {
 				if !errors.Is(err, ErrNotMapped) {

@@ -178,14 +178,19 @@ func (s *Space) ReadAt(dst []byte, addr uint64) (int, error) {
 	return n, nil
 }
 
-// View returns the known bytes from addr on without copying them: the rest
-// of the mapping that holds addr. It stops at the mapping's end, where an
-// adjacent mapping's bytes lie elsewhere in memory: ReadAt reads across.
-// The caller must not change the bytes. It fails as ReadAt does, and does
-// not allocate but on error.
-func (s *Space) View(addr uint64) ([]byte, error) {
-	_, v, err := s.view(addr)
-	return v, err
+// View returns the known bytes of the mapping that holds addr without
+// copying them, from the mapping's start base on (addr-base < len(b)): a
+// caller keeps them for every address of the mapping, below addr too. They
+// stop at the mapping's end, where an adjacent mapping's bytes lie
+// elsewhere in memory: ReadAt reads across. The caller must not change the
+// bytes. It fails as ReadAt does, and does not allocate but on error.
+func (s *Space) View(addr uint64) (base uint64, b []byte, err error) {
+	i, _, err := s.view(addr)
+	if err != nil {
+		return 0, nil, err
+	}
+	m := &s.maps[i]
+	return m.Start, m.data[:len(m.data):len(m.data)], nil
 }
 
 // view returns the index of the mapping that holds addr and its known

@@ -135,9 +135,16 @@ func TestReadAt(t *testing.T) {
 			if tt.err == nil && !bytes.Equal(dst[:n], tt.want) {
 				t.Errorf("ReadAt(0x%x) = % x, want % x", tt.addr, dst[:n], tt.want)
 			}
-			// View shows the same bytes in place, up to the mapping's end,
-			// and fails as ReadAt does.
-			v, err := s.View(tt.addr)
+			// View shows the same bytes in place, the whole mapping's up
+			// to its end, and fails as ReadAt does.
+			base, all, err := s.View(tt.addr)
+			if err == nil && (tt.addr < base || tt.addr-base >= uint64(len(all))) {
+				t.Fatalf("View(0x%x) = %d bytes from 0x%x", tt.addr, len(all), base)
+			}
+			var v []byte
+			if err == nil {
+				v = all[tt.addr-base:]
+			}
 			if !errors.Is(err, tt.err) || len(v) != tt.view || cap(v) != len(v) {
 				t.Fatalf("View(0x%x) = %d bytes (cap %d), %v; want %d, %v", tt.addr, len(v), cap(v), err, tt.view, tt.err)
 			}
@@ -165,10 +172,12 @@ func TestReadAtPages(t *testing.T) {
 		if err != nil || !bytes.Equal(buf[:n], want) {
 			t.Fatalf("ReadAt(0x%x) = % x, %v, want % x", a, buf[:n], err, want)
 		}
-		// View stops at the page's end: the next page is another mapping.
-		v, err := s.View(a)
-		if rest := PageSize - a%PageSize; err != nil || uint64(len(v)) != rest || !bytes.Equal(v, src.Bytes()[a-0x400000:][:rest]) {
-			t.Fatalf("View(0x%x) = %d bytes, %v; want the page's last %d", a, len(v), err, rest)
+		// View is the page, from its start to its end: the next page is
+		// another mapping.
+		base, v, err := s.View(a)
+		page := a &^ (PageSize - 1)
+		if err != nil || base != page || !bytes.Equal(v, src.Bytes()[page-0x400000:][:PageSize]) {
+			t.Fatalf("View(0x%x) = %d bytes from 0x%x, %v; want the page at 0x%x", a, len(v), base, err, page)
 		}
 	}
 }

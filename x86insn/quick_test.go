@@ -33,6 +33,11 @@ func TestRun(t *testing.T) {
 		{"to jmp reg", pad(hexBytes(t, "41 ff e3")), 64, []uint8{3}, IndirectJump, 0, nil},
 		{"to call mem", pad(hexBytes(t, "ff 14 25 00 10 00 00")), 64, []uint8{7}, IndirectCall, 0, nil},
 		{"sib base 5", pad(hexBytes(t, "8b 04 25 00 10 00 00 c3")), 64, []uint8{7, 1}, Ret, 0, nil},
+		{"rex 40 and 4f", pad(hexBytes(t, "40 88 c7 4f 8d 04 24 50 c3")), 64, []uint8{3, 4, 1, 1}, Ret, 0, nil},
+		{"0f behind rex.w, sib base 5", pad(hexBytes(t, "4c 0f af 04 25 00 10 00 00 0f 84 f0 ff ff ff")), 64,
+			[]uint8{9, 6}, CondJump, 0xfff, nil},
+		{"rel8 back", pad(hexBytes(t, "90 eb fd")), 64, []uint8{1, 2}, Jump, 0x1000, nil},
+		{"ret imm16 has no target", pad(hexBytes(t, "c2 08 00")), 64, []uint8{3}, Ret, 0, nil},
 		{"imm64", pad(hexBytes(t, "48 b8 01 02 03 04 05 06 07 08 c3")), 64, []uint8{10, 1}, Ret, 0, nil},
 		{"imm by modrm", pad(hexBytes(t, "f7 c0 01 00 00 00 f7 d0 c7 45 f8 01 00 00 00 c3")), 64, []uint8{6, 2, 7, 1}, Ret, 0, nil},
 		{"general scan", pad(hexBytes(t, "f3 0f 1e fa 66 90 c5 f8 77 66 2e 0f 1f 84 00 00 00 00 00 c3")), 64,
@@ -119,8 +124,9 @@ func TestRunAgrees(t *testing.T) {
 
 // TestRunTables holds every entry of Run's tables to the general scan:
 // each first byte (rexOf's every entry, quick1's row without a REX), each
-// opcode of the 1-byte and 0F maps behind no REX, a REX and a REX.W, each
-// ModRM byte and each SIB base (tailLens), decoded first in a run, after a
+// opcode of the 1-byte and 0F maps behind no REX, a REX and a REX.W
+// (quick1's rows, quick0F), each ModRM byte and each SIB base (modrmLen,
+// byModRM), decoded first in a run, after a
 // quick instruction and after one of the general scan's (quickRun resumed
 // past it): the same lengths, Flow and error as the scan.
 func TestRunTables(t *testing.T) {
