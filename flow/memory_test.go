@@ -388,3 +388,34 @@ func TestBlockViewOverlap(t *testing.T) {
 		check(d, newAt+i)
 	}
 }
+
+// TestBlockViewModes: a block of 16- or 32-bit code in a kept mapping is
+// decoded in its mode, not by the 64-bit length decoder's Run (dec eax
+// is a REX there, and 16-bit immediates are shorter).
+func TestBlockViewModes(t *testing.T) {
+	// dec eax; add eax, 1 (32-bit), add rax, 1 (64-bit), dec ax; add ax,
+	// 1; add [bx+si], al (16-bit); a ret after ten; nops past it.
+	code := append(slices.Repeat([]byte{0x48, 0x05, 0x01, 0x00, 0x00, 0x00}, 10), 0xc3)
+	code = append(code, slices.Repeat([]byte{0x90}, 64)...)
+	s := images.NewSpace()
+	if err := s.Map(0x1000, uint64(len(code)), images.NewBlob(code), 0, "code"); err != nil {
+		t.Fatal(err)
+	}
+	d, ref := New(s, Options{}), New(readOnly{s}, Options{})
+	for _, tt := range []struct {
+		mode Mode
+		n    uint8
+	}{{Mode64, 11}, {Mode32, 21}, {Mode16, 31}} {
+		// The mapping is kept from the block before (the first: from
+		// Mode64's own).
+		if b := d.block(0x1000, tt.mode); b.n != tt.n || b.class != x86insn.Ret || b.err() != nil {
+			t.Errorf("%v block: %d instructions, last %+v, %v; want %d to the ret", tt.mode, b.n, b.last(), b.err(), tt.n)
+		}
+		for ip := uint64(0x1000); ip < 0x1000+uint64(len(code)); ip++ {
+			v, r := d.block(ip, tt.mode), ref.block(ip, tt.mode)
+			if vi, ri := v.insns(), r.insns(); !slices.Equal(vi, ri) || !errors.Is(v.err(), r.err()) || !errors.Is(r.err(), v.err()) {
+				t.Fatalf("%v block at 0x%x: through View %v %v, through ReadAt %v %v", tt.mode, ip, vi, v.err(), ri, r.err())
+			}
+		}
+	}
+}
