@@ -328,3 +328,94 @@ func TestBlockTableTags(t *testing.T) {
 		t.Fatal("a block after the drop reuses a block from before it")
 	}
 }
+
+// readOnly is a Space seen through ReadAt alone (no Viewer): the block
+// cache's reference without kept mappings.
+type readOnly struct{ s *images.Space }
+
+func (m readOnly) ReadAt(dst []byte, addr uint64) (int, error) { return m.s.ReadAt(dst, addr) }
+
+// TestBlockViewOverlap: a mapping over part of an older one wins, though
+// the cache keeps whole mappings. Blocks in the older mapping's parts
+// alternate with blocks in the newer one (whose source ends before it
+// does: its tail has no known bytes), mapped before the decoder is made
+// and, for a second decoder, after it kept the older mapping whole (the
+// generation checked, as Decode does): each block is the one decoded
+// through ReadAt alone.
+func TestBlockViewOverlap(t *testing.T) {
+	const base, newAt, newLen = 0x400000, 0x401100, 0x800
+	old := slices.Repeat(append(slices.Repeat([]byte{0x90}, 39), 0xc3), 3*4096/40+1) // nops, a ret in every 40 bytes
+	jnes := slices.Repeat([]byte{0x75, 0x00}, newLen/4)                              // jne +0, over half the mapping
+	s := images.NewSpace()
+	mapOld := func() {
+		if err := s.Map(base, 3*4096, images.NewBlob(old), 0, "old"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mapNew := func() {
+		if err := s.Map(newAt, newLen, images.NewBlob(jnes), 0, "new"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ref *Decoder // through ReadAt, made anew for each state of s
+	check := func(d *Decoder, ip uint64) {
+		t.Helper()
+		v, r := d.block(ip, Mode64), ref.block(ip, Mode64)
+		if vi, ri := v.insns(), r.insns(); !slices.Equal(vi, ri) || !errors.Is(v.err(), r.err()) || !errors.Is(r.err(), v.err()) {
+			t.Fatalf("block at 0x%x: through View %v %v, through ReadAt %v %v", ip, vi, v.err(), ri, r.err())
+		}
+	}
+	mapOld()
+	mapNew()
+	d, ref := New(s, Options{}), New(readOnly{s}, Options{})
+	for i := range uint64(newLen + 0x100) {
+		check(d, newAt-0x100+i) // below the newer mapping, then into it
+		check(d, newAt+i)       // in the newer mapping, then past it
+		check(d, base+i)        // the older mapping's first part
+	}
+
+	s = images.NewSpace()
+	mapOld()
+	d, ref = New(s, Options{}), New(readOnly{s}, Options{})
+	for ip := uint64(base); ip < base+3*4096; ip += 40 {
+		check(d, ip)
+	}
+	mapNew()
+	d.cache.check(s.Generation())
+	ref = New(readOnly{s}, Options{})
+	for i := range uint64(newLen + 0x100) {
+		check(d, newAt-0x100+i)
+		check(d, newAt+i)
+	}
+}
+
+// TestBlockViewModes: a block of 16- or 32-bit code in a kept mapping is
+// decoded in its mode, not by the 64-bit length decoder's Run (dec eax
+// is a REX there, and 16-bit immediates are shorter).
+func TestBlockViewModes(t *testing.T) {
+	// dec eax; add eax, 1 (32-bit), add rax, 1 (64-bit), dec ax; add ax,
+	// 1; add [bx+si], al (16-bit); a ret after ten; nops past it.
+	code := append(slices.Repeat([]byte{0x48, 0x05, 0x01, 0x00, 0x00, 0x00}, 10), 0xc3)
+	code = append(code, slices.Repeat([]byte{0x90}, 64)...)
+	s := images.NewSpace()
+	if err := s.Map(0x1000, uint64(len(code)), images.NewBlob(code), 0, "code"); err != nil {
+		t.Fatal(err)
+	}
+	d, ref := New(s, Options{}), New(readOnly{s}, Options{})
+	for _, tt := range []struct {
+		mode Mode
+		n    uint8
+	}{{Mode64, 11}, {Mode32, 21}, {Mode16, 31}} {
+		// The mapping is kept from the block before (the first: from
+		// Mode64's own).
+		if b := d.block(0x1000, tt.mode); b.n != tt.n || b.class != x86insn.Ret || b.err() != nil {
+			t.Errorf("%v block: %d instructions, last %+v, %v; want %d to the ret", tt.mode, b.n, b.last(), b.err(), tt.n)
+		}
+		for ip := uint64(0x1000); ip < 0x1000+uint64(len(code)); ip++ {
+			v, r := d.block(ip, tt.mode), ref.block(ip, tt.mode)
+			if vi, ri := v.insns(), r.insns(); !slices.Equal(vi, ri) || !errors.Is(v.err(), r.err()) || !errors.Is(r.err(), v.err()) {
+				t.Fatalf("%v block at 0x%x: through View %v %v, through ReadAt %v %v", tt.mode, ip, vi, v.err(), ri, r.err())
+			}
+		}
+	}
+}

@@ -178,3 +178,29 @@ func TestRunTables(t *testing.T) {
 	}
 	t.Logf("%d instructions agree", checked)
 }
+
+// TestQuickRunREX: a REX keeps an instruction of the tables on quickRun's
+// path; the general scan would give the same Flow at several times the
+// cost, so Run's results alone cannot show a REX sent there.
+func TestQuickRunREX(t *testing.T) {
+	var lens [1]uint8
+	quick := 0
+	for rex := 0x40; rex < 0x50; rex++ {
+		for _, esc := range [][]byte{nil, {0x0f}} {
+			for op := range 256 {
+				insn := append(slices.Clone(esc), byte(op), 0xc0) // ModRM: registers
+				_, _, e, _ := quickRun(pad(insn), 0, lens[:], 0)
+				if e&qSlow != 0 || esc == nil && op&0xf0 == 0x40 { // a REX twice is the scan's
+					continue
+				}
+				quick++
+				if _, _, re, _ := quickRun(pad(append([]byte{byte(rex)}, insn...)), 0, lens[:], 0); re&qSlow != 0 {
+					t.Fatalf("% x: the general scan's behind REX %x, quickRun's without", insn, rex)
+				}
+			}
+		}
+	}
+	if quick < 16*256 {
+		t.Errorf("%d instructions quick without a REX: too few to check", quick)
+	}
+}
