@@ -2,7 +2,9 @@ package flow
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -197,4 +199,159 @@ func TestSpareConcurrent(t *testing.T) {
 	for e := range errs {
 		t.Error(e)
 	}
+}
+
+// TestSpareCleared holds what Close keeps to a new cache's state at once
+// (where TestSpareSameFlow sees a stale block only when the flow reaches
+// it, a stale block chunk made it loop until the time-out): after a
+// decoder dirtied every table and chunk (mruby, decoded twice, its memory
+// changed between), the kept cache's tables, views, free block chunks
+// and runs are zero, and nothing else of the decoder's is kept (no block,
+// no count, no chunk in use, no slab position).
+func TestSpareCleared(t *testing.T) {
+	drainSpares()
+	defer drainSpares()
+	bt := loadBench(t, "mruby")
+	d := New(bt.space, Options{NoInsns: true})
+	d.Decode(bt.trace, &counter{})
+	c := &d.cache
+	r := &c.runs
+	d.MemoryChanged()
+	// A drop forgets the chunks in use: a block or run that the flow
+	// still holds is not handed on, and a decoder whose memory keeps
+	// changing does not keep every chunk it filled.
+	if len(c.chunks)+len(c.lens.full)+len(r.runs.full)+len(r.edges.full) != 0 {
+		t.Fatalf("a drop kept chunks in use: blocks %d, lengths %d, runs %d, edges %d",
+			len(c.chunks), len(c.lens.full), len(r.runs.full), len(r.edges.full))
+	}
+	d.Decode(bt.trace, &counter{})
+	dirty := map[string]any{"slots": c.slots, "views": c.views, "tips": r.tips, "recent": r.recent,
+		"pgds": r.pgds, "tlets": r.tlets, "tletSeen": r.tletSeen, "tletRoom": r.tletRoom,
+		"block chunk": c.chunks[0], "runs": r.runs.full[0]}
+	for what, v := range dirty {
+		if isZero(reflect.ValueOf(v)) {
+			t.Fatalf("mruby's decode left the %s zero: the test sees no clear", what)
+		}
+	}
+	d.Close()
+	if spares.n != 1 {
+		t.Fatalf("%d caches kept, want 1", spares.n)
+	}
+	k := spares.c[0]
+	kr := &k.runs
+	if len(k.free) == 0 || len(kr.runs.free) == 0 || len(kr.edges.free) == 0 || len(kr.tletSlab.free) == 0 || len(k.lens.free) == 0 {
+		t.Fatalf("a list of chunks kept is empty: blocks %d, runs %d, edges %d, tracelet edges %d, lengths %d",
+			len(k.free), len(kr.runs.free), len(kr.edges.free), len(kr.tletSlab.free), len(k.lens.free))
+	}
+	zero := map[string]any{"slots": k.slots, "views": k.views, "tips": kr.tips, "recent": kr.recent,
+		"pgds": kr.pgds, "tlets": kr.tlets, "tletSeen": kr.tletSeen, "tletRoom": kr.tletRoom}
+	for i, ch := range k.free {
+		zero[fmt.Sprint("block chunk ", i)] = ch
+	}
+	for i, ch := range kr.runs.free {
+		zero[fmt.Sprint("runs chunk ", i)] = ch
+	}
+	for what, v := range zero {
+		if v := reflect.ValueOf(v); v.IsNil() || !isZero(v) {
+			t.Errorf("the kept %s is not a new cache's: nil or not zero", what)
+		}
+	}
+	if len(k.chunks) != 0 || len(k.lens.full) != 0 || len(kr.runs.full) != 0 || len(kr.edges.full) != 0 || len(kr.tletSlab.full) != 0 {
+		t.Errorf("chunks in use kept as in use: blocks %d, lengths %d, runs %d, edges %d, tracelet edges %d",
+			len(k.chunks), len(k.lens.full), len(kr.runs.full), len(kr.edges.full), len(kr.tletSlab.full))
+	}
+	// The rest is a new cache's: zero.
+	k.slots, k.views, k.free, k.chunks = nil, nil, nil, nil
+	kr.tips, kr.recent, kr.pgds, kr.tlets, kr.tletSeen, kr.tletRoom = nil, nil, nil, nil, nil, nil
+	k.lens.free, k.lens.full = nil, nil
+	kr.runs.free, kr.runs.full, kr.edges.free, kr.edges.full, kr.tletSlab.free, kr.tletSlab.full = nil, nil, nil, nil, nil, nil
+	if !reflect.ValueOf(k).IsZero() {
+		t.Errorf("the kept cache keeps the decoder's state: %+v", k)
+	}
+}
+
+// isZero reports whether v, a slice or a pointer to an array, holds only
+// zero elements.
+func isZero(v reflect.Value) bool {
+	if v.Kind() == reflect.Pointer {
+		return v.Elem().IsZero()
+	}
+	for i := range v.Len() {
+		if !v.Index(i).IsZero() {
+			return false
+		}
+	}
+	return true
+}
+
+// TestSpareShared holds decoders open at once to memory of their own: one
+// made over a kept cache shares none with the closed decoder it came from
+// (whose cache a MemoryChanged may still clear), nor with one made after
+// another decoder closed into the place it was taken from (with a table
+// too large to keep, and no fast path's tables); Close again keeps
+// nothing more.
+func TestSpareShared(t *testing.T) {
+	drainSpares()
+	defer drainSpares()
+	bt := loadBench(t, "ptsim")
+	d1 := New(bt.space, Options{NoInsns: true})
+	d1.Decode(bt.trace, &counter{})
+	d1.Close()
+	d1.Close()
+	if spares.n != 1 {
+		t.Fatalf("%d caches kept after Close twice, want 1", spares.n)
+	}
+	d2 := New(bt.space, Options{NoInsns: true})
+	d2.Decode(bt.trace, &counter{})
+	const base, size = 0x1000, 1 << 17
+	d3 := New(&blob{base: base, code: bytes.Repeat([]byte{0xc3}, size)}, Options{})
+	for ip := uint64(base); ip < base+size; ip++ {
+		d3.block(ip, Mode64)
+	}
+	d3.Close()
+	d4 := New(bt.space, Options{NoInsns: true})
+	d4.Decode(bt.trace, &counter{})
+	for _, p := range []struct {
+		a, b *Decoder
+		what string
+	}{{d1, d2, "the closed decoder and the one made over its memory"}, {d2, d4, "two open decoders"}} {
+		a := cacheMemory(&p.a.cache)
+		for ptr, what := range cacheMemory(&p.b.cache) {
+			if a[ptr] != "" {
+				t.Errorf("%s share a %s", p.what, what)
+			}
+		}
+	}
+}
+
+// cacheMemory returns the tables and chunks cache c holds, by address.
+func cacheMemory(c *blockCache) map[unsafe.Pointer]string {
+	m := map[unsafe.Pointer]string{}
+	add := func(p unsafe.Pointer, what string) {
+		if p != nil {
+			m[p] = what
+		}
+	}
+	r := &c.runs
+	add(unsafe.Pointer(unsafe.SliceData(c.slots)), "table")
+	add(unsafe.Pointer(unsafe.SliceData(c.views)), "views table")
+	add(unsafe.Pointer(r.tips), "tips table")
+	add(unsafe.Pointer(r.recent), "recent runs table")
+	add(unsafe.Pointer(r.pgds), "walks table")
+	add(unsafe.Pointer(r.tlets), "tracelets table")
+	add(unsafe.Pointer(r.tletSeen), "tracelet marks")
+	add(unsafe.Pointer(r.tletRoom), "tracelet rooms")
+	for _, ch := range slices.Concat(c.chunks, c.free) {
+		add(unsafe.Pointer(ch), "block chunk")
+	}
+	for _, ch := range slices.Concat(c.lens.full, c.lens.free) {
+		add(unsafe.Pointer(unsafe.SliceData(ch)), "lengths chunk")
+	}
+	for _, ch := range slices.Concat(r.runs.full, r.runs.free) {
+		add(unsafe.Pointer(unsafe.SliceData(ch)), "runs chunk")
+	}
+	for _, ch := range slices.Concat(r.edges.full, r.edges.free, r.tletSlab.full, r.tletSlab.free) {
+		add(unsafe.Pointer(unsafe.SliceData(ch)), "edges chunk")
+	}
+	return m
 }
