@@ -388,7 +388,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 			}
 		}
 	}
-	for range 3 {
+	for try := 1; ; try++ {
 		drops := c.drops
 		d.decodeBlock(b)
 		if c.drops == drops {
@@ -397,7 +397,12 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		}
 		// The Memory changed under the decode (a side band applied
 		// when a read missed): the bytes read may be the old ones;
-		// the table was emptied (b is in a chunk it dropped).
+		// the table was emptied (b is in a chunk it dropped). A
+		// next with no insert after it would start a chunk that the
+		// next block starts again: only for another try.
+		if try == 3 {
+			break
+		}
 		_, slot = c.lookup(h, ip, mode)
 		b = c.next(ip, mode)
 	}

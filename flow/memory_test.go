@@ -151,19 +151,19 @@ func (b *block) insns() []insn {
 	return ins
 }
 
-// viewSwap is a Viewer whose first View changes the memory under the
-// decoder and still returns the old bytes, as a side band applied on a
+// viewSwap is a Viewer whose first swaps Views change the memory under
+// the decoder and still return the old bytes, as a side band applied on a
 // read that missed may.
 type viewSwap struct {
 	d        *Decoder
 	old, new []byte
-	swapped  bool
+	swaps    int
 }
 
 func (m *viewSwap) View(addr uint64) (uint64, []byte, error) {
 	code := m.new
-	if !m.swapped {
-		m.swapped = true
+	if m.swaps > 0 {
+		m.swaps--
 		m.d.MemoryChanged()
 		code = m.old
 	}
@@ -189,13 +189,39 @@ func TestMemoryChangedInView(t *testing.T) {
 	// View.
 	nops := slices.Repeat([]byte{0x90}, 2*maxBlock)
 	m := &viewSwap{
-		old: append(slices.Clone(nops), 0xc3),
-		new: append([]byte{0x90, 0x90, 0x90, 0x90, 0x75, 0xfa}, nops...), // jne 0x1000
+		old:   append(slices.Clone(nops), 0xc3),
+		new:   append([]byte{0x90, 0x90, 0x90, 0x90, 0x75, 0xfa}, nops...), // jne 0x1000
+		swaps: 1,
 	}
 	m.d = New(m, Options{})
 	b := m.d.block(0x1000, Mode64)
 	if last := b.last(); b.n != 5 || last.class != x86insn.CondJump || last.target != 0x1000 {
 		t.Errorf("block decoded from the old bytes: %d instructions, last %+v", b.n, last)
+	}
+}
+
+// TestMemoryStillChanging: a block whose memory changes under each of its
+// tries is given up (not kept); the cache then works as before: the next
+// blocks are decoded once and found again.
+func TestMemoryStillChanging(t *testing.T) {
+	nops := slices.Repeat([]byte{0x90}, 2*maxBlock)
+	m := &viewSwap{
+		old:   append(slices.Clone(nops), 0xc3),
+		new:   append([]byte{0x90, 0x90, 0x90, 0x90, 0x75, 0xfa, 0xc3}, nops...), // jne 0x1000; ret
+		swaps: 3,
+	}
+	m.d = New(m, Options{})
+	if b := m.d.block(0x1000, Mode64); b.stop != stopNoMap || m.d.cache.known(0x1000, Mode64) != nil {
+		t.Fatalf("block at 0x1000 under a memory changing at each try: stop %d, kept %v", b.stop, m.d.cache.known(0x1000, Mode64) != nil)
+	}
+	for _, ip := range []uint64{0x1000, 0x1006} {
+		b := m.d.block(ip, Mode64)
+		if got := m.d.cache.known(ip, Mode64); got != b {
+			t.Fatalf("block at %#x not found again (%d chunks for %d blocks)", ip, len(m.d.cache.chunks), m.d.cache.n)
+		}
+		if m.d.block(ip, Mode64) != b {
+			t.Errorf("block at %#x decoded again", ip)
+		}
 	}
 }
 
