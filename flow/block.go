@@ -257,11 +257,11 @@ func (c *blockCache) next(ip uint64, mode Mode) *block {
 }
 
 // refill is next's rare work: a new block chunk for block k of it (a
-// free one, zero, else a new one), room for the lengths. It is a call on
-// next's rare path: the spills around it stay there (next's common path
-// has none).
+// free one, zero, else a new one) unless a next with no insert after it
+// started it already, room for the lengths. It is a call on next's rare
+// path: the spills around it stay there (next's common path has none).
 func (c *blockCache) refill(k uint) {
-	if k == 0 {
+	if k == 0 && len(c.chunks) == c.n/blockChunk {
 		if n := len(c.free) - 1; n >= 0 {
 			c.cur, c.free = c.free[n], c.free[:n]
 		} else {
@@ -388,7 +388,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 			}
 		}
 	}
-	for try := 1; ; try++ {
+	for range 3 {
 		drops := c.drops
 		d.decodeBlock(b)
 		if c.drops == drops {
@@ -397,12 +397,7 @@ func (d *Decoder) block(ip uint64, mode Mode) *block {
 		}
 		// The Memory changed under the decode (a side band applied
 		// when a read missed): the bytes read may be the old ones;
-		// the table was emptied (b is in a chunk it dropped). A
-		// next with no insert after it would start a chunk that the
-		// next block starts again: only for another try.
-		if try == 3 {
-			break
-		}
+		// the table was emptied (b is in a chunk it dropped).
 		_, slot = c.lookup(h, ip, mode)
 		b = c.next(ip, mode)
 	}
