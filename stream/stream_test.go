@@ -219,6 +219,15 @@ func TestSpillReusesKeptSlot(t *testing.T) {
 		data, err := unix.Seek(int(s.file.Fd()), off, unix.SEEK_DATA)
 		return errors.Is(err, unix.ENXIO) || (err == nil && data >= off+chunk)
 	}
+	if !slices.ContainsFunc(s.free, isHole) {
+		// Nothing discarded yet (the next seal trims) or no punching.
+		for off := s.curOff; s.curOff == off; {
+			s.Append(line)
+		}
+		if !slices.ContainsFunc(s.free, isHole) {
+			t.Skipf("no slot punched among %d free: the file system does not punch holes?", len(s.free))
+		}
+	}
 	for i := range 3 {
 		if len(s.free) == 0 {
 			t.Fatalf("seal %d: no free slot", i)
