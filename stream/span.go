@@ -136,7 +136,7 @@ func (s *Stream) letGo() bool {
 	s.lent.gone = true
 	s.lent = nil
 	s.file = nil
-	s.free = s.free[:0]
+	s.free, s.holes = s.free[:0], 0
 	s.slots, s.reserved = 0, 0
 	return false
 }
@@ -173,7 +173,7 @@ func (sp *Span) Release() {
 		if i := slices.Index(l.held, sp.slot); i >= 0 {
 			l.held = slices.Delete(l.held, i, i+1)
 			if !l.gone {
-				s.free = append(s.free, sp.slot)
+				s.freeSlot(sp.slot)
 			}
 		}
 	}

@@ -94,8 +94,13 @@ type Stream struct {
 	curLine, lines uint64
 	readers        map[*Reader]struct{}
 	file           *os.File // the spill file, made at the first full chunk
-	free           []int    // spill slots to reuse
-	slots          int      // spill slots made
+	// free are the spill slots to reuse, the first holes of them punched
+	// (their disk given back), the rest still holding their blocks and,
+	// most likely, their pages in the page cache, the slot freed last at
+	// the end: the next spill takes it (see freeSlot).
+	free  []int
+	holes int
+	slots int // spill slots made
 	// reserved is how many slots from 0 have their disk allocated ahead
 	// (see reserve); noReserve: the file system refused.
 	reserved  int
@@ -300,15 +305,16 @@ func (s *Stream) spill(c *chunk) error {
 		}
 		s.file = f
 	}
-	slot := s.slots
+	slot, holes := s.slots, s.holes
 	if k := len(s.free); k > 0 {
 		slot, s.free = s.free[k-1], s.free[:k-1]
+		s.holes = min(s.holes, k-1)
 	} else {
 		s.slots++
 		s.reserve(slot)
 	}
 	if err := pwrite(s.file, s.cur, int64(slot)*int64(s.chunkSize)); err != nil {
-		s.free = append(s.free, slot)
+		s.free, s.holes = append(s.free, slot), holes
 		return fmt.Errorf("write stream spill file: %w", err)
 	}
 	c.slot = slot
@@ -444,25 +450,36 @@ func (s *Stream) discard(unspilled bool) {
 		if s.lentSlot(c.slot) {
 			return // freed by its last span's release
 		}
-		s.free = append(s.free, c.slot)
-		if len(s.free) <= spareSlots {
-			return
-		}
-		// Give the disk back: a slow reader made the file bigger than
-		// the window needs. (The steady state frees and reuses a slot a
-		// chunk: punching those would double the cost of Append.)
-		// Best effort: where punching fails, the disk comes back when
-		// the stream is truncated or closed.
-		fd := int(s.file.Fd())
+		s.freeSlot(c.slot)
+	}
+}
+
+// freeSlot makes slot of the spill file free for the next spill, which
+// takes the slot freed last. Beyond spareSlots free ones with their
+// blocks, the one freed first gives its disk back (punched): a slow reader
+// made the file bigger than the window needs. Never the one freed last:
+// the steady state frees and reuses a slot a chunk, and a slot written
+// again while its pages are in the page cache, dirty, costs the copy
+// alone, where a punched one costs fresh pages (on the development VM
+// pages the host took back, several times the copy: DESIGN §4, the
+// eleventh pass) and ext4 the allocation of its blocks; after a burst of
+// discards, a punched slot on top was the next one written at every seal. Best effort: where punching fails, the disk
+// comes back when the stream is truncated or closed. Called with mu held.
+func (s *Stream) freeSlot(slot int) {
+	s.free = append(s.free, slot)
+	if len(s.free)-s.holes <= spareSlots {
+		return
+	}
+	fd := int(s.file.Fd())
+	_ = unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
+		int64(s.free[s.holes])*int64(s.chunkSize), int64(s.chunkSize))
+	s.holes++
+	if s.reserved > s.slots {
+		// And the slots reserved ahead, which the file no longer grows
+		// into soon.
 		_ = unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
-			int64(c.slot)*int64(s.chunkSize), int64(s.chunkSize))
-		if s.reserved > s.slots {
-			// And the slots reserved ahead, which the file no longer
-			// grows into soon.
-			_ = unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
-				int64(s.slots)*int64(s.chunkSize), int64(s.reserved-s.slots)*int64(s.chunkSize))
-			s.reserved = s.slots
-		}
+			int64(s.slots)*int64(s.chunkSize), int64(s.reserved-s.slots)*int64(s.chunkSize))
+		s.reserved = s.slots
 	}
 }
 
@@ -480,7 +497,7 @@ func (s *Stream) Truncate() {
 	defer s.mu.Unlock()
 	s.gen++
 	s.chunks = s.chunks[:0]
-	s.free = s.free[:0]
+	s.free, s.holes = s.free[:0], 0
 	s.slots, s.reserved = 0, 0
 	if s.cur != nil {
 		s.cur = s.emptied(s.cur)

@@ -197,6 +197,64 @@ func TestDiskReleased(t *testing.T) {
 	}
 }
 
+// TestSpillReusesKeptSlot checks which free slot a spill takes after a
+// burst of discards (a reader that held the window catching up): one that
+// kept its blocks and pages, not one just punched, which costs fresh
+// pages and the blocks' allocation at every seal from then on (DESIGN §4,
+// the eleventh pass); and that the disk beyond spareSlots is given back.
+func TestSpillReusesKeptSlot(t *testing.T) {
+	// Full chunks (smaller ones are the soft bound, the window one
+	// chunk): the window keeps one full chunk besides the one written.
+	s := newStream(t, 2*maxChunk, 64*maxChunk)
+	chunk := int64(s.chunkSize)
+	r := s.NewReader()
+	line := []byte(strings.Repeat("k", 1023) + "\n")
+	for s.Stats().Disk < 20*(chunk-chunk%1024) { // held by r
+		s.Append(line)
+	}
+	readAll(t, r, 0, 1<<20)
+	r.Close()
+	isHole := func(slot int) bool {
+		off := int64(slot) * chunk
+		data, err := unix.Seek(int(s.file.Fd()), off, unix.SEEK_DATA)
+		return errors.Is(err, unix.ENXIO) || (err == nil && data >= off+chunk)
+	}
+	if !slices.ContainsFunc(s.free, isHole) {
+		// Nothing discarded yet (the next seal trims) or no punching.
+		for off := s.curOff; s.curOff == off; {
+			s.Append(line)
+		}
+		if !slices.ContainsFunc(s.free, isHole) {
+			t.Skipf("no slot punched among %d free: the file system does not punch holes?", len(s.free))
+		}
+	}
+	for i := range 3 {
+		if len(s.free) == 0 {
+			t.Fatalf("seal %d: no free slot", i)
+		}
+		next := s.free[len(s.free)-1]
+		hole := isHole(next)
+		for off := s.curOff; s.curOff == off; {
+			s.Append(line)
+		}
+		if slot := s.chunks[len(s.chunks)-1].slot; slot != next {
+			t.Fatalf("seal %d spilled into slot %d, not %d, the last of free", i, slot, next)
+		}
+		if hole {
+			t.Fatalf("seal %d spilled into slot %d, punched, with %d slots free", i, next, len(s.free))
+		}
+		kept := 0
+		for _, slot := range s.free {
+			if !isHole(slot) {
+				kept++
+			}
+		}
+		if kept > spareSlots || len(s.free) <= spareSlots {
+			t.Errorf("seal %d: %d of %d free slots keep their disk, want %d", i, kept, len(s.free), spareSlots)
+		}
+	}
+}
+
 // TestHardBound checks the gap line and the counters when the hard bound
 // discards what a reader has not read.
 func TestHardBound(t *testing.T) {
