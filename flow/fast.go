@@ -24,7 +24,9 @@ import (
 // fastState is the fast path's own state.
 type fastState struct {
 	// off turns the fast path off: tests hold it to the slow path.
-	off bool
+	// noWnd has the packet windows take nothing (wndFill): tests hold
+	// the kernel to its tracelets and packets.
+	off, noWnd bool
 	// noPos and noIP are where it last found nothing to do: it does not
 	// try again before the flow moved.
 	noPos int
@@ -170,6 +172,9 @@ const (
 	// exitTlet: the tracelet from kern.b of the TNT.8 packets at
 	// kern.pos is not among the recent ones; nothing of it is done.
 	exitTlet
+	// exitWnd: the packet window from kern.b at kern.pos is not among
+	// the recent ones; nothing of it is done.
+	exitWnd
 )
 
 // fast runs the flow from the trace bytes until it meets what it leaves to
@@ -300,6 +305,10 @@ func (d *Decoder) fastLoop() {
 			// As a run's.
 			d.flush()
 			d.tletFill(k.b, k.buf, k.pos)
+		case exitWnd:
+			// As a run's.
+			d.flush()
+			d.wndFill(k.b, k.buf, k.pos, k.last)
 		case exitPGD:
 			// A TIP.PGD and the TIP.PGE after it (kAFL's IP filter: a
 			// call out of the traced range and its return, with
@@ -472,6 +481,11 @@ func (d *Decoder) runCaches() {
 		c.tletSeen = new([recentTlets / 2]uint64)
 		c.tletRoom = new([recentTlets][]Edge)
 	}
+	if c.wnds == nil {
+		c.wnds = new([recentWnds]wnd)
+		c.wndSeen = new([recentWnds / 2]uint64)
+		c.wndRoom = new([recentWnds][]Edge)
+	}
 }
 
 // kernel is the fast loop's common steps: PADs (and timing packets no
@@ -511,6 +525,55 @@ func (d *Decoder) kernel() (why int) {
 			// byte, one load (onOps). Tested once: a packet that
 			// leaves nothing pending (a PAD, a timing packet) goes on
 			// to the next without the test, one that does leaves.
+			//
+			// First the packet window at pos (window.go), with a
+			// budget that passes its MaxInsns checks unread (as a
+			// tracelet's): its packets taken by one lookup.
+			if budget >= tletBudget && pos <= len(buf)-wndLen {
+				w0, w1 := word(buf, pos), word(buf, pos+8)
+				h := wndHash(b, w0, w1)
+				set := wndSet(h)
+				t := &d.cache.runs.wnds[2*set]
+				if t.b != b || t.w0 != w0 || t.w1 != w1 {
+					t = &d.cache.runs.wnds[2*set+1]
+				}
+				if t.b != b || t.w0 != w0 || t.w1 != w1 || (k.last^t.lastIn)&t.lastMask != 0 {
+					// Made the second time in a row its set
+					// misses it (as a tracelet).
+					if s := &d.cache.runs.wndSeen[set]; *s != h {
+						*s = h
+					} else {
+						why = exitWnd
+						goto out
+					}
+				} else if tm := int(t.m); tm > 0 {
+					// Its edges as one entry (the batch has room
+					// for one), its pushes, its counts; it ends
+					// after a TNT bit or a TIP taken: the budget
+					// is whole.
+					if t.ne > 0 {
+						f.batch[nf&(edgeBatch-1)] = t.edges()
+						nf++
+					}
+					if t.nrets > 0 {
+						for _, ret := range t.rets[:t.nrets] {
+							d.pushRet(ret)
+						}
+					}
+					d.sinceRef = d.sinceRef&t.srKeep + t.sinceRef
+					budget = d.opts.MaxInsns
+					d.c.Insns += uint64(t.insns)
+					d.errIP = t.errIP
+					k.last = k.last&t.lastKeep | t.lastOut
+					b = t.end
+					pos += tm
+					if nf == edgeBatch {
+						why = exitFlush
+						goto out
+					}
+					continue
+				}
+			}
 		read:
 			for {
 				if pos > len(buf)-16 {

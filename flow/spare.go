@@ -84,9 +84,14 @@ func (c *blockCache) spare(s *blockCache) {
 		clear(r.tlets[:])
 		clear(r.tletSeen[:])
 		clear(r.tletRoom[:])
+		clear(r.wnds[:])
+		clear(r.wndSeen[:])
+		clear(r.wndRoom[:])
 		sr.recent, sr.pgds, sr.tlets, sr.tletSeen, sr.tletRoom = r.recent, r.pgds, r.tlets, r.tletSeen, r.tletRoom
+		sr.wnds, sr.wndSeen, sr.wndRoom = r.wnds, r.wndSeen, r.wndRoom
 		left -= int(unsafe.Sizeof(*r.recent) + unsafe.Sizeof(*r.pgds) + unsafe.Sizeof(*r.tlets) +
-			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom))
+			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom) +
+			unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
 	}
 	if c.views != nil {
 		clear(c.views)
@@ -107,6 +112,7 @@ func (c *blockCache) spare(s *blockCache) {
 	r.runs.spare(&sr.runs, &left, true)
 	r.edges.spare(&sr.edges, &left, false)
 	r.tletSlab.spare(&sr.tletSlab, &left, false)
+	r.wndSlab.spare(&sr.wndSlab, &left, false)
 }
 
 // spare makes o, a zero slab, an empty slab over s's chunks, as many as

@@ -120,6 +120,7 @@ func TestTletSameFlow(t *testing.T) {
 				}
 			}
 			d := New(mem, Options{NoInsns: true})
+			d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 			d.Decode(trace, &counter{})
 			d.Decode(trace, &counter{})
 			if tletsKept(d) == 0 {
@@ -160,6 +161,7 @@ func TestTletDropClears(t *testing.T) {
 	mem := &blob{base: 0x1000, code: recurseCode}
 	trace := recurseTrace(rand.New(rand.NewPCG(1, 2)), 200, 12, false)
 	d := New(mem, Options{NoInsns: true})
+	d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 	d.Decode(trace, &counter{})
 	d.Decode(trace, &counter{})
 	if tletsKept(d) == 0 {
@@ -209,6 +211,7 @@ func TestTletBudget(t *testing.T) {
 		}
 	}
 	d := New(mem, Options{MaxInsns: tletBudget, NoInsns: true})
+	d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 	d.Decode(e.Bytes(), &counter{})
 	d.Decode(e.Bytes(), &counter{})
 	if tletsKept(d) != 1 {
@@ -245,6 +248,7 @@ func TestTletNoEdges(t *testing.T) {
 		t.Fatalf("counters %+v: the trace is not the code's", c)
 	}
 	d := New(mem, Options{NoInsns: true})
+	d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 	d.Decode(e.Bytes(), &counter{})
 	d.Decode(e.Bytes(), &counter{})
 	none, some := 0, 0
@@ -268,6 +272,7 @@ func TestTletRoomBound(t *testing.T) {
 	mem := &blob{base: 0x1000, code: recurseCode}
 	trace := recurseTrace(rand.New(rand.NewPCG(5, 6)), 200, 12, false)
 	ds, df := New(mem, Options{NoInsns: true}), New(mem, Options{NoInsns: true})
+	ds.fp.noWnd, df.fp.noWnd = true, true
 	ds.fp.off = true
 	// Rooms of 4 edges in every other set, none in the rest, then the
 	// bound reached and the tracelets dropped: they are made again in
@@ -414,6 +419,7 @@ func TestTletTwoWays(t *testing.T) {
 	}
 	sameWithDrops(t, mem, trace)
 	d := New(mem, Options{NoInsns: true})
+	d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 	d.Decode(trace, &counter{})
 	set := 2 * a.set()
 	for i, want := range []jeGroup{b, a} {
@@ -438,6 +444,7 @@ func TestTletRoomsBounded(t *testing.T) {
 	const n = 128
 	mem := &blob{base: 0x1000, code: jeCode(n)}
 	d := New(mem, Options{NoInsns: true})
+	d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 	for round := range 3 {
 		var groups []jeGroup
 		for range 3000 {

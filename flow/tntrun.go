@@ -101,6 +101,16 @@ type runCache struct {
 	tletRoom   *[recentTlets][]Edge
 	tletSlab   slab[Edge]
 	tletRoomed int
+	// wnds, wndSeen, wndRoom, wndSlab and wndRoomed are the recent
+	// packet windows (window.go), as tlets, tletSeen, tletRoom,
+	// tletSlab and tletRoomed are the tracelets; wtmp holds a window's
+	// edges while it is worked out.
+	wnds      *[recentWnds]wnd
+	wndSeen   *[recentWnds / 2]uint64
+	wndRoom   *[recentWnds][]Edge
+	wndSlab   slab[Edge]
+	wndRoomed int
+	wtmp      [wndEdges]Edge
 }
 
 // runRef is a recent entry: the run r of block b.
@@ -135,6 +145,10 @@ func (c *runCache) drop() {
 	if c.tlets != nil {
 		clear(c.tlets[:])
 		clear(c.tletSeen[:])
+	}
+	if c.wnds != nil {
+		clear(c.wnds[:])
+		clear(c.wndSeen[:])
 	}
 	c.dropWalks()
 }

@@ -1,0 +1,302 @@
+package flow
+
+import (
+	"unsafe"
+
+	"ptfs/decode"
+	"ptfs/x86insn"
+)
+
+// A packet window is the tracelet generalised across TIPs: where the
+// kernel has nothing pending at block b, the next 16 trace bytes (two
+// words, the key) hold packets the flow takes the same way every time:
+// TNT.8, TIP (with an IP) and PAD, those that fit whole in the 16 bytes.
+// What the flow does from b through them is a function of b, the bytes,
+// the last IP's bits the first TIP keeps and, for the MaxInsns checks,
+// the budget: its edges (one batch entry), the return addresses it pushes,
+// the block and last IP it ends at, its counts. A window is worked out once
+// (wndFill) and replayed by the kernel with one lookup where it would read,
+// dispatch and take each packet, its runs, steps and lookups. Of a mruby
+// pass's 48 k windows, 4.9 k keys are distinct.
+
+// wnd is a packet window kept (a set's entry in runCache.wnds).
+type wnd struct {
+	b      *block
+	w0, w1 uint64 // the key: the 16 bytes at the window's start
+	end    *block
+	errIP  uint64
+	// lastIn is the last IP's bits the window's first TIP keeps
+	// (lastMask), which the IPs it takes are computed from; lastOut the
+	// last IP after it. Without a TIP, lastMask is zero (any last IP)
+	// and lastKeep all ones (the last IP stays).
+	lastMask, lastIn uint64
+	lastKeep         uint64
+	lastOut          uint64
+	// e is the first of the ne edges, in the slot's room (as tlet.e).
+	e     uintptr
+	insns uint32
+	// sinceRef is the TRIG count after the window: added to the count
+	// before it when the window takes no TNT bit (srKeep all ones), else
+	// alone (srKeep zero).
+	sinceRef, srKeep uint32
+	ne               uint16
+	// m is the bytes the window takes (its packets, from its start); 0:
+	// none, the kernel reads them one by one.
+	m, nrets uint8
+	rets     [wndRets]uint64
+}
+
+// edges returns w's edges as a batch entry.
+func (w *wnd) edges() edgeRef {
+	n := int(w.ne)
+	return edgeRef{w.e, n, n}
+}
+
+// wndLen is a window's bytes: two words.
+const wndLen = 16
+
+// wndRets bounds the return addresses a window pushes.
+const wndRets = 2
+
+// wndEdges bounds a window's edges (its slot's room).
+const wndEdges = 48
+
+// wndJumps bounds the direct jumps and calls a window goes through without
+// a bit or a TIP taken: with maxBlock instructions a block, the counts
+// between the budget's resets stay far below tletBudget, so that a window
+// is taken only with a budget that passes every MaxInsns check unread.
+const wndJumps = runJumps
+
+// wndRoomMax bounds the edges the windows' rooms take (as tletRoomMax):
+// past it a window takes the packets its slot's room has room for.
+const wndRoomMax = 1 << 15
+
+// recentWnds is the size of runCache.wnds, a cache of two ways (as
+// tlets): a set is two entries side by side, the last made first.
+const (
+	recentWndsLog = 12
+	recentWnds    = 1 << recentWndsLog
+)
+
+// wndHash is a hash of block b and the key w0, w1: its top bits are the
+// set in runCache.wnds (wndSet), the whole its mark in runCache.wndSeen.
+func wndHash(b *block, w0, w1 uint64) uint64 {
+	return (b.ip ^ w0*0x9e3779b97f4a7c15 ^ w1*0xc2b2ae3d27d4eb4f) * 0x9e3779b97f4a7c15
+}
+
+// wndSet is the set of hash h: its entries in runCache.wnds are 2*set and
+// 2*set+1.
+func wndSet(h uint64) uint64 { return h >> (64 - recentWndsLog + 1) }
+
+// wndMark is the state a window's fill reached after a whole packet: what
+// the window keeps if it ends there.
+type wndMark struct {
+	end                      *block
+	pos                      int
+	errIP, last              uint64
+	insns, sinceRef, srKeep  uint32
+	ne, nrets                int
+	lastMask, lastIn, lastKp uint64
+}
+
+// wndFill makes the window the kernel did not find: from block b, with
+// nothing pending, the packets at buf[pos:pos+16] and the last IP last,
+// worked out as the kernel takes them, step by step. It stops before what
+// is not plain (a compressed return, which pops the stack; an indirect
+// branch with bits pending; a conditional branch with a TIP pending; a
+// block that is no branch; more than wndJumps blocks without a bit or a
+// TIP; the bounds) and keeps the window up to the last packet taken whole;
+// a drop of the block cache while it looks blocks up keeps an entry that
+// takes nothing. The slot's room is overwritten: the kernel exited and
+// the batch went before this (fastLoop), so no batch refers to it.
+func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
+	w0, w1 := word(buf, pos), word(buf, pos+8)
+	rc := &d.cache.runs
+	i := 2 * wndSet(wndHash(b, w0, w1))
+	t := &rc.wnds[i] // made by runCaches before the kernel ran
+	// The new one first, the first one second with its room.
+	rc.wnds[i+1] = *t
+	rc.wndRoom[i], rc.wndRoom[i+1] = rc.wndRoom[i+1], rc.wndRoom[i]
+	*t = wnd{b: b, w0: w0, w1: w1}
+	if d.fp.noWnd {
+		return
+	}
+	room := &rc.wndRoom[i]
+	most := wndEdges
+	if rc.wndRoomed >= wndRoomMax {
+		most = cap(*room)
+	}
+	drops := d.cache.drops
+	tmp := &rc.wtmp
+	var (
+		rets  [wndRets]uint64
+		mk    wndMark // the last whole packet's
+		cur   = wndMark{end: b, pos: pos, last: last, srKeep: ^uint32(0), lastKp: ^uint64(0)}
+		tnt   uint64 // pending bits, the next at the top
+		nb    uint
+		tip   bool // a TIP pending, at cur.last
+		jmps  int
+		fresh bool // a step taken since the last mark
+	)
+	lim := pos + wndLen
+	s := b
+	for {
+		if nb == 0 && !tip {
+			if fresh {
+				// A TNT's last bit or a TIP taken: the window may
+				// end here (PADs after it are the next one's).
+				mk, mk.end, fresh = cur, s, false
+			}
+			p := cur.pos
+			if p >= lim {
+				break
+			}
+			c := buf[p]
+			op := onOps[c]
+			if op == opPad {
+				cur.pos++
+				continue
+			}
+			if op == opTNT8 {
+				nb, tnt = uint(tnt8Lens[c]), tnt8Words[c]
+				cur.pos++
+				continue
+			}
+			if op != opTIP {
+				break
+			}
+			n := 1 + decode.IPSize(c)
+			if p+n > lim {
+				break
+			}
+			// The IP's bytes are within the window; the word
+			// holding them may end past the trace.
+			var x uint64
+			if q := len(buf) - 8; p+1 <= q {
+				x = word(buf, p+1)
+			} else {
+				x = word(buf, q) >> (8 * (p + 1 - q))
+			}
+			ip := decode.ApplyIP(c, x, cur.last)
+			if cur.lastKp != 0 {
+				// The first TIP: the bits it keeps of the last IP
+				// are the window's input.
+				mask := decode.ApplyIP(c, 0, ^uint64(0)) ^ decode.ApplyIP(c, 0, 0)
+				cur.lastMask, cur.lastIn, cur.lastKp = mask, cur.last&mask, 0
+			}
+			cur.last, cur.pos, tip = ip, p+n, true
+			continue
+		}
+		n := s.count() - 1
+		if n < 0 {
+			break
+		}
+		from := s.ip + uint64(s.lastOff)
+		next := from + uint64(s.lastLen)
+		var to uint64
+		var p **block
+		var kind BranchKind
+		edge := true
+		switch s.class {
+		case x86insn.CondJump:
+			if nb == 0 {
+				goto done
+			}
+			nb--
+			taken := tnt>>63 == 1
+			tnt <<= 1
+			cur.sinceRef, cur.srKeep, jmps = 0, 0, 0
+			to, p, kind, edge = next, &s.fall, BrCond, taken
+			if taken {
+				to, p = s.target, &s.taken
+			}
+		case x86insn.Jump, x86insn.Call:
+			if jmps++; jmps > wndJumps {
+				goto done
+			}
+			if nb == 0 {
+				cur.sinceRef++
+			}
+			to, p, kind = s.target, &s.taken, BrJump
+			if s.class == x86insn.Call {
+				kind = BrCall
+				if to != next {
+					if cur.nrets == wndRets {
+						goto done
+					}
+					rets[cur.nrets] = next
+					cur.nrets++
+				}
+			}
+		case x86insn.Ret:
+			if nb > 0 {
+				// A compressed return pops the stack: not kept.
+				goto done
+			}
+			to, tip, kind, jmps = cur.last, false, BrReturn, 0
+		case x86insn.IndirectJump, x86insn.IndirectCall:
+			if nb > 0 {
+				goto done
+			}
+			to, tip, kind, jmps = cur.last, false, BrIndirectJump, 0
+			if s.class == x86insn.IndirectCall {
+				kind = BrIndirectCall
+				if cur.nrets == wndRets {
+					goto done
+				}
+				rets[cur.nrets] = next
+				cur.nrets++
+			}
+		default:
+			goto done
+		}
+		if edge {
+			if cur.ne == most {
+				goto done
+			}
+			tmp[cur.ne] = Edge{from, to, kind}
+			cur.ne++
+		}
+		cur.insns += uint32(n + 1)
+		cur.errIP, fresh = from, true
+		if p != nil {
+			s = d.fixedSucc(p, to)
+		} else {
+			s = d.ipBlock(to)
+		}
+		if d.cache.drops != drops {
+			// The blocks are gone with the cache: t was cleared.
+			*t = wnd{b: b, w0: w0, w1: w1}
+			return
+		}
+	}
+done:
+	if mk.pos <= pos {
+		return
+	}
+	t.end, t.errIP, t.insns = mk.end, mk.errIP, mk.insns
+	t.lastMask, t.lastIn, t.lastKeep, t.lastOut = mk.lastMask, mk.lastIn, mk.lastKp, mk.last
+	if mk.lastKp != 0 {
+		t.lastOut = 0
+	}
+	t.sinceRef, t.srKeep = mk.sinceRef, mk.srKeep
+	t.nrets = uint8(mk.nrets)
+	copy(t.rets[:], rets[:mk.nrets])
+	t.m = uint8(mk.pos - pos)
+	ne := mk.ne
+	if ne == 0 {
+		return
+	}
+	// The edges in the slot's room, made larger when it is too small
+	// (the old room stays in its chunk: nothing refers to it past the
+	// batch handed over).
+	if n := ne; cap(*room) < n {
+		n = (n + tletGrain - 1) / tletGrain * tletGrain
+		*room = rc.wndSlab.room(n, tletSlabLo, tletSlab)[:n:n]
+		rc.wndSlab.used(n)
+		rc.wndRoomed += n
+	}
+	e := (*room)[:ne]
+	copy(e, tmp[:ne])
+	t.e, t.ne = uintptr(unsafe.Pointer(&e[0])), uint16(ne)
+}
