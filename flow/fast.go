@@ -525,55 +525,7 @@ func (d *Decoder) kernel() (why int) {
 			// byte, one load (onOps). Tested once: a packet that
 			// leaves nothing pending (a PAD, a timing packet) goes on
 			// to the next without the test, one that does leaves.
-			//
-			// First the packet window at pos (window.go), with a
-			// budget that passes its MaxInsns checks unread (as a
-			// tracelet's): its packets taken by one lookup.
-			if budget >= tletBudget && pos <= len(buf)-wndLen {
-				w0, w1 := word(buf, pos), word(buf, pos+8)
-				h := wndHash(b, w0, w1)
-				set := wndSet(h)
-				t := &d.cache.runs.wnds[2*set]
-				if t.b != b || t.w0 != w0 || t.w1 != w1 {
-					t = &d.cache.runs.wnds[2*set+1]
-				}
-				if t.b != b || t.w0 != w0 || t.w1 != w1 || (k.last^t.lastIn)&t.lastMask != 0 {
-					// Made the second time in a row its set
-					// misses it (as a tracelet).
-					if s := &d.cache.runs.wndSeen[set]; *s != h {
-						*s = h
-					} else {
-						why = exitWnd
-						goto out
-					}
-				} else if tm := int(t.m); tm > 0 {
-					// Its edges as one entry (the batch has room
-					// for one), its pushes, its counts; it ends
-					// after a TNT bit or a TIP taken: the budget
-					// is whole.
-					if t.ne > 0 {
-						f.batch[nf&(edgeBatch-1)] = t.edges()
-						nf++
-					}
-					if t.nrets > 0 {
-						for _, ret := range t.rets[:t.nrets] {
-							d.pushRet(ret)
-						}
-					}
-					d.sinceRef = d.sinceRef&t.srKeep + t.sinceRef
-					budget = d.opts.MaxInsns
-					d.c.Insns += uint64(t.insns)
-					d.errIP = t.errIP
-					k.last = k.last&t.lastKeep | t.lastOut
-					b = t.end
-					pos += tm
-					if nf == edgeBatch {
-						why = exitFlush
-						goto out
-					}
-					continue
-				}
-			}
+
 		read:
 			for {
 				if pos > len(buf)-16 {
@@ -584,6 +536,55 @@ func (d *Decoder) kernel() (why int) {
 				}
 				c := buf[pos]
 				op := onOps[c]
+				// A TNT.8 or a TIP: first the packet window at pos
+				// (window.go), with a budget that passes its
+				// MaxInsns checks unread (as a tracelet's): its
+				// packets taken by one lookup.
+				if (op == opTNT8 || op == opTIP) && budget >= tletBudget {
+					w0, w1 := word(buf, pos), word(buf, pos+8)
+					h := wndHash(b, w0, w1)
+					set := wndSet(h)
+					t := &d.cache.runs.wnds[2*set]
+					if t.b != b || t.w0 != w0 || t.w1 != w1 {
+						t = &d.cache.runs.wnds[2*set+1]
+					}
+					if t.b != b || t.w0 != w0 || t.w1 != w1 || (k.last^t.lastIn)&t.lastMask != 0 {
+						// Made the second time in a row its set
+						// misses it (as a tracelet).
+						if s := &d.cache.runs.wndSeen[set]; *s != h {
+							*s = h
+						} else {
+							why = exitWnd
+							goto out
+						}
+					} else if tm := int(t.m); tm > 0 {
+						// Its edges as one entry (the batch has room
+						// for one), its pushes, its counts; it ends
+						// after a TNT bit or a TIP taken: the budget
+						// is whole.
+						if t.ne > 0 {
+							f.batch[nf&(edgeBatch-1)] = t.edges()
+							nf++
+						}
+						if t.nrets > 0 {
+							for _, ret := range t.rets[:t.nrets] {
+								d.pushRet(ret)
+							}
+						}
+						d.sinceRef = d.sinceRef&t.srKeep + t.sinceRef
+						budget = d.opts.MaxInsns
+						d.c.Insns += uint64(t.insns)
+						d.errIP = t.errIP
+						k.last = k.last&t.lastKeep | t.lastOut
+						b = t.end
+						pos += tm
+						if nf == edgeBatch {
+							why = exitFlush
+							goto out
+						}
+						continue
+					}
+				}
 				// The commonest two, TNT.8 and TIP, are tested first: a
 				// conditional branch follows the flow's history (which
 				// block comes before, which packet after), where a jump

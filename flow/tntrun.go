@@ -397,28 +397,15 @@ func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 	ne := 0
 	s := b
 	for j := range m {
-		if cls := s.class; s.count() == 0 || cls != x86insn.CondJump && cls != x86insn.Jump && cls != x86insn.Call {
-			break
-		}
 		tb := buf[pos+j]
 		nb := uint(tnt8Lens[tb])
-		pat := uint8(1<<nb | tnt8Words[tb]>>((64-nb)&63))
-		// As the kernel finds a run (most are among the recent
-		// ones), else from the block's list or worked out.
-		r := s.runs
-		if r == nil || r.pat != pat {
-			if ref := &c.recent[runHash(s, pat)]; ref.b == s && ref.r.pat == pat {
-				r = ref.r
-			} else {
-				r = d.tntRun(s, pat, nb)
-			}
-		}
+		r := d.byteRun(s, tb)
 		if d.cache.drops != drops {
 			// The runs are gone with the cache: t was cleared.
 			*t = tlet{b: b, key: key}
 			return
 		}
-		if uint(r.used) != nb || ne+len(r.edges) > most || int(t.nrets)+int(r.nrets) > tletRets {
+		if r == nil || uint(r.used) != nb || ne+len(r.edges) > most || int(t.nrets)+int(r.nrets) > tletRets {
 			break
 		}
 		runs[j] = r
@@ -454,4 +441,26 @@ func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 		}
 	}
 	t.e, t.ne = uintptr(unsafe.Pointer(&e[0])), uint16(ne)
+}
+
+// byteRun returns the run from block b with the bits of the TNT.8 byte tb,
+// as the kernel finds it (most are among the recent ones), else from the
+// block's list or worked out (tntRun: it may read memory, and so drop the
+// block cache); nil when b starts no run (its last instruction is not a
+// conditional branch or a direct jump or call).
+func (d *Decoder) byteRun(b *block, tb byte) *tntRun {
+	if cls := b.class; b.count() == 0 || cls != x86insn.CondJump && cls != x86insn.Jump && cls != x86insn.Call {
+		return nil
+	}
+	nb := uint(tnt8Lens[tb])
+	pat := uint8(1<<nb | tnt8Words[tb]>>((64-nb)&63))
+	r := b.runs
+	if r == nil || r.pat != pat {
+		if ref := &d.cache.runs.recent[runHash(b, pat)]; ref.b == b && ref.r.pat == pat {
+			r = ref.r
+		} else {
+			r = d.tntRun(b, pat, nb)
+		}
+	}
+	return r
 }

@@ -132,8 +132,6 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 		rets  [wndRets]uint64
 		mk    wndMark // the last whole packet's
 		cur   = wndMark{end: b, pos: pos, last: last, srKeep: ^uint32(0), lastKp: ^uint64(0)}
-		tnt   uint64 // pending bits, the next at the top
-		nb    uint
 		tip   bool // a TIP pending, at cur.last
 		jmps  int
 		fresh bool // a step taken since the last mark
@@ -141,7 +139,7 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 	lim := pos + wndLen
 	s := b
 	for {
-		if nb == 0 && !tip {
+		if !tip {
 			if fresh {
 				// A TNT's last bit or a TIP taken: the window may
 				// end here (PADs after it are the next one's).
@@ -158,8 +156,27 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 				continue
 			}
 			if op == opTNT8 {
-				nb, tnt = uint(tnt8Lens[c]), tnt8Words[c]
-				cur.pos++
+				// The byte's bits through the run they take, whole
+				// (a run stopped before a return or an indirect
+				// branch ends the window before the byte).
+				r := d.byteRun(s, c)
+				if d.cache.drops != drops {
+					// The runs are gone with the cache: t was
+					// cleared.
+					*t = wnd{b: b, w0: w0, w1: w1}
+					return
+				}
+				if r == nil || uint(r.used) != uint(tnt8Lens[c]) || cur.ne+len(r.edges) > most || cur.nrets+int(r.nrets) > wndRets {
+					break
+				}
+				cur.ne += copy(tmp[cur.ne:], r.edges)
+				for _, ret := range r.rets() {
+					rets[cur.nrets] = ret.From
+					cur.nrets++
+				}
+				cur.insns += uint32(r.insns)
+				cur.errIP, cur.sinceRef, cur.srKeep = r.errIP, 0, 0
+				s, cur.pos, fresh = r.end, p+1, true
 				continue
 			}
 			if op != opTIP {
@@ -196,27 +213,14 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 		var to uint64
 		var p **block
 		var kind BranchKind
-		edge := true
 		switch s.class {
-		case x86insn.CondJump:
-			if nb == 0 {
-				goto done
-			}
-			nb--
-			taken := tnt>>63 == 1
-			tnt <<= 1
-			cur.sinceRef, cur.srKeep, jmps = 0, 0, 0
-			to, p, kind, edge = next, &s.fall, BrCond, taken
-			if taken {
-				to, p = s.target, &s.taken
-			}
 		case x86insn.Jump, x86insn.Call:
+			// Taken on the way to the branch that takes the TIP,
+			// counted for a TRIG.
 			if jmps++; jmps > wndJumps {
 				goto done
 			}
-			if nb == 0 {
-				cur.sinceRef++
-			}
+			cur.sinceRef++
 			to, p, kind = s.target, &s.taken, BrJump
 			if s.class == x86insn.Call {
 				kind = BrCall
@@ -229,15 +233,8 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 				}
 			}
 		case x86insn.Ret:
-			if nb > 0 {
-				// A compressed return pops the stack: not kept.
-				goto done
-			}
 			to, tip, kind, jmps = cur.last, false, BrReturn, 0
 		case x86insn.IndirectJump, x86insn.IndirectCall:
-			if nb > 0 {
-				goto done
-			}
 			to, tip, kind, jmps = cur.last, false, BrIndirectJump, 0
 			if s.class == x86insn.IndirectCall {
 				kind = BrIndirectCall
@@ -250,13 +247,11 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 		default:
 			goto done
 		}
-		if edge {
-			if cur.ne == most {
-				goto done
-			}
-			tmp[cur.ne] = Edge{from, to, kind}
-			cur.ne++
+		if cur.ne == most {
+			goto done
 		}
+		tmp[cur.ne] = Edge{from, to, kind}
+		cur.ne++
 		cur.insns += uint32(n + 1)
 		cur.errIP, fresh = from, true
 		if p != nil {
