@@ -544,8 +544,11 @@ func (d *Decoder) kernel() (why int) {
 					w0, w1 := word(buf, pos), word(buf, pos+8)
 					h := wndHash(b, w0, w1)
 					set := wndSet(h)
+					// The last IP's bits its first TIP keeps are
+					// part of the key: two ways can hold a window
+					// for two of them.
 					t := &d.cache.runs.wnds[2*set]
-					if t.b != b || t.w0 != w0 || t.w1 != w1 {
+					if t.b != b || t.w0 != w0 || t.w1 != w1 || (k.last^t.lastIn)&t.lastMask != 0 {
 						t = &d.cache.runs.wnds[2*set+1]
 					}
 					if t.b != b || t.w0 != w0 || t.w1 != w1 || (k.last^t.lastIn)&t.lastMask != 0 {
