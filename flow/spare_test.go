@@ -28,7 +28,8 @@ func spareBytes(c *blockCache) int {
 	}
 	if r.recent != nil {
 		n += int(unsafe.Sizeof(*r.recent) + unsafe.Sizeof(*r.pgds) + unsafe.Sizeof(*r.tlets) +
-			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom))
+			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom) +
+			unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
 	}
 	for _, ch := range c.lens.free {
 		n += len(ch)
@@ -36,7 +37,7 @@ func spareBytes(c *blockCache) int {
 	for _, ch := range r.runs.free {
 		n += len(ch) * int(unsafe.Sizeof(tntRun{}))
 	}
-	for _, ch := range slices.Concat(r.edges.free, r.tletSlab.free) {
+	for _, ch := range slices.Concat(r.edges.free, r.tletSlab.free, r.wndSlab.free) {
 		n += len(ch) * int(unsafe.Sizeof(Edge{}))
 	}
 	return n
