@@ -16,8 +16,8 @@ import (
 // the budget: its edges (one batch entry), the return addresses it pushes,
 // the block and last IP it ends at, its counts. A window is worked out once
 // (wndFill) and replayed by the kernel with one lookup where it would read,
-// dispatch and take each packet, its runs, steps and lookups. Of a mruby
-// pass's 48 k windows, 4.9 k keys are distinct.
+// dispatch and take each packet, its runs, steps and lookups (a warm mruby
+// pass takes about 25 k windows of 9 to 11 bytes on average).
 
 // wnd is a packet window kept (a set's entry in runCache.wnds).
 type wnd struct {
