@@ -440,11 +440,22 @@ func TestTletTwoWays(t *testing.T) {
 // long it goes on and through drops, with every room counted; the flow
 // is the slow path's.
 func TestTletRoomsBounded(t *testing.T) {
-	r := rand.New(rand.NewPCG(7, 8))
+	roomsBounded(t, rand.New(rand.NewPCG(7, 8)), true, func(c *runCache) ([][]Edge, int, int, int) {
+		return c.tletRoom[:], c.tletRoomed, tletRoomMax, tletEdges
+	})
+}
+
+// roomsBounded decodes traces of random groups of TNT.8 packets, each
+// made, in rounds with a drop after each, and fails t unless the rooms
+// that rooms returns (with the count they took, their bound and the most
+// one takes) are counted and stop growing at the bound; noWnd holds the
+// windows off (the tracelets take the packets).
+func roomsBounded(t *testing.T, r *rand.Rand, noWnd bool, rooms func(*runCache) (all [][]Edge, roomed, most, one int)) {
+	t.Helper()
 	const n = 128
 	mem := &blob{base: 0x1000, code: jeCode(n)}
 	d := New(mem, Options{NoInsns: true})
-	d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
+	d.fp.noWnd = noWnd
 	for round := range 3 {
 		var groups []jeGroup
 		for range 3000 {
@@ -462,17 +473,17 @@ func TestTletRoomsBounded(t *testing.T) {
 			}
 		}
 		d.Decode(trace, &counter{})
-		c := &d.cache.runs
+		all, roomed, most, one := rooms(&d.cache.runs)
 		live := 0
-		for _, room := range c.tletRoom {
+		for _, room := range all {
 			live += cap(room)
 		}
-		if live == 0 || live > c.tletRoomed || c.tletRoomed > tletRoomMax+tletEdges {
-			t.Fatalf("round %d: rooms of %d edges, %d counted, bound %d", round, live, c.tletRoomed, tletRoomMax)
+		if live == 0 || live > roomed || roomed > most+one {
+			t.Fatalf("round %d: rooms of %d edges, %d counted, bound %d", round, live, roomed, most)
 		}
 		d.MemoryChanged()
 	}
-	if d.cache.runs.tletRoomed < tletRoomMax {
-		t.Errorf("rooms of %d edges: the bound went untested", d.cache.runs.tletRoomed)
+	if _, roomed, most, _ := rooms(&d.cache.runs); roomed < most {
+		t.Errorf("rooms of %d edges: the bound went untested", roomed)
 	}
 }

@@ -144,38 +144,7 @@ func TestWndMruby(t *testing.T) {
 // long it goes on and through drops, with every room counted; the flow
 // is the slow path's.
 func TestWndRoomsBounded(t *testing.T) {
-	r := rand.New(rand.NewPCG(9, 10))
-	const n = 128
-	mem := &blob{base: 0x1000, code: jeCode(n)}
-	d := New(mem, Options{NoInsns: true})
-	for round := range 3 {
-		var groups []jeGroup
-		for range 3000 {
-			bits := make([]byte, 2+r.IntN(7))
-			for i := range bits {
-				bits[i] = byte(r.IntN(64))
-			}
-			g := jeGroup{r.IntN(n - 6*len(bits) + 1), bits}
-			groups = append(groups, g, g)
-		}
-		trace := jeTrace(r, n, groups)
-		if round == 0 {
-			if cs := sameFast(t, mem, trace, Options{}); cs.Errors != 0 {
-				t.Fatalf("counters %+v: the trace is not the code's", cs)
-			}
-		}
-		d.Decode(trace, &counter{})
-		c := &d.cache.runs
-		live := 0
-		for _, room := range c.wndRoom {
-			live += cap(room)
-		}
-		if live == 0 || live > c.wndRoomed || c.wndRoomed > wndRoomMax+wndEdges {
-			t.Fatalf("round %d: rooms of %d edges, %d counted, bound %d", round, live, c.wndRoomed, wndRoomMax)
-		}
-		d.MemoryChanged()
-	}
-	if d.cache.runs.wndRoomed < wndRoomMax {
-		t.Errorf("rooms of %d edges: the bound went untested", d.cache.runs.wndRoomed)
-	}
+	roomsBounded(t, rand.New(rand.NewPCG(9, 10)), false, func(c *runCache) ([][]Edge, int, int, int) {
+		return c.wndRoom[:], c.wndRoomed, wndRoomMax, wndEdges
+	})
 }
