@@ -482,6 +482,7 @@ func (d *Decoder) runCaches() {
 		c.tletRoom = new([recentTlets][]Edge)
 	}
 	if c.wnds == nil {
+		c.wndKeys = new([recentWnds / 2]wndKeys)
 		c.wnds = new([recentWnds]wnd)
 		c.wndSeen = new([recentWnds / 2]uint64)
 		c.wndRoom = new([recentWnds][]Edge)
@@ -547,20 +548,22 @@ func (d *Decoder) kernel() (why int) {
 					// The last IP's bits its first TIP keeps are
 					// part of the key: two ways can hold a window
 					// for two of them.
-					t := &d.cache.runs.wnds[2*set]
-					if t.b != b || t.w0 != w0 || t.w1 != w1 || (k.last^t.lastIn)&t.lastMask != 0 {
-						t = &d.cache.runs.wnds[2*set+1]
-					}
-					if t.b != b || t.w0 != w0 || t.w1 != w1 || (k.last^t.lastIn)&t.lastMask != 0 {
-						// Made the second time in a row its set
-						// misses it (as a tracelet).
-						if s := &d.cache.runs.wndSeen[set]; *s != h {
-							*s = h
-						} else {
-							why = exitWnd
-							goto out
+					ks, way := &d.cache.runs.wndKeys[set], uint64(0)
+					if kk := &ks[0]; kk.b != b || kk.w0 != w0 || kk.w1 != w1 || !lastMatch(kk.last, k.last) {
+						way = 1
+						if kk := &ks[1]; kk.b != b || kk.w0 != w0 || kk.w1 != w1 || !lastMatch(kk.last, k.last) {
+							// Made the second time in a row its
+							// set misses it (as a tracelet).
+							if s := &d.cache.runs.wndSeen[set]; *s != h {
+								*s = h
+							} else {
+								why = exitWnd
+								goto out
+							}
+							way = 2
 						}
-					} else if tm := int(t.m); tm > 0 {
+					}
+					if t := &d.cache.runs.wnds[(2*set+way)&(recentWnds-1)]; way < 2 && t.m > 0 {
 						// Its edges as one entry (the batch has room
 						// for one), its pushes, its counts; it ends
 						// after a TNT bit or a TIP taken: the budget
@@ -574,13 +577,14 @@ func (d *Decoder) kernel() (why int) {
 								d.pushRet(ret)
 							}
 						}
-						d.sinceRef = d.sinceRef&t.srKeep + t.sinceRef
+						// The flags as masks: no branch.
+						d.sinceRef = d.sinceRef&(uint32(t.flags&wndBit)-1) + t.sinceRef
 						budget = d.opts.MaxInsns
 						d.c.Insns += uint64(t.insns)
 						d.errIP = t.errIP
-						k.last = k.last&t.lastKeep | t.lastOut
+						k.last = k.last&(uint64(t.flags>>1&1)-1) | t.lastOut
 						b = t.end
-						pos += tm
+						pos += int(t.m)
 						if nf == edgeBatch {
 							why = exitFlush
 							goto out

@@ -84,14 +84,15 @@ func (c *blockCache) spare(s *blockCache) {
 		clear(r.tlets[:])
 		clear(r.tletSeen[:])
 		clear(r.tletRoom[:])
+		clear(r.wndKeys[:])
 		clear(r.wnds[:])
 		clear(r.wndSeen[:])
 		clear(r.wndRoom[:])
 		sr.recent, sr.pgds, sr.tlets, sr.tletSeen, sr.tletRoom = r.recent, r.pgds, r.tlets, r.tletSeen, r.tletRoom
-		sr.wnds, sr.wndSeen, sr.wndRoom = r.wnds, r.wndSeen, r.wndRoom
+		sr.wndKeys, sr.wnds, sr.wndSeen, sr.wndRoom = r.wndKeys, r.wnds, r.wndSeen, r.wndRoom
 		left -= int(unsafe.Sizeof(*r.recent) + unsafe.Sizeof(*r.pgds) + unsafe.Sizeof(*r.tlets) +
 			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom) +
-			unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
+			unsafe.Sizeof(*r.wndKeys) + unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
 	}
 	if c.views != nil {
 		clear(c.views)

@@ -29,7 +29,7 @@ func spareBytes(c *blockCache) int {
 	if r.recent != nil {
 		n += int(unsafe.Sizeof(*r.recent) + unsafe.Sizeof(*r.pgds) + unsafe.Sizeof(*r.tlets) +
 			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom) +
-			unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
+			unsafe.Sizeof(*r.wndKeys) + unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
 	}
 	for _, ch := range c.lens.free {
 		n += len(ch)
@@ -228,7 +228,7 @@ func TestSpareCleared(t *testing.T) {
 	d.Decode(bt.trace, &counter{})
 	dirty := map[string]any{"slots": c.slots, "views": c.views, "tips": r.tips, "recent": r.recent,
 		"pgds": r.pgds, "tlets": r.tlets, "tletSeen": r.tletSeen, "tletRoom": r.tletRoom,
-		"wnds": r.wnds, "wndSeen": r.wndSeen, "wndRoom": r.wndRoom,
+		"wndKeys": r.wndKeys, "wnds": r.wnds, "wndSeen": r.wndSeen, "wndRoom": r.wndRoom,
 		"block chunk": c.chunks[0], "runs": r.runs.full[0]}
 	for what, v := range dirty {
 		if isZero(reflect.ValueOf(v)) {
@@ -247,7 +247,7 @@ func TestSpareCleared(t *testing.T) {
 	}
 	zero := map[string]any{"slots": k.slots, "views": k.views, "tips": kr.tips, "recent": kr.recent,
 		"pgds": kr.pgds, "tlets": kr.tlets, "tletSeen": kr.tletSeen, "tletRoom": kr.tletRoom,
-		"wnds": kr.wnds, "wndSeen": kr.wndSeen, "wndRoom": kr.wndRoom}
+		"wndKeys": kr.wndKeys, "wnds": kr.wnds, "wndSeen": kr.wndSeen, "wndRoom": kr.wndRoom}
 	for i, ch := range k.free {
 		zero[fmt.Sprint("block chunk ", i)] = ch
 	}
@@ -266,7 +266,7 @@ func TestSpareCleared(t *testing.T) {
 	// The rest is a new cache's: zero.
 	k.slots, k.views, k.free, k.chunks = nil, nil, nil, nil
 	kr.tips, kr.recent, kr.pgds, kr.tlets, kr.tletSeen, kr.tletRoom = nil, nil, nil, nil, nil, nil
-	kr.wnds, kr.wndSeen, kr.wndRoom, kr.wndSlab.free, kr.wndSlab.full = nil, nil, nil, nil, nil
+	kr.wndKeys, kr.wnds, kr.wndSeen, kr.wndRoom, kr.wndSlab.free, kr.wndSlab.full = nil, nil, nil, nil, nil, nil
 	k.lens.free, k.lens.full = nil, nil
 	kr.runs.free, kr.runs.full, kr.edges.free, kr.edges.full, kr.tletSlab.free, kr.tletSlab.full = nil, nil, nil, nil, nil, nil
 	if !reflect.ValueOf(k).IsZero() {

@@ -101,10 +101,11 @@ type runCache struct {
 	tletRoom   *[recentTlets][]Edge
 	tletSlab   slab[Edge]
 	tletRoomed int
-	// wnds, wndSeen, wndRoom, wndSlab and wndRoomed are the recent
-	// packet windows (window.go), as tlets, tletSeen, tletRoom,
-	// tletSlab and tletRoomed are the tracelets; wtmp holds a window's
-	// edges while it is worked out.
+	// wndKeys, wnds, wndSeen, wndRoom, wndSlab and wndRoomed are the
+	// recent packet windows (window.go), their keys apart, as tlets,
+	// tletSeen, tletRoom, tletSlab and tletRoomed are the tracelets;
+	// wtmp holds a window's edges while it is worked out.
+	wndKeys   *[recentWnds / 2]wndKeys
 	wnds      *[recentWnds]wnd
 	wndSeen   *[recentWnds / 2]uint64
 	wndRoom   *[recentWnds][]Edge
@@ -147,6 +148,7 @@ func (c *runCache) drop() {
 		clear(c.tletSeen[:])
 	}
 	if c.wnds != nil {
+		clear(c.wndKeys[:])
 		clear(c.wnds[:])
 		clear(c.wndSeen[:])
 	}

@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"math/bits"
 	"unsafe"
 
 	"ptfs/decode"
@@ -19,32 +20,57 @@ import (
 // dispatch and take each packet, its runs, steps and lookups (a warm mruby
 // pass takes about 25 k windows of 9 to 11 bytes on average).
 
-// wnd is a packet window kept (a set's entry in runCache.wnds).
-type wnd struct {
+// wndKey is a kept window's key: its block, the 16 bytes at its start and
+// the last IP's bits its first TIP keeps (lastTag).
+type wndKey struct {
 	b      *block
-	w0, w1 uint64 // the key: the 16 bytes at the window's start
-	end    *block
-	errIP  uint64
-	// lastIn is the last IP's bits the window's first TIP keeps
-	// (lastMask), which the IPs it takes are computed from; lastOut the
-	// last IP after it. Without a TIP, lastMask is zero (any last IP)
-	// and lastKeep all ones (the last IP stays).
-	lastMask, lastIn uint64
-	lastKeep         uint64
-	lastOut          uint64
+	w0, w1 uint64
+	last   uint64
+}
+
+// wndKeys is a set's two keys, the last made first: one cache line (the
+// table is page-aligned), which is all a miss reads.
+type wndKeys [2]wndKey
+
+// wnd is a packet window kept (runCache.wnds, by the slot of its key):
+// what the kernel replays, one cache line.
+type wnd struct {
+	end   *block
+	errIP uint64
+	// lastOut is the last IP after the window when it takes a TIP
+	// (wndTIP), else zero.
+	lastOut uint64
 	// e is the first of the ne edges, in the slot's room (as tlet.e).
-	e     uintptr
-	insns uint32
-	// sinceRef is the TRIG count after the window: added to the count
-	// before it when the window takes no TNT bit (srKeep all ones), else
-	// alone (srKeep zero).
-	sinceRef, srKeep uint32
-	ne               uint16
+	e uintptr
+	// sinceRef is the TRIG count after the window: alone when it takes
+	// a TNT bit (wndBit), else added to the count before it.
+	insns, sinceRef uint32
+	ne              uint16
 	// m is the bytes the window takes (its packets, from its start); 0:
 	// none, the kernel reads them one by one.
 	m, nrets uint8
+	flags    uint8
+	_        [3]byte
 	rets     [wndRets]uint64
 }
+
+// wnd.flags.
+const (
+	wndBit = 1 << iota // it takes a TNT bit: sinceRef restarts
+	wndTIP             // it takes a TIP: lastOut is the last IP
+)
+
+// lastTag is the key's part for the last IP's bits mask keeps (a TIP's
+// compression keeps the bits from sh up): those bits shifted down, sh in
+// the top byte (64, none, for a window whose first TIP keeps none or that
+// takes no TIP).
+func lastTag(mask, last uint64) uint64 {
+	sh := uint64(bits.TrailingZeros64(mask))
+	return last&mask>>(sh&63)&(1<<56-1) | sh<<56
+}
+
+// lastMatch tells whether last has the bits tag keeps.
+func lastMatch(tag, last uint64) bool { return last>>(tag>>56) == tag&(1<<56-1) }
 
 // edges returns w's edges as a batch entry.
 func (w *wnd) edges() edgeRef {
@@ -72,7 +98,8 @@ const wndJumps = runJumps
 const wndRoomMax = 1 << 15
 
 // recentWnds is the size of runCache.wnds, a cache of two ways (as
-// tlets): a set is two entries side by side, the last made first.
+// tlets): a set's keys are runCache.wndKeys[set], its windows wnds[2*set]
+// and wnds[2*set+1].
 const (
 	recentWndsLog = 12
 	recentWnds    = 1 << recentWndsLog
@@ -112,12 +139,14 @@ type wndMark struct {
 func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 	w0, w1 := word(buf, pos), word(buf, pos+8)
 	rc := &d.cache.runs
-	i := 2 * wndSet(wndHash(b, w0, w1))
-	t := &rc.wnds[i] // made by runCaches before the kernel ran
-	// The new one first, the first one second with its room.
-	rc.wnds[i+1] = *t
+	set := wndSet(wndHash(b, w0, w1))
+	i := 2 * set
+	ks, t := &rc.wndKeys[set], &rc.wnds[i] // made by runCaches before the kernel ran
+	// The new one first, the first one second with its room; until it
+	// is worked out, it takes nothing (for any last IP).
+	ks[1], rc.wnds[i+1] = ks[0], *t
 	rc.wndRoom[i], rc.wndRoom[i+1] = rc.wndRoom[i+1], rc.wndRoom[i]
-	*t = wnd{b: b, w0: w0, w1: w1}
+	ks[0], *t = wndKey{b, w0, w1, lastTag(0, 0)}, wnd{}
 	if d.fp.noWnd {
 		return
 	}
@@ -161,9 +190,9 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 				// branch ends the window before the byte).
 				r := d.byteRun(s, c)
 				if d.cache.drops != drops {
-					// The runs are gone with the cache: t was
-					// cleared.
-					*t = wnd{b: b, w0: w0, w1: w1}
+					// The runs are gone with the cache: the set
+					// was cleared.
+					ks[0], *t = wndKey{b, w0, w1, lastTag(0, 0)}, wnd{}
 					return
 				}
 				if r == nil || uint(r.used) != uint(tnt8Lens[c]) || cur.ne+len(r.edges) > most || cur.nrets+int(r.nrets) > wndRets {
@@ -260,8 +289,9 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 			s = d.ipBlock(to)
 		}
 		if d.cache.drops != drops {
-			// The blocks are gone with the cache: t was cleared.
-			*t = wnd{b: b, w0: w0, w1: w1}
+			// The blocks are gone with the cache: the set was
+			// cleared.
+			ks[0], *t = wndKey{b, w0, w1, lastTag(0, 0)}, wnd{}
 			return
 		}
 	}
@@ -269,12 +299,14 @@ done:
 	if mk.pos <= pos {
 		return
 	}
-	t.end, t.errIP, t.insns = mk.end, mk.errIP, mk.insns
-	t.lastMask, t.lastIn, t.lastKeep, t.lastOut = mk.lastMask, mk.lastIn, mk.lastKp, mk.last
-	if mk.lastKp != 0 {
-		t.lastOut = 0
+	t.end, t.errIP, t.insns, t.sinceRef = mk.end, mk.errIP, mk.insns, mk.sinceRef
+	ks[0].last = lastTag(mk.lastMask, mk.lastIn)
+	if mk.lastKp == 0 {
+		t.lastOut, t.flags = mk.last, wndTIP
 	}
-	t.sinceRef, t.srKeep = mk.sinceRef, mk.srKeep
+	if mk.srKeep == 0 {
+		t.flags |= wndBit
+	}
 	t.nrets = uint8(mk.nrets)
 	copy(t.rets[:], rets[:mk.nrets])
 	t.m = uint8(mk.pos - pos)

@@ -53,9 +53,9 @@ func lastIPTrace(rounds int) []byte {
 func wndsAt(d *Decoder, ip uint64) (n int, lastIns map[uint64]bool) {
 	lastIns = map[uint64]bool{}
 	for i := range d.cache.runs.wnds {
-		if w := &d.cache.runs.wnds[i]; w.b != nil && w.b.ip == ip && w.m > 0 {
+		if k := &d.cache.runs.wndKeys[i/2][i%2]; k.b != nil && k.b.ip == ip && d.cache.runs.wnds[i].m > 0 {
 			n++
-			lastIns[w.lastIn] = true
+			lastIns[k.last] = true
 		}
 	}
 	return n, lastIns
@@ -109,7 +109,7 @@ func TestWndDropClears(t *testing.T) {
 	}
 	d.MemoryChanged()
 	for i := range d.cache.runs.wnds {
-		if d.cache.runs.wnds[i] != (wnd{}) || d.cache.runs.wndSeen[i/2] != 0 {
+		if d.cache.runs.wnds[i] != (wnd{}) || d.cache.runs.wndKeys[i/2] != (wndKeys{}) || d.cache.runs.wndSeen[i/2] != 0 {
 			t.Fatalf("slot %d kept after a drop", i)
 		}
 	}
