@@ -115,11 +115,11 @@ func wndHash(b *block, w0, w1 uint64) uint64 {
 // 2*set+1.
 func wndSet(h uint64) uint64 { return h >> (64 - recentWndsLog + 1) }
 
-// wndMark is the state a window's fill reached after a whole packet: what
-// the window keeps if it ends there.
+// wndMark is a window's fill's state: what the window keeps if it ends
+// after the last packet it took whole (at done, with the flow at end).
 type wndMark struct {
 	end                      *block
-	pos                      int
+	pos, done                int
 	errIP, last              uint64
 	insns, sinceRef, srKeep  uint32
 	ne, nrets                int
@@ -158,22 +158,17 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 	drops := d.cache.drops
 	tmp := &rc.wtmp
 	var (
-		rets  [wndRets]uint64
-		mk    wndMark // the last whole packet's
-		cur   = wndMark{end: b, pos: pos, last: last, srKeep: ^uint32(0), lastKp: ^uint64(0)}
-		tip   bool // a TIP pending, at cur.last
-		jmps  int
-		fresh bool // a step taken since the last mark
+		rets [wndRets]uint64
+		mk   wndMark // before the TIP pending
+		cur  = wndMark{end: b, pos: pos, done: pos, last: last, srKeep: ^uint32(0), lastKp: ^uint64(0)}
+		tip  bool // a TIP pending, at cur.last
+		open bool // a TIP read and not yet taken (mk: before it)
+		jmps int
 	)
 	lim := pos + wndLen
 	s := b
 	for {
 		if !tip {
-			if fresh {
-				// A TNT's last bit or a TIP taken: the window may
-				// end here (PADs after it are the next one's).
-				mk, mk.end, fresh = cur, s, false
-			}
 			p := cur.pos
 			if p >= lim {
 				break
@@ -198,14 +193,21 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 				if r == nil || uint(r.used) != uint(tnt8Lens[c]) || cur.ne+len(r.edges) > most || cur.nrets+int(r.nrets) > wndRets {
 					break
 				}
-				cur.ne += copy(tmp[cur.ne:], r.edges)
+				// Edge by edge: a run has few (copy's memmove
+				// call cost more).
+				for _, x := range r.edges {
+					tmp[cur.ne] = x
+					cur.ne++
+				}
 				for _, ret := range r.rets() {
 					rets[cur.nrets] = ret.From
 					cur.nrets++
 				}
 				cur.insns += uint32(r.insns)
 				cur.errIP, cur.sinceRef, cur.srKeep = r.errIP, 0, 0
-				s, cur.pos, fresh = r.end, p+1, true
+				// Taken whole: the window may end here (PADs
+				// after it are the next one's).
+				s, cur.pos, cur.done, cur.end = r.end, p+1, p+1, r.end
 				continue
 			}
 			if op != opTIP {
@@ -224,6 +226,7 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 				x = word(buf, q) >> (8 * (p + 1 - q))
 			}
 			ip := decode.ApplyIP(c, x, cur.last)
+			mk, open = cur, true
 			if cur.lastKp != 0 {
 				// The first TIP: the bits it keeps of the last IP
 				// are the window's input.
@@ -282,7 +285,7 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 		tmp[cur.ne] = Edge{from, to, kind}
 		cur.ne++
 		cur.insns += uint32(n + 1)
-		cur.errIP, fresh = from, true
+		cur.errIP = from
 		if p != nil {
 			s = d.fixedSucc(p, to)
 		} else {
@@ -294,23 +297,31 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 			ks[0], *t = wndKey{b, w0, w1, lastTag(0, 0)}, wnd{}
 			return
 		}
+		if !tip {
+			// The TIP taken: the window may end here.
+			cur.done, cur.end, open = cur.pos, s, false
+		}
 	}
 done:
-	if mk.pos <= pos {
+	fin := &cur
+	if open {
+		fin = &mk
+	}
+	if fin.done <= pos {
 		return
 	}
-	t.end, t.errIP, t.insns, t.sinceRef = mk.end, mk.errIP, mk.insns, mk.sinceRef
-	ks[0].last = lastTag(mk.lastMask, mk.lastIn)
-	if mk.lastKp == 0 {
-		t.lastOut, t.flags = mk.last, wndTIP
+	t.end, t.errIP, t.insns, t.sinceRef = fin.end, fin.errIP, fin.insns, fin.sinceRef
+	ks[0].last = lastTag(fin.lastMask, fin.lastIn)
+	if fin.lastKp == 0 {
+		t.lastOut, t.flags = fin.last, wndTIP
 	}
-	if mk.srKeep == 0 {
+	if fin.srKeep == 0 {
 		t.flags |= wndBit
 	}
-	t.nrets = uint8(mk.nrets)
-	copy(t.rets[:], rets[:mk.nrets])
-	t.m = uint8(mk.pos - pos)
-	ne := mk.ne
+	t.nrets = uint8(fin.nrets)
+	copy(t.rets[:], rets[:fin.nrets])
+	t.m = uint8(fin.done - pos)
+	ne := fin.ne
 	if ne == 0 {
 		return
 	}
@@ -324,6 +335,8 @@ done:
 		rc.wndRoomed += n
 	}
 	e := (*room)[:ne]
-	copy(e, tmp[:ne])
+	for i := range e {
+		e[i] = tmp[i]
+	}
 	t.e, t.ne = uintptr(unsafe.Pointer(&e[0])), uint16(ne)
 }
