@@ -27,6 +27,10 @@ type fastState struct {
 	// noWnd has the packet windows take nothing (wndFill): tests hold
 	// the kernel to its tracelets and packets.
 	off, noWnd bool
+	// wndOn has the kernel look packet windows up (window.go): set by
+	// fast once the fast path took wndAt bytes (wndWarm; tests set 0).
+	wndOn bool
+	wndAt uint64
 	// noPos and noIP are where it last found nothing to do: it does not
 	// try again before the flow moved.
 	noPos int
@@ -197,6 +201,7 @@ func (d *Decoder) fast() error {
 	}
 	d.runCaches()
 	d.cache.pinned = true
+	d.fp.wndOn = d.fp.bytes >= d.fp.wndAt
 	pos0, insns0 := pos, d.c.Insns
 	maxInsns := d.opts.MaxInsns
 	k := &d.fp.k
@@ -541,7 +546,7 @@ func (d *Decoder) kernel() (why int) {
 				// (window.go), with a budget that passes its
 				// MaxInsns checks unread (as a tracelet's): its
 				// packets taken by one lookup.
-				if (op == opTNT8 || op == opTIP) && budget >= tletBudget {
+				if (op == opTNT8 || op == opTIP) && budget >= tletBudget && f.wndOn {
 					w0, w1 := word(buf, pos), word(buf, pos+8)
 					h := wndHash(b, w0, w1)
 					set := wndSet(h)

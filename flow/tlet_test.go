@@ -455,7 +455,7 @@ func roomsBounded(t *testing.T, r *rand.Rand, noWnd bool, rooms func(*runCache) 
 	const n = 128
 	mem := &blob{base: 0x1000, code: jeCode(n)}
 	d := New(mem, Options{NoInsns: true})
-	d.fp.noWnd = noWnd
+	d.fp.noWnd, d.fp.wndAt = noWnd, 0
 	for round := range 3 {
 		var groups []jeGroup
 		for range 3000 {

@@ -76,6 +76,7 @@ func TestWndLastIP(t *testing.T) {
 	}
 	sameWithDrops(t, mem, trace)
 	d := New(mem, Options{NoInsns: true})
+	d.fp.wndAt = 0
 	d.Decode(trace, &counter{})
 	if n, lastIns := wndsAt(d, 0x2000); n != 2 || len(lastIns) != 2 {
 		t.Errorf("%d windows kept from 0x2000 for %d last IPs, want 2 for 2", n, len(lastIns))
@@ -91,6 +92,7 @@ func TestWndBudget(t *testing.T) {
 		want     bool
 	}{{tletBudget - 1, false}, {tletBudget, true}} {
 		d := New(mem, Options{NoInsns: true, MaxInsns: c.maxInsns})
+		d.fp.wndAt = 0
 		d.Decode(trace, &counter{})
 		if n, _ := wndsAt(d, 0x2000); n > 0 != c.want {
 			t.Errorf("MaxInsns %d: %d windows kept, want some: %v", c.maxInsns, n, c.want)
@@ -103,6 +105,7 @@ func TestWndBudget(t *testing.T) {
 func TestWndDropClears(t *testing.T) {
 	mem := &blob{base: 0x1000, code: lastIPCode()}
 	d := New(mem, Options{NoInsns: true})
+	d.fp.wndAt = 0
 	d.Decode(lastIPTrace(50), &counter{})
 	if n, _ := wndsAt(d, 0x2000); n == 0 {
 		t.Fatal("no window kept: the drop went untested")
@@ -120,7 +123,7 @@ func TestWndDropClears(t *testing.T) {
 func TestWndMruby(t *testing.T) {
 	bt := loadBench(t, "mruby")
 	dw, dt := New(bt.space, Options{NoInsns: true}), New(bt.space, Options{NoInsns: true})
-	dt.fp.noWnd = true
+	dw.fp.wndAt, dt.fp.noWnd = 0, true
 	for pass := range 2 {
 		w, tl := edgeLog{t: t}, edgeLog{t: t}
 		dw.c, dt.c = Counters{}, Counters{}
@@ -147,4 +150,27 @@ func TestWndRoomsBounded(t *testing.T) {
 	roomsBounded(t, rand.New(rand.NewPCG(9, 10)), false, func(c *runCache) ([][]Edge, int, int, int) {
 		return c.wndRoom[:], c.wndRoomed, wndRoomMax, wndEdges
 	})
+}
+
+// TestWndWarm: a decoder's kernel looks no window up (nor makes one) before
+// its fast path took wndWarm bytes, and does after.
+func TestWndWarm(t *testing.T) {
+	bt := loadBench(t, "mruby")
+	d := New(bt.space, Options{NoInsns: true})
+	kept := func() (n int) {
+		for i := range d.cache.runs.wnds {
+			if d.cache.runs.wndKeys[i/2][i%2].b != nil {
+				n++
+			}
+		}
+		return n
+	}
+	for d.fp.bytes < wndWarm {
+		if d.Decode(bt.trace, &counter{}); d.fp.bytes < wndWarm && kept() != 0 {
+			t.Fatalf("%d windows made after %d bytes", kept(), d.fp.bytes)
+		}
+	}
+	if d.Decode(bt.trace, &counter{}); kept() == 0 {
+		t.Errorf("no window made after %d bytes", d.fp.bytes)
+	}
 }
