@@ -201,7 +201,9 @@ func (d *Decoder) fast() error {
 	}
 	d.runCaches()
 	d.cache.pinned = true
-	d.fp.wndOn = d.fp.bytes >= d.fp.wndAt
+	if d.fp.wndOn = d.fp.bytes >= d.fp.wndAt; d.fp.wndOn {
+		d.wndCaches()
+	}
 	pos0, insns0 := pos, d.c.Insns
 	maxInsns := d.opts.MaxInsns
 	k := &d.fp.k
@@ -486,7 +488,13 @@ func (d *Decoder) runCaches() {
 		c.tletSeen = new([recentTlets / 2]uint64)
 		c.tletRoom = new([recentTlets][]Edge)
 	}
-	if c.wnds == nil {
+}
+
+// wndCaches makes the packet windows' tables, which the kernel reads
+// without a test once it looks windows up (wndOn): a decoder that never
+// does (one that takes less than wndWarm) neither makes nor clears them.
+func (d *Decoder) wndCaches() {
+	if c := &d.cache.runs; c.wnds == nil {
 		c.wndKeys = new([recentWnds / 2]wndKeys)
 		c.wnds = new([recentWnds]wnd)
 		c.wndSeen = new([recentWnds / 2]uint64)

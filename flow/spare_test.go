@@ -28,8 +28,10 @@ func spareBytes(c *blockCache) int {
 	}
 	if r.recent != nil {
 		n += int(unsafe.Sizeof(*r.recent) + unsafe.Sizeof(*r.pgds) + unsafe.Sizeof(*r.tlets) +
-			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom) +
-			unsafe.Sizeof(*r.wndKeys) + unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
+			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom))
+	}
+	if r.wnds != nil {
+		n += int(unsafe.Sizeof(*r.wndKeys) + unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
 	}
 	for _, ch := range c.lens.free {
 		n += len(ch)
@@ -214,6 +216,7 @@ func TestSpareCleared(t *testing.T) {
 	defer drainSpares()
 	bt := loadBench(t, "mruby")
 	d := New(bt.space, Options{NoInsns: true})
+	d.fp.wndAt = 0 // the windows' tables too
 	d.Decode(bt.trace, &counter{})
 	c := &d.cache
 	r := &c.runs

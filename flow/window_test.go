@@ -158,6 +158,9 @@ func TestWndWarm(t *testing.T) {
 	bt := loadBench(t, "mruby")
 	d := New(bt.space, Options{NoInsns: true})
 	kept := func() (n int) {
+		if d.cache.runs.wnds == nil {
+			return 0
+		}
 		for i := range d.cache.runs.wnds {
 			if d.cache.runs.wndKeys[i/2][i%2].b != nil {
 				n++
