@@ -554,7 +554,7 @@ func (d *Decoder) kernel() (why int) {
 				// (window.go), with a budget that passes its
 				// MaxInsns checks unread (as a tracelet's): its
 				// packets taken by one lookup.
-				if (op == opTNT8 || op == opTIP) && budget >= tletBudget && f.wndOn {
+				if f.wndOn && (op == opTNT8 || op == opTIP) && budget >= tletBudget {
 					w0, w1 := word(buf, pos), word(buf, pos+8)
 					h := wndHash(b, w0, w1)
 					set := wndSet(h)
