@@ -424,17 +424,8 @@ func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 	if ne == 0 {
 		return
 	}
-	// The runs' edges in the slot's room, made larger when it is too
-	// small (the old room stays in its chunk: nothing refers to it past
-	// the batch handed over).
-	if n := ne; cap(*room) < n {
-		n = (n + tletGrain - 1) / tletGrain * tletGrain
-		*room = c.tletSlab.room(n, tletSlabLo, tletSlab)[:n:n]
-		c.tletSlab.used(n)
-		c.tletRoomed += n
-	}
 	// Edge by edge: a run has few (copy's memmove call cost more).
-	e := (*room)[:ne]
+	e := roomFor(room, ne, &c.tletSlab, &c.tletRoomed)
 	k := 0
 	for _, r := range runs[:t.m] {
 		for _, x := range r.edges {
@@ -443,6 +434,20 @@ func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 		}
 	}
 	t.e, t.ne = uintptr(unsafe.Pointer(&e[0])), uint16(ne)
+}
+
+// roomFor returns a slot's room for ne edges: *room, made larger from slab
+// (by tletGrain, counted in roomed) when it is too small; the old room
+// stays in its chunk: nothing refers to it past the batch handed over
+// before a fill.
+func roomFor(room *[]Edge, ne int, slab *slab[Edge], roomed *int) []Edge {
+	if n := ne; cap(*room) < n {
+		n = (n + tletGrain - 1) / tletGrain * tletGrain
+		*room = slab.room(n, tletSlabLo, tletSlab)[:n:n]
+		slab.used(n)
+		*roomed += n
+	}
+	return (*room)[:ne]
 }
 
 // byteRun returns the run from block b with the bits of the TNT.8 byte tb,

@@ -333,16 +333,7 @@ done:
 	if ne == 0 {
 		return
 	}
-	// The edges in the slot's room, made larger when it is too small
-	// (the old room stays in its chunk: nothing refers to it past the
-	// batch handed over).
-	if n := ne; cap(*room) < n {
-		n = (n + tletGrain - 1) / tletGrain * tletGrain
-		*room = rc.wndSlab.room(n, tletSlabLo, tletSlab)[:n:n]
-		rc.wndSlab.used(n)
-		rc.wndRoomed += n
-	}
-	e := (*room)[:ne]
+	e := roomFor(room, ne, &rc.wndSlab, &rc.wndRoomed)
 	for i := range e {
 		e[i] = tmp[i]
 	}
