@@ -16,10 +16,11 @@ import (
 
 // maxSpares bounds the closed decoders' caches kept, spareMax the bytes
 // each keeps (a cold mruby pass takes 1.4 MB; a decoder that takes packet
-// windows 0.5 MB more): what is past them is left to the collector.
+// windows 0.5 MB of tables more, and its rooms): what is past them is left
+// to the collector.
 const (
 	maxSpares = 2
-	spareMax  = 3 << 20
+	spareMax  = 2 << 20
 )
 
 // spares are the caches Close kept for New: c[:n], empty caches over a
