@@ -177,3 +177,35 @@ func TestWndWarm(t *testing.T) {
 		t.Errorf("no window made after %d bytes", d.fp.bytes)
 	}
 }
+
+// TestWndSinceRef: windows of TIPs alone (a call and a jmp before each
+// jmp rax, which count for a TRIG) add their count to the one before them,
+// windows that take a bit (a je now and then) count from it, and TRIGs
+// whose icnt falls before, at and past the count find the flow's IP as the
+// slow path's do.
+func TestWndSinceRef(t *testing.T) {
+	// 0x1000: je 0x1002; 0x1002: call 0x1010; 0x1007: jmp rax; 0x1010: jmp 0x1007
+	code := []byte{0x74, 0x00, 0xe8, 0x09, 0, 0, 0, 0xff, 0xe0, 0x10: 0xeb, 0xf5}
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1002)
+	for i := range 400 {
+		if i%3 == 0 {
+			e.IP(ptenc.TIP, 0x1000)
+			e.TNT(0, 1)
+		} else {
+			e.IP(ptenc.TIP, 0x1002)
+		}
+		if i%7 == 6 {
+			e.Raw(0xd9, 0x40, 0x01, byte(1+i%40), 0x00) // TRIG, icnt 1 to 40
+		}
+	}
+	for range 32 {
+		e.Pad()
+	}
+	for _, opts := range []Options{{}, {MaxInsns: tletBudget}} {
+		if c := sameFast(t, mem, e.Bytes(), opts); c.Errors != 0 || c.Events < 50 {
+			t.Fatalf("%+v: counters %+v: the trace is not the code's", opts, c)
+		}
+	}
+}
