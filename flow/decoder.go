@@ -164,6 +164,7 @@ type Decoder struct {
 // over a closed decoder's memory when Close kept some.
 func New(mem Memory, opts Options) *Decoder {
 	d := &Decoder{mem: mem, opts: opts}
+	d.fp.wndAt = wndWarm
 	if opts.Time != nil {
 		d.clock = decode.NewClock(*opts.Time)
 	}

@@ -24,7 +24,13 @@ import (
 // fastState is the fast path's own state.
 type fastState struct {
 	// off turns the fast path off: tests hold it to the slow path.
-	off bool
+	// noWnd has the packet windows take nothing (wndFill): tests hold
+	// the kernel to its tracelets and packets.
+	off, noWnd bool
+	// wndOn has the kernel look packet windows up (window.go): set by
+	// fast once the fast path took wndAt bytes (wndWarm; tests set 0).
+	wndOn bool
+	wndAt uint64
 	// noPos and noIP are where it last found nothing to do: it does not
 	// try again before the flow moved.
 	noPos int
@@ -170,6 +176,9 @@ const (
 	// exitTlet: the tracelet from kern.b of the TNT.8 packets at
 	// kern.pos is not among the recent ones; nothing of it is done.
 	exitTlet
+	// exitWnd: the packet window from kern.b at kern.pos is not among
+	// the recent ones; nothing of it is done.
+	exitWnd
 )
 
 // fast runs the flow from the trace bytes until it meets what it leaves to
@@ -192,6 +201,9 @@ func (d *Decoder) fast() error {
 	}
 	d.runCaches()
 	d.cache.pinned = true
+	if d.fp.wndOn = d.fp.bytes >= d.fp.wndAt; d.fp.wndOn {
+		d.wndCaches()
+	}
 	pos0, insns0 := pos, d.c.Insns
 	maxInsns := d.opts.MaxInsns
 	k := &d.fp.k
@@ -300,6 +312,10 @@ func (d *Decoder) fastLoop() {
 			// As a run's.
 			d.flush()
 			d.tletFill(k.b, k.buf, k.pos)
+		case exitWnd:
+			// As a run's.
+			d.flush()
+			d.wndFill(k.b, k.buf, k.pos, k.last)
 		case exitPGD:
 			// A TIP.PGD and the TIP.PGE after it (kAFL's IP filter: a
 			// call out of the traced range and its return, with
@@ -474,6 +490,18 @@ func (d *Decoder) runCaches() {
 	}
 }
 
+// wndCaches makes the packet windows' tables, which the kernel reads
+// without a test once it looks windows up (wndOn): a decoder that never
+// does (one that takes less than wndWarm) neither makes nor clears them.
+func (d *Decoder) wndCaches() {
+	if c := &d.cache.runs; c.wnds == nil {
+		c.wndKeys = new([recentWnds / 2]wndKeys)
+		c.wnds = new([recentWnds]wnd)
+		c.wndSeen = new([recentWnds / 2]uint64)
+		c.wndRoom = new([recentWnds][]Edge)
+	}
+}
+
 // kernel is the fast loop's common steps: PADs (and timing packets no
 // clock sees), TNT.8, TNT.64 and TIP packets, and the steps from block to
 // block they drive, as chain, walk and run do with them, in their order:
@@ -511,6 +539,7 @@ func (d *Decoder) kernel() (why int) {
 			// byte, one load (onOps). Tested once: a packet that
 			// leaves nothing pending (a PAD, a timing packet) goes on
 			// to the next without the test, one that does leaves.
+
 		read:
 			for {
 				if pos > len(buf)-16 {
@@ -521,6 +550,61 @@ func (d *Decoder) kernel() (why int) {
 				}
 				c := buf[pos]
 				op := onOps[c]
+				// A TNT.8 or a TIP: first the packet window at pos
+				// (window.go), with a budget that passes its
+				// MaxInsns checks unread (as a tracelet's): its
+				// packets taken by one lookup.
+				if f.wndOn && (op == opTNT8 || op == opTIP) && budget >= tletBudget {
+					w0, w1 := word(buf, pos), word(buf, pos+8)
+					h := wndHash(b, w0, w1)
+					set := wndSet(h)
+					// The last IP's bits its first TIP keeps are
+					// part of the key: two ways can hold a window
+					// for two of them.
+					ks, way := &d.cache.runs.wndKeys[set], uint64(0)
+					if kk := &ks[0]; kk.b != b || kk.w0 != w0 || kk.w1 != w1 || !lastMatch(kk.last, k.last) {
+						way = 1
+						if kk := &ks[1]; kk.b != b || kk.w0 != w0 || kk.w1 != w1 || !lastMatch(kk.last, k.last) {
+							// Made the second time in a row its
+							// set misses it (as a tracelet).
+							if s := &d.cache.runs.wndSeen[set]; *s != h {
+								*s = h
+							} else {
+								why = exitWnd
+								goto out
+							}
+							way = 2
+						}
+					}
+					if t := &d.cache.runs.wnds[(2*set+way)&(recentWnds-1)]; way < 2 && t.m > 0 {
+						// Its edges as one entry (the batch has room
+						// for one), its pushes, its counts; it ends
+						// after a TNT bit or a TIP taken: the budget
+						// is whole.
+						if t.ne > 0 {
+							f.batch[nf&(edgeBatch-1)] = t.edges()
+							nf++
+						}
+						if t.nrets > 0 {
+							for _, ret := range t.rets[:t.nrets] {
+								d.pushRet(ret)
+							}
+						}
+						// The flags as masks: no branch.
+						d.sinceRef = d.sinceRef&(uint32(t.flags&wndBit)-1) + t.sinceRef
+						budget = d.opts.MaxInsns
+						d.c.Insns += uint64(t.insns)
+						d.errIP = t.errIP
+						k.last = k.last&(uint64(t.flags>>1&1)-1) | t.lastOut
+						b = t.end
+						pos += int(t.m)
+						if nf == edgeBatch {
+							why = exitFlush
+							goto out
+						}
+						continue
+					}
+				}
 				// The commonest two, TNT.8 and TIP, are tested first: a
 				// conditional branch follows the flow's history (which
 				// block comes before, which packet after), where a jump

@@ -95,6 +95,7 @@ func sameFast(t *testing.T, mem Memory, trace []byte, opts Options) Counters {
 	opts.NoInsns = true
 	ds, df := New(mem, opts), New(mem, opts)
 	ds.fp.off = true
+	df.fp.wndAt = 0 // windows from the first byte
 	defer func() { fastBytes += df.fp.bytes }()
 	for pass := range 2 {
 		var slow fullLog

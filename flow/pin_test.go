@@ -146,7 +146,7 @@ func TestBatchSurvivesHandlerDrops(t *testing.T) {
 			trace := ft.trace[:min(len(ft.trace), 1<<16)]
 			opts := Options{NoInsns: true}
 			ds, df := New(ft.mem, opts), New(ft.mem, opts)
-			ds.fp.off = true
+			ds.fp.off, df.fp.wndAt = true, 0
 			for pass := range 2 {
 				var slow fullLog
 				fast := churnLog{oldLog: oldLog{edgeLog: edgeLog{t: t}, d: df}}
@@ -176,7 +176,7 @@ func TestBatchSurvivesHandlerDrops(t *testing.T) {
 func sameWithDrops(t *testing.T, mem Memory, trace []byte) (calls [2]int) {
 	t.Helper()
 	ds, df := New(mem, Options{NoInsns: true}), New(mem, Options{NoInsns: true})
-	ds.fp.off = true
+	ds.fp.off, df.fp.wndAt = true, 0
 	for pass := range calls {
 		var slow fullLog
 		fast := oldLog{edgeLog: edgeLog{t: t}, d: df}

@@ -15,7 +15,8 @@ import (
 // again) and the output is a new decoder's.
 
 // maxSpares bounds the closed decoders' caches kept, spareMax the bytes
-// each keeps (a cold mruby pass takes 1.4 MB): what is past them is left
+// each keeps (a cold mruby pass takes 1.4 MB; a decoder that takes packet
+// windows 0.5 MB of tables more, and its rooms): what is past them is left
 // to the collector.
 const (
 	maxSpares = 2
@@ -88,6 +89,15 @@ func (c *blockCache) spare(s *blockCache) {
 		left -= int(unsafe.Sizeof(*r.recent) + unsafe.Sizeof(*r.pgds) + unsafe.Sizeof(*r.tlets) +
 			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom))
 	}
+	if r.wnds != nil {
+		// wndCaches made them together.
+		clear(r.wndKeys[:])
+		clear(r.wnds[:])
+		clear(r.wndSeen[:])
+		clear(r.wndRoom[:])
+		sr.wndKeys, sr.wnds, sr.wndSeen, sr.wndRoom = r.wndKeys, r.wnds, r.wndSeen, r.wndRoom
+		left -= int(unsafe.Sizeof(*r.wndKeys) + unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
+	}
 	if c.views != nil {
 		clear(c.views)
 		s.views = c.views
@@ -107,6 +117,7 @@ func (c *blockCache) spare(s *blockCache) {
 	r.runs.spare(&sr.runs, &left, true)
 	r.edges.spare(&sr.edges, &left, false)
 	r.tletSlab.spare(&sr.tletSlab, &left, false)
+	r.wndSlab.spare(&sr.wndSlab, &left, false)
 }
 
 // spare makes o, a zero slab, an empty slab over s's chunks, as many as

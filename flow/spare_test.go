@@ -30,13 +30,16 @@ func spareBytes(c *blockCache) int {
 		n += int(unsafe.Sizeof(*r.recent) + unsafe.Sizeof(*r.pgds) + unsafe.Sizeof(*r.tlets) +
 			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom))
 	}
+	if r.wnds != nil {
+		n += int(unsafe.Sizeof(*r.wndKeys) + unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
+	}
 	for _, ch := range c.lens.free {
 		n += len(ch)
 	}
 	for _, ch := range r.runs.free {
 		n += len(ch) * int(unsafe.Sizeof(tntRun{}))
 	}
-	for _, ch := range slices.Concat(r.edges.free, r.tletSlab.free) {
+	for _, ch := range slices.Concat(r.edges.free, r.tletSlab.free, r.wndSlab.free) {
 		n += len(ch) * int(unsafe.Sizeof(Edge{}))
 	}
 	return n
@@ -213,6 +216,7 @@ func TestSpareCleared(t *testing.T) {
 	defer drainSpares()
 	bt := loadBench(t, "mruby")
 	d := New(bt.space, Options{NoInsns: true})
+	d.fp.wndAt = 0 // the windows' tables too
 	d.Decode(bt.trace, &counter{})
 	c := &d.cache
 	r := &c.runs
@@ -227,6 +231,7 @@ func TestSpareCleared(t *testing.T) {
 	d.Decode(bt.trace, &counter{})
 	dirty := map[string]any{"slots": c.slots, "views": c.views, "tips": r.tips, "recent": r.recent,
 		"pgds": r.pgds, "tlets": r.tlets, "tletSeen": r.tletSeen, "tletRoom": r.tletRoom,
+		"wndKeys": r.wndKeys, "wnds": r.wnds, "wndSeen": r.wndSeen, "wndRoom": r.wndRoom,
 		"block chunk": c.chunks[0], "runs": r.runs.full[0]}
 	for what, v := range dirty {
 		if isZero(reflect.ValueOf(v)) {
@@ -239,12 +244,13 @@ func TestSpareCleared(t *testing.T) {
 	}
 	k := spares.c[0]
 	kr := &k.runs
-	if len(k.free) == 0 || len(kr.runs.free) == 0 || len(kr.edges.free) == 0 || len(kr.tletSlab.free) == 0 || len(k.lens.free) == 0 {
-		t.Fatalf("a list of chunks kept is empty: blocks %d, runs %d, edges %d, tracelet edges %d, lengths %d",
-			len(k.free), len(kr.runs.free), len(kr.edges.free), len(kr.tletSlab.free), len(k.lens.free))
+	if len(k.free) == 0 || len(kr.runs.free) == 0 || len(kr.edges.free) == 0 || len(kr.tletSlab.free) == 0 || len(kr.wndSlab.free) == 0 || len(k.lens.free) == 0 {
+		t.Fatalf("a list of chunks kept is empty: blocks %d, runs %d, edges %d, tracelet edges %d, window edges %d, lengths %d",
+			len(k.free), len(kr.runs.free), len(kr.edges.free), len(kr.tletSlab.free), len(kr.wndSlab.free), len(k.lens.free))
 	}
 	zero := map[string]any{"slots": k.slots, "views": k.views, "tips": kr.tips, "recent": kr.recent,
-		"pgds": kr.pgds, "tlets": kr.tlets, "tletSeen": kr.tletSeen, "tletRoom": kr.tletRoom}
+		"pgds": kr.pgds, "tlets": kr.tlets, "tletSeen": kr.tletSeen, "tletRoom": kr.tletRoom,
+		"wndKeys": kr.wndKeys, "wnds": kr.wnds, "wndSeen": kr.wndSeen, "wndRoom": kr.wndRoom}
 	for i, ch := range k.free {
 		zero[fmt.Sprint("block chunk ", i)] = ch
 	}
@@ -256,17 +262,18 @@ func TestSpareCleared(t *testing.T) {
 			t.Errorf("the kept %s is not a new cache's: nil or not zero", what)
 		}
 	}
-	if len(k.chunks) != 0 || len(k.lens.full) != 0 || len(kr.runs.full) != 0 || len(kr.edges.full) != 0 || len(kr.tletSlab.full) != 0 {
+	if len(k.chunks) != 0 || len(k.lens.full) != 0 || len(kr.runs.full) != 0 || len(kr.edges.full) != 0 || len(kr.tletSlab.full) != 0 || len(kr.wndSlab.full) != 0 {
 		t.Errorf("chunks in use kept as in use: blocks %d, lengths %d, runs %d, edges %d, tracelet edges %d",
 			len(k.chunks), len(k.lens.full), len(kr.runs.full), len(kr.edges.full), len(kr.tletSlab.full))
 	}
 	// The rest is a new cache's: zero.
 	k.slots, k.views, k.free, k.chunks = nil, nil, nil, nil
 	kr.tips, kr.recent, kr.pgds, kr.tlets, kr.tletSeen, kr.tletRoom = nil, nil, nil, nil, nil, nil
+	kr.wndKeys, kr.wnds, kr.wndSeen, kr.wndRoom, kr.wndSlab.free, kr.wndSlab.full = nil, nil, nil, nil, nil, nil
 	k.lens.free, k.lens.full = nil, nil
 	kr.runs.free, kr.runs.full, kr.edges.free, kr.edges.full, kr.tletSlab.free, kr.tletSlab.full = nil, nil, nil, nil, nil, nil
 	if !reflect.ValueOf(k).IsZero() {
-		t.Errorf("the kept cache keeps the decoder's state: %+v", k)
+		t.Errorf("the kept cache keeps the decoder's state")
 	}
 }
 

@@ -120,6 +120,7 @@ func TestTletSameFlow(t *testing.T) {
 				}
 			}
 			d := New(mem, Options{NoInsns: true})
+			d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 			d.Decode(trace, &counter{})
 			d.Decode(trace, &counter{})
 			if tletsKept(d) == 0 {
@@ -160,6 +161,7 @@ func TestTletDropClears(t *testing.T) {
 	mem := &blob{base: 0x1000, code: recurseCode}
 	trace := recurseTrace(rand.New(rand.NewPCG(1, 2)), 200, 12, false)
 	d := New(mem, Options{NoInsns: true})
+	d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 	d.Decode(trace, &counter{})
 	d.Decode(trace, &counter{})
 	if tletsKept(d) == 0 {
@@ -209,6 +211,7 @@ func TestTletBudget(t *testing.T) {
 		}
 	}
 	d := New(mem, Options{MaxInsns: tletBudget, NoInsns: true})
+	d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 	d.Decode(e.Bytes(), &counter{})
 	d.Decode(e.Bytes(), &counter{})
 	if tletsKept(d) != 1 {
@@ -245,6 +248,7 @@ func TestTletNoEdges(t *testing.T) {
 		t.Fatalf("counters %+v: the trace is not the code's", c)
 	}
 	d := New(mem, Options{NoInsns: true})
+	d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 	d.Decode(e.Bytes(), &counter{})
 	d.Decode(e.Bytes(), &counter{})
 	none, some := 0, 0
@@ -268,6 +272,7 @@ func TestTletRoomBound(t *testing.T) {
 	mem := &blob{base: 0x1000, code: recurseCode}
 	trace := recurseTrace(rand.New(rand.NewPCG(5, 6)), 200, 12, false)
 	ds, df := New(mem, Options{NoInsns: true}), New(mem, Options{NoInsns: true})
+	ds.fp.noWnd, df.fp.noWnd = true, true
 	ds.fp.off = true
 	// Rooms of 4 edges in every other set, none in the rest, then the
 	// bound reached and the tracelets dropped: they are made again in
@@ -414,6 +419,7 @@ func TestTletTwoWays(t *testing.T) {
 	}
 	sameWithDrops(t, mem, trace)
 	d := New(mem, Options{NoInsns: true})
+	d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 	d.Decode(trace, &counter{})
 	set := 2 * a.set()
 	for i, want := range []jeGroup{b, a} {
@@ -434,10 +440,22 @@ func TestTletTwoWays(t *testing.T) {
 // long it goes on and through drops, with every room counted; the flow
 // is the slow path's.
 func TestTletRoomsBounded(t *testing.T) {
-	r := rand.New(rand.NewPCG(7, 8))
+	roomsBounded(t, rand.New(rand.NewPCG(7, 8)), true, func(c *runCache) ([][]Edge, int, int, int) {
+		return c.tletRoom[:], c.tletRoomed, tletRoomMax, tletEdges
+	})
+}
+
+// roomsBounded decodes traces of random groups of TNT.8 packets, each
+// made, in rounds with a drop after each, and fails t unless the rooms
+// that rooms returns (with the count they took, their bound and the most
+// one takes) are counted and stop growing at the bound; noWnd holds the
+// windows off (the tracelets take the packets).
+func roomsBounded(t *testing.T, r *rand.Rand, noWnd bool, rooms func(*runCache) (all [][]Edge, roomed, most, one int)) {
+	t.Helper()
 	const n = 128
 	mem := &blob{base: 0x1000, code: jeCode(n)}
 	d := New(mem, Options{NoInsns: true})
+	d.fp.noWnd, d.fp.wndAt = noWnd, 0
 	for round := range 3 {
 		var groups []jeGroup
 		for range 3000 {
@@ -455,17 +473,17 @@ func TestTletRoomsBounded(t *testing.T) {
 			}
 		}
 		d.Decode(trace, &counter{})
-		c := &d.cache.runs
+		all, roomed, most, one := rooms(&d.cache.runs)
 		live := 0
-		for _, room := range c.tletRoom {
+		for _, room := range all {
 			live += cap(room)
 		}
-		if live == 0 || live > c.tletRoomed || c.tletRoomed > tletRoomMax+tletEdges {
-			t.Fatalf("round %d: rooms of %d edges, %d counted, bound %d", round, live, c.tletRoomed, tletRoomMax)
+		if live == 0 || live > roomed || roomed > most+one {
+			t.Fatalf("round %d: rooms of %d edges, %d counted, bound %d", round, live, roomed, most)
 		}
 		d.MemoryChanged()
 	}
-	if d.cache.runs.tletRoomed < tletRoomMax {
-		t.Errorf("rooms of %d edges: the bound went untested", d.cache.runs.tletRoomed)
+	if _, roomed, most, _ := rooms(&d.cache.runs); roomed < most {
+		t.Errorf("rooms of %d edges: the bound went untested", roomed)
 	}
 }

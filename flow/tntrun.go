@@ -101,6 +101,17 @@ type runCache struct {
 	tletRoom   *[recentTlets][]Edge
 	tletSlab   slab[Edge]
 	tletRoomed int
+	// wndKeys, wnds, wndSeen, wndRoom, wndSlab and wndRoomed are the
+	// recent packet windows (window.go), their keys apart, as tlets,
+	// tletSeen, tletRoom, tletSlab and tletRoomed are the tracelets;
+	// wtmp holds a window's edges while it is worked out.
+	wndKeys   *[recentWnds / 2]wndKeys
+	wnds      *[recentWnds]wnd
+	wndSeen   *[recentWnds / 2]uint64
+	wndRoom   *[recentWnds][]Edge
+	wndSlab   slab[Edge]
+	wndRoomed int
+	wtmp      [wndEdges]Edge
 }
 
 // runRef is a recent entry: the run r of block b.
@@ -135,6 +146,11 @@ func (c *runCache) drop() {
 	if c.tlets != nil {
 		clear(c.tlets[:])
 		clear(c.tletSeen[:])
+	}
+	if c.wnds != nil {
+		clear(c.wndKeys[:])
+		clear(c.wnds[:])
+		clear(c.wndSeen[:])
 	}
 	c.dropWalks()
 }
@@ -383,28 +399,15 @@ func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 	ne := 0
 	s := b
 	for j := range m {
-		if cls := s.class; s.count() == 0 || cls != x86insn.CondJump && cls != x86insn.Jump && cls != x86insn.Call {
-			break
-		}
 		tb := buf[pos+j]
 		nb := uint(tnt8Lens[tb])
-		pat := uint8(1<<nb | tnt8Words[tb]>>((64-nb)&63))
-		// As the kernel finds a run (most are among the recent
-		// ones), else from the block's list or worked out.
-		r := s.runs
-		if r == nil || r.pat != pat {
-			if ref := &c.recent[runHash(s, pat)]; ref.b == s && ref.r.pat == pat {
-				r = ref.r
-			} else {
-				r = d.tntRun(s, pat, nb)
-			}
-		}
+		r := d.byteRun(s, tb)
 		if d.cache.drops != drops {
 			// The runs are gone with the cache: t was cleared.
 			*t = tlet{b: b, key: key}
 			return
 		}
-		if uint(r.used) != nb || ne+len(r.edges) > most || int(t.nrets)+int(r.nrets) > tletRets {
+		if r == nil || uint(r.used) != nb || ne+len(r.edges) > most || int(t.nrets)+int(r.nrets) > tletRets {
 			break
 		}
 		runs[j] = r
@@ -421,17 +424,8 @@ func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 	if ne == 0 {
 		return
 	}
-	// The runs' edges in the slot's room, made larger when it is too
-	// small (the old room stays in its chunk: nothing refers to it past
-	// the batch handed over).
-	if n := ne; cap(*room) < n {
-		n = (n + tletGrain - 1) / tletGrain * tletGrain
-		*room = c.tletSlab.room(n, tletSlabLo, tletSlab)[:n:n]
-		c.tletSlab.used(n)
-		c.tletRoomed += n
-	}
 	// Edge by edge: a run has few (copy's memmove call cost more).
-	e := (*room)[:ne]
+	e := roomFor(room, ne, &c.tletSlab, &c.tletRoomed)
 	k := 0
 	for _, r := range runs[:t.m] {
 		for _, x := range r.edges {
@@ -440,4 +434,40 @@ func (d *Decoder) tletFill(b *block, buf []byte, pos int) {
 		}
 	}
 	t.e, t.ne = uintptr(unsafe.Pointer(&e[0])), uint16(ne)
+}
+
+// roomFor returns a slot's room for ne edges: *room, made larger from slab
+// (by tletGrain, counted in roomed) when it is too small; the old room
+// stays in its chunk: nothing refers to it past the batch handed over
+// before a fill.
+func roomFor(room *[]Edge, ne int, slab *slab[Edge], roomed *int) []Edge {
+	if n := ne; cap(*room) < n {
+		n = (n + tletGrain - 1) / tletGrain * tletGrain
+		*room = slab.room(n, tletSlabLo, tletSlab)[:n:n]
+		slab.used(n)
+		*roomed += n
+	}
+	return (*room)[:ne]
+}
+
+// byteRun returns the run from block b with the bits of the TNT.8 byte tb,
+// as the kernel finds it (most are among the recent ones), else from the
+// block's list or worked out (tntRun: it may read memory, and so drop the
+// block cache); nil when b starts no run (its last instruction is not a
+// conditional branch or a direct jump or call).
+func (d *Decoder) byteRun(b *block, tb byte) *tntRun {
+	if cls := b.class; b.count() == 0 || cls != x86insn.CondJump && cls != x86insn.Jump && cls != x86insn.Call {
+		return nil
+	}
+	nb := uint(tnt8Lens[tb])
+	pat := uint8(1<<nb | tnt8Words[tb]>>((64-nb)&63))
+	r := b.runs
+	if r == nil || r.pat != pat {
+		if ref := &d.cache.runs.recent[runHash(b, pat)]; ref.b == b && ref.r.pat == pat {
+			r = ref.r
+		} else {
+			r = d.tntRun(b, pat, nb)
+		}
+	}
+	return r
 }

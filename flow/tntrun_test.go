@@ -190,6 +190,7 @@ func TestTNT8Count(t *testing.T) {
 func TestTletMruby(t *testing.T) {
 	bt := loadBench(t, "mruby")
 	d := New(bt.space, Options{NoInsns: true})
+	d.fp.noWnd = true // the tracelets, not the windows, take the TNT.8 packets
 	var c counter
 	d.Decode(bt.trace, &c)
 	d.Decode(bt.trace, &c)

@@ -1,0 +1,211 @@
+package flow
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"ptfs/decode/ptenc"
+)
+
+// lastIPCode is two ways to block B (0x2000, jmp rax) by a taken je, from
+// 0x1000 and from 0x11000 (the last IP's upper bits differ), and a jmp rax
+// at each of B's two targets of the same low 16 bits (0x3000, 0x13000).
+func lastIPCode() []byte {
+	code := make([]byte, 0x13010-0x1000)
+	put := func(ip uint64, b ...byte) { copy(code[ip-0x1000:], b) }
+	put(0x1000, 0x0f, 0x84, 0xfa, 0x0f, 0x00, 0x00)  // je 0x2000
+	put(0x11000, 0x0f, 0x84, 0xfa, 0x0f, 0xff, 0xff) // je 0x2000
+	put(0x2000, 0xff, 0xe0)                          // jmp rax
+	put(0x3000, 0xff, 0xe0)
+	put(0x13000, 0xff, 0xe0)
+	return code
+}
+
+// lastIPTrace returns a trace of lastIPCode: rounds times from 0x1000 and
+// 0x11000 in turn, the je's bit, 16 PADs (B's window starts at B), B's TIP
+// of 16 bits (0x3000 below the last IP's upper bits) followed by 13 PADs,
+// so that the window at B has the same block and bytes each time and the
+// flow goes to 0x3000 or 0x13000 by the last IP alone; the TIP at either
+// back is a full one, to the other start.
+func lastIPTrace(rounds int) []byte {
+	e := ptenc.New()
+	start(e, 0x1000)
+	for i := range 2 * rounds {
+		e.TNT(1, 1)
+		for range 16 {
+			e.Pad()
+		}
+		e.Raw(0x2d, 0x00, 0x30) // TIP, 16 bits: 0x3000
+		for range 13 {
+			e.Pad()
+		}
+		next := []uint64{0x11000, 0x1000}[i%2]
+		e.Raw(0xcd, byte(next), byte(next>>8), byte(next>>16), 0, 0, 0, 0, 0) // TIP, 64 bits
+	}
+	for range 32 {
+		e.Pad()
+	}
+	return e.Bytes()
+}
+
+// wndsAt counts d's kept windows from the block at ip that take bytes, and
+// the distinct last IP bits they are for.
+func wndsAt(d *Decoder, ip uint64) (n int, lastIns map[uint64]bool) {
+	lastIns = map[uint64]bool{}
+	for i := range d.cache.runs.wnds {
+		if k := &d.cache.runs.wndKeys[i/2][i%2]; k.b != nil && k.b.ip == ip && d.cache.runs.wnds[i].m > 0 {
+			n++
+			lastIns[k.last] = true
+		}
+	}
+	return n, lastIns
+}
+
+// TestWndLastIP: a window whose first TIP keeps the last IP's upper bits is
+// replayed only for the same bits: the same block and bytes with other
+// bits take their own window (the set's other way), and the flow is the
+// slow path's, with and without the budget windows need, and with a
+// Handler that drops the block cache in every call.
+func TestWndLastIP(t *testing.T) {
+	mem := &blob{base: 0x1000, code: lastIPCode()}
+	trace := lastIPTrace(50)
+	for _, opts := range []Options{{}, {MaxInsns: tletBudget}, {MaxInsns: tletBudget - 1}} {
+		if c := sameFast(t, mem, trace, opts); c.Errors != 0 || c.Insns == 0 {
+			t.Fatalf("%+v: counters %+v: the trace is not the code's", opts, c)
+		}
+	}
+	sameWithDrops(t, mem, trace)
+	d := New(mem, Options{NoInsns: true})
+	d.fp.wndAt = 0
+	d.Decode(trace, &counter{})
+	if n, lastIns := wndsAt(d, 0x2000); n != 2 || len(lastIns) != 2 {
+		t.Errorf("%d windows kept from 0x2000 for %d last IPs, want 2 for 2", n, len(lastIns))
+	}
+}
+
+// TestWndBudget: below tletBudget no window is taken (nor made).
+func TestWndBudget(t *testing.T) {
+	mem := &blob{base: 0x1000, code: lastIPCode()}
+	trace := lastIPTrace(50)
+	for _, c := range []struct {
+		maxInsns int
+		want     bool
+	}{{tletBudget - 1, false}, {tletBudget, true}} {
+		d := New(mem, Options{NoInsns: true, MaxInsns: c.maxInsns})
+		d.fp.wndAt = 0
+		d.Decode(trace, &counter{})
+		if n, _ := wndsAt(d, 0x2000); n > 0 != c.want {
+			t.Errorf("MaxInsns %d: %d windows kept, want some: %v", c.maxInsns, n, c.want)
+		}
+	}
+}
+
+// TestWndDropClears: a drop of the block cache leaves no window (nor a miss
+// mark), so that none keeps the dropped blocks alive.
+func TestWndDropClears(t *testing.T) {
+	mem := &blob{base: 0x1000, code: lastIPCode()}
+	d := New(mem, Options{NoInsns: true})
+	d.fp.wndAt = 0
+	d.Decode(lastIPTrace(50), &counter{})
+	if n, _ := wndsAt(d, 0x2000); n == 0 {
+		t.Fatal("no window kept: the drop went untested")
+	}
+	d.MemoryChanged()
+	for i := range d.cache.runs.wnds {
+		if d.cache.runs.wnds[i] != (wnd{}) || d.cache.runs.wndKeys[i/2] != (wndKeys{}) || d.cache.runs.wndSeen[i/2] != 0 {
+			t.Fatalf("slot %d kept after a drop", i)
+		}
+	}
+}
+
+// TestWndMruby: mruby's windows give the flow the tracelets and packets
+// give (warm, the windows kept from a first pass), and take most of it.
+func TestWndMruby(t *testing.T) {
+	bt := loadBench(t, "mruby")
+	dw, dt := New(bt.space, Options{NoInsns: true}), New(bt.space, Options{NoInsns: true})
+	dw.fp.wndAt, dt.fp.noWnd = 0, true
+	for pass := range 2 {
+		w, tl := edgeLog{t: t}, edgeLog{t: t}
+		dw.c, dt.c = Counters{}, Counters{}
+		dw.Decode(bt.trace, &w)
+		dt.Decode(bt.trace, &tl)
+		sameLogs(t, pass, dt, dw, &tl.fullLog, &w.fullLog)
+	}
+	kept := 0
+	for i := range dw.cache.runs.wnds {
+		if dw.cache.runs.wnds[i].m > 0 {
+			kept++
+		}
+	}
+	if kept < recentWnds/2 {
+		t.Errorf("%d windows kept of %d", kept, recentWnds)
+	}
+}
+
+// TestWndRoomsBounded: a trace whose windows keep changing (random TNT.8
+// groups, each made) has the rooms stop growing at wndRoomMax, however
+// long it goes on and through drops, with every room counted; the flow
+// is the slow path's.
+func TestWndRoomsBounded(t *testing.T) {
+	roomsBounded(t, rand.New(rand.NewPCG(9, 10)), false, func(c *runCache) ([][]Edge, int, int, int) {
+		return c.wndRoom[:], c.wndRoomed, wndRoomMax, wndEdges
+	})
+}
+
+// TestWndWarm: a decoder's kernel looks no window up (nor makes one) before
+// its fast path took wndWarm bytes, and does after.
+func TestWndWarm(t *testing.T) {
+	bt := loadBench(t, "mruby")
+	d := New(bt.space, Options{NoInsns: true})
+	kept := func() (n int) {
+		if d.cache.runs.wnds == nil {
+			return 0
+		}
+		for i := range d.cache.runs.wnds {
+			if d.cache.runs.wndKeys[i/2][i%2].b != nil {
+				n++
+			}
+		}
+		return n
+	}
+	for d.fp.bytes < wndWarm {
+		if d.Decode(bt.trace, &counter{}); d.fp.bytes < wndWarm && kept() != 0 {
+			t.Fatalf("%d windows made after %d bytes", kept(), d.fp.bytes)
+		}
+	}
+	if d.Decode(bt.trace, &counter{}); kept() == 0 {
+		t.Errorf("no window made after %d bytes", d.fp.bytes)
+	}
+}
+
+// TestWndSinceRef: windows of TIPs alone (a call and a jmp before each
+// jmp rax, which count for a TRIG) add their count to the one before them,
+// windows that take a bit (a je now and then) count from it, and TRIGs
+// whose icnt falls before, at and past the count find the flow's IP as the
+// slow path's do.
+func TestWndSinceRef(t *testing.T) {
+	// 0x1000: je 0x1002; 0x1002: call 0x1010; 0x1007: jmp rax; 0x1010: jmp 0x1007
+	code := []byte{0x74, 0x00, 0xe8, 0x09, 0, 0, 0, 0xff, 0xe0, 0x10: 0xeb, 0xf5}
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1002)
+	for i := range 400 {
+		if i%3 == 0 {
+			e.IP(ptenc.TIP, 0x1000)
+			e.TNT(0, 1)
+		} else {
+			e.IP(ptenc.TIP, 0x1002)
+		}
+		if i%7 == 6 {
+			e.Raw(0xd9, 0x40, 0x01, byte(1+i%40), 0x00) // TRIG, icnt 1 to 40
+		}
+	}
+	for range 32 {
+		e.Pad()
+	}
+	for _, opts := range []Options{{}, {MaxInsns: tletBudget}} {
+		if c := sameFast(t, mem, e.Bytes(), opts); c.Errors != 0 || c.Events < 50 {
+			t.Fatalf("%+v: counters %+v: the trace is not the code's", opts, c)
+		}
+	}
+}
