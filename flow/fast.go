@@ -539,7 +539,6 @@ func (d *Decoder) kernel() (why int) {
 			// byte, one load (onOps). Tested once: a packet that
 			// leaves nothing pending (a PAD, a timing packet) goes on
 			// to the next without the test, one that does leaves.
-
 		read:
 			for {
 				if pos > len(buf)-16 {
