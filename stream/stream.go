@@ -463,8 +463,9 @@ func (s *Stream) discard(unspilled bool) {
 // alone, where a punched one costs fresh pages (on the development VM
 // pages the host took back, several times the copy: DESIGN §4, the
 // eleventh pass) and ext4 the allocation of its blocks; after a burst of
-// discards, a punched slot on top was the next one written at every seal. Best effort: where punching fails, the disk
-// comes back when the stream is truncated or closed. Called with mu held.
+// discards, a punched slot on top was the next one written at every seal.
+// Best effort: where punching fails, the disk comes back when the stream
+// is truncated or closed. Called with mu held.
 func (s *Stream) freeSlot(slot int) {
 	s.free = append(s.free, slot)
 	if len(s.free)-s.holes <= spareSlots {

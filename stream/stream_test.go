@@ -214,11 +214,7 @@ func TestSpillReusesKeptSlot(t *testing.T) {
 	}
 	readAll(t, r, 0, 1<<20)
 	r.Close()
-	isHole := func(slot int) bool {
-		off := int64(slot) * chunk
-		data, err := unix.Seek(int(s.file.Fd()), off, unix.SEEK_DATA)
-		return errors.Is(err, unix.ENXIO) || (err == nil && data >= off+chunk)
-	}
+	isHole := func(slot int) bool { return slotIsHole(s, slot) }
 	if !slices.ContainsFunc(s.free, isHole) {
 		// Nothing discarded yet (the next seal trims) or no punching.
 		for off := s.curOff; s.curOff == off; {
@@ -249,10 +245,158 @@ func TestSpillReusesKeptSlot(t *testing.T) {
 				kept++
 			}
 		}
-		if kept > spareSlots || len(s.free) <= spareSlots {
+		if kept != spareSlots || len(s.free) <= spareSlots {
 			t.Errorf("seal %d: %d of %d free slots keep their disk, want %d", i, kept, len(s.free), spareSlots)
 		}
 	}
+}
+
+// slotIsHole reports whether slot of s's spill file holds no data.
+func slotIsHole(s *Stream, slot int) bool {
+	chunk := int64(s.chunkSize)
+	off := int64(slot) * chunk
+	data, err := unix.Seek(int(s.file.Fd()), off, unix.SEEK_DATA)
+	return errors.Is(err, unix.ENXIO) || (err == nil && data >= off+chunk)
+}
+
+// checkFree checks the free list's invariants: the first holes of free
+// punched, the rest holding data (where a slot is whole blocks: a punch
+// within a block leaves data), at most spareSlots of those; each slot
+// once, made, and used by no chunk and no span.
+func checkFree(t *testing.T, s *Stream, when string) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.holes < 0 || s.holes > len(s.free) || len(s.free)-s.holes > spareSlots {
+		t.Fatalf("%s: %d holes of %d free slots, at most %d kept", when, s.holes, len(s.free), spareSlots)
+	}
+	used := map[int]bool{}
+	for _, c := range s.chunks {
+		used[c.slot] = true
+	}
+	if s.lent != nil {
+		for slot := range s.lent.slots {
+			used[slot] = true
+		}
+	}
+	blocks := false
+	if s.file != nil {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(s.file.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		blocks = s.chunkSize%int(st.Blksize) == 0
+	}
+	for i, slot := range s.free {
+		if used[slot] || slot < 0 || slot >= s.slots {
+			t.Fatalf("%s: free slot %d used, or not of the %d made (free %v)", when, slot, s.slots, s.free)
+		}
+		used[slot] = true
+		if blocks && slotIsHole(s, slot) != (i < s.holes) {
+			t.Fatalf("%s: free slot %d (index %d, %d holes) punched %v", when, slot, i, s.holes, i >= s.holes)
+		}
+	}
+}
+
+// TestFreeSlots checks the free list's bookkeeping (checkFree) through
+// what changes it: bursts of discards, a reader that holds the window
+// again while the spills take the kept slots and then punched ones, spans
+// that hold discarded slots until their release, and Truncate, with and
+// without a span lent.
+func TestFreeSlots(t *testing.T) {
+	s := newStream(t, 1<<12, 1<<22)
+	line := []byte(strings.Repeat("f", 99) + "\n")
+	seals := func(n int) {
+		for range n {
+			for off := s.curOff; s.curOff == off; {
+				s.Append(line)
+			}
+		}
+	}
+	// burst has a reader hold n seals' chunks, then read them and leave:
+	// the next seal discards them.
+	burst := func(n int) {
+		r := s.NewReader()
+		seals(n)
+		readAll(t, r, 0, 1<<20)
+		r.Close()
+		seals(1)
+	}
+	burst(20)
+	if !slices.ContainsFunc(s.free, func(slot int) bool { return slotIsHole(s, slot) }) {
+		t.Skipf("no slot punched among %d free: the file system does not punch holes?", len(s.free))
+	}
+	checkFree(t, s, "burst")
+	// The slots reserved ahead were punched with the first hole: none is
+	// counted reserved, so that the file's next growth reserves again.
+	if s.reserved > s.slots {
+		t.Errorf("burst: %d slots counted reserved, %d made, the rest punched", s.reserved, s.slots)
+	}
+
+	// The spills take the kept slots, then punched ones, not all.
+	r := s.NewReader()
+	for i := range spareSlots + 3 {
+		seals(1)
+		checkFree(t, s, fmt.Sprintf("held seal %d", i))
+	}
+	readAll(t, r, 0, 1<<20)
+	r.Close()
+	seals(1)
+	checkFree(t, s, "second burst")
+
+	// Slots discarded while lent are freed at their release.
+	r = s.NewReader()
+	seals(10)
+	var spans []Span
+	buf := make([]byte, 1<<20)
+	for off := int64(0); ; {
+		n, sp, lent, err := r.ReadSpan(buf, off)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lent && sp.Mem == nil {
+			spans = append(spans, sp)
+		} else if lent {
+			sp.Release()
+		}
+		off += int64(n)
+	}
+	r.Close()
+	seals(1)
+	if len(spans) < spareSlots+2 || len(s.lent.held) < spareSlots+2 {
+		t.Fatalf("%d spans lent, %d slots held, want more than %d", len(spans), len(s.lent.held), spareSlots+1)
+	}
+	checkFree(t, s, "spans held")
+	for i := range spans {
+		spans[i].Release()
+		checkFree(t, s, fmt.Sprintf("release %d", i))
+	}
+
+	burst(10)
+	s.Truncate()
+	checkFree(t, s, "truncate")
+	burst(10)
+	checkFree(t, s, "burst after truncate")
+
+	// Truncate with a span lent lets go of the file.
+	r = s.NewReader()
+	seals(3)
+	_, sp, lent, err := r.ReadSpan(buf, s.Stats().Start)
+	if err != nil || !lent || sp.Mem != nil {
+		t.Fatalf("no span of the file: lent %v, err %v", lent, err)
+	}
+	r.Close()
+	s.Truncate()
+	if s.file != nil {
+		t.Fatal("the file a span holds was kept")
+	}
+	checkFree(t, s, "truncate with a span")
+	sp.Release()
+	burst(10)
+	checkFree(t, s, "burst after a span's truncate")
 }
 
 // TestHardBound checks the gap line and the counters when the hard bound
@@ -1101,6 +1245,7 @@ func fuzzStream(t *testing.T, dir string, limit, hard uint8, ops []byte) {
 				t.Fatalf("window %d over the hard bound %d", st.Size-st.Start, s.hard)
 			}
 			releaseSpans(int(arg % 4))
+			checkFree(t, s, fmt.Sprintf("op %d", i/2))
 		}
 		check()
 	}
