@@ -282,3 +282,36 @@ func TestWndKeyBytes(t *testing.T) {
 		})
 	}
 }
+
+// TestWndCallNext: a call to the next instruction (call; pop) pushes no
+// return address in a window either: the compressed return after the
+// window's TIP goes to the outer call's.
+func TestWndCallNext(t *testing.T) {
+	code := make([]byte, 0x2001)
+	put := func(ip uint64, b ...byte) { copy(code[ip-0x1000:], b) }
+	put(0x1000, 0xe8, 0xfb, 0x0f, 0x00, 0x00) // call 0x2000
+	put(0x1005, 0xeb, 0xf9)                   // jmp 0x1000
+	put(0x2000, 0xe8, 0x00, 0x00, 0x00, 0x00) // call 0x2005
+	put(0x2005, 0xff, 0xe0)                   // jmp rax
+	put(0x3000, 0xc3)                         // ret
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1000)
+	for range 100 {
+		e.Raw(0x2d, 0x00, 0x30) // TIP, 16 bits: 0x3000
+		e.TNT(1, 1)             // the ret, compressed
+	}
+	for range 32 {
+		e.Pad()
+	}
+	trace := e.Bytes()
+	if c := sameFast(t, mem, trace, Options{}); c.Errors != 0 || c.Insns == 0 {
+		t.Fatalf("counters %+v: the trace is not the code's", c)
+	}
+	d := New(mem, Options{NoInsns: true})
+	d.fp.wndAt = 0
+	d.Decode(trace, &counter{})
+	if n, _ := wndsAt(d, 0x1005); n == 0 {
+		t.Error("no window kept from 0x1005: the call went untested")
+	}
+}
