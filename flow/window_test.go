@@ -269,16 +269,7 @@ func TestWndKeyBytes(t *testing.T) {
 			for range 32 {
 				e.Pad()
 			}
-			trace := e.Bytes()
-			if cnt := sameFast(t, mem, trace, Options{}); cnt.Errors != 0 || cnt.Insns == 0 {
-				t.Fatalf("counters %+v: the trace is not the code's", cnt)
-			}
-			d := New(mem, Options{NoInsns: true})
-			d.fp.wndAt = 0
-			d.Decode(trace, &counter{})
-			if n, _ := wndsAt(d, c.at); n == 0 {
-				t.Errorf("no window kept from %#x: the key went untested", c.at)
-			}
+			sameWnds(t, mem, e.Bytes(), c.at)
 		})
 	}
 }
@@ -304,14 +295,21 @@ func TestWndCallNext(t *testing.T) {
 	for range 32 {
 		e.Pad()
 	}
-	trace := e.Bytes()
+	sameWnds(t, mem, e.Bytes(), 0x1005)
+}
+
+// sameWnds fails t unless trace is mem's code (no errors) and its flow is
+// the slow path's (sameFast) with windows kept from the block at ip: the
+// case under test was taken by a window.
+func sameWnds(t *testing.T, mem Memory, trace []byte, ip uint64) {
+	t.Helper()
 	if c := sameFast(t, mem, trace, Options{}); c.Errors != 0 || c.Insns == 0 {
 		t.Fatalf("counters %+v: the trace is not the code's", c)
 	}
 	d := New(mem, Options{NoInsns: true})
 	d.fp.wndAt = 0
 	d.Decode(trace, &counter{})
-	if n, _ := wndsAt(d, 0x1005); n == 0 {
-		t.Error("no window kept from 0x1005: the call went untested")
+	if n, _ := wndsAt(d, ip); n == 0 {
+		t.Errorf("no window kept from %#x: the case went untested", ip)
 	}
 }
