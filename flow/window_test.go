@@ -209,3 +209,107 @@ func TestWndSinceRef(t *testing.T) {
 		}
 	}
 }
+
+// TestWndKeyBytes: what a window replays depends on its key alone. A TIP
+// whose IP ends past the key's 16 bytes is not the window's (the byte
+// after the key, the TIP's upper IP byte, sends the flow to 0x3000 or
+// 0x4000 in turn); a window whose first TIP keeps the last IP's upper
+// bits is keyed by them even when a later TIP keeps none (a full one to
+// 0x5000 after the flow went to 0x3000 or 0x13000 by the last IP).
+func TestWndKeyBytes(t *testing.T) {
+	code := lastIPCode()
+	copy(code[0x4000-0x1000:], []byte{0xff, 0xe0}) // jmp rax
+	copy(code[0x5000-0x1000:], []byte{0xff, 0xe0})
+	mem := &blob{base: 0x1000, code: code}
+	full := func(e *ptenc.Encoder, ip uint64) {
+		e.Raw(0xcd, byte(ip), byte(ip>>8), byte(ip>>16), 0, 0, 0, 0, 0) // TIP, 64 bits
+	}
+	for _, c := range []struct {
+		name  string
+		at    uint64 // the windows' block
+		trace func(e *ptenc.Encoder, i int)
+	}{{
+		// From 0x1000: the je's bit and 13 PADs, then a TIP of 16
+		// bits whose second IP byte is the 17th.
+		name: "past the key", at: 0x1000,
+		trace: func(e *ptenc.Encoder, i int) {
+			e.TNT(1, 1)
+			for range 13 {
+				e.Pad()
+			}
+			e.Raw(0x2d, 0x00, []byte{0x30, 0x40}[i%2]) // TIP, 16 bits
+			for range 16 {
+				e.Pad()
+			}
+			full(e, 0x1000)
+		},
+	}, {
+		// From 0x1000 and 0x11000 in turn: at B (0x2000) a TIP of 16
+		// bits, a full one to 0x5000 and 4 PADs.
+		name: "a later full TIP", at: 0x2000,
+		trace: func(e *ptenc.Encoder, i int) {
+			e.TNT(1, 1)
+			for range 16 {
+				e.Pad()
+			}
+			e.Raw(0x2d, 0x00, 0x30) // TIP, 16 bits: 0x3000 below the last IP's upper bits
+			full(e, 0x5000)
+			for range 4 {
+				e.Pad()
+			}
+			full(e, []uint64{0x11000, 0x1000}[i%2])
+		},
+	}} {
+		t.Run(c.name, func(t *testing.T) {
+			e := ptenc.New()
+			start(e, 0x1000)
+			for i := range 100 {
+				c.trace(e, i)
+			}
+			for range 32 {
+				e.Pad()
+			}
+			sameWnds(t, mem, e.Bytes(), c.at)
+		})
+	}
+}
+
+// TestWndCallNext: a call to the next instruction (call; pop) pushes no
+// return address in a window either: the compressed return after the
+// window's TIP goes to the outer call's.
+func TestWndCallNext(t *testing.T) {
+	code := make([]byte, 0x2001)
+	put := func(ip uint64, b ...byte) { copy(code[ip-0x1000:], b) }
+	put(0x1000, 0xe8, 0xfb, 0x0f, 0x00, 0x00) // call 0x2000
+	put(0x1005, 0xeb, 0xf9)                   // jmp 0x1000
+	put(0x2000, 0xe8, 0x00, 0x00, 0x00, 0x00) // call 0x2005
+	put(0x2005, 0xff, 0xe0)                   // jmp rax
+	put(0x3000, 0xc3)                         // ret
+	mem := &blob{base: 0x1000, code: code}
+	e := ptenc.New()
+	start(e, 0x1000)
+	for range 100 {
+		e.Raw(0x2d, 0x00, 0x30) // TIP, 16 bits: 0x3000
+		e.TNT(1, 1)             // the ret, compressed
+	}
+	for range 32 {
+		e.Pad()
+	}
+	sameWnds(t, mem, e.Bytes(), 0x1005)
+}
+
+// sameWnds fails t unless trace is mem's code (no errors) and its flow is
+// the slow path's (sameFast) with windows kept from the block at ip: the
+// case under test was taken by a window.
+func sameWnds(t *testing.T, mem Memory, trace []byte, ip uint64) {
+	t.Helper()
+	if c := sameFast(t, mem, trace, Options{}); c.Errors != 0 || c.Insns == 0 {
+		t.Fatalf("counters %+v: the trace is not the code's", c)
+	}
+	d := New(mem, Options{NoInsns: true})
+	d.fp.wndAt = 0
+	d.Decode(trace, &counter{})
+	if n, _ := wndsAt(d, ip); n == 0 {
+		t.Errorf("no window kept from %#x: the case went untested", ip)
+	}
+}
