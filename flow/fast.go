@@ -388,9 +388,7 @@ func (d *Decoder) fastSeg(k *kern, pgd bool) bool {
 				f.batch[f.n&(edgeBatch-1)] = refOf(w.edges[:w.n])
 				f.n++
 			}
-			for _, ret := range w.rets[:w.nrets] {
-				d.pushRet(ret)
-			}
+			d.pushRets(w.rets[:w.nrets])
 			d.c.Insns += uint64(w.steps)
 			if !hasIP {
 				// An event with an IP resets it, and any event
@@ -585,9 +583,7 @@ func (d *Decoder) kernel() (why int) {
 							nf++
 						}
 						if t.nrets > 0 {
-							for _, ret := range t.rets[:t.nrets] {
-								d.pushRet(ret)
-							}
+							d.pushRets(t.rets[:t.nrets])
 						}
 						// The flags as masks: no branch.
 						d.sinceRef = d.sinceRef&(uint32(t.flags&wndBit)-1) + t.sinceRef
@@ -643,9 +639,7 @@ func (d *Decoder) kernel() (why int) {
 								nf++
 							}
 							if t.nrets > 0 {
-								for _, ret := range t.rets[:t.nrets] {
-									d.pushRet(ret)
-								}
+								d.pushRets(t.rets[:t.nrets])
 							}
 							// Its last run ends at its last bit (a run
 							// taking its bits whole walks no step

@@ -448,6 +448,14 @@ func (d *Decoder) pushRet(ip uint64) {
 	d.sp = min(d.sp+1, retStackSize)
 }
 
+// pushRets pushes the return addresses a kept walk, tracelet or window
+// replays, in order.
+func (d *Decoder) pushRets(rets []uint64) {
+	for _, ret := range rets {
+		d.pushRet(ret)
+	}
+}
+
 func (d *Decoder) popRet() uint64 {
 	t := (d.top - 1) & (retStackSize - 1)
 	d.top = t
