@@ -61,9 +61,45 @@ func probedMount(b *testing.B, args ...string) (*mountProc, *os.File) {
 // timeProg runs bin with n iterations (at rate hits/s, 0: at full speed)
 // and returns its wall time.
 func timeProg(b *testing.B, bin string, n, rate int) time.Duration {
+	return startProg(b, bin, n, rate).wait(b)
+}
+
+// prog is a traced program started by startProg: ran is closed at its
+// end, after which wall and err are its wall time and Wait's error.
+type prog struct {
+	ran  chan struct{}
+	wall time.Duration
+	err  error
+	out  bytes.Buffer
+}
+
+// startProg starts bin as timeProg runs it, without waiting: the caller
+// reads the mount meanwhile. The benchmark's cleanup waits for its end, so
+// that no way out leaves it running.
+func startProg(b *testing.B, bin string, n, rate int) *prog {
+	p := &prog{ran: make(chan struct{})}
+	cmd := exec.Command(bin, strconv.Itoa(n), strconv.Itoa(rate))
+	cmd.Stdout, cmd.Stderr = &p.out, &p.out
 	start := time.Now()
-	runProg(b, bin, strconv.Itoa(n), strconv.Itoa(rate))
-	return time.Since(start)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		p.err = cmd.Wait()
+		p.wall = time.Since(start)
+		close(p.ran)
+	}()
+	b.Cleanup(func() { <-p.ran })
+	return p
+}
+
+// wait waits for p's end and returns its wall time; p's failure fails b.
+func (p *prog) wait(b *testing.B) time.Duration {
+	<-p.ran
+	if p.err != nil {
+		b.Fatalf("traced program: %v\n%s", p.err, p.out.Bytes())
+	}
+	return p.wall
 }
 
 // benchPtfs runs the program at rate hits/s through a mount. With follow,
@@ -84,29 +120,9 @@ func benchPtfs(b *testing.B, bin string, rate int, follow bool) {
 	pid := m.cmd.Process.Pid
 	cpu0, flt0 := taskCPU(b, pid), minorFaults(b, pid)
 	b.ResetTimer()
-	var wall time.Duration
-	ran := make(chan struct{})
-	if follow {
-		prog := exec.Command(bin, strconv.Itoa(b.N), strconv.Itoa(rate))
-		start := time.Now()
-		if err := prog.Start(); err != nil {
-			b.Fatal(err)
-		}
-		var err error
-		go func() {
-			err = prog.Wait()
-			wall = time.Since(start)
-			close(ran)
-		}()
-		defer func() {
-			<-ran // on every way out: the program is not left running
-			if err != nil {
-				b.Errorf("%s: %v", bin, err)
-			}
-		}()
-	} else {
-		wall = timeProg(b, bin, b.N, rate)
-		close(ran)
+	p := startProg(b, bin, b.N, rate)
+	if !follow {
+		p.wait(b)
 	}
 	// The follower reads what came at each end of the file and sleeps
 	// there a second, as GNU tail -f polls a FUSE file; the reader after
@@ -115,8 +131,8 @@ func benchPtfs(b *testing.B, bin string, rate int, follow bool) {
 	if follow {
 		poll = time.Second
 	}
-	got, lost := countLines(b, m, f, b.N, ran, poll)
-	<-ran
+	got, lost := countLines(b, m, f, b.N, p.ran, poll)
+	wall := p.wait(b)
 	b.StopTimer()
 	cpu, flt := taskCPU(b, pid)-cpu0, minorFaults(b, pid)-flt0
 	b.ReportMetric(float64(b.N)/wall.Seconds(), "hits/s")
