@@ -126,12 +126,16 @@ func wndSet(h uint64) uint64 { return h >> (64 - recentWndsLog + 1) }
 // wndMark is a window's fill's state: what the window keeps if it ends
 // after the last packet it took whole (at done, with the flow at end).
 type wndMark struct {
-	end                      *block
-	pos, done                int
-	errIP, last              uint64
-	insns, sinceRef, srKeep  uint32
-	ne, nrets                int
-	lastMask, lastIn, lastKp uint64
+	end              *block
+	pos, done        int
+	errIP, last      uint64
+	insns, sinceRef  uint32
+	ne, nrets        int
+	lastMask, lastIn uint64
+	// bit: a TNT bit taken (sinceRef restarted); tipped: a TIP read
+	// (lastMask and lastIn are the first's; a window kept after one
+	// took it, and its last IP is last).
+	bit, tipped bool
 }
 
 // wndFill makes the window the kernel did not find: from block b, with
@@ -168,7 +172,7 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 	var (
 		rets [wndRets]uint64
 		mk   wndMark // before the TIP pending
-		cur  = wndMark{end: b, pos: pos, done: pos, last: last, srKeep: ^uint32(0), lastKp: ^uint64(0)}
+		cur  = wndMark{end: b, pos: pos, done: pos, last: last}
 		tip  bool // a TIP pending, at cur.last
 		open bool // a TIP read and not yet taken (mk: before it)
 		jmps int
@@ -212,7 +216,7 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 					cur.nrets++
 				}
 				cur.insns += uint32(r.insns)
-				cur.errIP, cur.sinceRef, cur.srKeep = r.errIP, 0, 0
+				cur.errIP, cur.sinceRef, cur.bit = r.errIP, 0, true
 				// Taken whole: the window may end here (PADs
 				// after it are the next one's).
 				s, cur.pos, cur.done, cur.end = r.end, p+1, p+1, r.end
@@ -235,11 +239,11 @@ func (d *Decoder) wndFill(b *block, buf []byte, pos int, last uint64) {
 			}
 			ip := decode.ApplyIP(c, x, cur.last)
 			mk, open = cur, true
-			if cur.lastKp != 0 {
+			if !cur.tipped {
 				// The first TIP: the bits it keeps of the last IP
 				// are the window's input.
 				mask := decode.ApplyIP(c, 0, ^uint64(0)) ^ decode.ApplyIP(c, 0, 0)
-				cur.lastMask, cur.lastIn, cur.lastKp = mask, cur.last&mask, 0
+				cur.lastMask, cur.lastIn, cur.tipped = mask, cur.last&mask, true
 			}
 			cur.last, cur.pos, tip = ip, p+n, true
 			continue
@@ -320,10 +324,10 @@ done:
 	}
 	t.end, t.errIP, t.insns, t.sinceRef = fin.end, fin.errIP, fin.insns, fin.sinceRef
 	ks[0].last = lastTag(fin.lastMask, fin.lastIn)
-	if fin.lastKp == 0 {
+	if fin.tipped {
 		t.lastOut, t.flags = fin.last, wndTIP
 	}
-	if fin.srKeep == 0 {
+	if fin.bit {
 		t.flags |= wndBit
 	}
 	t.nrets = uint8(fin.nrets)
