@@ -5,7 +5,6 @@ import (
 	"runtime"
 	"slices"
 	"testing"
-	"unsafe"
 
 	"ptfs/images"
 	"ptfs/x86insn"
@@ -15,10 +14,8 @@ import (
 // again (22 MiB of trace for branches, 3 MiB with every instruction; an
 // eighth in -short) and checks that the heap after
 // the last pass is what it was after the first (for branches, the first
-// from which packet windows are made), but for the windows' rooms, which
-// grow as windows are made up to their own bound (wndRoomMax,
-// TestWndRoomsBounded): the decoder's memory is the images and the block
-// cache, not the trace it went through.
+// from which packet windows are made): the decoder's memory is the images
+// and the block cache, not the trace it went through.
 func TestBoundedMemory(t *testing.T) {
 	bt := loadBench(t, "mruby")
 	for _, opts := range []Options{{NoInsns: true}, {}} {
@@ -43,18 +40,16 @@ func TestBoundedMemory(t *testing.T) {
 			// fast path took wndWarm.
 			d.Decode(bt.trace, &c)
 		}
-		rooms := func() uint64 { return uint64(d.cache.runs.wndRoomed) * uint64(unsafe.Sizeof(Edge{})) }
-		before, rooms0 := heap(), rooms()
+		before := heap()
 		for range passes - 1 {
 			d.Decode(bt.trace, &c)
 		}
-		after := heap() - (rooms() - rooms0)
+		after := heap()
 		if c.errors != 0 || c.branches == 0 {
 			t.Fatalf("%d branches, %d errors", c.branches, c.errors)
 		}
 		if after > before+1<<20 {
-			t.Errorf("NoInsns %v: heap grew from %d to %d bytes over %d passes of %d bytes (the windows' rooms' %d bytes not counted)",
-				opts.NoInsns, before, after, passes, len(bt.trace), rooms()-rooms0)
+			t.Errorf("NoInsns %v: heap grew from %d to %d bytes over %d passes of %d bytes", opts.NoInsns, before, after, passes, len(bt.trace))
 		}
 		if d.cache.insns > maxCached || d.cache.n == 0 {
 			t.Errorf("block cache holds %d instructions in %d blocks, bound %d", d.cache.insns, d.cache.n, maxCached)

@@ -440,24 +440,23 @@ func TestTletTwoWays(t *testing.T) {
 // long it goes on and through drops, with every room counted; the flow
 // is the slow path's.
 func TestTletRoomsBounded(t *testing.T) {
-	roomsBounded(t, rand.New(rand.NewPCG(7, 8)), true, 3, func(c *runCache) ([][]Edge, int, int, int) {
+	roomsBounded(t, rand.New(rand.NewPCG(7, 8)), true, func(c *runCache) ([][]Edge, int, int, int) {
 		return c.tletRoom[:], c.tletRoomed, tletRoomMax, tletEdges
 	})
 }
 
 // roomsBounded decodes traces of random groups of TNT.8 packets, each
-// made, in rounds (a bound of more edges needs more) with a drop after
-// each, and fails t unless the rooms
+// made, in rounds with a drop after each, and fails t unless the rooms
 // that rooms returns (with the count they took, their bound and the most
 // one takes) are counted and stop growing at the bound; noWnd holds the
 // windows off (the tracelets take the packets).
-func roomsBounded(t *testing.T, r *rand.Rand, noWnd bool, rounds int, rooms func(*runCache) (all [][]Edge, roomed, most, one int)) {
+func roomsBounded(t *testing.T, r *rand.Rand, noWnd bool, rooms func(*runCache) (all [][]Edge, roomed, most, one int)) {
 	t.Helper()
 	const n = 128
 	mem := &blob{base: 0x1000, code: jeCode(n)}
 	d := New(mem, Options{NoInsns: true})
 	d.fp.noWnd, d.fp.wndAt = noWnd, 0
-	for round := range rounds {
+	for round := range 3 {
 		var groups []jeGroup
 		for range 3000 {
 			bits := make([]byte, 2+r.IntN(7))

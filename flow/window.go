@@ -102,21 +102,16 @@ const wndEdges = 48
 const wndJumps = runJumps
 
 // wndRoomMax bounds the edges the windows' rooms take (as tletRoomMax):
-// past it a window takes the packets its slot's room has room for. 128 k
-// edges (3 MiB): warm mruby's rooms take 85 k by its tenth pass and reach
-// the bound about its fortieth (at 32 k, with 4,096 windows, they did in
-// its second, and the windows made after were cut short: DESIGN §7's
-// sixteenth pass).
-const wndRoomMax = 1 << 17
+// past it a window takes the packets its slot's room has room for. 64 k
+// edges (1.5 MiB): warm mruby's rooms settle at 46 k (32 k cut its windows
+// short from its fifth pass on: DESIGN §7's sixteenth pass).
+const wndRoomMax = 1 << 16
 
 // recentWnds is the size of runCache.wnds, a cache of two ways (as
 // tlets): a set's keys are runCache.wndKeys[set], its windows wnds[2*set]
-// and wnds[2*set+1]. 8,192 windows (992 KiB of tables): warm mruby keeps
-// 6 k; at 4,096 a third of the windows a pass looked up were never made
-// (their set's mark held another), at 16,384 (13.4 M instructions a warm
-// mruby pass against 14.3 M) the tables pass what Close hands on (spareMax).
+// and wnds[2*set+1].
 const (
-	recentWndsLog = 13
+	recentWndsLog = 12
 	recentWnds    = 1 << recentWndsLog
 )
 

@@ -137,33 +137,8 @@ func TestWndMruby(t *testing.T) {
 			kept++
 		}
 	}
-	if kept < 2500 {
-		t.Errorf("%d windows kept of %d, want 2,500 or more", kept, recentWnds)
-	}
-}
-
-// TestWndMrubyFits: warm mruby's windows fit the table and the rooms'
-// bound: over ten passes with windows it keeps 4,000 or more (at 4,096
-// entries, 2,400 after forty passes: a third of the windows a pass looked
-// up were never made), and its rooms stay below wndRoomMax (at 32 k edges
-// they reached it in the second pass, and the windows made after it were
-// cut short: DESIGN §7's fifteenth and sixteenth passes).
-func TestWndMrubyFits(t *testing.T) {
-	bt := loadBench(t, "mruby")
-	d := New(bt.space, Options{NoInsns: true})
-	d.fp.wndAt = 0
-	for range 10 {
-		d.Decode(bt.trace, &counter{})
-	}
-	rc := &d.cache.runs
-	kept := 0
-	for i := range rc.wnds {
-		if rc.wnds[i].m > 0 {
-			kept++
-		}
-	}
-	if kept < 4000 || rc.wndRoomed >= wndRoomMax {
-		t.Errorf("%d windows kept of %d, their rooms %d edges of %d: want 4,000 or more, below the bound", kept, recentWnds, rc.wndRoomed, wndRoomMax)
+	if kept < recentWnds/2 {
+		t.Errorf("%d windows kept of %d", kept, recentWnds)
 	}
 }
 
@@ -172,7 +147,7 @@ func TestWndMrubyFits(t *testing.T) {
 // long it goes on and through drops, with every room counted; the flow
 // is the slow path's.
 func TestWndRoomsBounded(t *testing.T) {
-	roomsBounded(t, rand.New(rand.NewPCG(9, 10)), false, 5, func(c *runCache) ([][]Edge, int, int, int) {
+	roomsBounded(t, rand.New(rand.NewPCG(9, 10)), false, func(c *runCache) ([][]Edge, int, int, int) {
 		return c.wndRoom[:], c.wndRoomed, wndRoomMax, wndEdges
 	})
 }
