@@ -1106,15 +1106,7 @@ func (d *Decoder) emit(e *Event) {
 // TIP.PGE..TIP.PGD segment on the fast path.
 func (d *Decoder) newEv(kind EventKind, ip uint64, hasIP bool) *Event {
 	e := &d.qEv
-	if e.Err != nil {
-		e.Err = nil
-	}
-	e.Kind, e.HasIP, e.Mode, e.Flags, e.Aux = kind, hasIP, 0, 0, 0
-	e.IP, e.At, e.Offset, e.Payload, e.TSC = ip, 0, 0, 0, 0
-	e.Type, e.Has = 0, 0
-	// Not in the tuple: there the array is zeroed on the stack and
-	// copied.
-	e.Data = [3]uint64{}
+	*e = Event{Kind: kind, HasIP: hasIP, IP: ip}
 	d.stamp(e)
 	return e
 }

@@ -102,8 +102,10 @@ const wndEdges = 48
 const wndJumps = runJumps
 
 // wndRoomMax bounds the edges the windows' rooms take (as tletRoomMax):
-// past it a window takes the packets its slot's room has room for.
-const wndRoomMax = 1 << 15
+// past it a window takes the packets its slot's room has room for. 64 k
+// edges (1.5 MiB): warm mruby's rooms settle at 46 k (32 k cut its windows
+// short from its fifth pass on: DESIGN §7's sixteenth pass).
+const wndRoomMax = 1 << 16
 
 // recentWnds is the size of runCache.wnds, a cache of two ways (as
 // tlets): a set's keys are runCache.wndKeys[set], its windows wnds[2*set]

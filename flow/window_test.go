@@ -142,6 +142,31 @@ func TestWndMruby(t *testing.T) {
 	}
 }
 
+// TestWndMrubyFits: warm mruby's windows fit the rooms' bound: over ten
+// passes with windows it keeps 2,000 or more and their rooms stay below
+// wndRoomMax (at 32 k edges they reached it in mruby's second pass, and
+// windows made after it were cut short: DESIGN §7's fifteenth and
+// sixteenth passes).
+func TestWndMrubyFits(t *testing.T) {
+	bt := loadBench(t, "mruby")
+	d := New(bt.space, Options{NoInsns: true})
+	d.fp.wndAt = 0
+	for range 10 {
+		d.Decode(bt.trace, &counter{})
+	}
+	rc := &d.cache.runs
+	kept := 0
+	for i := range rc.wnds {
+		if rc.wnds[i].m > 0 {
+			kept++
+		}
+	}
+	t.Logf("%d windows kept of %d, their rooms %d edges of %d", kept, recentWnds, rc.wndRoomed, wndRoomMax)
+	if kept < 2000 || rc.wndRoomed >= wndRoomMax {
+		t.Errorf("%d windows kept of %d, their rooms %d edges of %d: want 2,000 or more, below the bound", kept, recentWnds, rc.wndRoomed, wndRoomMax)
+	}
+}
+
 // TestWndRoomsBounded: a trace whose windows keep changing (random TNT.8
 // groups, each made) has the rooms stop growing at wndRoomMax, however
 // long it goes on and through drops, with every room counted; the flow
