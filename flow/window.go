@@ -79,11 +79,14 @@ func (w *wnd) edges() edgeRef {
 }
 
 // wndWarm is the trace a decoder's fast path takes before its kernel
-// looks windows up: a window pays for its fill and its cache lines (its
-// edges are a copy of its runs' and branches') when it comes back many
-// times, which a decoder that takes one trace once does not see (a cold
-// mruby pass, 713 KB, ran at 0.8-0.9 times the speed with windows from its
-// first byte, for 9% fewer instructions: DESIGN §7's fifteenth pass).
+// looks windows up, over a closed decoder's memory too: a window pays for
+// its fill and its cache lines (its edges are a copy of its runs' and
+// branches') when it comes back many times, which a decoder that takes one
+// trace once does not see (a cold mruby pass, 713 KB, ran at 0.8-0.9 times
+// the speed with windows from its first byte, for 9% fewer instructions,
+// and at 0.79-0.94 with their tables and rooms handed on by Close, no fresh
+// memory: its lookups and fills miss the caches; DESIGN §7's fifteenth pass
+// and cold windows).
 const wndWarm = 1 << 20
 
 // wndLen is a window's bytes: two words.
