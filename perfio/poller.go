@@ -50,11 +50,24 @@ func (f *fd) Close() error {
 // through every wake-up at its ring's watermark, to the end of its sleep).
 // A look that follows the netpoller's wake-up therefore ends the wait
 // whatever it finds.
+//
+// The wait's time is a timerfd in the set, not a deadline of the
+// netpoller: every Go timer also bounds sysmon's deep sleep, so a deadline
+// at each pass (25 ms apart while records are held) woke sysmon 40 times a
+// second, and each time it polled a few rounds more before it slept again
+// (DESIGN §4, the twelfth pass). The timerfd is armed and disarmed with raw
+// system calls, which do not wake it either.
 type poller struct {
 	ep    *os.File // the epoll set, registered in the netpoller
 	rc    syscall.RawConn
 	epfd  int
 	event *fd
+	// timer ends a wait that nothing else ends; armed tells that it may
+	// still fire (a wait that something else ended disarms it), fired
+	// that a look saw it ready.
+	timer *fd
+	armed bool
+	fired bool
 	evs   []unix.EpollEvent // one per fd in the set
 	// ready and look are rc.Read's and rc.Control's checks, made once so
 	// that a wait allocates nothing; errno is their result. looks counts
@@ -108,6 +121,14 @@ func newPoller() (*poller, error) {
 	if err := p.add(ev); err != nil {
 		return nil, errors.Join(fmt.Errorf("wake eventfd: %w", err), p.close())
 	}
+	tfd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_CLOEXEC|unix.TFD_NONBLOCK)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("wait timerfd: %w", err), p.close())
+	}
+	p.timer = newFD(tfd)
+	if err := p.add(tfd); err != nil {
+		return nil, errors.Join(fmt.Errorf("wait timerfd: %w", err), p.close())
+	}
 	return p, nil
 }
 
@@ -135,9 +156,32 @@ func (p *poller) check(fd uintptr) bool {
 	if errno == 0 {
 		for i := range int(n) {
 			p.woke = p.woke || p.evs[i].Fd == int32(p.event.n)
+			p.fired = p.fired || p.evs[i].Fd == int32(p.timer.n)
 		}
 	}
 	return n > 0 || errno != 0
+}
+
+// setTimer arms the timer to fire once after d, or disarms it for d 0.
+// Arming also clears an expiry not read (the timerfd's count), so that a
+// timer that fired before is no longer ready. A raw system call: it never
+// blocks, and an entersyscall would wake sysmon. After close it does
+// nothing: the descriptor's number may be another file's by then.
+func (p *poller) setTimer(d time.Duration) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		p.armed = false
+		return nil
+	}
+	its := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(d))}
+	_, _, errno := unix.RawSyscall6(unix.SYS_TIMERFD_SETTIME, uintptr(p.timer.n), 0,
+		uintptr(unsafe.Pointer(&its)), 0, 0, 0)
+	p.armed = d > 0 && errno == 0
+	if errno != 0 {
+		return fmt.Errorf("timerfd_settime: %w", errno)
+	}
+	return nil
 }
 
 // wait sleeps until a ring reaches its wakeup watermark, a wake, or d has
@@ -148,14 +192,18 @@ func (p *poller) check(fd uintptr) bool {
 func (p *poller) wait(d time.Duration) error {
 	var err error
 	if d <= 0 {
-		// A past deadline would fail the read before any look.
 		err = p.rc.Control(p.look)
-	} else if err = p.ep.SetReadDeadline(time.Now().Add(d)); err == nil {
-		p.looks = 0
+	} else if err = p.setTimer(d); err == nil {
+		p.looks, p.fired = 0, false
 		err = p.rc.Read(p.ready)
+		if p.armed && !p.fired {
+			// Ended before its time: a timer left armed would fire
+			// into the reader's pass and wake the netpoller's thread
+			// for nothing.
+			err = errors.Join(err, p.setTimer(0))
+		}
 	}
 	switch {
-	case errors.Is(err, os.ErrDeadlineExceeded):
 	case err != nil:
 		return fmt.Errorf("epoll wait: %w", err)
 	case p.errno != 0:
@@ -209,6 +257,11 @@ func (p *poller) close() error {
 	if p.event != nil {
 		if err := p.event.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close reader eventfd: %w", err))
+		}
+	}
+	if p.timer != nil {
+		if err := p.timer.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close reader timerfd: %w", err))
 		}
 	}
 	if p.ep != nil {

@@ -1,7 +1,11 @@
 package perfio
 
 import (
+	"errors"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -257,4 +261,101 @@ func TestPollerRingWatermark(t *testing.T) {
 		head := atomic.LoadUint64(&(*unix.PerfEventMmapPage)(unsafe.Pointer(&cr.mem[0])).Data_head)
 		t.Fatalf("the wait slept on 10 s after the hits, with %d bytes in a ring that wakes at %d", head, 16*os.Getpagesize()/4)
 	}
+}
+
+// TestPollerWaitEndedEarlyDisarms: a wait that a ready fd ends before its
+// time disarms its timer, which would otherwise fire into the reader's
+// pass and wake the netpoller's thread for nothing; a wait that timed out
+// leaves nothing armed either, and the next wait sleeps its time.
+func TestPollerWaitEndedEarlyDisarms(t *testing.T) {
+	p, rd, wr := pollerWithPipe(t)
+	left := func() time.Duration {
+		var its unix.ItimerSpec
+		if _, _, errno := unix.RawSyscall(unix.SYS_TIMERFD_GETTIME, uintptr(p.timer.n), uintptr(unsafe.Pointer(&its)), 0); errno != 0 {
+			t.Fatalf("timerfd_gettime: %v", errno)
+		}
+		return time.Duration(its.Value.Nano())
+	}
+	for i := range 3 {
+		go func() { time.Sleep(5 * time.Millisecond); unix.Write(wr, []byte{1}) }()
+		timedWait(t, p, time.Hour)
+		if l := left(); l != 0 {
+			t.Errorf("round %d: a wait that a ready fd ended left its timer armed, %v to go", i, l)
+		}
+		var b [16]byte
+		unix.Read(rd, b[:])
+		if d := timedWait(t, p, 30*time.Millisecond); d < 25*time.Millisecond {
+			t.Errorf("round %d: the wait after one ended early ended after %v", i, d)
+		}
+		if l := left(); l != 0 {
+			t.Errorf("round %d: a wait that timed out left its timer armed, %v to go", i, l)
+		}
+	}
+}
+
+// TestPollerWaitSysmon: a wait that sleeps its time wakes no more threads
+// than its own wake-up. A deadline of the netpoller (the poller's wait
+// before the timerfd) is a Go timer, which also ends sysmon's deep sleep,
+// after which it polls a round or more before it sleeps again: compared
+// in the same run, the thread switches of the process (all of them
+// voluntary sleeps) over waits of 5 ms, against reads with a deadline.
+func TestPollerWaitSysmon(t *testing.T) {
+	p, _, _ := pollerWithPipe(t)
+	var pfd [2]int
+	if err := unix.Pipe2(pfd[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		t.Fatal(err)
+	}
+	rd := os.NewFile(uintptr(pfd[0]), "pipe")
+	t.Cleanup(func() { rd.Close(); unix.Close(pfd[1]) })
+	const waits, d = 60, 5 * time.Millisecond
+	deadline := func() {
+		var b [1]byte
+		rd.SetReadDeadline(time.Now().Add(d))
+		if _, err := rd.Read(b[:]); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("read with a deadline: %v", err)
+		}
+	}
+	wait := func() {
+		if err := p.wait(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	switches := func(f func()) int {
+		time.Sleep(50 * time.Millisecond) // sysmon back in its deep sleep
+		n0 := voluntarySwitches(t)
+		for range waits {
+			f()
+		}
+		return voluntarySwitches(t) - n0
+	}
+	// Two rounds each, in turn: the fewest of each.
+	w, dl := switches(wait), switches(deadline)
+	w, dl = min(w, switches(wait)), min(dl, switches(deadline))
+	t.Logf("thread switches over %d waits of %v: poller %d, deadline %d", waits, d, w, dl)
+	if w*4 > dl*3 {
+		t.Errorf("the poller's waits took %d thread switches, reads with a deadline %d: not a quarter fewer", w, dl)
+	}
+}
+
+// voluntarySwitches returns the voluntary context switches of all the
+// process's threads.
+func voluntarySwitches(t *testing.T) int {
+	paths, err := filepath.Glob("/proc/self/task/*/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, path := range paths {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				k, _ := strconv.Atoi(strings.TrimSpace(v))
+				n += k
+			}
+		}
+	}
+	return n
 }
