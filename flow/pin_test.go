@@ -54,9 +54,9 @@ func TestBatchPinnedAcrossDrop(t *testing.T) {
 	}
 }
 
-// TestNewEvClearsEveryField holds newEv, which writes an event field by
-// field, to Event{Kind, IP, HasIP} with the time: a field added to Event
-// and not to newEv stays set here and fails.
+// TestNewEvClearsEveryField holds newEv to Event{Kind, IP, HasIP} with the
+// time, from an event with every field set, with and without an IP: a field
+// newEv leaves set, or hasIP not taken, fails.
 func TestNewEvClearsEveryField(t *testing.T) {
 	d := New(nil, Options{NoInsns: true})
 	v := reflect.ValueOf(&d.qEv).Elem()
@@ -80,9 +80,13 @@ func TestNewEvClearsEveryField(t *testing.T) {
 			t.Fatalf("Event.%s left zero", v.Type().Field(i).Name)
 		}
 	}
-	got := *d.newEv(EvDisabled, 0x1234, false)
-	if want := (Event{Kind: EvDisabled, IP: 0x1234}); got != want {
-		t.Errorf("newEv made %+v, want %+v", got, want)
+	set := d.qEv
+	for _, hasIP := range []bool{false, true} {
+		d.qEv = set
+		got := *d.newEv(EvDisabled, 0x1234, hasIP)
+		if want := (Event{Kind: EvDisabled, IP: 0x1234, HasIP: hasIP}); got != want {
+			t.Errorf("newEv made %+v, want %+v", got, want)
+		}
 	}
 }
 
