@@ -161,6 +161,49 @@ func TestPollerCloseDuringWait(t *testing.T) {
 	}
 }
 
+// TestPollerTimerAfterClose: a wait after close (as the disarm of a wait
+// that close ended) leaves the timerfd's old number alone: by then it may
+// be another file's, here another timer armed for an hour.
+func TestPollerTimerAfterClose(t *testing.T) {
+	p, err := newPoller()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := p.timer.n
+	if err := p.close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	// The lowest free number goes first: the poller freed three.
+	other := -1
+	for range 3 {
+		tfd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(tfd) })
+		if tfd == old {
+			other = tfd
+		}
+	}
+	if other < 0 {
+		t.Fatalf("no new timerfd took the closed timer's number %d", old)
+	}
+	hour := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(time.Hour))}
+	if err := unix.TimerfdSettime(other, 0, &hour, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.wait(time.Millisecond); err == nil {
+		t.Error("a wait after close returned no error")
+	}
+	var its unix.ItimerSpec
+	if err := unix.TimerfdGettime(other, &its); err != nil {
+		t.Fatal(err)
+	}
+	if left := time.Duration(its.Value.Nano()); left < 59*time.Minute {
+		t.Errorf("a wait after close set the timer now at its old number: %v to go, armed for an hour", left)
+	}
+}
+
 // TestPollerWaitNoAlloc: a wait allocates nothing, whether an fd is ready,
 // the time is up or it only looks (d <= 0): the reader waits once a pass.
 func TestPollerWaitNoAlloc(t *testing.T) {
