@@ -488,16 +488,19 @@ func (d *Decoder) runCaches() {
 	}
 }
 
-// wndCaches makes the packet windows' tables, which the kernel reads
-// without a test once it looks windows up (wndOn): a decoder that never
-// does (one that takes less than wndWarm) neither makes nor clears them.
+// wndCaches makes the packet windows' tables (or takes the zero ones a
+// closed decoder handed on), which the kernel reads without a test once it
+// looks windows up (wndOn): a decoder that never does (one that takes less
+// than wndWarm) neither makes nor clears them.
 func (d *Decoder) wndCaches() {
-	if c := &d.cache.runs; c.wnds == nil {
+	c := &d.cache.runs
+	if c.wnds == nil {
 		c.wndKeys = new([recentWnds / 2]wndKeys)
 		c.wnds = new([recentWnds]wnd)
 		c.wndSeen = new([recentWnds / 2]uint64)
 		c.wndRoom = new([recentWnds][]Edge)
 	}
+	c.wndUsed = true
 }
 
 // kernel is the fast loop's common steps: PADs (and timing packets no

@@ -176,6 +176,7 @@ func TestFastTimeBranches(t *testing.T) {
 	d := New(bt.space, Options{Time: &timeConfig, NoInsns: true})
 	var c counter
 	d.Decode(tr, &c)
+	warmWnds(d, tr)
 	if a := testing.AllocsPerRun(3, func() { d.Decode(tr, &c) }); a != 0 {
 		t.Errorf("%v allocations per warm decode with a clock, want 0", a)
 	}

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"ptfs/images"
 	"ptfs/x86insn"
@@ -12,10 +13,12 @@ import (
 
 // TestBoundedMemory streams the mruby trace through one decoder again and
 // again (22 MiB of trace for branches, 3 MiB with every instruction; an
-// eighth in -short) and checks that the heap after
-// the last pass is what it was after the first (for branches, the first
-// from which packet windows are made): the decoder's memory is the images
-// and the block cache, not the trace it went through.
+// eighth in -short) and checks that the heap after the last pass is what
+// it was after the first (for branches, the first from which packet
+// windows are made) but for the packet windows' rooms, which grow over
+// the passes to their own bound (wndRoomMax, held by roomBytes): the
+// decoder's memory is the images and the block cache, not the trace it
+// went through.
 func TestBoundedMemory(t *testing.T) {
 	bt := loadBench(t, "mruby")
 	for _, opts := range []Options{{NoInsns: true}, {}} {
@@ -40,7 +43,7 @@ func TestBoundedMemory(t *testing.T) {
 			// fast path took wndWarm.
 			d.Decode(bt.trace, &c)
 		}
-		before := heap()
+		before, rooms := heap(), roomBytes(t, &d.cache.runs)
 		for range passes - 1 {
 			d.Decode(bt.trace, &c)
 		}
@@ -48,14 +51,32 @@ func TestBoundedMemory(t *testing.T) {
 		if c.errors != 0 || c.branches == 0 {
 			t.Fatalf("%d branches, %d errors", c.branches, c.errors)
 		}
-		if after > before+1<<20 {
-			t.Errorf("NoInsns %v: heap grew from %d to %d bytes over %d passes of %d bytes", opts.NoInsns, before, after, passes, len(bt.trace))
+		if grown := roomBytes(t, &d.cache.runs) - rooms; after > before+grown+1<<20 {
+			t.Errorf("NoInsns %v: heap grew from %d to %d bytes over %d passes of %d bytes, the windows' rooms by %d",
+				opts.NoInsns, before, after, passes, len(bt.trace), grown)
 		}
 		if d.cache.insns > maxCached || d.cache.n == 0 {
 			t.Errorf("block cache holds %d instructions in %d blocks, bound %d", d.cache.insns, d.cache.n, maxCached)
 		}
 		runtime.KeepAlive(d)
 	}
+}
+
+// roomBytes returns the bytes of the packet windows' rooms' chunks, after
+// checking them against their bound: chunks are started only while the
+// rooms took fewer than wndRoomMax edges, so they hold at most that, the
+// last room (wndEdges), the last chunk's free part (tletSlab) and the ends
+// that rooms which did not fit left (under wndEdges a chunk).
+func roomBytes(t *testing.T, c *runCache) uint64 {
+	t.Helper()
+	n := 0
+	for _, ch := range c.wndSlab.full {
+		n += len(ch)
+	}
+	if most := wndRoomMax + wndEdges + tletSlab + len(c.wndSlab.full)*wndEdges; n > most {
+		t.Errorf("the windows' rooms are %d edges in %d chunks, bound %d", n, len(c.wndSlab.full), most)
+	}
+	return uint64(n) * uint64(unsafe.Sizeof(Edge{}))
 }
 
 // TestBlockCacheBound fills the block cache past its bound with distinct

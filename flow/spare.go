@@ -15,11 +15,13 @@ import (
 // again) and the output is a new decoder's.
 
 // maxSpares bounds the closed decoders' caches kept, spareMax the bytes
-// each keeps (a cold mruby pass takes 1.4 MB; a decoder that takes packet
-// windows 0.5 MB of tables more and its rooms, 2.54 MiB for mruby with
-// rooms of 32 k edges, whose windows' rooms, kept last, are mostly left
-// out: no new decoder takes windows before wndWarm): what is past them is
-// left to the collector.
+// each keeps of what a cold decoder takes (a cold mruby pass takes 1.4
+// MB): what is past them is left to the collector. The packet windows'
+// tables (1.94 MiB) are kept apart from spareMax, whole: they are of one
+// size, made once a decoder took wndWarm, and a cold decoder carries them
+// to the next untouched (wndUsed); counted in it they left nothing of it
+// for the rest. The windows' rooms, kept last, are mostly left out: no new
+// decoder takes windows before wndWarm.
 const (
 	maxSpares = 2
 	spareMax  = 2 << 20
@@ -67,11 +69,11 @@ func takeSpare(c *blockCache) {
 	spares.Unlock()
 }
 
-// spare makes s, a zero cache, an empty cache over c's memory, up to
-// spareMax bytes of it: the fast path's tables (which a cold pass takes
-// whole) and the views, then the table, block chunks and slabs' chunks.
-// Free chunks come first (they are zero); a used chunk with pointers is
-// cleared.
+// spare makes s, a zero cache, an empty cache over c's memory: the packet
+// windows' tables, cleared if used, then up to spareMax bytes of the rest:
+// the fast path's tables (which a cold pass takes whole) and the views,
+// then the table, block chunks and slabs' chunks. Free chunks come first
+// (they are zero); a used chunk with pointers is cleared.
 func (c *blockCache) spare(s *blockCache) {
 	left := spareMax
 	r, sr := &c.runs, &s.runs
@@ -91,15 +93,14 @@ func (c *blockCache) spare(s *blockCache) {
 		left -= int(unsafe.Sizeof(*r.recent) + unsafe.Sizeof(*r.pgds) + unsafe.Sizeof(*r.tlets) +
 			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom))
 	}
-	if r.wnds != nil {
-		// wndCaches made them together.
+	if r.wndUsed {
 		clear(r.wndKeys[:])
 		clear(r.wnds[:])
 		clear(r.wndSeen[:])
 		clear(r.wndRoom[:])
-		sr.wndKeys, sr.wnds, sr.wndSeen, sr.wndRoom = r.wndKeys, r.wnds, r.wndSeen, r.wndRoom
-		left -= int(unsafe.Sizeof(*r.wndKeys) + unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
 	}
+	// wndCaches made them together; not counted in left.
+	sr.wndKeys, sr.wnds, sr.wndSeen, sr.wndRoom = r.wndKeys, r.wnds, r.wndSeen, r.wndRoom
 	if c.views != nil {
 		clear(c.views)
 		s.views = c.views

@@ -19,7 +19,8 @@ func drainSpares() {
 	spares.n = 0
 }
 
-// spareBytes counts the memory a kept cache holds, as the bound counts it.
+// spareBytes counts the memory a kept cache holds, as the bound counts it:
+// all but the packet windows' tables.
 func spareBytes(c *blockCache) int {
 	n := len(c.slots)*8 + len(c.views)*int(unsafe.Sizeof(viewRef{})) + len(c.free)*int(unsafe.Sizeof([blockChunk]block{}))
 	r := &c.runs
@@ -29,9 +30,6 @@ func spareBytes(c *blockCache) int {
 	if r.recent != nil {
 		n += int(unsafe.Sizeof(*r.recent) + unsafe.Sizeof(*r.pgds) + unsafe.Sizeof(*r.tlets) +
 			unsafe.Sizeof(*r.tletSeen) + unsafe.Sizeof(*r.tletRoom))
-	}
-	if r.wnds != nil {
-		n += int(unsafe.Sizeof(*r.wndKeys) + unsafe.Sizeof(*r.wnds) + unsafe.Sizeof(*r.wndSeen) + unsafe.Sizeof(*r.wndRoom))
 	}
 	for _, ch := range c.lens.free {
 		n += len(ch)
@@ -131,6 +129,63 @@ func TestSpareBound(t *testing.T) {
 	d.Decode(bt.trace, &got)
 	if got != want {
 		t.Errorf("over a kept cache: %+v, new: %+v", got, want)
+	}
+}
+
+// TestSpareWindowsApart holds the packet windows' tables apart from
+// spareMax: a closed mruby decoder that took windows hands on, besides its
+// tables (zero), at least half of spareMax of the rest, as one that took
+// none does (what a cold decoder takes; counted in the bound, the tables
+// left 64 KiB of it); a cold decoder made over them carries them to the
+// next unused (wndUsed), and a warm one takes them.
+func TestSpareWindowsApart(t *testing.T) {
+	drainSpares()
+	defer drainSpares()
+	bt := loadBench(t, "mruby")
+	kept := func(wndAt uint64) (int, *blockCache) {
+		t.Helper()
+		drainSpares()
+		d := New(bt.space, Options{NoInsns: true})
+		d.fp.wndAt = wndAt
+		for range 2 {
+			d.Decode(bt.trace, &counter{})
+		}
+		if used := d.cache.runs.wndUsed; used != (wndAt == 0) {
+			t.Fatalf("windows from %d bytes: tables used %v", wndAt, used)
+		}
+		d.Close()
+		if spares.n != 1 {
+			t.Fatalf("%d caches kept, want 1", spares.n)
+		}
+		return spareBytes(&spares.c[0]), &spares.c[0]
+	}
+	without, _ := kept(^uint64(0))
+	with, k := kept(0)
+	if without < spareMax/2 {
+		t.Fatalf("without windows %d bytes kept: the bound went untested", without)
+	}
+	r := &k.runs
+	if r.wnds == nil || r.wndUsed || !isZero(reflect.ValueOf(r.wnds)) || !isZero(reflect.ValueOf(r.wndKeys)) {
+		t.Fatalf("the windows' tables are not handed on zero and unused")
+	}
+	if with < spareMax/2 || with > spareMax {
+		t.Errorf("with windows %d bytes kept besides their tables (without %d): want %d to %d", with, without, spareMax/2, spareMax)
+	}
+	tables := r.wnds
+	cold := New(bt.space, Options{NoInsns: true})
+	cold.Decode(bt.trace, &counter{})
+	if cold.fp.wndOn || cold.cache.runs.wndUsed || cold.cache.runs.wnds != tables {
+		t.Fatalf("a cold decoder took the windows' tables: on %v, used %v", cold.fp.wndOn, cold.cache.runs.wndUsed)
+	}
+	cold.MemoryChanged()
+	cold.Close()
+	warm := New(bt.space, Options{NoInsns: true})
+	for warm.fp.bytes < wndWarm {
+		warm.Decode(bt.trace, &counter{})
+	}
+	warm.Decode(bt.trace, &counter{})
+	if warm.cache.runs.wnds != tables || !warm.cache.runs.wndUsed {
+		t.Errorf("a warm decoder did not take the tables a cold one carried")
 	}
 }
 
@@ -348,6 +403,10 @@ func cacheMemory(c *blockCache) map[unsafe.Pointer]string {
 	add(unsafe.Pointer(r.tlets), "tracelets table")
 	add(unsafe.Pointer(r.tletSeen), "tracelet marks")
 	add(unsafe.Pointer(r.tletRoom), "tracelet rooms")
+	add(unsafe.Pointer(r.wndKeys), "window keys")
+	add(unsafe.Pointer(r.wnds), "windows table")
+	add(unsafe.Pointer(r.wndSeen), "window marks")
+	add(unsafe.Pointer(r.wndRoom), "window rooms")
 	for _, ch := range slices.Concat(c.chunks, c.free) {
 		add(unsafe.Pointer(ch), "block chunk")
 	}

@@ -104,11 +104,15 @@ type runCache struct {
 	// wndKeys, wnds, wndSeen, wndRoom, wndSlab and wndRoomed are the
 	// recent packet windows (window.go), their keys apart, as tlets,
 	// tletSeen, tletRoom, tletSlab and tletRoomed are the tracelets;
-	// wtmp holds a window's edges while it is worked out.
+	// wtmp holds a window's edges while it is worked out. The tables
+	// may be a closed decoder's that this one has not used (wndUsed:
+	// wndCaches), which a drop and Close need not clear: a cold decoder
+	// carries them, zero, to the next.
 	wndKeys   *[recentWnds / 2]wndKeys
 	wnds      *[recentWnds]wnd
 	wndSeen   *[recentWnds / 2]uint64
 	wndRoom   *[recentWnds][]Edge
+	wndUsed   bool
 	wndSlab   slab[Edge]
 	wndRoomed int
 	wtmp      [wndEdges]Edge
@@ -147,7 +151,7 @@ func (c *runCache) drop() {
 		clear(c.tlets[:])
 		clear(c.tletSeen[:])
 	}
-	if c.wnds != nil {
+	if c.wndUsed {
 		clear(c.wndKeys[:])
 		clear(c.wnds[:])
 		clear(c.wndSeen[:])

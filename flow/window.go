@@ -105,16 +105,18 @@ const wndEdges = 48
 const wndJumps = runJumps
 
 // wndRoomMax bounds the edges the windows' rooms take (as tletRoomMax):
-// past it a window takes the packets its slot's room has room for. 64 k
-// edges (1.5 MiB): warm mruby's rooms settle at 46 k (32 k cut its windows
-// short from its fifth pass on: DESIGN §7's sixteenth pass).
-const wndRoomMax = 1 << 16
+// past it a window takes the packets its slot's room has room for. 128 k
+// edges (3 MiB): warm mruby's rooms in 16,384 windows reach 122 k by its
+// fortieth pass (64 k cut its windows short: DESIGN §7's sixteenth pass).
+const wndRoomMax = 1 << 17
 
 // recentWnds is the size of runCache.wnds, a cache of two ways (as
 // tlets): a set's keys are runCache.wndKeys[set], its windows wnds[2*set]
-// and wnds[2*set+1].
+// and wnds[2*set+1]. 16,384 (1.94 MiB of tables): warm mruby keeps 7 k
+// windows, which a table of 4,096 thrashed (DESIGN §7's sixteenth and
+// seventeenth passes).
 const (
-	recentWndsLog = 12
+	recentWndsLog = 14
 	recentWnds    = 1 << recentWndsLog
 )
 
