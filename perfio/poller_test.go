@@ -250,17 +250,16 @@ func TestPollerWoken(t *testing.T) {
 	}
 }
 
-// TestPollerRingWatermark checks that a wait over a CPU's ring ends when
-// the ring reaches its wake-up watermark. perf_poll hands a ring's
-// readiness out once, and the netpoller's look at the set took it before
-// the wait's own look: every such wait slept to its end (the reader read
-// its rings only on its timers, 100 ms apart when idle, and the default
-// ring lost samples at 100,000 hits/s after 45 ms off the CPU).
-func TestPollerRingWatermark(t *testing.T) {
+// ringPoller returns a poller over CPU 0's 16-page ring, which wakes its
+// reader at 16 KiB (about 230 hits), with an enabled uprobe on the target
+// program's target_nop writing into it; bin is that program (run it pinned
+// to CPU 0). Cleanup closes the event before the probe's removal and the
+// poller before the ring.
+func ringPoller(t *testing.T) (p *poller, cr *cpuRing, bin string) {
+	t.Helper()
 	tracefs := needKernel(t)
 	bin, offs := buildTarget(t)
 	ev := probe(t, tracefs, bin, offs["target_nop"], "wm", "%di %si", decode.U64, decode.U64)
-	// A 16-page ring wakes its reader at 16 KiB: about 230 hits.
 	cr, err := openCPURing(0, 16)
 	if err != nil {
 		t.Fatal(err)
@@ -271,8 +270,7 @@ func TestPollerRingWatermark(t *testing.T) {
 		unix.Munmap(cr.mem)
 		cr.anchor.Close()
 	})
-	p, err := newPoller()
-	if err != nil {
+	if p, err = newPoller(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.close() }) // ends a wait still asleep
@@ -290,6 +288,21 @@ func TestPollerRingWatermark(t *testing.T) {
 	if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
 		t.Fatal(err)
 	}
+	return p, cr, bin
+}
+
+// ringWakeMark is the watermark at which ringPoller's ring wakes its
+// reader, in bytes.
+func ringWakeMark() uint64 { return uint64(16 * os.Getpagesize() / 4) }
+
+// TestPollerRingWatermark checks that a wait over a CPU's ring ends when
+// the ring reaches its wake-up watermark. perf_poll hands a ring's
+// readiness out once, and the netpoller's look at the set took it before
+// the wait's own look: every such wait slept to its end (the reader read
+// its rings only on its timers, 100 ms apart when idle, and the default
+// ring lost samples at 100,000 hits/s after 45 ms off the CPU).
+func TestPollerRingWatermark(t *testing.T) {
+	p, cr, bin := ringPoller(t)
 	woke := make(chan error, 1)
 	go func() { woke <- p.wait(time.Hour) }()
 	waitInPollerWait(t, p)
@@ -301,8 +314,35 @@ func TestPollerRingWatermark(t *testing.T) {
 			t.Fatal(err)
 		}
 	case <-time.After(10 * time.Second):
-		head := atomic.LoadUint64(&(*unix.PerfEventMmapPage)(unsafe.Pointer(&cr.mem[0])).Data_head)
-		t.Fatalf("the wait slept on 10 s after the hits, with %d bytes in a ring that wakes at %d", head, 16*os.Getpagesize()/4)
+		head := atomic.LoadUint64(cr.ring.head)
+		t.Fatalf("the wait slept on 10 s after the hits, with %d bytes in a ring that wakes at %d", head, ringWakeMark())
+	}
+}
+
+// TestPollerRingWakeBetweenWaits: a ring that passes its watermark while no
+// wait is parked (the reader is in its pass) ends the next wait at once.
+// The kernel's wake-up then reaches the netpoller, whose poll of the set
+// takes the ring's one-shot readiness (perf_poll); the next wait's
+// RawConn.Read clears that pending wake-up at its start, and its raw look
+// finds no fd ready: a wait that trusted the look slept to its timer with
+// the ring past its watermark, every round. The 20 ms idle lets the
+// netpoller's thread poll the set before the wait starts.
+func TestPollerRingWakeBetweenWaits(t *testing.T) {
+	p, cr, bin := ringPoller(t)
+	const long = 2 * time.Second
+	for round := range 3 {
+		timedWait(t, p, 0) // a look: takes any readiness left
+		run(t, bin, "1000", "0")
+		time.Sleep(20 * time.Millisecond)
+		head := atomic.LoadUint64(cr.ring.head)
+		tail := atomic.LoadUint64(cr.ring.tail)
+		if head-tail < ringWakeMark() {
+			t.Fatalf("round %d: %d bytes in the ring after 1,000 hits, under its watermark %d", round, head-tail, ringWakeMark())
+		}
+		if d := timedWait(t, p, long); d >= long/2 {
+			t.Errorf("round %d: the wait after the ring passed its watermark (%d bytes, wakes at %d) took %v", round, head-tail, ringWakeMark(), d)
+		}
+		atomic.StoreUint64(cr.ring.tail, head) // read: the next round starts empty
 	}
 }
 
