@@ -222,6 +222,63 @@ func TestPollerWaitNoAlloc(t *testing.T) {
 	}
 }
 
+// TestPollerRingFilled: the look reads each registered ring's unread bytes
+// (head - tail, modulo 2^64) and a wait ends at once when one holds its
+// watermark, though its fd (here a pipe never written) is not ready; under
+// the watermark the wait sleeps its time. Such a wait allocates nothing. A
+// ring without a watermark is refused, and the set stays as it was.
+func TestPollerRingFilled(t *testing.T) {
+	p, _, _ := pollerWithPipe(t)
+	const mark = 4096
+	var pos [2][2]uint64 // head, tail of two rings
+	for i := range pos {
+		var pfd [2]int
+		if err := unix.Pipe2(pfd[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(pfd[0]); unix.Close(pfd[1]) })
+		if err := p.addRing(pfd[0], &pos[i][0], &pos[i][1], mark); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const d = 300 * time.Millisecond
+	for _, tc := range []struct {
+		name       string
+		ring       int
+		head, tail uint64
+		ends       bool
+	}{
+		{"empty", 0, 1000, 1000, false},
+		{"a byte short", 0, 1000 + mark - 1, 1000, false},
+		{"at the watermark", 0, 1000 + mark, 1000, true},
+		{"past it", 0, 1000 + 3*mark, 1000, true},
+		{"wrapped u64", 0, mark - 8, ^uint64(0) - 7, true},
+		{"wrapped u64, short", 0, mark - 9, ^uint64(0) - 7, false},
+		{"second ring", 1, 1000 + mark, 1000, true},
+	} {
+		pos = [2][2]uint64{}
+		pos[tc.ring] = [2]uint64{tc.head, tc.tail}
+		if tc.ends {
+			if took := timedWait(t, p, d); took >= d/2 {
+				t.Errorf("%s: %d bytes unread at watermark %d, the wait took %v", tc.name, tc.head-tc.tail, mark, took)
+			}
+		} else if took := timedSleep(t, p, d); took < d*5/6 {
+			t.Errorf("%s: %d bytes unread at watermark %d, the wait ended after %v", tc.name, tc.head-tc.tail, mark, took)
+		}
+	}
+	pos[0] = [2]uint64{mark, 0}
+	if a := testing.AllocsPerRun(50, func() { p.wait(20 * time.Millisecond) }); a != 0 {
+		t.Errorf("wait ended by a filled ring: %v allocations", a)
+	}
+	n := len(p.evs)
+	if err := p.addRing(0, &pos[0][0], &pos[0][1], 0); !errors.Is(err, errNoWatermark) {
+		t.Errorf("a ring without a watermark: %v, want %v", err, errNoWatermark)
+	}
+	if len(p.evs) != n || len(p.rings) != 2 {
+		t.Errorf("after the refused ring: %d events, %d rings; want %d, 2", len(p.evs), len(p.rings), n)
+	}
+}
+
 // TestPollerWoken: woken tells a wait that saw a wake, once, and clears the
 // wake with it; a ring fd that ended the wait is no wake.
 func TestPollerWoken(t *testing.T) {
@@ -274,7 +331,7 @@ func ringPoller(t *testing.T) (p *poller, cr *cpuRing, bin string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.close() }) // ends a wait still asleep
-	if err := p.add(cr.anchor.n); err != nil {
+	if err := p.addRing(cr.anchor.n, cr.ring.head, cr.ring.tail, cr.wakeup); err != nil {
 		t.Fatal(err)
 	}
 	fd, err := unix.PerfEventOpen(perfAttr(unix.PERF_TYPE_TRACEPOINT, uint64(ev.ID)), -1, 0, -1, unix.PERF_FLAG_FD_CLOEXEC)
@@ -290,10 +347,6 @@ func ringPoller(t *testing.T) (p *poller, cr *cpuRing, bin string) {
 	}
 	return p, cr, bin
 }
-
-// ringWakeMark is the watermark at which ringPoller's ring wakes its
-// reader, in bytes.
-func ringWakeMark() uint64 { return uint64(16 * os.Getpagesize() / 4) }
 
 // TestPollerRingWatermark checks that a wait over a CPU's ring ends when
 // the ring reaches its wake-up watermark. perf_poll hands a ring's
@@ -315,7 +368,7 @@ func TestPollerRingWatermark(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		head := atomic.LoadUint64(cr.ring.head)
-		t.Fatalf("the wait slept on 10 s after the hits, with %d bytes in a ring that wakes at %d", head, ringWakeMark())
+		t.Fatalf("the wait slept on 10 s after the hits, with %d bytes in a ring that wakes at %d", head, cr.wakeup)
 	}
 }
 
@@ -336,11 +389,11 @@ func TestPollerRingWakeBetweenWaits(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		head := atomic.LoadUint64(cr.ring.head)
 		tail := atomic.LoadUint64(cr.ring.tail)
-		if head-tail < ringWakeMark() {
-			t.Fatalf("round %d: %d bytes in the ring after 1,000 hits, under its watermark %d", round, head-tail, ringWakeMark())
+		if head-tail < cr.wakeup {
+			t.Fatalf("round %d: %d bytes in the ring after 1,000 hits, under its watermark %d", round, head-tail, cr.wakeup)
 		}
 		if d := timedWait(t, p, long); d >= long/2 {
-			t.Errorf("round %d: the wait after the ring passed its watermark (%d bytes, wakes at %d) took %v", round, head-tail, ringWakeMark(), d)
+			t.Errorf("round %d: the wait after the ring passed its watermark (%d bytes, wakes at %d) took %v", round, head-tail, cr.wakeup, d)
 		}
 		atomic.StoreUint64(cr.ring.tail, head) // read: the next round starts empty
 	}
