@@ -169,6 +169,8 @@ type cpuRing struct {
 	anchor *fd
 	mem    []byte
 	ring   *Ring
+	// wakeup is the ring's wakeup watermark, in bytes.
+	wakeup uint64
 	// ringErrs is the part of ring.Errors already added to Classic.errs.
 	ringErrs uint64
 	task     *taskRing
@@ -254,7 +256,7 @@ func NewClassic(opts ClassicOptions, sink engine.Sink) (*Classic, error) {
 		cr, err := openCPURing(cpu, opts.RingPages)
 		if err == nil {
 			c.cpus = append(c.cpus, cr)
-			if err = c.poll.add(cr.anchor.n); err != nil {
+			if err = c.poll.addRing(cr.anchor.n, cr.ring.head, cr.ring.tail, cr.wakeup); err != nil {
 				err = fmt.Errorf("cpu %d: %w", cpu, err)
 			}
 		}
@@ -276,6 +278,7 @@ func openCPURing(cpu, pages int) (*cpuRing, error) {
 	// interval covers slower streams.
 	attr.Bits |= unix.PerfBitWatermark
 	attr.Wakeup = uint32(pages * os.Getpagesize() / 4)
+	wakeup := uint64(attr.Wakeup)
 	fd, mem, ring, err := openRing(attr, cpu, pages)
 	if err != nil {
 		return nil, err
@@ -291,7 +294,7 @@ func openCPURing(cpu, pages int) (*cpuRing, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("task ring: %w", err)
 	}
-	return &cpuRing{cpu: cpu, anchor: newFD(fd), mem: mem, ring: ring,
+	return &cpuRing{cpu: cpu, anchor: newFD(fd), mem: mem, ring: ring, wakeup: wakeup,
 		task: &taskRing{fd: newFD(tfd), mem: tmem, ring: tring}}, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -49,7 +50,12 @@ func (f *fd) Close() error {
 // after the netpoller's wake-up then finds nothing (the reader slept
 // through every wake-up at its ring's watermark, to the end of its sleep).
 // A look that follows the netpoller's wake-up therefore ends the wait
-// whatever it finds.
+// whatever it finds. A wake-up that came while no wait was parked is lost
+// that way too: RawConn.Read clears the netpoller's pending wake-up at its
+// start. So the look also reads each ring's fill from its control page
+// (rings, addRing) and ends the wait when one is at its watermark; it
+// runs after that clearing, so a ring that crosses later wakes the parked
+// wait.
 //
 // The wait's time is a timerfd in the set, not a deadline of the
 // netpoller: every Go timer also bounds sysmon's deep sleep, so a deadline
@@ -69,6 +75,7 @@ type poller struct {
 	armed bool
 	fired bool
 	evs   []unix.EpollEvent // one per fd in the set
+	rings []watchedRing     // the rings whose fds are in the set
 	// ready and look are rc.Read's and rc.Control's checks, made once so
 	// that a wait allocates nothing; errno is their result. looks counts
 	// ready's calls in a wait: rc.Read calls it again only after the
@@ -110,7 +117,8 @@ func newPoller() (*poller, error) {
 	}
 	p.ready = func(fd uintptr) bool {
 		p.looks++
-		return p.check(fd) || p.looks > 1
+		ready := p.check(fd)
+		return ready || p.filled() || p.looks > 1
 	}
 	p.look = func(fd uintptr) { p.check(fd) }
 	ev, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
@@ -141,6 +149,47 @@ func (p *poller) add(fd int) error {
 	}
 	p.evs = append(p.evs, unix.EpollEvent{})
 	return nil
+}
+
+// watchedRing is a ring the look reads: the producer's and consumer's
+// positions in its mapped control page, and the unread bytes at which the
+// kernel wakes the reader.
+type watchedRing struct {
+	head, tail *uint64
+	mark       uint64
+}
+
+// errNoWatermark reports a ring registered without a wake-up watermark,
+// which the look would find full at every wait.
+var errNoWatermark = errors.New("ring without a wake-up watermark")
+
+// addRing puts a ring's fd in the set, as add, and registers the ring:
+// head and tail are its positions in the fd's mapped control page (data
+// or aux), mark the bytes past tail at which the kernel wakes the reader
+// (the event's wakeup_watermark or aux_watermark), which must not be 0.
+// The mapping must outlive the poller's waits.
+func (p *poller) addRing(fd int, head, tail *uint64, mark uint64) error {
+	if mark == 0 {
+		return fmt.Errorf("poller fd %d: %w", fd, errNoWatermark)
+	}
+	if err := p.add(fd); err != nil {
+		return err
+	}
+	p.rings = append(p.rings, watchedRing{head: head, tail: tail, mark: mark})
+	return nil
+}
+
+// filled reports whether a ring holds its watermark's bytes unread: the
+// kernel's wake-up for it may have been taken by the netpoller's poll of
+// the set (see poller). Atomic loads, as the Ring's: no system call.
+func (p *poller) filled() bool {
+	for i := range p.rings {
+		r := &p.rings[i]
+		if atomic.LoadUint64(r.head)-atomic.LoadUint64(r.tail) >= r.mark {
+			return true
+		}
+	}
+	return false
 }
 
 // check reports whether the set has an fd ready (or the look failed),
@@ -184,11 +233,12 @@ func (p *poller) setTimer(d time.Duration) error {
 	return nil
 }
 
-// wait sleeps until a ring reaches its wakeup watermark, a wake, or d has
-// passed. An interrupted sleep is no error. Only the reader calls it. A
-// wake-up the netpoller took while the reader was not parked (for an fd
-// that the reader's own look then saw) ends the next wait at once, with
-// nothing found: one stale pass, then the wait sleeps again.
+// wait sleeps until a ring reaches its wakeup watermark (or holds that
+// much unread when it starts), a wake, or d has passed. An interrupted
+// sleep is no error. Only the reader calls it. A wake-up the netpoller
+// took while the reader was not parked (for an fd that the reader's own
+// look then saw) ends the next wait at once, with nothing found: one
+// stale pass, then the wait sleeps again.
 func (p *poller) wait(d time.Duration) error {
 	var err error
 	if d <= 0 {

@@ -222,6 +222,63 @@ func TestPollerWaitNoAlloc(t *testing.T) {
 	}
 }
 
+// TestPollerRingFilled: the look reads each registered ring's unread bytes
+// (head - tail, modulo 2^64) and a wait ends at once when one holds its
+// watermark, though its fd (here a pipe never written) is not ready; under
+// the watermark the wait sleeps its time. Such a wait allocates nothing. A
+// ring without a watermark is refused, and the set stays as it was.
+func TestPollerRingFilled(t *testing.T) {
+	p, _, _ := pollerWithPipe(t)
+	const mark = 4096
+	var pos [2][2]uint64 // head, tail of two rings
+	for i := range pos {
+		var pfd [2]int
+		if err := unix.Pipe2(pfd[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(pfd[0]); unix.Close(pfd[1]) })
+		if err := p.addRing(pfd[0], &pos[i][0], &pos[i][1], mark); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const d = 300 * time.Millisecond
+	for _, tc := range []struct {
+		name       string
+		ring       int
+		head, tail uint64
+		ends       bool
+	}{
+		{"empty", 0, 1000, 1000, false},
+		{"a byte short", 0, 1000 + mark - 1, 1000, false},
+		{"at the watermark", 0, 1000 + mark, 1000, true},
+		{"past it", 0, 1000 + 3*mark, 1000, true},
+		{"wrapped u64", 0, mark - 8, ^uint64(0) - 7, true},
+		{"wrapped u64, short", 0, mark - 9, ^uint64(0) - 7, false},
+		{"second ring", 1, 1000 + mark, 1000, true},
+	} {
+		pos = [2][2]uint64{}
+		pos[tc.ring] = [2]uint64{tc.head, tc.tail}
+		if tc.ends {
+			if took := timedWait(t, p, d); took >= d/2 {
+				t.Errorf("%s: %d bytes unread at watermark %d, the wait took %v", tc.name, tc.head-tc.tail, mark, took)
+			}
+		} else if took := timedSleep(t, p, d); took < d*5/6 {
+			t.Errorf("%s: %d bytes unread at watermark %d, the wait ended after %v", tc.name, tc.head-tc.tail, mark, took)
+		}
+	}
+	pos[0] = [2]uint64{mark, 0}
+	if a := testing.AllocsPerRun(50, func() { p.wait(20 * time.Millisecond) }); a != 0 {
+		t.Errorf("wait ended by a filled ring: %v allocations", a)
+	}
+	n := len(p.evs)
+	if err := p.addRing(0, &pos[0][0], &pos[0][1], 0); !errors.Is(err, errNoWatermark) {
+		t.Errorf("a ring without a watermark: %v, want %v", err, errNoWatermark)
+	}
+	if len(p.evs) != n || len(p.rings) != 2 {
+		t.Errorf("after the refused ring: %d events, %d rings; want %d, 2", len(p.evs), len(p.rings), n)
+	}
+}
+
 // TestPollerWoken: woken tells a wait that saw a wake, once, and clears the
 // wake with it; a ring fd that ended the wait is no wake.
 func TestPollerWoken(t *testing.T) {
@@ -250,17 +307,16 @@ func TestPollerWoken(t *testing.T) {
 	}
 }
 
-// TestPollerRingWatermark checks that a wait over a CPU's ring ends when
-// the ring reaches its wake-up watermark. perf_poll hands a ring's
-// readiness out once, and the netpoller's look at the set took it before
-// the wait's own look: every such wait slept to its end (the reader read
-// its rings only on its timers, 100 ms apart when idle, and the default
-// ring lost samples at 100,000 hits/s after 45 ms off the CPU).
-func TestPollerRingWatermark(t *testing.T) {
+// ringPoller returns a poller over CPU 0's 16-page ring, which wakes its
+// reader at 16 KiB (about 230 hits), with an enabled uprobe on the target
+// program's target_nop writing into it; bin is that program (run it pinned
+// to CPU 0). Cleanup closes the event before the probe's removal and the
+// poller before the ring.
+func ringPoller(t *testing.T) (p *poller, cr *cpuRing, bin string) {
+	t.Helper()
 	tracefs := needKernel(t)
 	bin, offs := buildTarget(t)
 	ev := probe(t, tracefs, bin, offs["target_nop"], "wm", "%di %si", decode.U64, decode.U64)
-	// A 16-page ring wakes its reader at 16 KiB: about 230 hits.
 	cr, err := openCPURing(0, 16)
 	if err != nil {
 		t.Fatal(err)
@@ -271,12 +327,11 @@ func TestPollerRingWatermark(t *testing.T) {
 		unix.Munmap(cr.mem)
 		cr.anchor.Close()
 	})
-	p, err := newPoller()
-	if err != nil {
+	if p, err = newPoller(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.close() }) // ends a wait still asleep
-	if err := p.add(cr.anchor.n); err != nil {
+	if err := p.addRing(cr.anchor.n, cr.ring.head, cr.ring.tail, cr.wakeup); err != nil {
 		t.Fatal(err)
 	}
 	fd, err := unix.PerfEventOpen(perfAttr(unix.PERF_TYPE_TRACEPOINT, uint64(ev.ID)), -1, 0, -1, unix.PERF_FLAG_FD_CLOEXEC)
@@ -290,6 +345,17 @@ func TestPollerRingWatermark(t *testing.T) {
 	if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
 		t.Fatal(err)
 	}
+	return p, cr, bin
+}
+
+// TestPollerRingWatermark checks that a wait over a CPU's ring ends when
+// the ring reaches its wake-up watermark. perf_poll hands a ring's
+// readiness out once, and the netpoller's look at the set took it before
+// the wait's own look: every such wait slept to its end (the reader read
+// its rings only on its timers, 100 ms apart when idle, and the default
+// ring lost samples at 100,000 hits/s after 45 ms off the CPU).
+func TestPollerRingWatermark(t *testing.T) {
+	p, cr, bin := ringPoller(t)
 	woke := make(chan error, 1)
 	go func() { woke <- p.wait(time.Hour) }()
 	waitInPollerWait(t, p)
@@ -301,8 +367,35 @@ func TestPollerRingWatermark(t *testing.T) {
 			t.Fatal(err)
 		}
 	case <-time.After(10 * time.Second):
-		head := atomic.LoadUint64(&(*unix.PerfEventMmapPage)(unsafe.Pointer(&cr.mem[0])).Data_head)
-		t.Fatalf("the wait slept on 10 s after the hits, with %d bytes in a ring that wakes at %d", head, 16*os.Getpagesize()/4)
+		head := atomic.LoadUint64(cr.ring.head)
+		t.Fatalf("the wait slept on 10 s after the hits, with %d bytes in a ring that wakes at %d", head, cr.wakeup)
+	}
+}
+
+// TestPollerRingWakeBetweenWaits: a ring that passes its watermark while no
+// wait is parked (the reader is in its pass) ends the next wait at once.
+// The kernel's wake-up then reaches the netpoller, whose poll of the set
+// takes the ring's one-shot readiness (perf_poll); the next wait's
+// RawConn.Read clears that pending wake-up at its start, and its raw look
+// finds no fd ready: a wait that trusted the look slept to its timer with
+// the ring past its watermark, every round. The 20 ms idle lets the
+// netpoller's thread poll the set before the wait starts.
+func TestPollerRingWakeBetweenWaits(t *testing.T) {
+	p, cr, bin := ringPoller(t)
+	const long = 2 * time.Second
+	for round := range 3 {
+		timedWait(t, p, 0) // a look: takes any readiness left
+		run(t, bin, "1000", "0")
+		time.Sleep(20 * time.Millisecond)
+		head := atomic.LoadUint64(cr.ring.head)
+		tail := atomic.LoadUint64(cr.ring.tail)
+		if head-tail < cr.wakeup {
+			t.Fatalf("round %d: %d bytes in the ring after 1,000 hits, under its watermark %d", round, head-tail, cr.wakeup)
+		}
+		if d := timedWait(t, p, long); d >= long/2 {
+			t.Errorf("round %d: the wait after the ring passed its watermark (%d bytes, wakes at %d) took %v", round, head-tail, cr.wakeup, d)
+		}
+		atomic.StoreUint64(cr.ring.tail, head) // read: the next round starts empty
 	}
 }
 

@@ -442,14 +442,15 @@ func (p *PT) open() (*ptRun, error) {
 	return r, nil
 }
 
-// startCPU opens cpu's events, adds the PT event to poll and enables the
-// side-band event, then the PT event, or closes what it opened.
+// startCPU opens cpu's events, adds the PT event and its AUX ring to poll
+// and enables the side-band event, then the PT event, or closes what it
+// opened.
 func (p *PT) startCPU(poll *poller, cpu int) (*ptCPU, error) {
 	c, err := p.openCPU(cpu)
 	if err != nil {
 		return nil, err
 	}
-	if err := poll.add(c.fd.n); err != nil {
+	if err := poll.addRing(c.fd.n, &c.rd.page.Aux_head, &c.rd.page.Aux_tail, uint64(p.opts.AuxWatermark)); err != nil {
 		return nil, errors.Join(fmt.Errorf("cpu %d: %w", cpu, err), c.close())
 	}
 	// The side band first, so that the switch of the thread that runs
