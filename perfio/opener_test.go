@@ -407,6 +407,42 @@ func TestPTEnableFails(t *testing.T) {
 	}
 }
 
+// TestPTEnableFailsRings: a CPU closed in Start because an enable failed
+// leaves nothing in the run's poller. Its AUX ring is unmapped then, and
+// the reader's look reads the fill of every ring the poller watches: one
+// left there is a read of unmapped memory (a SIGSEGV with the kernel's
+// munmap) at every wait.
+func TestPTEnableFailsRings(t *testing.T) {
+	for _, failing := range []int{0, 1} {
+		env, fo := failingEnv(t, "0-1", nil)
+		fo.failEnable = map[int]error{failing: unix.EIO}
+		p, err := newPT(copyPMU(t), PTOptions{AuxPages: 2, DataPages: 1}, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Start(newAuxLogSink(t)); err != nil {
+			t.Fatal(err)
+		}
+		p.mu.Lock()
+		r := p.run
+		var want []*uint64
+		for _, c := range r.cpus {
+			want = append(want, &c.rd.page.Aux_head)
+		}
+		var got []*uint64
+		for _, w := range r.poll.rings {
+			got = append(got, w.head)
+		}
+		p.mu.Unlock()
+		if !slices.Equal(got, want) {
+			t.Errorf("cpu %d failing: the poller watches %d rings, %v; the run's %d cpus have %v", failing, len(got), got, len(want), want)
+		}
+		if err := p.Stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestChooseBuffers checks the ring sizes chosen from the locked-memory
 // limits, as perf chooses them, and what status says about them.
 func TestChooseBuffers(t *testing.T) {
