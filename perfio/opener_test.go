@@ -407,11 +407,12 @@ func TestPTEnableFails(t *testing.T) {
 	}
 }
 
-// TestPTEnableFailsRings: a CPU closed in Start because an enable failed
-// leaves nothing in the run's poller. Its AUX ring is unmapped then, and
-// the reader's look reads the fill of every ring the poller watches: one
-// left there is a read of unmapped memory (a SIGSEGV with the kernel's
-// munmap) at every wait.
+// TestPTEnableFailsRings: the run's poller watches the AUX ring of each
+// CPU traced, aux_head and aux_tail, at the aux watermark given to the
+// kernel; a CPU closed in Start because an enable failed leaves nothing
+// there. Its AUX ring is unmapped then, and the reader's look reads the
+// fill of every ring the poller watches: one left there is a read of
+// unmapped memory (a SIGSEGV with the kernel's munmap) at every wait.
 func TestPTEnableFailsRings(t *testing.T) {
 	for _, failing := range []int{0, 1} {
 		env, fo := failingEnv(t, "0-1", nil)
@@ -425,17 +426,14 @@ func TestPTEnableFailsRings(t *testing.T) {
 		}
 		p.mu.Lock()
 		r := p.run
-		var want []*uint64
+		var want []watchedRing
 		for _, c := range r.cpus {
-			want = append(want, &c.rd.page.Aux_head)
+			want = append(want, watchedRing{&c.rd.page.Aux_head, &c.rd.page.Aux_tail, uint64(p.attr.Aux_watermark)})
 		}
-		var got []*uint64
-		for _, w := range r.poll.rings {
-			got = append(got, w.head)
-		}
+		got := slices.Clone(r.poll.rings)
 		p.mu.Unlock()
 		if !slices.Equal(got, want) {
-			t.Errorf("cpu %d failing: the poller watches %d rings, %v; the run's %d cpus have %v", failing, len(got), got, len(want), want)
+			t.Errorf("cpu %d failing: the poller watches %d rings, %+v; the run's %d cpus have %+v", failing, len(got), got, len(want), want)
 		}
 		if err := p.Stop(); err != nil {
 			t.Fatal(err)
