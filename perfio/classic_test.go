@@ -219,6 +219,24 @@ func newClassic(t *testing.T, opts ClassicOptions, col *collector) *Classic {
 	return c
 }
 
+// TestClassicPollerRings: the reader's poller watches each CPU's sample
+// ring (data_head, data_tail) at the wakeup watermark its event was opened
+// with, so that a ring filled while the reader was in its pass ends its
+// next wait (TestPollerRingWakeBetweenWaits); the task rings wake nobody.
+func TestClassicPollerRings(t *testing.T) {
+	needKernel(t)
+	c := newClassic(t, ClassicOptions{CPUs: []int{0}, RingPages: 16}, &collector{})
+	c.mu.Lock()
+	var want []watchedRing
+	for _, cr := range c.cpus {
+		want = append(want, watchedRing{cr.ring.head, cr.ring.tail, uint64(16 * os.Getpagesize() / 4)})
+	}
+	c.mu.Unlock()
+	if got := c.poll.rings; !slices.Equal(got, want) {
+		t.Errorf("the poller watches %+v, want %+v", got, want)
+	}
+}
+
 // run runs the target program with args and returns its pid.
 func run(t *testing.T, bin string, args ...string) int {
 	t.Helper()

@@ -407,6 +407,40 @@ func TestPTEnableFails(t *testing.T) {
 	}
 }
 
+// TestPTEnableFailsRings: the run's poller watches the AUX ring of each
+// CPU traced, aux_head and aux_tail, at the aux watermark given to the
+// kernel; a CPU closed in Start because an enable failed leaves nothing
+// there. Its AUX ring is unmapped then, and the reader's look reads the
+// fill of every ring the poller watches: one left there is a read of
+// unmapped memory (a SIGSEGV with the kernel's munmap) at every wait.
+func TestPTEnableFailsRings(t *testing.T) {
+	for _, failing := range []int{0, 1} {
+		env, fo := failingEnv(t, "0-1", nil)
+		fo.failEnable = map[int]error{failing: unix.EIO}
+		p, err := newPT(copyPMU(t), PTOptions{AuxPages: 2, DataPages: 1}, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Start(newAuxLogSink(t)); err != nil {
+			t.Fatal(err)
+		}
+		p.mu.Lock()
+		r := p.run
+		var want []watchedRing
+		for _, c := range r.cpus {
+			want = append(want, watchedRing{&c.rd.page.Aux_head, &c.rd.page.Aux_tail, uint64(p.attr.Aux_watermark)})
+		}
+		got := slices.Clone(r.poll.rings)
+		p.mu.Unlock()
+		if !slices.Equal(got, want) {
+			t.Errorf("cpu %d failing: the poller watches %d rings, %+v; the run's %d cpus have %+v", failing, len(got), got, len(want), want)
+		}
+		if err := p.Stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestChooseBuffers checks the ring sizes chosen from the locked-memory
 // limits, as perf chooses them, and what status says about them.
 func TestChooseBuffers(t *testing.T) {

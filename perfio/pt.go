@@ -442,16 +442,16 @@ func (p *PT) open() (*ptRun, error) {
 	return r, nil
 }
 
-// startCPU opens cpu's events, adds the PT event and its AUX ring to poll
-// and enables the side-band event, then the PT event, or closes what it
-// opened.
+// startCPU opens cpu's events, enables the side-band event, then the PT
+// event, and adds the PT event and its AUX ring to poll, or closes what it
+// opened. The ring goes in last: poll has no removal, and its look reads
+// every ring it holds, so a ring closed (unmapped) after it went in would
+// be read at every wait. Trace written before it went in is no wake-up
+// lost: the look reads the ring's fill.
 func (p *PT) startCPU(poll *poller, cpu int) (*ptCPU, error) {
 	c, err := p.openCPU(cpu)
 	if err != nil {
 		return nil, err
-	}
-	if err := poll.addRing(c.fd.n, &c.rd.page.Aux_head, &c.rd.page.Aux_tail, uint64(p.opts.AuxWatermark)); err != nil {
-		return nil, errors.Join(fmt.Errorf("cpu %d: %w", cpu, err), c.close())
 	}
 	// The side band first, so that the switch of the thread that runs
 	// when tracing starts is not missed.
@@ -459,6 +459,9 @@ func (p *PT) startCPU(poll *poller, cpu int) (*ptCPU, error) {
 		if err := p.op.ioctl(f.n, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
 			return nil, errors.Join(fmt.Errorf("enable events of cpu %d: %w", cpu, err), c.close())
 		}
+	}
+	if err := poll.addRing(c.fd.n, &c.rd.page.Aux_head, &c.rd.page.Aux_tail, uint64(p.opts.AuxWatermark)); err != nil {
+		return nil, errors.Join(fmt.Errorf("cpu %d: %w", cpu, err), c.close())
 	}
 	return c, nil
 }
