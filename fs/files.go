@@ -241,7 +241,15 @@ func (h *streamHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.R
 	default:
 		return nil, toErrno("read stream", err)
 	}
-	return fuse.ReadResultData(dest[:n]), 0
+	if n == 0 {
+		return fuse.ReadResultData(nil), 0
+	}
+	// Copied into dest: go-fuse writes a vectored result with the reply's
+	// header in one writev. Plain data it would first try to splice,
+	// writing the bytes into a pipe only to copy them out again: two more
+	// syscalls a request, most of a tail -f reader's reply cost (DESIGN §4,
+	// the thirteenth pass).
+	return fuse.ReadResultVector([][]byte{dest[:n]}), 0
 }
 
 // spliceSpare is what go-fuse's splice of a read reply needs in its pipe

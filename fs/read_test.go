@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
+
 	"ptfs/internal/testkit"
 	"ptfs/stream"
 )
@@ -340,5 +342,60 @@ func TestReadTailMounted(t *testing.T) {
 	t.Logf("%d lines read", lines.Load())
 	if lines.Load() == 0 {
 		t.Error("no line read")
+	}
+}
+
+// TestReadCopiedVectored checks reads of spilled chunks with a buffer
+// smaller than a chunk, as GNU tail's 8 KiB: the handle copies whole lines
+// into dest and returns them as go-fuse's vectored result (Slices, one
+// writev with the header), not as plain data, which go-fuse would first try
+// to splice through a pipe. A reader of the mount gets the content, whole,
+// in order.
+func TestReadCopiedVectored(t *testing.T) {
+	tg := newFakeTarget("t", "/bin/true")
+	tg.records.Close()
+	tg.records = stream.New(stream.Options{Limit: 16 << 20, Dir: t.TempDir()})
+	defer tg.records.Close()
+	var want []byte
+	for i := 0; len(want) < 3<<20; i++ {
+		l := fmt.Appendf(nil, "record %d %s\n", i, strings.Repeat("y", i%89))
+		tg.records.Append(l)
+		want = append(want, l...)
+	}
+	r := tg.records.NewReader()
+	dest := make([]byte, 8192)
+	res, errno := (&streamHandle{s: tg.records, r: r}).Read(context.Background(), dest, 0)
+	sl, ok := res.(interface {
+		Slices() ([][]byte, fuse.Status)
+	})
+	if !ok || errno != 0 {
+		t.Fatalf("8 KiB read of a spilled chunk: %T %v, want a vectored result", res, errno)
+	}
+	v, st := sl.Slices()
+	if got := bytes.Join(v, nil); !st.Ok() || len(got) == 0 || len(got) != res.Size() || !bytes.HasPrefix(want, got) || got[len(got)-1] != '\n' {
+		t.Fatalf("Slices: %d bytes (size %d, %v), want whole lines of the file's start", len(got), res.Size(), st)
+	}
+	res.Done()
+	r.Close()
+
+	mnt := mountFake(t, newFakeTracer(tg))
+	f, err := os.Open(filepath.Join(mnt, "t", "records"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var got []byte
+	for {
+		n, err := f.Read(dest)
+		got = append(got, dest[:n]...)
+		if err == io.EOF || n == 0 {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("read %d bytes in 8 KiB reads, want %d", len(got), len(want))
 	}
 }
