@@ -44,8 +44,13 @@ func BenchmarkOverhead(b *testing.B) {
 	// 8 KiB at a time, as GNU tail 9.1 does (strace: read(fd, buf, 8192));
 	// the records file is direct I/O, so each read is one FUSE request.
 	b.Run("ptfs-100k-follow", func(b *testing.B) { benchPtfs(b, bin, 100000, tailRead) })
+	// The floor of those reads (floor_test.go): a minimal go-fuse file
+	// system whose file of the same lines, in memory, grows as fast, with
+	// the same follower. The mount's CPU above it is ptfs's own.
+	b.Run("fuse-floor-100k-follow", func(b *testing.B) { benchFloor(b, 100000, tailRead) })
 	// The same with reads of 1 MiB, as the earlier passes measured it.
 	b.Run("ptfs-100k-follow-1m", func(b *testing.B) { benchPtfs(b, bin, 100000, 1<<20) })
+	b.Run("fuse-floor-100k-follow-1m", func(b *testing.B) { benchFloor(b, 100000, 1<<20) })
 }
 
 // tailRead is the read size of GNU tail -f (coreutils 9.1's BUFSIZ).
@@ -139,12 +144,18 @@ func benchPtfs(b *testing.B, bin string, rate int, follow int) {
 	if follow != 0 {
 		poll, size = time.Second, follow
 	}
-	got, lost := countLines(b, m, f, b.N, p.ran, poll, size)
+	// Ask for the loss count only once the stream stalls: status costs
+	// ptfs CPU that the benchmark should not charge.
+	lostCount := func() int {
+		n, _ := strconv.Atoi(strings.Fields(statusValue(m.read("t", "status"), "lost") + " x")[0])
+		return n
+	}
+	got, lost, reads := countLines(b, f, b.N, p.ran, poll, size, lostCount)
 	wall := p.wait(b)
 	b.StopTimer()
 	cpu, flt := taskCPU(b, pid)-cpu0, minorFaults(b, pid)-flt0
 	b.ReportMetric(float64(b.N)/wall.Seconds(), "hits/s")
-	b.ReportMetric(float64(cpu)/float64(max(got, 1)), "reader-cpu-ns/record")
+	reportReader(b, cpu, got, reads)
 	b.ReportMetric(float64(b.N-got), "missing")
 	b.ReportMetric(float64(lost), "lost")
 	// A first touch of a fresh page costs 11-15 µs on the development VM
@@ -191,8 +202,10 @@ func BenchmarkIdle(b *testing.B) {
 // countLines reads the records file f as it grows until the lines read and
 // the records counted lost add up to n, or 30 s have passed since ran
 // was closed (the traced program's end), in reads of size bytes. At the end
-// of the file it sleeps poll before it reads again.
-func countLines(b *testing.B, m *mountProc, f *os.File, n int, ran <-chan struct{}, poll time.Duration, size int) (got, lost int) {
+// of the file it sleeps poll before it reads again, and every 100 ms of
+// such sleeps asks lostCount (if not nil) for the records lost so far. It
+// returns the lines, the lost records and its reads of f.
+func countLines(b *testing.B, f *os.File, n int, ran <-chan struct{}, poll time.Duration, size int, lostCount func() int) (got, lost, reads int) {
 	buf := make([]byte, size)
 	var deadline time.Time
 	idle := 0
@@ -207,12 +220,11 @@ func countLines(b *testing.B, m *mountProc, f *os.File, n int, ran <-chan struct
 			break
 		}
 		k, err := f.Read(buf)
+		reads++
 		got += bytes.Count(buf[:k], []byte{'\n'})
 		if err == io.EOF || k == 0 {
-			// Ask for the loss count only once the stream stalls: status
-			// costs ptfs CPU that the benchmark should not charge.
-			if idle++; idle%max(1, int(100*time.Millisecond/poll)) == 0 {
-				lost, _ = strconv.Atoi(strings.Fields(statusValue(m.read("t", "status"), "lost") + " x")[0])
+			if idle++; lostCount != nil && idle%max(1, int(100*time.Millisecond/poll)) == 0 {
+				lost = lostCount()
 			}
 			time.Sleep(poll)
 		} else if err != nil {
@@ -221,7 +233,16 @@ func countLines(b *testing.B, m *mountProc, f *os.File, n int, ran <-chan struct
 			idle = 0
 		}
 	}
-	return got, lost
+	return got, lost, reads
+}
+
+// reportReader reports a server's CPU (ns) per line of the got that a
+// reader read in reads, and per read: with direct I/O, a read is one FUSE
+// request.
+func reportReader(b *testing.B, cpu int64, got, reads int) {
+	b.ReportMetric(float64(cpu)/float64(max(got, 1)), "reader-cpu-ns/record")
+	b.ReportMetric(float64(cpu)/float64(max(reads, 1)), "reader-cpu-ns/request")
+	b.ReportMetric(float64(got)/float64(max(reads, 1)), "records/request")
 }
 
 // taskCPU returns the CPU time in ns that all threads of pid have used.

@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv("PTFS_TEST_PLANT_MOUNT"); dir != "" {
 		os.Exit(plantMountMain(dir, os.Getenv("PTFS_TEST_PLANT_SOURCE")))
 	}
+	if dir := os.Getenv("PTFS_TEST_FLOOR"); dir != "" {
+		os.Exit(floorMain(dir, os.Getenv("PTFS_TEST_FLOOR_LINES"), os.Getenv("PTFS_TEST_FLOOR_RATE")))
+	}
 	os.Exit(m.Run())
 }
 
@@ -118,7 +121,8 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// mountProc is a running `ptfs mount`.
+// mountProc is a running `ptfs mount` (or the FUSE floor's server,
+// startFloor).
 type mountProc struct {
 	t    testing.TB
 	dir  string
@@ -155,13 +159,16 @@ func startMountAt(t testing.TB, dir string, args ...string) *mountProc {
 	}
 	m.cmd = exec.Command(os.Args[0], append(append(cmdline, dir), targets...)...)
 	m.cmd.Env = append(os.Environ(), "PTFS_TEST_MAIN=1")
-	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
-	if err := m.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { m.done <- m.cmd.Wait() }()
-	t.Cleanup(func() {
-		m.stop(syscall.SIGTERM)
+	// Up means serving and past go-fuse's start-up (its poll hack opens a
+	// file on the mount from the server's own process): a SIGKILL during
+	// that open would leave the process unable to exit, waiting on its own
+	// mount. "ptfs: mounted" is logged after it. The session's start
+	// removes what a dead ptfs of its PID left in uprobe_events: kernel
+	// waits.
+	m.serve("ptfs mount", func() bool {
+		_, err := os.Stat(filepath.Join(dir, "status"))
+		return err == nil && strings.Contains(m.log.String(), "ptfs: mounted")
+	}, func() {
 		if left := uprobeLines(t, m.group()); len(left) > 0 {
 			t.Errorf("probes left in uprobe_events after the mount ended: %q", left)
 			for _, l := range left {
@@ -169,25 +176,37 @@ func startMountAt(t testing.TB, dir string, args ...string) *mountProc {
 			}
 		}
 	})
-	// Up means serving and past go-fuse's start-up (its poll hack opens a
-	// file on the mount from the server's own process): a SIGKILL during
-	// that open would leave the process unable to exit, waiting on its own
-	// mount. "ptfs: mounted" is logged after it. The session's start
-	// removes what a dead ptfs of its PID left in uprobe_events: kernel
-	// waits.
-	deadline := time.Now().Add(kernelWait)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "status")); err == nil && strings.Contains(m.log.String(), "ptfs: mounted") {
-			return m
+	return m
+}
+
+// serve starts m.cmd, a server called what, with its output into m.log,
+// and waits up to kernelWait until up reports it serving. The cleanup
+// stops it (SIGTERM), detaches a leftover mount, then calls after if it
+// is not nil.
+func (m *mountProc) serve(what string, up func() bool, after func()) {
+	t := m.t
+	t.Helper()
+	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
+	if err := m.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", what, err)
+	}
+	go func() { m.done <- m.cmd.Wait() }()
+	t.Cleanup(func() {
+		m.stop(syscall.SIGTERM)
+		if after != nil {
+			after()
 		}
+	})
+	deadline := time.Now().Add(kernelWait)
+	for !up() {
 		select {
 		case err := <-m.done:
 			m.done <- err
-			t.Fatalf("ptfs mount exited: %v\n%s", err, m.log)
+			t.Fatalf("%s exited: %v\n%s", what, err, m.log)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("ptfs mount did not come up\n%s", m.log)
+			t.Fatalf("%s did not come up\n%s", what, m.log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
