@@ -7,10 +7,14 @@
 # written, when -fuzztime ends while a worker is mid-call (go.dev/issue/75804,
 # fixed in Go 1.27): that run is reported as such, its seeds are replayed
 # (go test -run TARGET, which a real finding would fail), and the sweep
-# goes on.
+# goes on. New inputs are minimized for at most FUZZMINIMIZETIME (5s, not
+# go test's 60s): on a slow target (objfile's, about 100 runs a second) or
+# a large input a minimization took the whole FUZZTIME with no run
+# counted, and the deadline then fell inside it.
 set -uo pipefail
 GO="${GO:-go}"
 FUZZTIME="${1:-20s}"
+FUZZMINIMIZETIME="${FUZZMINIMIZETIME:-5s}"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for pkg in $("$GO" list ./...); do
@@ -19,7 +23,7 @@ for pkg in $("$GO" list ./...); do
 		echo "== $pkg $f"
 		corpus="$dir/testdata/fuzz/$f"
 		before=$(ls "$corpus" 2>/dev/null | wc -l)
-		if "$GO" test -run '^$' -fuzz "^$f\$" -fuzztime "$FUZZTIME" "$pkg" 2>&1 | tee "$log"; then
+		if "$GO" test -run '^$' -fuzz "^$f\$" -fuzztime "$FUZZTIME" -fuzzminimizetime "$FUZZMINIMIZETIME" "$pkg" 2>&1 | tee "$log"; then
 			continue
 		fi
 		after=$(ls "$corpus" 2>/dev/null | wc -l)
