@@ -108,24 +108,10 @@ func TestReadSpliced(t *testing.T) {
 	res.Done()
 	r.Close()
 
-	mnt := mountFake(t, newFakeTracer(tg))
-	f, err := os.Open(filepath.Join(mnt, "t", "records"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var got []byte
-	buf := make([]byte, 1<<20)
-	for {
-		n, err := f.Read(buf)
-		got = append(got, buf[:n]...)
-		if err == io.EOF || n == 0 {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	// No collection from here: the spill file's finalizer would close
+	// what a span never released (below).
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	got := readMounted(t, tg, 1<<20)
 	if !bytes.Equal(got, want) {
 		i := 0
 		for i < min(len(got), len(want)) && got[i] == want[i] {
@@ -135,10 +121,7 @@ func TestReadSpliced(t *testing.T) {
 	}
 	// Every span was released once its reply was written (go-fuse's
 	// Done, which may run just after the read returned): closed, the
-	// stream keeps no spill file open. No collection meanwhile: the
-	// file's finalizer would close what a span never released.
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	f.Close()
+	// stream keeps no spill file open.
 	if err := tg.records.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -378,6 +361,15 @@ func TestReadCopiedVectored(t *testing.T) {
 	res.Done()
 	r.Close()
 
+	if got := readMounted(t, tg, len(dest)); !bytes.Equal(got, want) {
+		t.Fatalf("read %d bytes in 8 KiB reads, want %d", len(got), len(want))
+	}
+}
+
+// readMounted mounts a fake tracer of tg and reads its records file to the
+// end in reads of size bytes; the file is closed when it returns.
+func readMounted(t *testing.T, tg *fakeTarget, size int) []byte {
+	t.Helper()
 	mnt := mountFake(t, newFakeTracer(tg))
 	f, err := os.Open(filepath.Join(mnt, "t", "records"))
 	if err != nil {
@@ -385,17 +377,15 @@ func TestReadCopiedVectored(t *testing.T) {
 	}
 	defer f.Close()
 	var got []byte
+	buf := make([]byte, size)
 	for {
-		n, err := f.Read(dest)
-		got = append(got, dest[:n]...)
+		n, err := f.Read(buf)
+		got = append(got, buf[:n]...)
 		if err == io.EOF || n == 0 {
-			break
+			return got
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("read %d bytes in 8 KiB reads, want %d", len(got), len(want))
 	}
 }
