@@ -149,23 +149,7 @@ type Options struct {
 func Mount(dir string, t Tracer, opts Options) (*fuse.Server, error) {
 	root := &rootNode{tracer: t, perms: newPerms(opts)}
 	server, err := gofs.Mount(dir, root, &gofs.Options{
-		MountOptions: fuse.MountOptions{
-			DirectMountStrict: true,
-			FsName:            fmt.Sprintf("ptfs:%d", os.Getpid()), // a later mount tells a dead one by its server
-			Name:              "ptfs",
-			AllowOther:        opts.AllowOther,
-			// The kernel checks the callers' credentials, with their
-			// supplementary groups, against the modes; the handlers
-			// check the callers of changes again (perms.control).
-			Options:       []string{"default_permissions"},
-			Debug:         opts.Debug,
-			DisableXAttrs: true,
-			// 1 MiB requests (the kernel's most), so a reader that follows
-			// a busy records file needs fewer requests and context switches
-			// than with the 128 KiB default.
-			MaxWrite:     1 << 20,
-			MaxReadAhead: 1 << 20,
-		},
+		MountOptions: MountOptions(opts),
 		// Entry and attribute timeouts are left nil here: every node sets
 		// its own, zero for what changes (targets, probes, growing files)
 		// so that `tail -f` and `ls` see changes at once.
@@ -174,6 +158,28 @@ func Mount(dir string, t Tracer, opts Options) (*fuse.Server, error) {
 		return nil, fmt.Errorf("mount ptfs on %s: %w", dir, err)
 	}
 	return server, nil
+}
+
+// MountOptions are the FUSE mount options Mount uses for opts: also those
+// of the benchmarks' FUSE floor, a minimal file system mounted as ptfs is.
+func MountOptions(opts Options) fuse.MountOptions {
+	return fuse.MountOptions{
+		DirectMountStrict: true,
+		FsName:            fmt.Sprintf("ptfs:%d", os.Getpid()), // a later mount tells a dead one by its server
+		Name:              "ptfs",
+		AllowOther:        opts.AllowOther,
+		// The kernel checks the callers' credentials, with their
+		// supplementary groups, against the modes; the handlers
+		// check the callers of changes again (perms.control).
+		Options:       []string{"default_permissions"},
+		Debug:         opts.Debug,
+		DisableXAttrs: true,
+		// 1 MiB requests (the kernel's most), so a reader that follows
+		// a busy records file needs fewer requests and context switches
+		// than with the 128 KiB default.
+		MaxWrite:     1 << 20,
+		MaxReadAhead: 1 << 20,
+	}
 }
 
 // toErrno maps an engine error to the errno the FUSE request returns: the

@@ -19,6 +19,8 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	ptfsfs "ptfs/fs"
 )
 
 // The FUSE floor (DESIGN §4, issue 13's fourteenth pass): a minimal go-fuse
@@ -159,17 +161,11 @@ func floorMain(dir, lines, rate string) int {
 	runtime.GC() // the lines are made: no collection of their making in the run
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
-	server, err := gofs.Mount(dir, &floorRoot{d: d}, &gofs.Options{
-		MountOptions: fuse.MountOptions{
-			DirectMountStrict: true,
-			FsName:            fmt.Sprintf("ptfsfloor:%d", os.Getpid()),
-			Name:              "ptfsfloor",
-			Options:           []string{"default_permissions"},
-			DisableXAttrs:     true,
-			MaxWrite:          1 << 20,
-			MaxReadAhead:      1 << 20,
-		},
-	})
+	// ptfs's options, under a name of its own: ptfs takes a mount named
+	// ptfs:PID for a dead one of its own.
+	opts := ptfsfs.MountOptions(ptfsfs.Options{})
+	opts.FsName, opts.Name = fmt.Sprintf("ptfsfloor:%d", os.Getpid()), "ptfsfloor"
+	server, err := gofs.Mount(dir, &floorRoot{d: d}, &gofs.Options{MountOptions: opts})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "floor: mount on %s: %v\n", dir, err)
 		return 1
