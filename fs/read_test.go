@@ -389,3 +389,39 @@ func readMounted(t *testing.T, tg *fakeTarget, size int) []byte {
 		}
 	}
 }
+
+// TestReadCopiedShort checks reads of a spilled chunk with a buffer shorter
+// than its first line: the handle copies what fits, down to one byte, and
+// returns it rather than the empty read that means the end.
+func TestReadCopiedShort(t *testing.T) {
+	s := stream.New(stream.Options{Limit: 16 << 20, Dir: t.TempDir()})
+	defer s.Close()
+	for i := 0; i < 3<<20; i += len("record\n") {
+		s.Append([]byte("record\n"))
+	}
+	tests := []struct {
+		size int
+		want string
+	}{
+		{1, "r"},
+		{2, "re"},
+		{6, "record"},
+		{7, "record\n"},
+		{10, "record\n"},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprint(tc.size), func(t *testing.T) {
+			r := s.NewReader()
+			defer r.Close()
+			res, errno := (&streamHandle{s: s, r: r}).Read(context.Background(), make([]byte, tc.size), 0)
+			if errno != 0 || res == nil {
+				t.Fatalf("read: %v %v", res, errno)
+			}
+			defer res.Done()
+			got, st := res.Bytes(nil)
+			if !st.Ok() || string(got) != tc.want || res.Size() != len(tc.want) {
+				t.Errorf("read %q (size %d, %v), want %q", got, res.Size(), st, tc.want)
+			}
+		})
+	}
+}
