@@ -17,9 +17,13 @@ FUZZTIME="${1:-20s}"
 FUZZMINIMIZETIME="${FUZZMINIMIZETIME:-5s}"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-for pkg in $("$GO" list ./...); do
-	dir=$("$GO" list -f '{{.Dir}}' "$pkg")
-	for f in $("$GO" test -list '^Fuzz' "$pkg" | grep '^Fuzz'); do
+# A package that does not list (or build) stops the sweep: its targets
+# would be skipped without a word.
+pkgs=$("$GO" list ./...) || exit 1
+for pkg in $pkgs; do
+	dir=$("$GO" list -f '{{.Dir}}' "$pkg") || exit 1
+	targets=$("$GO" test -list '^Fuzz' "$pkg") || { echo "-- $pkg: go test -list failed" >&2; exit 1; }
+	for f in $(grep '^Fuzz' <<<"$targets"); do
 		echo "== $pkg $f"
 		corpus="$dir/testdata/fuzz/$f"
 		before=$(ls "$corpus" 2>/dev/null | wc -l)
