@@ -111,7 +111,7 @@ func TestReadSpliced(t *testing.T) {
 	// No collection from here: the spill file's finalizer would close
 	// what a span never released (below).
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	got := readMounted(t, tg, 1<<20)
+	got := readMounted(t, tg, 1<<20, len(want))
 	if !bytes.Equal(got, want) {
 		i := 0
 		for i < min(len(got), len(want)) && got[i] == want[i] {
@@ -361,14 +361,17 @@ func TestReadCopiedVectored(t *testing.T) {
 	res.Done()
 	r.Close()
 
-	if got := readMounted(t, tg, len(dest)); !bytes.Equal(got, want) {
+	if got := readMounted(t, tg, len(dest), len(want)); !bytes.Equal(got, want) {
 		t.Fatalf("read %d bytes in 8 KiB reads, want %d", len(got), len(want))
 	}
 }
 
 // readMounted mounts a fake tracer of tg and reads its records file to the
-// end in reads of size bytes; the file is closed when it returns.
-func readMounted(t *testing.T, tg *fakeTarget, size int) []byte {
+// end in reads of size bytes; the file is closed when it returns. Past
+// limit bytes it fails: a read that never reports the end (a bug) would
+// otherwise loop until the test's timeout, leaving the test process stuck
+// on its own mount.
+func readMounted(t *testing.T, tg *fakeTarget, size, limit int) []byte {
 	t.Helper()
 	mnt := mountFake(t, newFakeTracer(tg))
 	f, err := os.Open(filepath.Join(mnt, "t", "records"))
@@ -386,6 +389,9 @@ func readMounted(t *testing.T, tg *fakeTarget, size int) []byte {
 		}
 		if err != nil {
 			t.Fatal(err)
+		}
+		if len(got) > limit {
+			t.Fatalf("read %d bytes of a file of %d and no end yet", len(got), limit)
 		}
 	}
 }
