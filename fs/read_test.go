@@ -89,17 +89,8 @@ func TestReadHandles(t *testing.T) {
 // from the spill file), and what a reader of the mount gets is the
 // content, whole, in order.
 func TestReadSpliced(t *testing.T) {
-	tg := newFakeTarget("t", "/bin/true")
-	tg.records.Close()
 	dir := t.TempDir()
-	tg.records = stream.New(stream.Options{Limit: 16 << 20, Dir: dir})
-	defer tg.records.Close()
-	var want []byte
-	for i := 0; len(want) < 5<<20; i++ {
-		l := fmt.Appendf(nil, "record %d %s\n", i, strings.Repeat("x", i%97))
-		tg.records.Append(l)
-		want = append(want, l...)
-	}
+	tg, want := spilledTarget(t, dir, 5<<20, 97)
 	r := tg.records.NewReader()
 	res, errno := (&streamHandle{s: tg.records, r: r}).Read(context.Background(), make([]byte, 1<<20), 0)
 	if _, ok := res.(*spanResult); !ok || errno != 0 {
@@ -129,6 +120,24 @@ func TestReadSpliced(t *testing.T) {
 		open := fdsUnder(t, dir)
 		return fmt.Sprint(open), len(open) == 0
 	})
+}
+
+// spilledTarget is a fake target whose records stream (spilling into dir,
+// closed at the test's end) holds lines of varied lengths (their padding
+// cycling through mod) up to n bytes, most of them spilled; it returns the
+// target and the stream's content.
+func spilledTarget(t *testing.T, dir string, n, mod int) (*fakeTarget, []byte) {
+	tg := newFakeTarget("t", "/bin/true")
+	tg.records.Close()
+	tg.records = stream.New(stream.Options{Limit: 16 << 20, Dir: dir})
+	t.Cleanup(func() { tg.records.Close() })
+	var want []byte
+	for i := 0; len(want) < n; i++ {
+		l := fmt.Appendf(nil, "record %d %s\n", i, strings.Repeat("x", i%mod))
+		tg.records.Append(l)
+		want = append(want, l...)
+	}
+	return tg, want
 }
 
 // fdsUnder returns this process's descriptors open on files in dir.
@@ -335,16 +344,7 @@ func TestReadTailMounted(t *testing.T) {
 // to splice through a pipe. A reader of the mount gets the content, whole,
 // in order.
 func TestReadCopiedVectored(t *testing.T) {
-	tg := newFakeTarget("t", "/bin/true")
-	tg.records.Close()
-	tg.records = stream.New(stream.Options{Limit: 16 << 20, Dir: t.TempDir()})
-	defer tg.records.Close()
-	var want []byte
-	for i := 0; len(want) < 3<<20; i++ {
-		l := fmt.Appendf(nil, "record %d %s\n", i, strings.Repeat("y", i%89))
-		tg.records.Append(l)
-		want = append(want, l...)
-	}
+	tg, want := spilledTarget(t, t.TempDir(), 3<<20, 89)
 	r := tg.records.NewReader()
 	dest := make([]byte, 8192)
 	res, errno := (&streamHandle{s: tg.records, r: r}).Read(context.Background(), dest, 0)
