@@ -57,7 +57,9 @@ func recordBlock() ([]byte, int) {
 // copies them into a MAP_SHARED mapping of the slot populated at once
 // with MADV_POPULATE_WRITE, unmapped after (a chunk formatted in the page
 // cache); "map-file" into one mapping of the whole file, its slot
-// populated the same way. "fresh" writes slots reserved (fallocate) but
+// populated the same way; "direct" copies them into a chunk buffer and
+// writes that with O_DIRECT, past the page cache (its cold pages are the
+// cost of a first window, DESIGN §4, the eleventh pass). "fresh" writes slots reserved (fallocate) but
 // never written, as a stream's first window (a benchmark run of the
 // mount); "reused" slots written before and still dirty, as a stream's
 // steady state at a high rate; "clean" slots written before and written
@@ -68,7 +70,7 @@ func recordBlock() ([]byte, int) {
 func BenchmarkSpill(b *testing.B) {
 	for _, regime := range []spillRegime{fresh, reused, clean} {
 		b.Run("stream/"+regime.String(), func(b *testing.B) { benchSpillStream(b, regime) })
-		for _, way := range []string{"pwrite", "map-slot", "map-file"} {
+		for _, way := range []string{"pwrite", "map-slot", "map-file", "direct"} {
 			b.Run(way+"/"+regime.String(), func(b *testing.B) { benchSpillWay(b, way, regime) })
 		}
 	}
@@ -157,6 +159,16 @@ func benchSpillWay(b *testing.B, way string, regime spillRegime) {
 		}
 	}
 	reserve()
+	if way == "direct" {
+		// The same open file, its writes past the page cache from now on.
+		fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+		if err == nil {
+			_, err = unix.FcntlInt(f.Fd(), unix.F_SETFL, fl|unix.O_DIRECT)
+		}
+		if err != nil {
+			b.Skip("O_DIRECT:", err)
+		}
+	}
 	block, _ := recordBlock()
 	src := bytes.Repeat(block, maxChunk/len(block)+1)[:maxChunk]
 	buf := make([]byte, maxChunk)
@@ -170,7 +182,10 @@ func benchSpillWay(b *testing.B, way string, regime spillRegime) {
 	write := func(slot int) {
 		off := int64(slot) * maxChunk
 		switch way {
-		case "pwrite":
+		case "pwrite", "direct":
+			// buf is a large allocation of its own: page-aligned, as
+			// O_DIRECT needs (maxChunk and the offsets are 4 KiB
+			// multiples).
 			copy(buf, src)
 			if _, err := unix.Pwrite(fd, buf, off); err != nil {
 				b.Fatal(err)
