@@ -58,15 +58,15 @@ func recordBlock() ([]byte, int) {
 // with MADV_POPULATE_WRITE, unmapped after (a chunk formatted in the page
 // cache); "map-file" into one mapping of the whole file, its slot
 // populated the same way; "direct" copies them into a chunk buffer and
-// writes that with O_DIRECT, past the page cache (its cold pages are the
-// cost of a first window, DESIGN §4, the eleventh pass). "fresh" writes slots reserved (fallocate) but
-// never written, as a stream's first window (a benchmark run of the
-// mount); "reused" slots written before and still dirty, as a stream's
-// steady state at a high rate; "clean" slots written before and written
-// back (fdatasync before each pass over them, untimed), as a slower
-// stream's steady state (the kernel writes a page back 30 s after it was
-// dirtied). Run it with -benchtime 200x or so: clean writes every pass
-// over its slots to the disk.
+// writes that with O_DIRECT, past the page cache (whose cold pages are
+// the cost of a first window: DESIGN §4, the eleventh pass). "fresh"
+// writes slots reserved (fallocate) but never written, as a stream's
+// first window (a benchmark run of the mount); "reused" slots written
+// before and still dirty, as a stream's steady state at a high rate;
+// "clean" slots written before and written back (fdatasync before each
+// pass over them, untimed), as a slower stream's steady state (the kernel
+// writes a page back 30 s after it was dirtied). Run it with -benchtime
+// 200x or so: clean writes every pass over its slots to the disk.
 func BenchmarkSpill(b *testing.B) {
 	for _, regime := range []spillRegime{fresh, reused, clean} {
 		b.Run("stream/"+regime.String(), func(b *testing.B) { benchSpillStream(b, regime) })
