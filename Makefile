@@ -44,7 +44,7 @@ N ?= 1000000
 bench-peers:
 	./scripts/bench-peers.sh $(N)
 
-# Each fuzz target for a short time (FUZZTIME=30s); scripts/fuzz.sh says
+# Each fuzz target for a short time (FUZZTIME, 20s unless given); scripts/fuzz.sh says
 # how it tells a finding from Go 1.26's end-of-time race.
 FUZZTIME ?= 20s
 fuzz:

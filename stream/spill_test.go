@@ -59,14 +59,16 @@ func recordBlock() ([]byte, int) {
 // cache); "map-file" into one mapping of the whole file, its slot
 // populated the same way; "direct" copies them into a chunk buffer and
 // writes that with O_DIRECT, past the page cache (whose cold pages are
-// the cost of a first window: DESIGN §4, the eleventh pass). "fresh"
-// writes slots reserved (fallocate) but never written, as a stream's
-// first window (a benchmark run of the mount); "reused" slots written
-// before and still dirty, as a stream's steady state at a high rate;
-// "clean" slots written before and written back (fdatasync before each
-// pass over them, untimed), as a slower stream's steady state (the kernel
-// writes a page back 30 s after it was dirtied). Run it with -benchtime
-// 200x or so: clean writes every pass over its slots to the disk.
+// the cost of a first window: DESIGN §4, the eleventh pass; its slots
+// are never in the page cache, so that for it reused and clean differ
+// only by clean's fdatasync). "fresh" writes slots reserved (fallocate)
+// but never written, as a stream's first window (a benchmark run of the
+// mount); "reused" slots written before and still dirty, as a stream's
+// steady state at a high rate; "clean" slots written before and written
+// back (fdatasync before each pass over them, untimed), as a slower
+// stream's steady state (the kernel writes a page back 30 s after it was
+// dirtied). Run it with -benchtime 200x or so: clean writes every pass
+// over its slots to the disk.
 func BenchmarkSpill(b *testing.B) {
 	for _, regime := range []spillRegime{fresh, reused, clean} {
 		b.Run("stream/"+regime.String(), func(b *testing.B) { benchSpillStream(b, regime) })
@@ -161,9 +163,9 @@ func benchSpillWay(b *testing.B, way string, regime spillRegime) {
 	reserve()
 	if way == "direct" {
 		// The same open file, its writes past the page cache from now on.
-		fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+		fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
 		if err == nil {
-			_, err = unix.FcntlInt(f.Fd(), unix.F_SETFL, fl|unix.O_DIRECT)
+			_, err = unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl|unix.O_DIRECT)
 		}
 		if err != nil {
 			b.Skip("O_DIRECT:", err)

@@ -118,7 +118,7 @@ func (p *prog) wait(b *testing.B) time.Duration {
 // (the follower's read size), the mount has its default window and the
 // records file is read while the program runs; with 0 the window holds the
 // whole run and is read after it, 1 MiB at a time.
-func benchPtfs(b *testing.B, bin string, rate int, follow int) {
+func benchPtfs(b *testing.B, bin string, rate, follow int) {
 	args := []string{"t=" + bin}
 	if follow == 0 {
 		// A records file big enough for the whole run: no rotation.

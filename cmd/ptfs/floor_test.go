@@ -147,7 +147,7 @@ func (f *floorFile) Read(_ context.Context, dest []byte, off int64) (fuse.ReadRe
 }
 
 // floorMain is the floor server, the child of startFloor: it makes lines
-// lines, mounts on dir with ptfs's mount options (fs.Mount), says "floor:
+// lines, mounts on dir with ptfs's mount options (fs.MountOptions), says "floor:
 // serving", starts appending at rate lines/s at a line on its standard
 // input, and unmounts on SIGTERM.
 func floorMain(dir, lines, rate string) int {
